@@ -1,0 +1,11 @@
+//! riffle's reproducible experiments. Each suite writes `results/<date>-<host>/` with a JSON
+//! file (every figure) and a Markdown summary, with the device identity beside them.
+//!
+//! Suites so far: [`fio_parity`] (the engine's raw random reads against fio's io_uring
+//! engine on the same file, block size and queue depth, in one run).
+
+pub mod fio;
+pub mod fio_parity;
+pub mod report;
+
+pub use fio_parity::{run as fio_parity, ParityOptions, ParityReport};

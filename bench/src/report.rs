@@ -1,0 +1,65 @@
+//! Where results go and small helpers shared by the suites.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+
+/// Today's date in UTC as `YYYY-MM-DD`.
+pub fn today() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "host".into())
+}
+
+/// `out/<date>-<host>/`, created.
+pub fn results_dir(out: &Path) -> Result<PathBuf> {
+    let dir = out.join(format!("{}-{}", today(), hostname()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    Ok(dir)
+}
+
+/// Drops the page cache (root only); returns whether it did.
+pub fn drop_caches() -> bool {
+    // Dirty pages must reach the device first, or dropping the cache keeps them.
+    let _ = std::process::Command::new("sync").status();
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
+}
+
+/// Writes `name.json` and `name.md` into `dir`.
+pub fn write_report(dir: &Path, name: &str, json: &serde_json::Value, markdown: &str) -> Result<()> {
+    let j = dir.join(format!("{name}.json"));
+    std::fs::write(&j, serde_json::to_string_pretty(json)?).with_context(|| format!("{}", j.display()))?;
+    let m = dir.join(format!("{name}.md"));
+    std::fs::write(&m, markdown).with_context(|| format!("{}", m.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn date_shape() {
+        let d = super::today();
+        assert_eq!(d.len(), 10);
+        assert!(d.starts_with("20"));
+    }
+}

@@ -1,0 +1,68 @@
+use std::io;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the engine, with what a user needs to act on it: the
+/// file, the byte offset where it applies, and the operation that failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O call failed on a file.
+    #[error("{path}: {op} failed{}: {source}", at_offset(*offset))]
+    Io {
+        /// The file the operation was on.
+        path: PathBuf,
+        /// What was being done: "open", "read", "write", ...
+        op: &'static str,
+        /// The byte offset of the operation, when it had one.
+        offset: Option<u64>,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The input is not what it should be.
+    #[error("{path}{}: {what}", at_offset(*offset))]
+    BadInput {
+        /// The offending file.
+        path: PathBuf,
+        /// Where in it, when known.
+        offset: Option<u64>,
+        /// What was expected and what was found.
+        what: String,
+    },
+    /// io_uring could not be used and the caller insisted on it.
+    #[error("io_uring is unavailable: {0}")]
+    UringUnavailable(String),
+    /// A request that the engine cannot honour (bad argument, budget too small, ...).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn at_offset(offset: Option<u64>) -> String {
+    match offset {
+        Some(o) => format!(" at byte {o}"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// An [`Error::Io`] for `path`.
+    pub fn io(
+        path: impl Into<PathBuf>,
+        op: &'static str,
+        offset: Option<u64>,
+        source: io::Error,
+    ) -> Self {
+        Error::Io { path: path.into(), op, offset, source }
+    }
+
+    /// The OS error number behind this error, if there is one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// The engine's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,249 @@
+//! Aligned memory owned by the engine.
+//!
+//! O_DIRECT needs the buffer address, the file offset and the length aligned to what the
+//! device and filesystem ask for (see [`super::align`]). [`AlignedBuf`] is a zeroed,
+//! aligned heap allocation; [`Slab`] cuts one of them into equal slots that the backends
+//! hand to the kernel and track, so that no slot can be read, written or freed by the
+//! caller while a request on it is in flight.
+#![allow(unsafe_code)]
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+
+/// A zero-initialised heap buffer whose address is a multiple of `align`.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation, like a Box<[u8]>; sharing it follows
+// the usual borrow rules through &self / &mut self.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: see above: &AlignedBuf only gives out &[u8].
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` zeroed bytes aligned to `align` (a power of two). `len` may be zero.
+    pub fn new(len: usize, align: usize) -> Self {
+        assert!(align.is_power_of_two(), "alignment {align} is not a power of two");
+        // A zero-sized layout cannot be allocated; keep one aligned unit instead.
+        let layout = Layout::from_size_align(len.max(align), align).expect("buffer layout");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, layout }
+    }
+
+    /// The buffer's length in bytes (at least one alignment unit).
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Always false: an aligned buffer holds at least one alignment unit.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The buffer's alignment.
+    pub fn align(&self) -> usize {
+        self.layout.align()
+    }
+
+    /// The start address, for handing to the kernel.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr points to layout.size() initialised (zeroed at allocation) bytes
+        // owned by self, borrowed immutably for the lifetime of &self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in as_slice, and &mut self guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr was allocated with exactly this layout and is freed once.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Identifies one slot of a [`Slab`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotId(pub(crate) u32);
+
+impl SlotId {
+    /// The slot's index in its slab.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Handed to the caller by `acquire`, or returned by a completion.
+    Held,
+    /// Owned by the kernel (or a pread worker) until its completion is reaped.
+    InFlight,
+}
+
+/// One aligned allocation cut into `count` slots of `slot_size` bytes, with the state of
+/// each slot. The backends own a slab each; the state machine Free -> Held -> InFlight ->
+/// Held -> Free is what keeps a buffer out of the caller's hands while the kernel may
+/// write into it.
+pub struct Slab {
+    mem: AlignedBuf,
+    slot_size: usize,
+    states: Vec<SlotState>,
+    free: Vec<u32>,
+}
+
+impl Slab {
+    /// A slab of `count` slots of `slot_size` bytes (a multiple of `align`).
+    pub fn new(count: usize, slot_size: usize, align: usize) -> Self {
+        assert!(count > 0 && count <= u32::MAX as usize);
+        assert!(slot_size > 0 && slot_size.is_multiple_of(align), "slot size must be aligned");
+        let mem = AlignedBuf::new(count * slot_size, align);
+        Slab {
+            mem,
+            slot_size,
+            states: vec![SlotState::Free; count],
+            free: (0..count as u32).rev().collect(),
+        }
+    }
+
+    /// Number of slots.
+    pub fn count(&self) -> usize {
+        self.states.len()
+    }
+
+    /// Size of each slot.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// Bytes of memory the slab owns.
+    pub fn bytes(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// Takes a free slot, if any.
+    pub fn acquire(&mut self) -> Option<SlotId> {
+        let i = self.free.pop()?;
+        self.states[i as usize] = SlotState::Held;
+        Some(SlotId(i))
+    }
+
+    /// Gives a held slot back. Panics if the slot is in flight: releasing it would let the
+    /// next user see the kernel write into it.
+    pub fn release(&mut self, slot: SlotId) {
+        let st = &mut self.states[slot.index()];
+        assert_eq!(*st, SlotState::Held, "release of a slot that is not held");
+        *st = SlotState::Free;
+        self.free.push(slot.0);
+    }
+
+    /// The bytes of a held slot.
+    pub fn get(&self, slot: SlotId) -> &[u8] {
+        assert_eq!(self.states[slot.index()], SlotState::Held, "slot is not held by the caller");
+        let start = slot.index() * self.slot_size;
+        &self.mem.as_slice()[start..start + self.slot_size]
+    }
+
+    /// The bytes of a held slot, mutably.
+    pub fn get_mut(&mut self, slot: SlotId) -> &mut [u8] {
+        assert_eq!(self.states[slot.index()], SlotState::Held, "slot is not held by the caller");
+        let start = slot.index() * self.slot_size;
+        &mut self.mem.as_mut_slice()[start..start + self.slot_size]
+    }
+
+    /// Marks a held slot in flight and returns its address for the kernel. The slot stays
+    /// unreachable through `get`/`get_mut`/`release` until [`Slab::complete`].
+    pub(crate) fn start(&mut self, slot: SlotId) -> *mut u8 {
+        let st = &mut self.states[slot.index()];
+        assert_eq!(*st, SlotState::Held, "submit of a slot that is not held");
+        *st = SlotState::InFlight;
+        // SAFETY: index < count, so the offset stays inside the allocation.
+        unsafe { self.mem.as_mut_ptr().add(slot.index() * self.slot_size) }
+    }
+
+    /// Marks an in-flight slot as returned to the caller (its completion was reaped).
+    pub(crate) fn complete(&mut self, slot: SlotId) {
+        let st = &mut self.states[slot.index()];
+        assert_eq!(*st, SlotState::InFlight, "completion for a slot not in flight");
+        *st = SlotState::Held;
+    }
+
+    /// The address of a slot that is in flight, to resubmit the same request.
+    pub(crate) fn in_flight_ptr(&mut self, slot: SlotId) -> *mut u8 {
+        assert!(self.in_flight(slot), "slot is not in flight");
+        // SAFETY: index < count, so the offset stays inside the allocation.
+        unsafe { self.mem.as_mut_ptr().add(slot.index() * self.slot_size) }
+    }
+
+    /// Whether the slot is in flight.
+    pub(crate) fn in_flight(&self, slot: SlotId) -> bool {
+        self.states[slot.index()] == SlotState::InFlight
+    }
+
+    /// The whole allocation as iovecs, one per slot, for buffer registration.
+    pub(crate) fn iovecs(&mut self) -> Vec<libc::iovec> {
+        let base = self.mem.as_mut_ptr();
+        (0..self.count())
+            .map(|i| libc::iovec {
+                // SAFETY: i < count, so the offset stays inside the allocation.
+                iov_base: unsafe { base.add(i * self.slot_size) }.cast(),
+                iov_len: self.slot_size,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_zeroed() {
+        for align in [512, 4096, 65536] {
+            let b = AlignedBuf::new(10_000, align);
+            assert_eq!(b.as_slice().as_ptr() as usize % align, 0);
+            assert!(b.len() >= 10_000);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    fn slot_lifecycle() {
+        let mut s = Slab::new(2, 4096, 4096);
+        let a = s.acquire().unwrap();
+        let b = s.acquire().unwrap();
+        assert!(s.acquire().is_none());
+        s.get_mut(a)[0] = 7;
+        let p = s.start(a);
+        assert_eq!(p as usize % 4096, 0);
+        assert!(s.in_flight(a));
+        s.complete(a);
+        assert_eq!(s.get(a)[0], 7);
+        s.release(a);
+        s.release(b);
+        assert!(s.acquire().is_some());
+    }
+
+    #[test]
+    #[should_panic(expected = "not held")]
+    fn in_flight_slot_is_unreachable() {
+        let mut s = Slab::new(1, 4096, 4096);
+        let a = s.acquire().unwrap();
+        s.start(a);
+        let _ = s.get(a);
+    }
+}

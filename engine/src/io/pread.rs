@@ -1,0 +1,168 @@
+//! The fallback backend: a pool of threads doing pread/pwrite into the same aligned slots.
+//!
+//! Used when io_uring cannot be set up, or when `RIFFLE_IO=pread` asks for it. One thread
+//! per slot (capped), so the queue depth means the same as with io_uring.
+#![allow(unsafe_code)]
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::{Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab};
+use crate::{Error, Result};
+
+/// The most worker threads one pool starts.
+const MAX_THREADS: usize = 128;
+
+struct Job {
+    op: Op,
+    file: Arc<DataFile>,
+    ptr: SlotPtr,
+}
+
+/// The address of an in-flight slot, sent to a worker.
+struct SlotPtr(*mut u8);
+
+// SAFETY: the pointer is to slot memory that the backend marked in flight before sending
+// it; only the one worker that receives the job touches that memory until it sends the
+// completion back, and the backend does not free the slab before every job is done.
+unsafe impl Send for SlotPtr {}
+
+/// A pread/pwrite thread pool with its own slots and files.
+pub struct PreadBackend {
+    slab: Slab,
+    files: Vec<Arc<DataFile>>,
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Completion>,
+    workers: Vec<JoinHandle<()>>,
+    in_flight: usize,
+}
+
+impl PreadBackend {
+    /// A pool with `depth` slots of `slot_size` bytes aligned to `align`.
+    pub fn new(depth: usize, slot_size: usize, align: usize) -> Self {
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        let workers = (0..depth.min(MAX_THREADS))
+            .map(|i| {
+                let rx = jobs_rx.clone();
+                let tx = done_tx.clone();
+                std::thread::Builder::new()
+                    .name(format!("riffle-pread-{i}"))
+                    .spawn(move || worker(rx, tx))
+                    .expect("spawn pread worker")
+            })
+            .collect();
+        PreadBackend {
+            slab: Slab::new(depth, slot_size, align),
+            files: Vec::new(),
+            jobs: Some(jobs_tx),
+            done: done_rx,
+            workers,
+            in_flight: 0,
+        }
+    }
+
+    fn take(&mut self, c: Completion, out: &mut Vec<Completion>) {
+        self.in_flight -= 1;
+        self.slab.complete(c.op.slot);
+        out.push(c);
+    }
+}
+
+fn worker(jobs: Receiver<Job>, done: Sender<Completion>) {
+    for job in jobs {
+        let Job { op, file, ptr } = job;
+        let fd = file.file().as_raw_fd();
+        let result = loop {
+            // SAFETY: ptr addresses op.len bytes of one in-flight slot (the backend checked
+            // op.len <= slot size), which no one else touches until this completion is sent.
+            let rc = unsafe {
+                match op.kind {
+                    OpKind::Read => libc::pread(fd, ptr.0.cast(), op.len, op.offset as i64),
+                    OpKind::Write => libc::pwrite(fd, ptr.0.cast(), op.len, op.offset as i64),
+                }
+            };
+            if rc >= 0 {
+                break Ok(rc as usize);
+            }
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            if errno != libc::EINTR && errno != libc::EAGAIN {
+                break Err(errno);
+            }
+        };
+        if done.send(Completion { op, result }).is_err() {
+            return;
+        }
+    }
+}
+
+impl Backend for PreadBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Pread
+    }
+
+    fn features(&self) -> String {
+        format!("{} threads", self.workers.len())
+    }
+
+    fn slab(&self) -> &Slab {
+        &self.slab
+    }
+
+    fn slab_mut(&mut self) -> &mut Slab {
+        &mut self.slab
+    }
+
+    fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey> {
+        self.files.push(file);
+        Ok(FileKey(self.files.len() as u32 - 1))
+    }
+
+    fn file(&self, key: FileKey) -> &Arc<DataFile> {
+        &self.files[key.0 as usize]
+    }
+
+    fn push(&mut self, op: Op) -> Result<()> {
+        assert!(op.len <= self.slab.slot_size(), "request longer than a slot");
+        let file = self.files.get(op.file.0 as usize).expect("unknown file key").clone();
+        let ptr = SlotPtr(self.slab.start(op.slot));
+        self.in_flight += 1;
+        let sent = self.jobs.as_ref().expect("pool is running").send(Job { op, file, ptr });
+        sent.map_err(|_| Error::Invalid("the pread pool has stopped".into()))
+    }
+
+    fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<()> {
+        let min = min.min(self.in_flight);
+        let mut got = 0;
+        while got < min {
+            let c = self
+                .done
+                .recv()
+                .map_err(|_| Error::Invalid("the pread pool has stopped".into()))?;
+            self.take(c, out);
+            got += 1;
+        }
+        while let Ok(c) = self.done.try_recv() {
+            self.take(c, out);
+        }
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl Drop for PreadBackend {
+    fn drop(&mut self) {
+        // Close the job queue so idle workers exit, let busy ones finish their job (they
+        // write into the slab, which must outlive them), then join them all.
+        self.jobs = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! riffle: a storage engine that feeds shuffled training data from local storage as fast
+//! as the device allows.
+//!
+//! The crate is layered (see `ARCHITECTURE.md` at the repository root):
+//!
+//! - [`io`]: aligned buffers, the io_uring backend, the pread fallback and a reader that
+//!   turns arbitrary byte ranges into whole aligned O_DIRECT extents;
+//! - [`device`]: which block device holds a path, and what it says about itself;
+//! - [`probe`]: measures a device the way fio does and caches the profile.
+//!
+//! Reading arbitrary byte ranges of a file takes a few lines:
+//!
+//! ```
+//! # fn main() -> Result<(), riffle::Error> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("data.bin");
+//! # std::fs::write(&path, (0..10_000u32).map(|i| i as u8).collect::<Vec<_>>()).unwrap();
+//! use riffle::io::{IoConfig, RangeReader};
+//!
+//! let mut reader = RangeReader::open(&[&path], &IoConfig::default())?;
+//! let mut got = Vec::new();
+//! reader.read_ranges([(0, 17, 5), (0, 9_998, 100)], |tag, bytes| got.push((tag, bytes.to_vec())))?;
+//! got.sort();
+//! assert_eq!(got[0].1, vec![17, 18, 19, 20, 21]);
+//! assert_eq!(got[1].1.len(), 2); // the range is clipped at the end of the file
+//! # Ok(())
+//! # }
+//! ```
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod device;
+mod error;
+pub mod io;
+pub mod notice;
+pub mod probe;
+pub mod size;
+
+pub use error::{Error, Result};

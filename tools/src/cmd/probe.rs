@@ -1,0 +1,118 @@
+//! `riffle probe PATH`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use riffle::io::IoConfig;
+use riffle::probe::{self, ProbeOptions, Profile};
+use riffle::size::human_bytes;
+
+use crate::progress;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A directory (the scratch file goes there) or a file (the scratch file goes next to
+    /// it) on the device to measure.
+    pub path: PathBuf,
+    /// A short probe: 7 points of 1.5 s instead of 20 of 4 s, a 1 GiB region instead of 4 GiB.
+    #[arg(long)]
+    pub quick: bool,
+    /// Measure again even if a cached profile exists.
+    #[arg(long)]
+    pub refresh: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The cached profile for `path`, or a fresh probe (stored in the cache).
+pub fn cached_or_probe(path: &std::path::Path, quick: bool, refresh: bool, json: bool) -> Result<(Profile, bool)> {
+    let dir = probe::scratch_dir(path)?;
+    let dev = riffle::device::identify(&dir).with_context(|| format!("{}: cannot identify its device", dir.display()))?;
+    if !refresh {
+        if let Some((p, _)) = probe::load_cached(&dev, quick) {
+            return Ok((p, true));
+        }
+    }
+    let opts = ProbeOptions { quick, io: IoConfig::default() };
+    let plan = probe::ProbePlan::new(quick);
+    let bar = progress::steps(plan.points.len() as u64 + 2, json);
+    let profile = probe::probe(path, &opts, &mut |done, _total, what| {
+        bar.set_position(done as u64);
+        bar.set_message(what.to_owned());
+    })?;
+    bar.finish_and_clear();
+    if let Err(e) = probe::store(&profile) {
+        eprintln!("riffle: warning: could not cache the profile: {e}");
+    }
+    Ok((profile, false))
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let (profile, cached) = cached_or_probe(&args.path, args.quick, args.refresh, args.json)?;
+    let cache = probe::cache_path(&profile.device, profile.quick);
+    if args.json {
+        let mut v = serde_json::to_value(&profile)?;
+        v["cached"] = cached.into();
+        v["cache_path"] = cache.display().to_string().into();
+        println!("{v}");
+        return Ok(());
+    }
+    print!("{}", render(&profile));
+    if cached {
+        println!("(cached profile {}; --refresh measures again)", cache.display());
+    } else {
+        println!("measured in {:.1} s; cached in {}", profile.probe_seconds, cache.display());
+    }
+    Ok(())
+}
+
+/// The profile as a readable table.
+pub fn render(p: &Profile) -> String {
+    use std::fmt::Write;
+    let d = &p.device;
+    let mut s = String::new();
+    let name = d.name.as_deref().unwrap_or("(no block device)");
+    let model = d.model.as_deref().unwrap_or("unknown model");
+    let rot = match d.rotational {
+        Some(true) => "rotational",
+        Some(false) => "non-rotational",
+        None => "rotational: unknown",
+    };
+    let lbs = d.logical_block_size.map(|b| format!("{b} B")).unwrap_or_else(|| "unknown".into());
+    let _ = writeln!(s, "device      {} {name} ({model}), {rot}, {} filesystem, logical block {lbs}", d.dev, d.fs_type);
+    let direct = if p.direct {
+        "O_DIRECT".to_owned()
+    } else {
+        format!("buffered ({})", p.buffered_reason.as_deref().unwrap_or("no O_DIRECT"))
+    };
+    let _ = writeln!(
+        s,
+        "access      {direct}; alignment {} B memory, {} B offset (from {})",
+        p.alignment.mem, p.alignment.offset, p.alignment.source
+    );
+    let _ = writeln!(s, "backend     {} ({})", p.backend, p.backend_features);
+    let _ = writeln!(s, "region      {} {}", human_bytes(p.region_bytes as f64), if p.quick { "(quick probe)" } else { "(full probe)" });
+    let _ = writeln!(
+        s,
+        "sequential  read {}/s (1 MiB, QD 8, p99 {:.0} us), write {}/s",
+        human_bytes(p.seq_read_bps),
+        p.seq_read.lat_p99_us,
+        human_bytes(p.seq_write_bps)
+    );
+    let _ = writeln!(s, "random read");
+    let _ = writeln!(s, "  {:>8} {:>4} {:>10} {:>12} {:>10} {:>10}", "block", "QD", "IOPS", "bandwidth", "p50 us", "p99 us");
+    for pt in &p.random {
+        let _ = writeln!(
+            s,
+            "  {:>8} {:>4} {:>10.0} {:>10}/s {:>10.1} {:>10.1}",
+            human_bytes(pt.bs as f64),
+            pt.qd,
+            pt.iops,
+            human_bytes(pt.bytes_per_s),
+            pt.lat_p50_us,
+            pt.lat_p99_us
+        );
+    }
+    s
+}

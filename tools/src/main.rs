@@ -1,0 +1,51 @@
+//! The `riffle` command-line tool: flag parsing, progress and output over the engine.
+//!
+//! Exit codes: 0 success, 1 a runtime error (bad input, I/O failure), 2 a usage error.
+
+mod cmd;
+mod progress;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// riffle feeds shuffled training data from local storage as fast as the device allows.
+///
+/// It reads with O_DIRECT through io_uring (a pread thread pool where io_uring is not
+/// available, buffered reads where O_DIRECT is refused), and measures the device it runs on.
+#[derive(Parser)]
+#[command(name = "riffle", version, propagate_version = true, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Make a small dataset in a temporary directory, probe the device quickly, read one
+    /// shuffled epoch, print what happened and clean up.
+    Demo(cmd::demo::Args),
+    /// Measure the device holding PATH the way fio does (random-read IOPS, bandwidth and
+    /// latency by block size and queue depth; sequential read and write bandwidth).
+    ///
+    /// The profile is cached per device and reused unless --refresh is given.
+    Probe(cmd::probe::Args),
+    /// Run a benchmark suite and write a report (JSON + Markdown).
+    Bench(cmd::bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
+        Command::Probe(a) => cmd::probe::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("riffle: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
