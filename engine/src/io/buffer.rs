@@ -108,10 +108,14 @@ pub struct Slab {
 
 impl Slab {
     /// A slab of `count` slots of `slot_size` bytes (a multiple of `align`).
+    ///
+    /// The memory is aligned to at least a page even when the device asks for less: a
+    /// page-sized read into a buffer that straddles two pages costs the device an extra
+    /// DMA segment, and halves throughput on virtio disks.
     pub fn new(count: usize, slot_size: usize, align: usize) -> Self {
         assert!(count > 0 && count <= u32::MAX as usize);
         assert!(slot_size > 0 && slot_size.is_multiple_of(align), "slot size must be aligned");
-        let mem = AlignedBuf::new(count * slot_size, align);
+        let mem = AlignedBuf::new(count * slot_size, align.max(super::align::page_size()));
         Slab {
             mem,
             slot_size,

@@ -202,3 +202,6 @@ pub fn completion_error(file: &DataFile, op: &Op, errno: i32) -> Error {
     };
     Error::io(file.path(), what, Some(op.offset), std::io::Error::from_raw_os_error(errno))
 }
+
+#[cfg(test)]
+mod tests;

@@ -210,10 +210,9 @@ impl Backend for UringBackend {
     }
 
     fn features(&self) -> String {
-        let mut f = vec![format!("{} entries", self.ops.len().next_power_of_two().max(2))];
-        f.push(if self.fixed_bufs { "registered buffers" } else { "plain buffers" }.into());
-        f.push(if self.fixed_files { "fixed files" } else { "plain fds" }.into());
-        f.join(", ")
+        let bufs = if self.fixed_bufs { "registered buffers" } else { "plain buffers" };
+        let files = if self.fixed_files { "fixed files" } else { "plain fds" };
+        format!("{bufs}, {files}")
     }
 
     fn slab(&self) -> &Slab {

@@ -27,6 +27,13 @@ pub struct Args {
     /// Seconds per run (default: 3 with --quick, 10 otherwise).
     #[arg(long)]
     pub seconds: Option<u64>,
+    /// fio-parity points as BLOCK:QD pairs, comma separated (default
+    /// 4K:1,4K:32,4K:64,4K:128,16K:64,64K:64).
+    #[arg(long, value_delimiter = ',', value_parser = parse_point)]
+    pub points: Vec<(usize, usize)>,
+    /// Runs per side and point (default: 1 with --quick, 2 otherwise).
+    #[arg(long)]
+    pub repeats: Option<usize>,
     /// Keep the test file for the next run.
     #[arg(long)]
     pub keep: bool,
@@ -41,6 +48,12 @@ pub fn run(args: Args) -> Result<()> {
             let mut opts = ParityOptions::new(args.quick, args.out.clone(), args.data_dir.clone());
             opts.file_size = args.size;
             opts.keep_file = args.keep;
+            if !args.points.is_empty() {
+                opts.points = args.points.clone();
+            }
+            if let Some(r) = args.repeats {
+                opts.repeats = r.max(1);
+            }
             if let Some(s) = args.seconds {
                 opts.seconds = s.max(1);
             }
@@ -60,4 +73,14 @@ pub fn run(args: Args) -> Result<()> {
         }
         other => bail!("unknown suite '{other}': the suites are fio-parity and all"),
     }
+}
+
+fn parse_point(text: &str) -> Result<(usize, usize), String> {
+    let (bs, qd) = text.split_once(':').ok_or_else(|| format!("'{text}': expected BLOCK:QD, like 4K:64"))?;
+    let bs = parse_size(bs)? as usize;
+    let qd: usize = qd.parse().map_err(|_| format!("'{text}': queue depth '{qd}' is not a number"))?;
+    if bs == 0 || qd == 0 {
+        return Err(format!("'{text}': block size and queue depth must be positive"));
+    }
+    Ok((bs, qd))
 }
