@@ -89,6 +89,17 @@ pub struct ProbeOptions {
     pub quick: bool,
     /// I/O configuration (backend choice, direct).
     pub io: IoConfig,
+    /// Scratch region size, instead of the plan's (1 GiB quick, 4 GiB full).
+    pub region: Option<u64>,
+    /// Time per random-read point, instead of the plan's (1.5 s quick, 4 s full).
+    pub point_time: Option<Duration>,
+}
+
+impl ProbeOptions {
+    /// A quick or full probe with the default backend choice.
+    pub fn new(quick: bool) -> Self {
+        ProbeOptions { quick, io: IoConfig::default(), region: None, point_time: None }
+    }
 }
 
 /// The plan of a probe: the region and the points.
@@ -161,17 +172,25 @@ pub fn probe(
     let started = std::time::Instant::now();
     let dir = scratch_dir(path)?;
     let device = device::identify(&dir).map_err(|e| Error::io(&dir, "stat", None, e))?;
-    let plan = ProbePlan::new(opts.quick);
+    let mut plan = ProbePlan::new(opts.quick);
+    if let Some(r) = opts.region {
+        plan.region = r;
+    }
+    if let Some(t) = opts.point_time {
+        plan.per_point = t;
+        plan.seq_time = t;
+    }
     let total = plan.points.len() + 2;
     let scratch = Scratch(dir.join(format!(".riffle-probe-{}.tmp", std::process::id())));
     let free = free_bytes(&dir)?;
     // Leave room: never take more than half of what is free.
     let region = plan.region.min(free / 2) / (1 << 20) * (1 << 20);
-    if region < (64 << 20) {
+    if region < (16 << 20) {
         return Err(Error::Invalid(format!(
-            "{}: only {} free; the probe needs at least 128 MiB of scratch space",
+            "{}: {} free and a region of {} asked for; the probe needs a scratch region of at least 16 MiB and twice that free",
             dir.display(),
-            crate::size::human_bytes(free as f64)
+            crate::size::human_bytes(free as f64),
+            crate::size::human_bytes(plan.region as f64),
         )));
     }
 

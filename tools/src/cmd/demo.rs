@@ -75,7 +75,7 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     let t = Instant::now();
-    let (profile, cached) = super::probe::cached_or_probe(dir.path(), true, false, false)?;
+    let (profile, cached) = super::probe::cached_or_probe(dir.path(), &riffle::probe::ProbeOptions::new(true), false, false)?;
     let how = if cached { "cached profile".to_owned() } else { format!("quick probe, {:.1} s", t.elapsed().as_secs_f64()) };
     let rs_point = profile
         .random

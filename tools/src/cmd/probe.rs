@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use riffle::io::IoConfig;
 use riffle::probe::{self, ProbeOptions, Profile};
-use riffle::size::human_bytes;
+use riffle::size::{human_bytes, parse_size};
 
 use crate::progress;
 
@@ -23,10 +22,18 @@ pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Size of the scratch region to write and read (default 1 GiB quick, 4 GiB full).
+    /// A region smaller than the device's caches measures the caches.
+    #[arg(long, value_parser = parse_size)]
+    pub region: Option<u64>,
+    /// Seconds per measured point (default 1.5 quick, 4 full).
+    #[arg(long)]
+    pub point_time: Option<f64>,
 }
 
 /// The cached profile for `path`, or a fresh probe (stored in the cache).
-pub fn cached_or_probe(path: &std::path::Path, quick: bool, refresh: bool, json: bool) -> Result<(Profile, bool)> {
+pub fn cached_or_probe(path: &std::path::Path, opts: &ProbeOptions, refresh: bool, json: bool) -> Result<(Profile, bool)> {
+    let quick = opts.quick;
     let dir = probe::scratch_dir(path)?;
     let dev = riffle::device::identify(&dir).with_context(|| format!("{}: cannot identify its device", dir.display()))?;
     if !refresh {
@@ -34,10 +41,9 @@ pub fn cached_or_probe(path: &std::path::Path, quick: bool, refresh: bool, json:
             return Ok((p, true));
         }
     }
-    let opts = ProbeOptions { quick, io: IoConfig::default() };
     let plan = probe::ProbePlan::new(quick);
     let bar = progress::steps(plan.points.len() as u64 + 2, json);
-    let profile = probe::probe(path, &opts, &mut |done, _total, what| {
+    let profile = probe::probe(path, opts, &mut |done, _total, what| {
         bar.set_position(done as u64);
         bar.set_message(what.to_owned());
     })?;
@@ -49,7 +55,15 @@ pub fn cached_or_probe(path: &std::path::Path, quick: bool, refresh: bool, json:
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let (profile, cached) = cached_or_probe(&args.path, args.quick, args.refresh, args.json)?;
+    let mut opts = ProbeOptions::new(args.quick);
+    opts.region = args.region;
+    if let Some(t) = args.point_time {
+        if !(t > 0.0 && t < 3600.0) {
+            anyhow::bail!("--point-time {t}: expected seconds between 0 and 3600");
+        }
+        opts.point_time = Some(std::time::Duration::from_secs_f64(t));
+    }
+    let (profile, cached) = cached_or_probe(&args.path, &opts, args.refresh, args.json)?;
     let cache = probe::cache_path(&profile.device, profile.quick);
     if args.json {
         let mut v = serde_json::to_value(&profile)?;
