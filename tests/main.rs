@@ -20,7 +20,9 @@ impl Sandbox {
     fn new() -> Self {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch");
         std::fs::create_dir_all(&root).unwrap();
-        Sandbox { dir: tempfile::tempdir_in(root).unwrap() }
+        Sandbox {
+            dir: tempfile::tempdir_in(root).unwrap(),
+        }
     }
     fn path(&self) -> &Path {
         self.dir.path()
@@ -35,14 +37,24 @@ impl Sandbox {
     }
     fn cmd(&self) -> Command {
         let mut c = riffle();
-        c.env("XDG_CACHE_HOME", self.cache()).env_remove("RIFFLE_IO").env_remove("RIFFLE_DIRECT");
+        c.env("XDG_CACHE_HOME", self.cache())
+            .env_remove("RIFFLE_IO")
+            .env_remove("RIFFLE_DIRECT");
         c
     }
     /// A fast probe of `dir`, cached in this sandbox.
     fn seed_probe(&self, dir: &Path) -> Value {
         let out = self
             .cmd()
-            .args(["probe", "--quick", "--json", "--region", "32M", "--point-time", "0.1"])
+            .args([
+                "probe",
+                "--quick",
+                "--json",
+                "--region",
+                "32M",
+                "--point-time",
+                "0.1",
+            ])
             .arg(dir)
             .output()
             .unwrap();
@@ -89,23 +101,47 @@ fn probe_json_caches_and_removes_its_scratch_file() {
     assert_eq!(points.len(), 7);
     for pt in points {
         assert!(pt["iops"].as_f64().unwrap() > 0.0, "{pt}");
-        assert!(pt["lat_p99_us"].as_f64().unwrap() >= pt["lat_p50_us"].as_f64().unwrap(), "{pt}");
+        assert!(
+            pt["lat_p99_us"].as_f64().unwrap() >= pt["lat_p50_us"].as_f64().unwrap(),
+            "{pt}"
+        );
     }
     assert!(p["device"]["dev"].as_str().unwrap().contains(':'));
     assert!(p["alignment"]["offset"].as_u64().unwrap().is_power_of_two());
-    assert_eq!(std::fs::read_dir(&data).unwrap().count(), 0, "the scratch file was left behind");
+    assert_eq!(
+        std::fs::read_dir(&data).unwrap().count(),
+        0,
+        "the scratch file was left behind"
+    );
 
     let again = sb.seed_probe(&data);
     assert_eq!(again["cached"], true);
     assert_eq!(again["measured_at"], p["measured_at"]);
-    let table = sb.cmd().args(["probe", "--quick"]).arg(&data).output().unwrap();
+    let table = sb
+        .cmd()
+        .args(["probe", "--quick"])
+        .arg(&data)
+        .output()
+        .unwrap();
     assert_ok(&table);
     let t = text(&table.stdout);
-    assert!(t.contains("random read") && t.contains("cached profile"), "{t}");
+    assert!(
+        t.contains("random read") && t.contains("cached profile"),
+        "{t}"
+    );
 
     let fresh = sb
         .cmd()
-        .args(["probe", "--quick", "--json", "--refresh", "--region", "32M", "--point-time", "0.1"])
+        .args([
+            "probe",
+            "--quick",
+            "--json",
+            "--refresh",
+            "--region",
+            "32M",
+            "--point-time",
+            "0.1",
+        ])
         .arg(&data)
         .output()
         .unwrap();
@@ -126,19 +162,38 @@ fn probe_on_dev_shm_reports_buffered_reads() {
     let p = sb.seed_probe(dir.path());
     assert_eq!(p["direct"], false);
     assert_eq!(p["device"]["fs_type"], "tmpfs");
-    assert!(p["buffered_reason"].as_str().unwrap().contains("tmpfs"), "{p}");
+    assert!(
+        p["buffered_reason"].as_str().unwrap().contains("tmpfs"),
+        "{p}"
+    );
 }
 
 #[test]
 fn demo_runs_and_says_which_path_it_took() {
     let sb = Sandbox::new();
     sb.seed_probe(&sb.data());
-    let out = sb.cmd().args(["demo", "--records", "3000", "--record-size", "1000", "--dir"]).arg(sb.data()).output().unwrap();
+    let out = sb
+        .cmd()
+        .args([
+            "demo",
+            "--records",
+            "3000",
+            "--record-size",
+            "1000",
+            "--dir",
+        ])
+        .arg(sb.data())
+        .output()
+        .unwrap();
     assert_ok(&out);
     let s = text(&out.stdout);
     assert!(s.contains("io_uring, O_DIRECT"), "{s}");
     assert!(s.contains("every record arrived exactly once"), "{s}");
-    assert_eq!(std::fs::read_dir(sb.data()).unwrap().count(), 0, "the demo left files behind");
+    assert_eq!(
+        std::fs::read_dir(sb.data()).unwrap().count(),
+        0,
+        "the demo left files behind"
+    );
 }
 
 #[test]
@@ -153,18 +208,36 @@ fn riffle_io_pread_forces_the_thread_pool() {
         .output()
         .unwrap();
     assert_ok(&out);
-    assert!(text(&out.stdout).contains("(pread, O_DIRECT)"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("(pread, O_DIRECT)"),
+        "{}",
+        text(&out.stdout)
+    );
     let err = text(&out.stderr);
-    assert_eq!(err.matches("RIFFLE_IO=pread").count(), 1, "announced exactly once:\n{err}");
+    assert_eq!(
+        err.matches("RIFFLE_IO=pread").count(),
+        1,
+        "announced exactly once:\n{err}"
+    );
 }
 
 #[test]
 fn riffle_io_rejects_unknown_values() {
     let sb = Sandbox::new();
     sb.seed_probe(&sb.data());
-    let out = sb.cmd().env("RIFFLE_IO", "mmap").args(["demo", "--records", "10", "--dir"]).arg(sb.data()).output().unwrap();
+    let out = sb
+        .cmd()
+        .env("RIFFLE_IO", "mmap")
+        .args(["demo", "--records", "10", "--dir"])
+        .arg(sb.data())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("RIFFLE_IO=mmap"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("RIFFLE_IO=mmap"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// io_uring refused by the kernel (as a container's seccomp policy or
@@ -174,16 +247,25 @@ fn disabled_io_uring_falls_back_to_pread() {
     let sb = Sandbox::new();
     sb.seed_probe(&sb.data());
     let mut cmd = sb.cmd();
-    cmd.args(["demo", "--records", "2000", "--dir"]).arg(sb.data());
+    cmd.args(["demo", "--records", "2000", "--dir"])
+        .arg(sb.data());
     if !seccomp::deny_io_uring(&mut cmd) {
         eprintln!("skipped: no seccomp filter for io_uring on this architecture");
         return;
     }
     let out = cmd.output().unwrap();
     assert_ok(&out);
-    assert!(text(&out.stdout).contains("(pread, O_DIRECT)"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("(pread, O_DIRECT)"),
+        "{}",
+        text(&out.stdout)
+    );
     let err = text(&out.stderr);
-    assert_eq!(err.matches("io_uring unavailable").count(), 1, "announced exactly once:\n{err}");
+    assert_eq!(
+        err.matches("io_uring unavailable").count(),
+        1,
+        "announced exactly once:\n{err}"
+    );
     assert!(err.contains("EPERM"), "{err}");
 }
 
@@ -191,17 +273,29 @@ fn disabled_io_uring_falls_back_to_pread() {
 fn errors_name_the_path_and_exit_non_zero() {
     let sb = Sandbox::new();
     let missing = sb.path().join("no-such-dir");
-    let out = sb.cmd().args(["probe", "--quick"]).arg(&missing).output().unwrap();
+    let out = sb
+        .cmd()
+        .args(["probe", "--quick"])
+        .arg(&missing)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    assert!(err.contains("no-such-dir") && err.contains("No such file"), "{err}");
+    assert!(
+        err.contains("no-such-dir") && err.contains("No such file"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 
     let out = sb.cmd().args(["bench", "no-such-suite"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("unknown suite"));
 
-    let out = sb.cmd().args(["probe", "--region", "12Q", "."]).output().unwrap();
+    let out = sb
+        .cmd()
+        .args(["probe", "--region", "12Q", "."])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2), "a usage error exits 2");
 }
 
@@ -214,7 +308,19 @@ fn fio_parity_writes_a_report() {
     let sb = Sandbox::new();
     let out = sb
         .cmd()
-        .args(["bench", "fio-parity", "--json", "--size", "64M", "--seconds", "1", "--points", "4K:8", "--repeats", "1"])
+        .args([
+            "bench",
+            "fio-parity",
+            "--json",
+            "--size",
+            "64M",
+            "--seconds",
+            "1",
+            "--points",
+            "4K:8",
+            "--repeats",
+            "1",
+        ])
         .arg("--data-dir")
         .arg(sb.data())
         .arg("--out")
@@ -226,12 +332,19 @@ fn fio_parity_writes_a_report() {
     let row = &r["rows"][0];
     assert_eq!(row["bs"], 4096);
     assert_eq!(row["qd"], 8);
-    let (f, e) = (row["fio_iops"].as_f64().unwrap(), row["engine_iops"].as_f64().unwrap());
+    let (f, e) = (
+        row["fio_iops"].as_f64().unwrap(),
+        row["engine_iops"].as_f64().unwrap(),
+    );
     assert!(f > 0.0 && e > 0.0);
     assert!((row["ratio"].as_f64().unwrap() - e / f).abs() < 1e-9);
     let dir = PathBuf::from(r["report_dir"].as_str().unwrap());
     assert!(dir.join("fio-parity.json").is_file() && dir.join("fio-parity.md").is_file());
-    assert_eq!(std::fs::read_dir(sb.data()).unwrap().count(), 0, "the test file was left behind");
+    assert_eq!(
+        std::fs::read_dir(sb.data()).unwrap().count(),
+        0,
+        "the test file was left behind"
+    );
 }
 
 mod seccomp {
@@ -252,15 +365,25 @@ mod seccomp {
         {
             const IO_URING_SETUP: u32 = 425;
             fn stmt(code: u32, k: u32) -> libc::sock_filter {
-                libc::sock_filter { code: code as u16, jt: 0, jf: 0, k }
+                libc::sock_filter {
+                    code: code as u16,
+                    jt: 0,
+                    jf: 0,
+                    k,
+                }
             }
             fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
-                libc::sock_filter { code: code as u16, jt, jf, k }
+                libc::sock_filter {
+                    code: code as u16,
+                    jt,
+                    jf,
+                    k,
+                }
             }
             let ld = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
             let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
             let ret = libc::BPF_RET | libc::BPF_K;
-            let filter = vec![
+            let filter = [
                 stmt(ld, 4), // seccomp_data.arch
                 jump(jeq, ARCH, 0, 3),
                 stmt(ld, 0), // seccomp_data.nr
@@ -272,9 +395,16 @@ mod seccomp {
             // prctl, which is async-signal-safe; the filter vector outlives the call.
             unsafe {
                 cmd.pre_exec(move || {
-                    let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut _ };
+                    let prog = libc::sock_fprog {
+                        len: filter.len() as u16,
+                        filter: filter.as_ptr() as *mut _,
+                    };
                     if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                        || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const _) != 0
+                        || libc::prctl(
+                            libc::PR_SET_SECCOMP,
+                            libc::SECCOMP_MODE_FILTER,
+                            &prog as *const _,
+                        ) != 0
                     {
                         return Err(std::io::Error::last_os_error());
                     }

@@ -52,16 +52,29 @@ pub fn randread(file: &Path, bs: usize, qd: usize, seconds: u64, size: u64) -> R
         .output()
         .context("running fio")?;
     if !out.status.success() {
-        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     // fio may print notes before the JSON object.
-    let start = text.find('{').ok_or_else(|| anyhow!("fio printed no JSON: {text}"))?;
-    let v: serde_json::Value = serde_json::from_str(&text[start..]).context("parsing fio's JSON")?;
+    let start = text
+        .find('{')
+        .ok_or_else(|| anyhow!("fio printed no JSON: {text}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text[start..]).context("parsing fio's JSON")?;
     let read = &v["jobs"][0]["read"];
-    let pct = |k: &str| read["clat_ns"]["percentile"][k].as_f64().unwrap_or(f64::NAN) / 1000.0;
+    let pct = |k: &str| {
+        read["clat_ns"]["percentile"][k]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+            / 1000.0
+    };
     Ok(FioResult {
-        iops: read["iops"].as_f64().ok_or_else(|| anyhow!("fio JSON has no read.iops"))?,
+        iops: read["iops"]
+            .as_f64()
+            .ok_or_else(|| anyhow!("fio JSON has no read.iops"))?,
         bytes_per_s: read["bw_bytes"].as_f64().unwrap_or(f64::NAN),
         lat_p50_us: pct("50.000000"),
         lat_p99_us: pct("99.000000"),

@@ -45,7 +45,14 @@ impl ParityOptions {
             file_size: 4 << 30,
             seconds: if quick { 3 } else { 10 },
             repeats: if quick { 1 } else { 2 },
-            points: vec![(4 * K, 1), (4 * K, 32), (4 * K, 64), (4 * K, 128), (16 * K, 64), (64 * K, 64)],
+            points: vec![
+                (4 * K, 1),
+                (4 * K, 32),
+                (4 * K, 64),
+                (4 * K, 128),
+                (16 * K, 64),
+                (64 * K, 64),
+            ],
             keep_file: false,
         }
     }
@@ -98,15 +105,31 @@ pub struct ParityReport {
 }
 
 /// Runs the suite; `progress(step, total, what)` before each run.
-pub fn run(opts: &ParityOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Result<ParityReport> {
+pub fn run(
+    opts: &ParityOptions,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<ParityReport> {
     let fio_version = fio::version()?;
-    std::fs::create_dir_all(&opts.data_dir).with_context(|| format!("{}", opts.data_dir.display()))?;
-    let file = opts.data_dir.join(format!("riffle-parity-{}.dat", opts.file_size));
-    let fresh = std::fs::metadata(&file).map(|m| m.len() != opts.file_size).unwrap_or(true);
+    std::fs::create_dir_all(&opts.data_dir)
+        .with_context(|| format!("{}", opts.data_dir.display()))?;
+    let file = opts
+        .data_dir
+        .join(format!("riffle-parity-{}.dat", opts.file_size));
+    let fresh = std::fs::metadata(&file)
+        .map(|m| m.len() != opts.file_size)
+        .unwrap_or(true);
     let total = opts.points.len() * 2 * opts.repeats + 1;
-    progress(0, total, &format!("writing {} test file", human_bytes(opts.file_size as f64)));
+    progress(
+        0,
+        total,
+        &format!("writing {} test file", human_bytes(opts.file_size as f64)),
+    );
     if fresh {
-        let cfg = IoConfig { depth: 8, slot_size: 1 << 20, ..IoConfig::default() };
+        let cfg = IoConfig {
+            depth: 8,
+            slot_size: 1 << 20,
+            ..IoConfig::default()
+        };
         io::write_file(&file, opts.file_size, &cfg, io::pattern_filler(42))?;
     }
     let result = measure(opts, &file, fio_version, total, progress);
@@ -139,7 +162,11 @@ fn measure(
             for side in 0..2 {
                 let run_fio = (side == 0) == fio_first;
                 let who = if run_fio { "fio" } else { "engine" };
-                progress(step, total, &format!("{who} bs={} qd={qd}", human_bytes(bs as f64)));
+                progress(
+                    step,
+                    total,
+                    &format!("{who} bs={} qd={qd}", human_bytes(bs as f64)),
+                );
                 step += 1;
                 cold &= report::drop_caches();
                 if run_fio {
@@ -157,7 +184,14 @@ fn measure(
                     };
                     let cfg = IoConfig::default();
                     if backend.is_empty() {
-                        let b = io::open_backend(&IoConfig { depth: qd, slot_size: bs, ..cfg.clone() }, 4096)?;
+                        let b = io::open_backend(
+                            &IoConfig {
+                                depth: qd,
+                                slot_size: bs,
+                                ..cfg.clone()
+                            },
+                            4096,
+                        )?;
                         backend = format!("{} ({})", b.kind().name(), b.features());
                     }
                     let p = read_point(file, &spec, &cfg)?;
@@ -191,7 +225,12 @@ fn measure(
         device,
         report_dir: dir.display().to_string(),
     };
-    report::write_report(&dir, "fio-parity", &serde_json::to_value(&rep)?, &markdown(&rep))?;
+    report::write_report(
+        &dir,
+        "fio-parity",
+        &serde_json::to_value(&rep)?,
+        &markdown(&rep),
+    )?;
     Ok(rep)
 }
 
@@ -208,10 +247,19 @@ pub fn markdown(r: &ParityReport) -> String {
         human_bytes(r.file_size as f64),
         r.seconds,
         r.repeats,
-        if r.cold_cache { "dropped before each run" } else { "NOT dropped (not root)" }
+        if r.cold_cache {
+            "dropped before each run"
+        } else {
+            "NOT dropped (not root)"
+        }
     ));
-    s.push_str(&format!("Engine backend: {}, O_DIRECT.\n\n", r.engine_backend));
-    s.push_str("| block | QD | fio IOPS | engine IOPS | engine / fio | fio p99 us | engine p99 us |\n");
+    s.push_str(&format!(
+        "Engine backend: {}, O_DIRECT.\n\n",
+        r.engine_backend
+    ));
+    s.push_str(
+        "| block | QD | fio IOPS | engine IOPS | engine / fio | fio p99 us | engine p99 us |\n",
+    );
     s.push_str("|---:|---:|---:|---:|---:|---:|---:|\n");
     for row in &r.rows {
         s.push_str(&format!(

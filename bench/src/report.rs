@@ -7,7 +7,10 @@ use anyhow::{Context, Result};
 
 /// Today's date in UTC as `YYYY-MM-DD`.
 pub fn today() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let days = (secs / 86_400) as i64;
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -46,9 +49,15 @@ pub fn drop_caches() -> bool {
 }
 
 /// Writes `name.json` and `name.md` into `dir`.
-pub fn write_report(dir: &Path, name: &str, json: &serde_json::Value, markdown: &str) -> Result<()> {
+pub fn write_report(
+    dir: &Path,
+    name: &str,
+    json: &serde_json::Value,
+    markdown: &str,
+) -> Result<()> {
     let j = dir.join(format!("{name}.json"));
-    std::fs::write(&j, serde_json::to_string_pretty(json)?).with_context(|| format!("{}", j.display()))?;
+    std::fs::write(&j, serde_json::to_string_pretty(json)?)
+        .with_context(|| format!("{}", j.display()))?;
     let m = dir.join(format!("{name}.md"));
     std::fs::write(&m, markdown).with_context(|| format!("{}", m.display()))?;
     Ok(())

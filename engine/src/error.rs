@@ -52,7 +52,12 @@ impl Error {
         offset: Option<u64>,
         source: io::Error,
     ) -> Self {
-        Error::Io { path: path.into(), op, offset, source }
+        Error::Io {
+            path: path.into(),
+            op,
+            offset,
+            source,
+        }
     }
 
     /// The OS error number behind this error, if there is one.

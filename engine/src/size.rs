@@ -11,7 +11,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("'{text}': unknown size unit '{unit}' (use K, M, G or T)")),
+        _ => {
+            return Err(format!(
+                "'{text}': unknown size unit '{unit}' (use K, M, G or T)"
+            ))
+        }
     };
     let value: f64 = num
         .trim()

@@ -14,7 +14,12 @@ use clap::{Parser, Subcommand};
 /// It reads with O_DIRECT through io_uring (a pread thread pool where io_uring is not
 /// available, buffered reads where O_DIRECT is refused), and measures the device it runs on.
 #[derive(Parser)]
-#[command(name = "riffle", version, propagate_version = true, max_term_width = 100)]
+#[command(
+    name = "riffle",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

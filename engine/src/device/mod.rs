@@ -52,7 +52,9 @@ fn read_trim(p: impl AsRef<Path>) -> Option<String> {
 
 /// The logical block size of the disk behind `dev`, from sysfs.
 pub fn logical_block_size(dev: u64) -> Option<usize> {
-    read_trim(sysfs_disk(dev)?.join("queue/logical_block_size"))?.parse().ok()
+    read_trim(sysfs_disk(dev)?.join("queue/logical_block_size"))?
+        .parse()
+        .ok()
 }
 
 /// The filesystem type of `path`, from /proc/self/mountinfo (the longest mount prefix).
@@ -64,8 +66,12 @@ pub fn fs_type(path: &Path) -> String {
     let mut best: Option<(usize, String)> = None;
     for line in info.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else { continue };
-        let (Some(mount), Some(fstype)) = (fields.get(4), fields.get(sep + 1)) else { continue };
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        let (Some(mount), Some(fstype)) = (fields.get(4), fields.get(sep + 1)) else {
+            continue;
+        };
         let mount = mount.replace("\\040", " ");
         if abs.starts_with(&mount) && best.as_ref().is_none_or(|(len, _)| mount.len() >= *len) {
             best = Some((mount.len(), (*fstype).to_owned()));
@@ -85,12 +91,18 @@ pub fn identify(path: &Path) -> std::io::Result<DeviceId> {
     let meta = fs::metadata(path)?;
     let (ma, mi) = major_minor(meta.dev());
     let disk = sysfs_disk(meta.dev());
-    let name = disk.as_ref().and_then(|d| d.file_name()).map(|n| n.to_string_lossy().into_owned());
+    let name = disk
+        .as_ref()
+        .and_then(|d| d.file_name())
+        .map(|n| n.to_string_lossy().into_owned());
     let model = disk.as_ref().and_then(|d| {
         read_trim(d.join("device/model"))
             .or_else(|| read_trim(d.join("device/vendor")).map(|v| format!("vendor {v}")))
     });
-    let rotational = disk.as_ref().and_then(|d| read_trim(d.join("queue/rotational"))).map(|r| r == "1");
+    let rotational = disk
+        .as_ref()
+        .and_then(|d| read_trim(d.join("queue/rotational")))
+        .map(|r| r == "1");
     Ok(DeviceId {
         dev: format!("{ma}:{mi}"),
         name,
@@ -107,13 +119,17 @@ mod tests {
 
     #[test]
     fn splits_dev_t() {
-        // makedev(254, 0) and makedev(259, 65537) per glibc's encoding.
-        assert_eq!(major_minor((254 << 8) | 0), (254, 0));
-        let dev: u64 = ((259u64 & 0xfff) << 8)
-            | ((259u64 & !0xfff) << 32)
-            | (65537u64 & 0xff)
-            | ((65537u64 & !0xff) << 12);
-        assert_eq!(major_minor(dev), (259, 65537));
+        // glibc's makedev: the low 8 bits of the minor, then 12 bits of major, then the
+        // rest of the minor, then the rest of the major.
+        fn makedev(major: u64, minor: u64) -> u64 {
+            ((major & 0xfff) << 8)
+                | ((major & !0xfff) << 32)
+                | (minor & 0xff)
+                | ((minor & !0xff) << 12)
+        }
+        assert_eq!(major_minor(makedev(254, 0)), (254, 0));
+        assert_eq!(major_minor(makedev(259, 65537)), (259, 65537));
+        assert_eq!(major_minor(makedev(8, 17)), (8, 17));
     }
 
     #[test]

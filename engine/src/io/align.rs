@@ -43,20 +43,44 @@ pub fn detect(file: &File) -> Alignment {
     if let Some(meta) = &meta {
         if meta.file_type().is_block_device() {
             if let Some(sz) = blksszget(file) {
-                return Alignment { mem: sz, offset: sz, source: "BLKSSZGET", direct_ok: true };
+                return Alignment {
+                    mem: sz,
+                    offset: sz,
+                    source: "BLKSSZGET",
+                    direct_ok: true,
+                };
             }
         }
-        let dev = if meta.file_type().is_block_device() { meta.rdev() } else { meta.dev() };
+        let dev = if meta.file_type().is_block_device() {
+            meta.rdev()
+        } else {
+            meta.dev()
+        };
         if let Some(sz) = device::logical_block_size(dev) {
-            return Alignment { mem: sz, offset: sz, source: "sysfs", direct_ok: true };
+            return Alignment {
+                mem: sz,
+                offset: sz,
+                source: "sysfs",
+                direct_ok: true,
+            };
         }
         let blk = (meta.blksize() as usize).max(1).next_power_of_two();
-        return Alignment { mem: blk, offset: blk, source: "st_blksize", direct_ok: true };
+        return Alignment {
+            mem: blk,
+            offset: blk,
+            source: "st_blksize",
+            direct_ok: true,
+        };
     }
     // Nothing answered: the page size is the one alignment every kernel accepts for
     // direct I/O on every filesystem that supports it.
     let page = page_size();
-    Alignment { mem: page, offset: page, source: "page size", direct_ok: true }
+    Alignment {
+        mem: page,
+        offset: page,
+        source: "page size",
+        direct_ok: true,
+    }
 }
 
 /// The system page size.
@@ -90,9 +114,19 @@ fn from_statx(file: &File) -> Option<Alignment> {
     let mem = stx.stx_dio_mem_align as usize;
     let offset = stx.stx_dio_offset_align as usize;
     if mem == 0 || offset == 0 {
-        return Some(Alignment { mem: 1, offset: 1, source: "statx", direct_ok: false });
+        return Some(Alignment {
+            mem: 1,
+            offset: 1,
+            source: "statx",
+            direct_ok: false,
+        });
     }
-    Some(Alignment { mem, offset, source: "statx", direct_ok: true })
+    Some(Alignment {
+        mem,
+        offset,
+        source: "statx",
+        direct_ok: true,
+    })
 }
 
 fn blksszget(file: &File) -> Option<usize> {

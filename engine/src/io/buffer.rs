@@ -25,7 +25,10 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// Allocates `len` zeroed bytes aligned to `align` (a power of two). `len` may be zero.
     pub fn new(len: usize, align: usize) -> Self {
-        assert!(align.is_power_of_two(), "alignment {align} is not a power of two");
+        assert!(
+            align.is_power_of_two(),
+            "alignment {align} is not a power of two"
+        );
         // A zero-sized layout cannot be allocated; keep one aligned unit instead.
         let layout = Layout::from_size_align(len.max(align), align).expect("buffer layout");
         // SAFETY: the layout has a non-zero size.
@@ -114,7 +117,10 @@ impl Slab {
     /// DMA segment, and halves throughput on virtio disks.
     pub fn new(count: usize, slot_size: usize, align: usize) -> Self {
         assert!(count > 0 && count <= u32::MAX as usize);
-        assert!(slot_size > 0 && slot_size.is_multiple_of(align), "slot size must be aligned");
+        assert!(
+            slot_size > 0 && slot_size.is_multiple_of(align),
+            "slot size must be aligned"
+        );
         let mem = AlignedBuf::new(count * slot_size, align.max(super::align::page_size()));
         Slab {
             mem,
@@ -157,14 +163,22 @@ impl Slab {
 
     /// The bytes of a held slot.
     pub fn get(&self, slot: SlotId) -> &[u8] {
-        assert_eq!(self.states[slot.index()], SlotState::Held, "slot is not held by the caller");
+        assert_eq!(
+            self.states[slot.index()],
+            SlotState::Held,
+            "slot is not held by the caller"
+        );
         let start = slot.index() * self.slot_size;
         &self.mem.as_slice()[start..start + self.slot_size]
     }
 
     /// The bytes of a held slot, mutably.
     pub fn get_mut(&mut self, slot: SlotId) -> &mut [u8] {
-        assert_eq!(self.states[slot.index()], SlotState::Held, "slot is not held by the caller");
+        assert_eq!(
+            self.states[slot.index()],
+            SlotState::Held,
+            "slot is not held by the caller"
+        );
         let start = slot.index() * self.slot_size;
         &mut self.mem.as_mut_slice()[start..start + self.slot_size]
     }
@@ -182,7 +196,11 @@ impl Slab {
     /// Marks an in-flight slot as returned to the caller (its completion was reaped).
     pub(crate) fn complete(&mut self, slot: SlotId) {
         let st = &mut self.states[slot.index()];
-        assert_eq!(*st, SlotState::InFlight, "completion for a slot not in flight");
+        assert_eq!(
+            *st,
+            SlotState::InFlight,
+            "completion for a slot not in flight"
+        );
         *st = SlotState::Held;
     }
 

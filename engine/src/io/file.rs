@@ -32,10 +32,12 @@ impl DataFile {
     /// otherwise. A fallback to buffered I/O is announced once on stderr and recorded in
     /// [`DataFile::buffered_reason`]. `RIFFLE_DIRECT=0` in the environment forces buffered.
     pub fn open(path: &Path, access: Access, want_direct: bool) -> Result<DataFile> {
-        let plain = Self::open_flags(path, access, 0)
-            .map_err(|e| Error::io(path, "open", None, e))?;
+        let plain =
+            Self::open_flags(path, access, 0).map_err(|e| Error::io(path, "open", None, e))?;
         if access == Access::Read {
-            let meta = plain.metadata().map_err(|e| Error::io(path, "stat", None, e))?;
+            let meta = plain
+                .metadata()
+                .map_err(|e| Error::io(path, "stat", None, e))?;
             if meta.is_dir() {
                 return Err(Error::BadInput {
                     path: path.into(),
@@ -51,9 +53,13 @@ impl DataFile {
         } else if std::env::var("RIFFLE_DIRECT").is_ok_and(|v| v == "0") {
             Some("RIFFLE_DIRECT=0 is set".to_owned())
         } else if device::is_memory_fs(&fs_type) {
-            Some(format!("{fs_type} keeps data in memory, so O_DIRECT cannot bypass a cache"))
+            Some(format!(
+                "{fs_type} keeps data in memory, so O_DIRECT cannot bypass a cache"
+            ))
         } else if !align.direct_ok {
-            Some(format!("{fs_type} does not support direct I/O on this file (statx)"))
+            Some(format!(
+                "{fs_type} does not support direct I/O on this file (statx)"
+            ))
         } else {
             None
         };
@@ -71,12 +77,25 @@ impl DataFile {
             if want_direct {
                 notice::once(
                     &format!("buffered:{r}"),
-                    &format!("using buffered reads, not O_DIRECT: {r} ({})", path.display()),
+                    &format!(
+                        "using buffered reads, not O_DIRECT: {r} ({})",
+                        path.display()
+                    ),
                 );
             }
         }
-        let size = file.metadata().map_err(|e| Error::io(path, "stat", None, e))?.len();
-        Ok(DataFile { file, path: path.into(), size, direct: buffered_reason.is_none(), buffered_reason, align })
+        let size = file
+            .metadata()
+            .map_err(|e| Error::io(path, "stat", None, e))?
+            .len();
+        Ok(DataFile {
+            file,
+            path: path.into(),
+            size,
+            direct: buffered_reason.is_none(),
+            buffered_reason,
+            align,
+        })
     }
 
     fn open_flags(path: &Path, access: Access, extra: i32) -> std::io::Result<File> {
@@ -100,7 +119,9 @@ impl DataFile {
 
     /// Records a new logical size (after writes) and truncates the file to it.
     pub fn set_size(&mut self, size: u64) -> Result<()> {
-        self.file.set_len(size).map_err(|e| Error::io(&self.path, "truncate", Some(size), e))?;
+        self.file
+            .set_len(size)
+            .map_err(|e| Error::io(&self.path, "truncate", Some(size), e))?;
         self.size = size;
         Ok(())
     }
@@ -127,7 +148,8 @@ impl DataFile {
 
     /// Flushes written data to the device.
     pub fn sync_data(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(&self.path, "fdatasync", None, e))
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io(&self.path, "fdatasync", None, e))
     }
 }
-

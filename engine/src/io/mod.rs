@@ -90,11 +90,22 @@ pub struct IoConfig {
     pub backend: BackendChoice,
     /// Whether to try O_DIRECT (falls back to buffered where refused).
     pub direct: bool,
+    /// io_uring: submit once this many requests are queued (1 = each request as soon as it
+    /// is pushed, as fio does by default). Larger batches save system calls but let the
+    /// block layer plug requests together, which adds latency on devices such as virtio
+    /// disks (measured: 4 KiB QD 32 random reads, 64k IOPS batched vs 75k one by one).
+    pub submit_batch: usize,
 }
 
 impl Default for IoConfig {
     fn default() -> Self {
-        IoConfig { depth: 64, slot_size: 256 << 10, backend: BackendChoice::Auto, direct: true }
+        IoConfig {
+            depth: 64,
+            slot_size: 256 << 10,
+            backend: BackendChoice::Auto,
+            direct: true,
+            submit_batch: 1,
+        }
     }
 }
 
@@ -175,22 +186,32 @@ pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
     match choice {
         BackendChoice::Pread => {
             if std::env::var("RIFFLE_IO").is_ok_and(|v| v == "pread") {
-                notice::once("pread-forced", "RIFFLE_IO=pread: using the pread thread pool");
+                notice::once(
+                    "pread-forced",
+                    "RIFFLE_IO=pread: using the pread thread pool",
+                );
             }
             Ok(Box::new(pread::PreadBackend::new(depth, slot_size, align)))
         }
-        BackendChoice::Uring => Ok(Box::new(uring::UringBackend::new(depth, slot_size, align)?)),
-        BackendChoice::Auto => match uring::UringBackend::new(depth, slot_size, align) {
-            Ok(b) => Ok(Box::new(b)),
-            Err(Error::UringUnavailable(why)) => {
-                notice::once(
-                    "uring-unavailable",
-                    &format!("io_uring unavailable ({why}); using the pread thread pool"),
-                );
-                Ok(Box::new(pread::PreadBackend::new(depth, slot_size, align)))
+        BackendChoice::Uring => Ok(Box::new(uring::UringBackend::new(
+            depth,
+            slot_size,
+            align,
+            cfg.submit_batch,
+        )?)),
+        BackendChoice::Auto => {
+            match uring::UringBackend::new(depth, slot_size, align, cfg.submit_batch) {
+                Ok(b) => Ok(Box::new(b)),
+                Err(Error::UringUnavailable(why)) => {
+                    notice::once(
+                        "uring-unavailable",
+                        &format!("io_uring unavailable ({why}); using the pread thread pool"),
+                    );
+                    Ok(Box::new(pread::PreadBackend::new(depth, slot_size, align)))
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        },
+        }
     }
 }
 
@@ -200,7 +221,12 @@ pub fn completion_error(file: &DataFile, op: &Op, errno: i32) -> Error {
         OpKind::Read => "read",
         OpKind::Write => "write",
     };
-    Error::io(file.path(), what, Some(op.offset), std::io::Error::from_raw_os_error(errno))
+    Error::io(
+        file.path(),
+        what,
+        Some(op.offset),
+        std::io::Error::from_raw_os_error(errno),
+    )
 }
 
 #[cfg(test)]

@@ -88,7 +88,9 @@ fn worker(jobs: Receiver<Job>, done: Sender<Completion>) {
             if rc >= 0 {
                 break Ok(rc as usize);
             }
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
             if errno != libc::EINTR && errno != libc::EAGAIN {
                 break Err(errno);
             }
@@ -126,11 +128,22 @@ impl Backend for PreadBackend {
     }
 
     fn push(&mut self, op: Op) -> Result<()> {
-        assert!(op.len <= self.slab.slot_size(), "request longer than a slot");
-        let file = self.files.get(op.file.0 as usize).expect("unknown file key").clone();
+        assert!(
+            op.len <= self.slab.slot_size(),
+            "request longer than a slot"
+        );
+        let file = self
+            .files
+            .get(op.file.0 as usize)
+            .expect("unknown file key")
+            .clone();
         let ptr = SlotPtr(self.slab.start(op.slot));
         self.in_flight += 1;
-        let sent = self.jobs.as_ref().expect("pool is running").send(Job { op, file, ptr });
+        let sent = self
+            .jobs
+            .as_ref()
+            .expect("pool is running")
+            .send(Job { op, file, ptr });
         sent.map_err(|_| Error::Invalid("the pread pool has stopped".into()))
     }
 

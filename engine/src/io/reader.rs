@@ -72,10 +72,23 @@ impl RangeReader {
 
     /// A reader over files that are already open.
     pub fn with_files(files: Vec<Arc<DataFile>>, cfg: &IoConfig) -> Result<Self> {
-        let unit = files.iter().map(|f| f.alignment().unit()).max().unwrap_or(1).max(512);
+        let unit = files
+            .iter()
+            .map(|f| f.alignment().unit())
+            .max()
+            .unwrap_or(1)
+            .max(512);
         let mut backend = open_backend(cfg, unit)?;
-        let keys = files.into_iter().map(|f| backend.add_file(f)).collect::<Result<Vec<_>>>()?;
-        Ok(RangeReader { backend, keys, unit, stats: ReadStats::default() })
+        let keys = files
+            .into_iter()
+            .map(|f| backend.add_file(f))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RangeReader {
+            backend,
+            keys,
+            unit,
+            stats: ReadStats::default(),
+        })
     }
 
     /// The backend in use.
@@ -134,16 +147,35 @@ impl RangeReader {
                         Some(p) => p,
                         None => match requests.next() {
                             Some((i, (file, offset, len))) => {
-                                self.plan(i, file, offset, len, &mut pieces, &mut assemblies, &mut done)?;
+                                self.plan(
+                                    i,
+                                    file,
+                                    offset,
+                                    len,
+                                    &mut pieces,
+                                    &mut assemblies,
+                                    &mut done,
+                                )?;
                                 continue;
                             }
                             None => break,
                         },
                     };
-                    let slot = self.backend.slab_mut().acquire().expect("a free slot below depth");
+                    let slot = self
+                        .backend
+                        .slab_mut()
+                        .acquire()
+                        .expect("a free slot below depth");
                     slots[slot.index()] = Some(piece);
                     let key = self.keys[piece.file];
-                    let op = Op { slot, file: key, offset: piece.start, len: piece.len, kind: OpKind::Read, tag: 0 };
+                    let op = Op {
+                        slot,
+                        file: key,
+                        offset: piece.start,
+                        len: piece.len,
+                        kind: OpKind::Read,
+                        tag: 0,
+                    };
                     self.backend.push(op)?;
                 }
                 if self.backend.in_flight() == 0 {
@@ -195,7 +227,14 @@ impl RangeReader {
         let count = (end - start).div_ceil(slot) as usize;
         if count > 1 {
             let n = (want_end - want_start) as usize;
-            assemblies.insert(request, Assembly { offset: want_start, data: vec![0; n], missing: count });
+            assemblies.insert(
+                request,
+                Assembly {
+                    offset: want_start,
+                    data: vec![0; n],
+                    missing: count,
+                },
+            );
         }
         let mut s = start;
         while s < end {
@@ -243,7 +282,10 @@ impl RangeReader {
                 });
             }
             self.stats.retries += 1;
-            return Ok(Some(Piece { retries: piece.retries + 1, ..piece }));
+            return Ok(Some(Piece {
+                retries: piece.retries + 1,
+                ..piece
+            }));
         }
         let buf = self.backend.slab().get(c.op.slot);
         let from = (piece.want_start - piece.start) as usize;
@@ -269,7 +311,11 @@ impl RangeReader {
     fn drain(&mut self) {
         let mut sink = Vec::new();
         while self.backend.in_flight() > 0 {
-            if self.backend.wait(self.backend.in_flight(), &mut sink).is_err() {
+            if self
+                .backend
+                .wait(self.backend.in_flight(), &mut sink)
+                .is_err()
+            {
                 return;
             }
             for c in sink.drain(..) {

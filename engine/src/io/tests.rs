@@ -16,7 +16,11 @@ fn random_file(dir: &Path, name: &str, len: usize, seed: u64) -> (std::path::Pat
     (p, data)
 }
 
-fn read_all(path: &Path, cfg: &IoConfig, ranges: &[(usize, u64, usize)]) -> (Vec<Vec<u8>>, BackendKind, bool) {
+fn read_all(
+    path: &Path,
+    cfg: &IoConfig,
+    ranges: &[(usize, u64, usize)],
+) -> (Vec<Vec<u8>>, BackendKind, bool) {
     let mut r = RangeReader::open(&[path], cfg).unwrap();
     let mut out = vec![None; ranges.len()];
     r.read_ranges(ranges.iter().copied(), |i, b| {
@@ -24,7 +28,13 @@ fn read_all(path: &Path, cfg: &IoConfig, ranges: &[(usize, u64, usize)]) -> (Vec
         out[i] = Some(b.to_vec());
     })
     .unwrap();
-    (out.into_iter().map(|o| o.expect("every request delivered")).collect(), r.backend_kind(), r.direct())
+    (
+        out.into_iter()
+            .map(|o| o.expect("every request delivered"))
+            .collect(),
+        r.backend_kind(),
+        r.direct(),
+    )
 }
 
 fn expect(data: &[u8], ranges: &[(usize, u64, usize)]) -> Vec<Vec<u8>> {
@@ -63,14 +73,27 @@ fn uring_and_pread_return_identical_bytes() {
     let (path, data) = random_file(dir.path(), "a.bin", 3_000_001, 1);
     let rs = ranges(data.len() as u64, 400, 2);
     let want = expect(&data, &rs);
-    let small = IoConfig { depth: 16, slot_size: 64 << 10, ..IoConfig::default() };
-    let uring = IoConfig { backend: BackendChoice::Uring, ..small.clone() };
-    let pread = IoConfig { backend: BackendChoice::Pread, ..small.clone() };
+    let small = IoConfig {
+        depth: 16,
+        slot_size: 64 << 10,
+        ..IoConfig::default()
+    };
+    let uring = IoConfig {
+        backend: BackendChoice::Uring,
+        ..small.clone()
+    };
+    let pread = IoConfig {
+        backend: BackendChoice::Pread,
+        ..small.clone()
+    };
     let (got_u, kind_u, direct_u) = read_all(&path, &uring, &rs);
     let (got_p, kind_p, _) = read_all(&path, &pread, &rs);
     assert_eq!(kind_u, BackendKind::Uring);
     assert_eq!(kind_p, BackendKind::Pread);
-    assert!(direct_u, "the test file system is expected to allow O_DIRECT");
+    assert!(
+        direct_u,
+        "the test file system is expected to allow O_DIRECT"
+    );
     assert_eq!(got_u, want, "io_uring bytes differ from the file");
     assert_eq!(got_p, want, "pread bytes differ from the file");
 }
@@ -79,10 +102,16 @@ fn uring_and_pread_return_identical_bytes() {
 fn misaligned_ranges_are_handled() {
     let dir = tempfile::tempdir_in(".").unwrap();
     let (path, data) = random_file(dir.path(), "m.bin", 1 << 20, 3);
-    let rs: Vec<_> = [(1u64, 1usize), (511, 2), (4095, 4098), (12_345, 67_891), (0, 1 << 20)]
-        .iter()
-        .map(|&(o, l)| (0, o, l))
-        .collect();
+    let rs: Vec<_> = [
+        (1u64, 1usize),
+        (511, 2),
+        (4095, 4098),
+        (12_345, 67_891),
+        (0, 1 << 20),
+    ]
+    .iter()
+    .map(|&(o, l)| (0, o, l))
+    .collect();
     let (got, _, _) = read_all(&path, &IoConfig::default(), &rs);
     assert_eq!(got, expect(&data, &rs));
 }
@@ -91,7 +120,13 @@ fn misaligned_ranges_are_handled() {
 fn reads_crossing_eof_return_exactly_the_files_bytes() {
     let dir = tempfile::tempdir_in(".").unwrap();
     let (path, data) = random_file(dir.path(), "e.bin", 10_007, 4);
-    let rs = vec![(0, 10_000, 100), (0, 0, 1 << 20), (0, 10_007, 5), (0, 50_000, 10), (0, 10_006, 1)];
+    let rs = vec![
+        (0, 10_000, 100),
+        (0, 0, 1 << 20),
+        (0, 10_007, 5),
+        (0, 50_000, 10),
+        (0, 10_006, 1),
+    ];
     let (got, _, _) = read_all(&path, &IoConfig::default(), &rs);
     assert_eq!(got[0], data[10_000..].to_vec());
     assert_eq!(got[1], data);
@@ -118,7 +153,11 @@ fn dev_shm_falls_back_to_buffered_reads() {
     let (path, data) = random_file(dir.path(), "s.bin", 100_003, 6);
     let f = DataFile::open(&path, Access::Read, true).unwrap();
     assert!(!f.direct());
-    assert!(f.buffered_reason().unwrap().contains("tmpfs"), "{:?}", f.buffered_reason());
+    assert!(
+        f.buffered_reason().unwrap().contains("tmpfs"),
+        "{:?}",
+        f.buffered_reason()
+    );
     let rs = ranges(data.len() as u64, 50, 7);
     let (got, _, direct) = read_all(&path, &IoConfig::default(), &rs);
     assert!(!direct);
@@ -131,7 +170,12 @@ fn direct_write_then_read_back() {
     let path = dir.path().join("w.bin");
     let size = 5_000_003u64;
     for backend in [BackendChoice::Uring, BackendChoice::Pread] {
-        let cfg = IoConfig { depth: 4, slot_size: 1 << 20, backend, ..IoConfig::default() };
+        let cfg = IoConfig {
+            depth: 4,
+            slot_size: 1 << 20,
+            backend,
+            ..IoConfig::default()
+        };
         let mut fill = pattern_filler(9);
         let rep = write_file(&path, size, &cfg, &mut fill).unwrap();
         assert!(rep.direct);
@@ -156,13 +200,26 @@ fn raw_misaligned_direct_read_fails() {
     assert!(file.direct());
     let unit = file.alignment().unit();
     for choice in [BackendChoice::Uring, BackendChoice::Pread] {
-        let cfg = IoConfig { depth: 2, slot_size: 4 * unit, backend: choice, ..IoConfig::default() };
+        let cfg = IoConfig {
+            depth: 2,
+            slot_size: 4 * unit,
+            backend: choice,
+            ..IoConfig::default()
+        };
         let mut b = open_backend(&cfg, unit).unwrap();
         let key = b.add_file(file.clone()).unwrap();
         let mut out = Vec::new();
         for (offset, len, ok) in [(0u64, unit, true), (1, unit, false)] {
             let slot = b.slab_mut().acquire().unwrap();
-            b.push(Op { slot, file: key, offset, len, kind: OpKind::Read, tag: 0 }).unwrap();
+            b.push(Op {
+                slot,
+                file: key,
+                offset,
+                len,
+                kind: OpKind::Read,
+                tag: 0,
+            })
+            .unwrap();
             b.wait(1, &mut out).unwrap();
             let c = out.pop().unwrap();
             b.slab_mut().release(c.op.slot);
@@ -181,13 +238,25 @@ fn dropping_a_backend_with_requests_in_flight_waits_for_them() {
     let (path, _) = random_file(dir.path(), "d.bin", 4 << 20, 10);
     let file = Arc::new(DataFile::open(&path, Access::Read, true).unwrap());
     for choice in [BackendChoice::Uring, BackendChoice::Pread] {
-        let cfg = IoConfig { depth: 32, slot_size: 128 << 10, backend: choice, ..IoConfig::default() };
+        let cfg = IoConfig {
+            depth: 32,
+            slot_size: 128 << 10,
+            backend: choice,
+            ..IoConfig::default()
+        };
         let mut b = open_backend(&cfg, file.alignment().unit()).unwrap();
         let key = b.add_file(file.clone()).unwrap();
         for i in 0..32u64 {
             let slot = b.slab_mut().acquire().unwrap();
-            b.push(Op { slot, file: key, offset: i * (128 << 10), len: 128 << 10, kind: OpKind::Read, tag: i })
-                .unwrap();
+            b.push(Op {
+                slot,
+                file: key,
+                offset: i * (128 << 10),
+                len: 128 << 10,
+                kind: OpKind::Read,
+                tag: i,
+            })
+            .unwrap();
         }
         assert_eq!(b.in_flight(), 32);
         drop(b); // must not free slots the kernel is writing into (checked under ASan/valgrind)

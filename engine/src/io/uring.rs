@@ -31,12 +31,20 @@ pub struct UringSupport {
 pub fn support() -> &'static UringSupport {
     static SUPPORT: OnceLock<UringSupport> = OnceLock::new();
     SUPPORT.get_or_init(|| match IoUring::new(2) {
-        Err(e) => UringSupport { unavailable: Some(explain(&e)), fixed_rw: false, plain_rw: false },
+        Err(e) => UringSupport {
+            unavailable: Some(explain(&e)),
+            fixed_rw: false,
+            plain_rw: false,
+        },
         Ok(ring) => {
             let mut probe = io_uring::Probe::new();
             if ring.submitter().register_probe(&mut probe).is_err() {
                 // Kernels before 5.6 have no probe; they have no IORING_OP_READ either.
-                return UringSupport { unavailable: None, fixed_rw: true, plain_rw: false };
+                return UringSupport {
+                    unavailable: None,
+                    fixed_rw: true,
+                    plain_rw: false,
+                };
             }
             UringSupport {
                 unavailable: None,
@@ -77,13 +85,15 @@ pub struct UringBackend {
     queued: usize,
     in_flight: usize,
     requeue: Vec<Op>,
+    submit_batch: usize,
 }
 
 const MAX_FILES: u32 = 1024;
 
 impl UringBackend {
-    /// A ring with `depth` slots of `slot_size` bytes aligned to `align`.
-    pub fn new(depth: usize, slot_size: usize, align: usize) -> Result<Self> {
+    /// A ring with `depth` slots of `slot_size` bytes aligned to `align`, submitting once
+    /// `submit_batch` requests are queued (see [`super::IoConfig::submit_batch`]).
+    pub fn new(depth: usize, slot_size: usize, align: usize, submit_batch: usize) -> Result<Self> {
         let sup = support();
         if let Some(why) = &sup.unavailable {
             return Err(Error::UringUnavailable(why.clone()));
@@ -95,11 +105,16 @@ impl UringBackend {
             .map_err(|e| Error::UringUnavailable(explain(&e)))?;
         let mut slab = Slab::new(depth, slot_size, align);
         let iovecs = slab.iovecs();
-        // SAFETY: the iovecs describe the slab's memory, which stays allocated and at the
-        // same address for as long as the ring exists (the slab is freed in Drop only after
-        // the ring has no request in flight, and the ring is dropped right after).
-        let fixed_bufs = sup.fixed_rw && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
-        let fixed_files = ring.submitter().register_files_sparse(MAX_FILES).is_ok();
+        let knobs = std::env::var("RIFFLE_URING").unwrap_or_default();
+        let want_bufs = !knobs.split(',').any(|k| k == "nofixedbufs");
+        let want_files = !knobs.split(',').any(|k| k == "nofixedfiles");
+        let fixed_bufs = want_bufs
+            && sup.fixed_rw
+            // SAFETY: the iovecs describe the slab's memory, which stays allocated and at
+            // the same address for as long as the ring exists (the slab is freed in Drop
+            // only after the ring has no request in flight).
+            && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
+        let fixed_files = want_files && ring.submitter().register_files_sparse(MAX_FILES).is_ok();
         if !fixed_bufs && !sup.plain_rw {
             return Err(Error::UringUnavailable(
                 "the kernel supports neither registered buffers nor IORING_OP_READ".into(),
@@ -115,6 +130,7 @@ impl UringBackend {
             queued: 0,
             in_flight: 0,
             requeue: Vec::new(),
+            submit_batch: submit_batch.max(1),
         })
     }
 
@@ -125,20 +141,26 @@ impl UringBackend {
         macro_rules! build {
             ($fd:expr) => {
                 match (op.kind, self.fixed_bufs) {
-                    (OpKind::Read, true) => {
-                        opcode::ReadFixed::new($fd, ptr, len, idx).offset(op.offset).build()
+                    (OpKind::Read, true) => opcode::ReadFixed::new($fd, ptr, len, idx)
+                        .offset(op.offset)
+                        .build(),
+                    (OpKind::Read, false) => {
+                        opcode::Read::new($fd, ptr, len).offset(op.offset).build()
                     }
-                    (OpKind::Read, false) => opcode::Read::new($fd, ptr, len).offset(op.offset).build(),
-                    (OpKind::Write, true) => {
-                        opcode::WriteFixed::new($fd, ptr, len, idx).offset(op.offset).build()
-                    }
+                    (OpKind::Write, true) => opcode::WriteFixed::new($fd, ptr, len, idx)
+                        .offset(op.offset)
+                        .build(),
                     (OpKind::Write, false) => {
                         opcode::Write::new($fd, ptr, len).offset(op.offset).build()
                     }
                 }
             };
         }
-        let e = if self.fixed_files { build!(types::Fixed(op.file.0)) } else { build!(types::Fd(raw)) };
+        let e = if self.fixed_files {
+            build!(types::Fixed(op.file.0))
+        } else {
+            build!(types::Fd(raw))
+        };
         e.user_data(op.slot.index() as u64)
     }
 
@@ -163,13 +185,13 @@ impl UringBackend {
         loop {
             match self.ring.submit_and_wait(want) {
                 Ok(_) => {
-                    self.queued = 0;
+                    // The kernel may take fewer entries than were queued; what it left
+                    // stays in the submission queue for the next call.
+                    self.queued = self.ring.submission().len();
                     return Ok(());
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e)
-                    if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) =>
-                {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) => {
                     // The completion queue needs room (EBUSY) or the kernel is short of
                     // resources (EAGAIN): the caller reaps and tries again.
                     return Ok(());
@@ -197,7 +219,10 @@ impl UringBackend {
             self.ops[slot] = None;
             self.in_flight -= 1;
             self.slab.complete(op.slot);
-            out.push(Completion { op, result: if res < 0 { Err(-res) } else { Ok(res as usize) } });
+            out.push(Completion {
+                op,
+                result: if res < 0 { Err(-res) } else { Ok(res as usize) },
+            });
             got += 1;
         }
         got
@@ -210,8 +235,16 @@ impl Backend for UringBackend {
     }
 
     fn features(&self) -> String {
-        let bufs = if self.fixed_bufs { "registered buffers" } else { "plain buffers" };
-        let files = if self.fixed_files { "fixed files" } else { "plain fds" };
+        let bufs = if self.fixed_bufs {
+            "registered buffers"
+        } else {
+            "plain buffers"
+        };
+        let files = if self.fixed_files {
+            "fixed files"
+        } else {
+            "plain fds"
+        };
         format!("{bufs}, {files}")
     }
 
@@ -227,7 +260,9 @@ impl Backend for UringBackend {
         let key = FileKey(self.files.len() as u32);
         if self.fixed_files {
             if key.0 >= MAX_FILES {
-                return Err(Error::Invalid(format!("more than {MAX_FILES} files in one ring")));
+                return Err(Error::Invalid(format!(
+                    "more than {MAX_FILES} files in one ring"
+                )));
             }
             let fd = file.file().as_raw_fd();
             self.ring
@@ -244,13 +279,20 @@ impl Backend for UringBackend {
     }
 
     fn push(&mut self, op: Op) -> Result<()> {
-        assert!(op.len <= self.slab.slot_size(), "request longer than a slot");
+        assert!(
+            op.len <= self.slab.slot_size(),
+            "request longer than a slot"
+        );
         assert!((op.file.0 as usize) < self.files.len(), "unknown file key");
         let ptr = self.slab.start(op.slot);
         let entry = self.sqe(&op, ptr);
         self.ops[op.slot.index()] = Some(op);
         self.in_flight += 1;
-        self.push_sqe(&entry)
+        self.push_sqe(&entry)?;
+        if self.queued >= self.submit_batch {
+            self.submit(0)?;
+        }
+        Ok(())
     }
 
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<()> {

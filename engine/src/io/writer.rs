@@ -55,13 +55,23 @@ where
     let padded = size.div_ceil(unit as u64) * unit as u64;
     while next < padded || backend.in_flight() > 0 {
         while next < padded && backend.in_flight() < depth {
-            let slot = backend.slab_mut().acquire().expect("a free slot below depth");
+            let slot = backend
+                .slab_mut()
+                .acquire()
+                .expect("a free slot below depth");
             let len = (padded - next).min(slot_size) as usize;
             let buf = &mut backend.slab_mut().get_mut(slot)[..len];
             let real = ((size - next.min(size)) as usize).min(len);
             fill(next, &mut buf[..real]);
             buf[real..].fill(0);
-            backend.push(Op { slot, file: key, offset: next, len, kind: OpKind::Write, tag: 0 })?;
+            backend.push(Op {
+                slot,
+                file: key,
+                offset: next,
+                len,
+                kind: OpKind::Write,
+                tag: 0,
+            })?;
             next += len as u64;
         }
         backend.wait(1, &mut completions)?;
@@ -97,7 +107,9 @@ where
     drop(backend);
     if padded != size {
         // The last direct write was padded to the alignment; cut the padding off.
-        file.file().set_len(size).map_err(|e| Error::io(file.path(), "truncate", Some(size), e))?;
+        file.file()
+            .set_len(size)
+            .map_err(|e| Error::io(file.path(), "truncate", Some(size), e))?;
     }
     file.sync_data()?;
     Ok(WriteReport {

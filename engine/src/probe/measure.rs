@@ -60,16 +60,27 @@ pub fn read_point(path: &Path, spec: &ReadSpec, cfg: &IoConfig) -> Result<Point>
     let file = Arc::new(DataFile::open(path, Access::Read, cfg.direct)?);
     let unit = file.alignment().unit().max(512);
     let bs = spec.bs.div_ceil(unit) * unit;
-    let region = if spec.region == 0 { file.size() } else { spec.region.min(file.size()) };
+    let region = if spec.region == 0 {
+        file.size()
+    } else {
+        spec.region.min(file.size())
+    };
     let blocks = region / bs as u64;
     if blocks == 0 {
         return Err(Error::BadInput {
             path: path.into(),
             offset: None,
-            what: format!("file of {} bytes is smaller than one {bs}-byte block", file.size()),
+            what: format!(
+                "file of {} bytes is smaller than one {bs}-byte block",
+                file.size()
+            ),
         });
     }
-    let cfg = IoConfig { depth: spec.qd.max(1), slot_size: bs, ..cfg.clone() };
+    let cfg = IoConfig {
+        depth: spec.qd.max(1),
+        slot_size: bs,
+        ..cfg.clone()
+    };
     let mut backend = open_backend(&cfg, unit)?;
     let key = backend.add_file(file.clone())?;
     let depth = backend.slab().count();
@@ -98,7 +109,14 @@ pub fn read_point(path: &Path, spec: &ReadSpec, cfg: &IoConfig) -> Result<Point>
                 let slot = backend.slab_mut().acquire().expect("free slot below depth");
                 issued_at[slot.index()] = now;
                 let offset = next_offset();
-                backend.push(Op { slot, file: key, offset, len: bs, kind: OpKind::Read, tag: 0 })?;
+                backend.push(Op {
+                    slot,
+                    file: key,
+                    offset,
+                    len: bs,
+                    kind: OpKind::Read,
+                    tag: 0,
+                })?;
             }
         }
         if backend.in_flight() == 0 {

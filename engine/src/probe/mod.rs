@@ -71,7 +71,11 @@ pub struct ProfileAlignment {
 
 impl From<Alignment> for ProfileAlignment {
     fn from(a: Alignment) -> Self {
-        ProfileAlignment { mem: a.mem, offset: a.offset, source: a.source.into() }
+        ProfileAlignment {
+            mem: a.mem,
+            offset: a.offset,
+            source: a.source.into(),
+        }
     }
 }
 
@@ -98,7 +102,12 @@ pub struct ProbeOptions {
 impl ProbeOptions {
     /// A quick or full probe with the default backend choice.
     pub fn new(quick: bool) -> Self {
-        ProbeOptions { quick, io: IoConfig::default(), region: None, point_time: None }
+        ProbeOptions {
+            quick,
+            io: IoConfig::default(),
+            region: None,
+            point_time: None,
+        }
     }
 }
 
@@ -121,7 +130,15 @@ impl ProbePlan {
         if quick {
             ProbePlan {
                 region: 1 << 30,
-                points: vec![(4 * K, 1), (4 * K, 32), (4 * K, 128), (16 * K, 64), (64 * K, 32), (256 * K, 8), (1024 * K, 8)],
+                points: vec![
+                    (4 * K, 1),
+                    (4 * K, 32),
+                    (4 * K, 128),
+                    (16 * K, 64),
+                    (64 * K, 32),
+                    (256 * K, 8),
+                    (1024 * K, 8),
+                ],
                 per_point: Duration::from_millis(1500),
                 seq_time: Duration::from_secs(2),
             }
@@ -158,7 +175,11 @@ pub fn scratch_dir(path: &Path) -> Result<PathBuf> {
     if meta.is_dir() {
         Ok(path.to_path_buf())
     } else {
-        Ok(path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf())
+        Ok(path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf())
     }
 }
 
@@ -195,23 +216,55 @@ pub fn probe(
     }
 
     progress(0, total, "sequential write");
-    let wcfg = IoConfig { depth: 8, slot_size: 1 << 20, ..opts.io.clone() };
+    let wcfg = IoConfig {
+        depth: 8,
+        slot_size: 1 << 20,
+        ..opts.io.clone()
+    };
     let write = io::write_file(&scratch.0, region, &wcfg, io::pattern_filler(0x5eed))?;
     let file = DataFile::open(&scratch.0, Access::Read, opts.io.direct)?;
 
     progress(1, total, "sequential read");
     let seq = read_point(
         &scratch.0,
-        &ReadSpec { bs: 1 << 20, qd: 8, duration: plan.seq_time, region, random: false, seed: 0 },
+        &ReadSpec {
+            bs: 1 << 20,
+            qd: 8,
+            duration: plan.seq_time,
+            region,
+            random: false,
+            seed: 0,
+        },
         &opts.io,
     )?;
     let mut random = Vec::new();
     for (i, &(bs, qd)) in plan.points.iter().enumerate() {
-        progress(2 + i, total, &format!("random read bs={} qd={qd}", crate::size::human_bytes(bs as f64)));
-        let spec = ReadSpec { bs, qd, duration: plan.per_point, region, random: true, seed: i as u64 };
+        progress(
+            2 + i,
+            total,
+            &format!(
+                "random read bs={} qd={qd}",
+                crate::size::human_bytes(bs as f64)
+            ),
+        );
+        let spec = ReadSpec {
+            bs,
+            qd,
+            duration: plan.per_point,
+            region,
+            random: true,
+            seed: i as u64,
+        };
         random.push(read_point(&scratch.0, &spec, &opts.io)?);
     }
-    let backend = io::open_backend(&IoConfig { depth: 1, slot_size: 4096, ..opts.io.clone() }, 4096)?;
+    let backend = io::open_backend(
+        &IoConfig {
+            depth: 1,
+            slot_size: 4096,
+            ..opts.io.clone()
+        },
+        4096,
+    )?;
     Ok(Profile {
         version: PROFILE_VERSION,
         device,
@@ -221,7 +274,10 @@ pub fn probe(
         direct: file.direct(),
         buffered_reason: file.buffered_reason().map(str::to_owned),
         quick: opts.quick,
-        measured_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        measured_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         region_bytes: region,
         seq_read_bps: seq.bytes_per_s,
         seq_write_bps: region as f64 / write.seconds,

@@ -76,11 +76,17 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn parse_point(text: &str) -> Result<(usize, usize), String> {
-    let (bs, qd) = text.split_once(':').ok_or_else(|| format!("'{text}': expected BLOCK:QD, like 4K:64"))?;
+    let (bs, qd) = text
+        .split_once(':')
+        .ok_or_else(|| format!("'{text}': expected BLOCK:QD, like 4K:64"))?;
     let bs = parse_size(bs)? as usize;
-    let qd: usize = qd.parse().map_err(|_| format!("'{text}': queue depth '{qd}' is not a number"))?;
+    let qd: usize = qd
+        .parse()
+        .map_err(|_| format!("'{text}': queue depth '{qd}' is not a number"))?;
     if bs == 0 || qd == 0 {
-        return Err(format!("'{text}': block size and queue depth must be positive"));
+        return Err(format!(
+            "'{text}': block size and queue depth must be positive"
+        ));
     }
     Ok((bs, qd))
 }

@@ -64,7 +64,11 @@ pub fn run(args: Args) -> Result<()> {
         dir.path().display()
     );
 
-    let wcfg = IoConfig { depth: 8, slot_size: 1 << 20, ..IoConfig::default() };
+    let wcfg = IoConfig {
+        depth: 8,
+        slot_size: 1 << 20,
+        ..IoConfig::default()
+    };
     let w = io::write_file(&path, size, &wcfg, stamp_ids(args.record_size))?;
     println!(
         "  wrote the dataset in {:.2} s ({}/s, {}, {})",
@@ -75,8 +79,17 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     let t = Instant::now();
-    let (profile, cached) = super::probe::cached_or_probe(dir.path(), &riffle::probe::ProbeOptions::new(true), false, false)?;
-    let how = if cached { "cached profile".to_owned() } else { format!("quick probe, {:.1} s", t.elapsed().as_secs_f64()) };
+    let (profile, cached) = super::probe::cached_or_probe(
+        dir.path(),
+        &riffle::probe::ProbeOptions::new(true),
+        false,
+        false,
+    )?;
+    let how = if cached {
+        "cached profile".to_owned()
+    } else {
+        format!("quick probe, {:.1} s", t.elapsed().as_secs_f64())
+    };
     let rs_point = profile
         .random
         .iter()
@@ -85,31 +98,49 @@ pub fn run(args: Args) -> Result<()> {
     println!(
         "  device {} ({}): sequential read {}/s, write {}/s{} [{how}]",
         profile.device.dev,
-        profile.device.name.as_deref().unwrap_or(&profile.device.fs_type),
+        profile
+            .device
+            .name
+            .as_deref()
+            .unwrap_or(&profile.device.fs_type),
         human_bytes(profile.seq_read_bps),
         human_bytes(profile.seq_write_bps),
         rs_point
-            .map(|p| format!(", {} random reads at QD {}: {:.0} IOPS", human_bytes(p.bs as f64), p.qd, p.iops))
+            .map(|p| format!(
+                ", {} random reads at QD {}: {:.0} IOPS",
+                human_bytes(p.bs as f64),
+                p.qd,
+                p.iops
+            ))
             .unwrap_or_default()
     );
 
     // One epoch in a shuffled order: every record read once, straight from the device.
     let mut order: Vec<u64> = (0..args.records).collect();
     order.shuffle(&mut SmallRng::seed_from_u64(args.seed));
-    let rcfg = IoConfig { depth: args.queue_depth, slot_size: (args.record_size as usize).max(4096), ..IoConfig::default() };
+    let rcfg = IoConfig {
+        depth: args.queue_depth,
+        slot_size: (args.record_size as usize).max(4096),
+        ..IoConfig::default()
+    };
     let mut reader = RangeReader::open(&[&path], &rcfg)?;
     let mut seen = vec![false; args.records as usize];
     let mut bad = None;
     let rs = args.record_size;
     let t = Instant::now();
-    reader.read_ranges(order.iter().map(|&id| (0, id * rs, rs as usize)), |i, bytes| {
-        let id = order[i];
-        let got = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-        if got != Some(id) || seen[id as usize] {
-            bad.get_or_insert((id, got));
-        }
-        seen[id as usize] = true;
-    })?;
+    reader.read_ranges(
+        order.iter().map(|&id| (0, id * rs, rs as usize)),
+        |i, bytes| {
+            let id = order[i];
+            let got = bytes
+                .get(..8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+            if got != Some(id) || seen[id as usize] {
+                bad.get_or_insert((id, got));
+            }
+            seen[id as usize] = true;
+        },
+    )?;
     let secs = t.elapsed().as_secs_f64();
     if let Some((id, got)) = bad {
         bail!("record {id} came back wrong (found id {got:?})");
@@ -133,7 +164,8 @@ pub fn run(args: Args) -> Result<()> {
     println!("  checked: every record arrived exactly once and carries its own id");
     drop(reader);
     let shown = dir.path().display().to_string();
-    dir.close().with_context(|| format!("{shown}: could not remove"))?;
+    dir.close()
+        .with_context(|| format!("{shown}: could not remove"))?;
     println!("  removed {shown}");
     Ok(())
 }

@@ -32,10 +32,16 @@ pub struct Args {
 }
 
 /// The cached profile for `path`, or a fresh probe (stored in the cache).
-pub fn cached_or_probe(path: &std::path::Path, opts: &ProbeOptions, refresh: bool, json: bool) -> Result<(Profile, bool)> {
+pub fn cached_or_probe(
+    path: &std::path::Path,
+    opts: &ProbeOptions,
+    refresh: bool,
+    json: bool,
+) -> Result<(Profile, bool)> {
     let quick = opts.quick;
     let dir = probe::scratch_dir(path)?;
-    let dev = riffle::device::identify(&dir).with_context(|| format!("{}: cannot identify its device", dir.display()))?;
+    let dev = riffle::device::identify(&dir)
+        .with_context(|| format!("{}: cannot identify its device", dir.display()))?;
     if !refresh {
         if let Some((p, _)) = probe::load_cached(&dev, quick) {
             return Ok((p, true));
@@ -74,9 +80,16 @@ pub fn run(args: Args) -> Result<()> {
     }
     print!("{}", render(&profile));
     if cached {
-        println!("(cached profile {}; --refresh measures again)", cache.display());
+        println!(
+            "(cached profile {}; --refresh measures again)",
+            cache.display()
+        );
     } else {
-        println!("measured in {:.1} s; cached in {}", profile.probe_seconds, cache.display());
+        println!(
+            "measured in {:.1} s; cached in {}",
+            profile.probe_seconds,
+            cache.display()
+        );
     }
     Ok(())
 }
@@ -93,12 +106,22 @@ pub fn render(p: &Profile) -> String {
         Some(false) => "non-rotational",
         None => "rotational: unknown",
     };
-    let lbs = d.logical_block_size.map(|b| format!("{b} B")).unwrap_or_else(|| "unknown".into());
-    let _ = writeln!(s, "device      {} {name} ({model}), {rot}, {} filesystem, logical block {lbs}", d.dev, d.fs_type);
+    let lbs = d
+        .logical_block_size
+        .map(|b| format!("{b} B"))
+        .unwrap_or_else(|| "unknown".into());
+    let _ = writeln!(
+        s,
+        "device      {} {name} ({model}), {rot}, {} filesystem, logical block {lbs}",
+        d.dev, d.fs_type
+    );
     let direct = if p.direct {
         "O_DIRECT".to_owned()
     } else {
-        format!("buffered ({})", p.buffered_reason.as_deref().unwrap_or("no O_DIRECT"))
+        format!(
+            "buffered ({})",
+            p.buffered_reason.as_deref().unwrap_or("no O_DIRECT")
+        )
     };
     let _ = writeln!(
         s,
@@ -106,7 +129,16 @@ pub fn render(p: &Profile) -> String {
         p.alignment.mem, p.alignment.offset, p.alignment.source
     );
     let _ = writeln!(s, "backend     {} ({})", p.backend, p.backend_features);
-    let _ = writeln!(s, "region      {} {}", human_bytes(p.region_bytes as f64), if p.quick { "(quick probe)" } else { "(full probe)" });
+    let _ = writeln!(
+        s,
+        "region      {} {}",
+        human_bytes(p.region_bytes as f64),
+        if p.quick {
+            "(quick probe)"
+        } else {
+            "(full probe)"
+        }
+    );
     let _ = writeln!(
         s,
         "sequential  read {}/s (1 MiB, QD 8, p99 {:.0} us), write {}/s",
@@ -115,7 +147,11 @@ pub fn render(p: &Profile) -> String {
         human_bytes(p.seq_write_bps)
     );
     let _ = writeln!(s, "random read");
-    let _ = writeln!(s, "  {:>8} {:>4} {:>10} {:>12} {:>10} {:>10}", "block", "QD", "IOPS", "bandwidth", "p50 us", "p99 us");
+    let _ = writeln!(
+        s,
+        "  {:>8} {:>4} {:>10} {:>12} {:>10} {:>10}",
+        "block", "QD", "IOPS", "bandwidth", "p50 us", "p99 us"
+    );
     for pt in &p.random {
         let _ = writeln!(
             s,
