@@ -31,12 +31,24 @@ pub fn version() -> Result<String> {
 
 /// Runs `fio --ioengine=io_uring --direct=1 --rw=randread` on `file` for `seconds`.
 pub fn randread(file: &Path, bs: usize, qd: usize, seconds: u64, size: u64) -> Result<FioResult> {
+    run(file, "randread", bs, qd, seconds, size)
+}
+
+/// Runs one fio job: `rw` is fio's `--rw` (`randread`, `read`, ...), O_DIRECT, io_uring.
+pub fn run(
+    file: &Path,
+    rw: &str,
+    bs: usize,
+    qd: usize,
+    seconds: u64,
+    size: u64,
+) -> Result<FioResult> {
     let version = version()?;
     let out = Command::new("fio")
         .args([
-            "--name=parity",
+            "--name=riffle-reference",
             &format!("--filename={}", file.display()),
-            "--rw=randread",
+            &format!("--rw={rw}"),
             &format!("--bs={bs}"),
             &format!("--iodepth={qd}"),
             "--ioengine=io_uring",

@@ -29,16 +29,22 @@ pub struct ParityOptions {
     pub seconds: u64,
     /// Runs per side and point (averaged).
     pub repeats: usize,
-    /// (block size, queue depth) points.
-    pub points: Vec<(usize, usize)>,
+    /// The points to measure.
+    pub points: Vec<ParityPoint>,
     /// Keep the test file afterwards.
     pub keep_file: bool,
 }
 
 impl ParityOptions {
-    /// The points: 4 KiB at QD 1, 32, 64, 128; 16 KiB and 64 KiB at QD 64.
+    /// Random reads of 4 KiB at QD 1, 32, 64, 128, of 16 KiB and 64 KiB at QD 64, and a
+    /// sequential read of 1 MiB at QD 8 (the probe's sequential figure).
     pub fn new(quick: bool, out: PathBuf, data_dir: PathBuf) -> Self {
         const K: usize = 1024;
+        let r = |bs, qd| ParityPoint {
+            bs,
+            qd,
+            sequential: false,
+        };
         ParityOptions {
             out,
             data_dir,
@@ -46,21 +52,39 @@ impl ParityOptions {
             seconds: if quick { 3 } else { 10 },
             repeats: if quick { 1 } else { 2 },
             points: vec![
-                (4 * K, 1),
-                (4 * K, 32),
-                (4 * K, 64),
-                (4 * K, 128),
-                (16 * K, 64),
-                (64 * K, 64),
+                r(4 * K, 1),
+                r(4 * K, 32),
+                r(4 * K, 64),
+                r(4 * K, 128),
+                r(16 * K, 64),
+                r(64 * K, 64),
+                ParityPoint {
+                    bs: 1024 * K,
+                    qd: 8,
+                    sequential: true,
+                },
             ],
             keep_file: false,
         }
     }
 }
 
+/// One point to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ParityPoint {
+    /// Block size.
+    pub bs: usize,
+    /// Queue depth.
+    pub qd: usize,
+    /// Sequential (fio `--rw=read`) instead of random (`--rw=randread`).
+    pub sequential: bool,
+}
+
 /// One point of the report.
 #[derive(Clone, Debug, Serialize)]
 pub struct ParityRow {
+    /// `randread` or `read` (sequential).
+    pub rw: &'static str,
     /// Block size.
     pub bs: usize,
     /// Queue depth.
@@ -69,6 +93,10 @@ pub struct ParityRow {
     pub fio_iops: f64,
     /// The engine's IOPS (mean over repeats).
     pub engine_iops: f64,
+    /// fio's IOPS in each run, to show the device's run-to-run spread.
+    pub fio_runs: Vec<f64>,
+    /// The engine's IOPS in each run.
+    pub engine_runs: Vec<f64>,
     /// engine / fio.
     pub ratio: f64,
     /// fio p99 latency, us.
@@ -155,8 +183,10 @@ fn measure(
     let mut step = 1;
     let mut cold = true;
     let mut backend = String::new();
-    for (i, &(bs, qd)) in opts.points.iter().enumerate() {
-        let (mut fio_iops, mut eng_iops, mut fio_p99, mut eng_p99) = (0.0, 0.0, 0.0, 0.0);
+    for (i, &ParityPoint { bs, qd, sequential }) in opts.points.iter().enumerate() {
+        let rw = if sequential { "read" } else { "randread" };
+        let (mut fio_p99, mut eng_p99) = (0.0, 0.0);
+        let (mut fio_runs, mut engine_runs) = (Vec::new(), Vec::new());
         for rep in 0..opts.repeats {
             let fio_first = (i + rep) % 2 == 0;
             for side in 0..2 {
@@ -170,8 +200,8 @@ fn measure(
                 step += 1;
                 cold &= report::drop_caches();
                 if run_fio {
-                    let r = fio::randread(file, bs, qd, opts.seconds, opts.file_size)?;
-                    fio_iops += r.iops;
+                    let r = fio::run(file, rw, bs, qd, opts.seconds, opts.file_size)?;
+                    fio_runs.push(r.iops);
                     fio_p99 += r.lat_p99_us;
                 } else {
                     let spec = ReadSpec {
@@ -179,7 +209,7 @@ fn measure(
                         qd,
                         duration: Duration::from_secs(opts.seconds),
                         region: 0,
-                        random: true,
+                        random: !sequential,
                         seed: (i * 7 + rep) as u64,
                     };
                     let cfg = IoConfig::default();
@@ -195,18 +225,22 @@ fn measure(
                         backend = format!("{} ({})", b.kind().name(), b.features());
                     }
                     let p = read_point(file, &spec, &cfg)?;
-                    eng_iops += p.iops;
+                    engine_runs.push(p.iops);
                     eng_p99 += p.lat_p99_us;
                 }
             }
         }
         let n = opts.repeats as f64;
+        let (fio_iops, engine_iops) = (mean(&fio_runs), mean(&engine_runs));
         rows.push(ParityRow {
+            rw,
             bs,
             qd,
-            fio_iops: fio_iops / n,
-            engine_iops: eng_iops / n,
-            ratio: eng_iops / fio_iops,
+            fio_iops,
+            engine_iops,
+            fio_runs,
+            engine_runs,
+            ratio: engine_iops / fio_iops,
             fio_p99_us: fio_p99 / n,
             engine_p99_us: eng_p99 / n,
         });
@@ -234,6 +268,10 @@ fn measure(
     Ok(rep)
 }
 
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
 /// The report as Markdown.
 pub fn markdown(r: &ParityReport) -> String {
     let mut s = String::new();
@@ -257,18 +295,25 @@ pub fn markdown(r: &ParityReport) -> String {
         "Engine backend: {}, O_DIRECT.\n\n",
         r.engine_backend
     ));
-    s.push_str(
-        "| block | QD | fio IOPS | engine IOPS | engine / fio | fio p99 us | engine p99 us |\n",
-    );
-    s.push_str("|---:|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("| rw | block | QD | fio IOPS | engine IOPS | engine / fio | fio runs | engine runs | fio p99 us | engine p99 us |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---|---|---:|---:|\n");
+    let runs = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     for row in &r.rows {
         s.push_str(&format!(
-            "| {} | {} | {:.0} | {:.0} | {:.3} | {:.0} | {:.0} |\n",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {:.0} | {:.0} |\n",
+            row.rw,
             human_bytes(row.bs as f64),
             row.qd,
             row.fio_iops,
             row.engine_iops,
             row.ratio,
+            runs(&row.fio_runs),
+            runs(&row.engine_runs),
             row.fio_p99_us,
             row.engine_p99_us
         ));

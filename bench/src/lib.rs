@@ -2,10 +2,12 @@
 //! file (every figure) and a Markdown summary, with the device identity beside them.
 //!
 //! Suites so far: [`fio_parity`] (the engine's raw random reads against fio's io_uring
-//! engine on the same file, block size and queue depth, in one run).
+//! engine on the same file, block size and queue depth, in one run) and [`probe_check`]
+//! (`riffle probe`'s figures against fio's on the same device).
 
 pub mod fio;
 pub mod fio_parity;
+pub mod probe_check;
 pub mod report;
 
 pub use fio_parity::{run as fio_parity, ParityOptions, ParityReport};

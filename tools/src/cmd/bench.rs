@@ -4,13 +4,15 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use riffle::size::parse_size;
+use riffle_bench::fio_parity::ParityPoint;
 use riffle_bench::ParityOptions;
 
 use crate::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The suite to run: fio-parity (more suites arrive with the modes).
+    /// The suite to run: fio-parity, probe-check, or all (more suites arrive with the
+    /// modes).
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -27,10 +29,10 @@ pub struct Args {
     /// Seconds per run (default: 3 with --quick, 10 otherwise).
     #[arg(long)]
     pub seconds: Option<u64>,
-    /// fio-parity points as BLOCK:QD pairs, comma separated (default
-    /// 4K:1,4K:32,4K:64,4K:128,16K:64,64K:64).
+    /// fio-parity points as [seq:]BLOCK:QD, comma separated; `seq:` makes a sequential
+    /// read (default 4K:1,4K:32,4K:64,4K:128,16K:64,64K:64,seq:1M:8).
     #[arg(long, value_delimiter = ',', value_parser = parse_point)]
-    pub points: Vec<(usize, usize)>,
+    pub points: Vec<ParityPoint>,
     /// Runs per side and point (default: 1 with --quick, 2 otherwise).
     #[arg(long)]
     pub repeats: Option<usize>,
@@ -44,7 +46,40 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     match args.suite.as_str() {
-        "fio-parity" | "all" => {
+        "fio-parity" => parity(&args),
+        "probe-check" => probe_check(&args),
+        "all" => {
+            parity(&args)?;
+            probe_check(&args)
+        }
+        other => bail!("unknown suite '{other}': the suites are fio-parity, probe-check and all"),
+    }
+}
+
+fn probe_check(args: &Args) -> Result<()> {
+    let bar = progress::steps(6, args.json);
+    let rep = riffle_bench::probe_check::run(
+        args.quick,
+        &args.data_dir,
+        &args.out,
+        &mut |done, _, what| {
+            bar.set_position(done as u64);
+            bar.set_message(what.to_owned());
+        },
+    )?;
+    bar.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string(&rep)?);
+    } else {
+        print!("{}", riffle_bench::probe_check::markdown(&rep));
+        println!("\nwritten to {}", rep.report_dir);
+    }
+    Ok(())
+}
+
+fn parity(args: &Args) -> Result<()> {
+    {
+        {
             let mut opts = ParityOptions::new(args.quick, args.out.clone(), args.data_dir.clone());
             opts.file_size = args.size;
             opts.keep_file = args.keep;
@@ -71,14 +106,17 @@ pub fn run(args: Args) -> Result<()> {
             }
             Ok(())
         }
-        other => bail!("unknown suite '{other}': the suites are fio-parity and all"),
     }
 }
 
-fn parse_point(text: &str) -> Result<(usize, usize), String> {
-    let (bs, qd) = text
+fn parse_point(text: &str) -> Result<ParityPoint, String> {
+    let (sequential, rest) = match text.strip_prefix("seq:") {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (bs, qd) = rest
         .split_once(':')
-        .ok_or_else(|| format!("'{text}': expected BLOCK:QD, like 4K:64"))?;
+        .ok_or_else(|| format!("'{text}': expected [seq:]BLOCK:QD, like 4K:64 or seq:1M:8"))?;
     let bs = parse_size(bs)? as usize;
     let qd: usize = qd
         .parse()
@@ -88,5 +126,5 @@ fn parse_point(text: &str) -> Result<(usize, usize), String> {
             "'{text}': block size and queue depth must be positive"
         ));
     }
-    Ok((bs, qd))
+    Ok(ParityPoint { bs, qd, sequential })
 }
