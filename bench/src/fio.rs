@@ -29,9 +29,53 @@ pub fn version() -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// Runs `fio --ioengine=io_uring --direct=1 --rw=randread` on `file` for `seconds`.
-pub fn randread(file: &Path, bs: usize, qd: usize, seconds: u64, size: u64) -> Result<FioResult> {
-    run(file, "randread", bs, qd, seconds, size)
+/// Huge pages reserved for fio's buffers while this lives (the previous reservation is
+/// restored on drop). The engine keeps its large buffers on transparent huge pages so a
+/// large direct read is one DMA segment; fio gets the same with `--iomem=shmhuge`, which
+/// needs reserved huge pages. Without them fio's buffers sit on scattered 4 KiB pages,
+/// large requests are split at the device's segment limit, and fio under-reports the
+/// device (measured here: 1.1 vs 3.2 GiB/s for 1 MiB sequential reads).
+pub struct HugePages {
+    previous: u64,
+}
+
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+impl HugePages {
+    /// Reserves at least `pages` huge pages; `None` when that is not possible (not root,
+    /// no memory), in which case fio runs with ordinary buffers.
+    pub fn reserve(pages: u64) -> Option<HugePages> {
+        let read = || -> Option<u64> {
+            std::fs::read_to_string(NR_HUGEPAGES)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let previous = read()?;
+        if previous >= pages {
+            return Some(HugePages { previous });
+        }
+        std::fs::write(NR_HUGEPAGES, pages.to_string()).ok()?;
+        let guard = HugePages { previous };
+        (read()? >= pages).then_some(guard)
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, self.previous.to_string());
+    }
+}
+
+/// How fio allocates its buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FioMem {
+    /// `--iomem=malloc`, fio's default.
+    Malloc,
+    /// `--iomem=shmhuge`: huge-page buffers (needs [`HugePages`]).
+    ShmHuge,
 }
 
 /// Runs one fio job: `rw` is fio's `--rw` (`randread`, `read`, ...), O_DIRECT, io_uring.
@@ -42,9 +86,15 @@ pub fn run(
     qd: usize,
     seconds: u64,
     size: u64,
+    mem: FioMem,
 ) -> Result<FioResult> {
     let version = version()?;
+    let iomem = match mem {
+        FioMem::Malloc => "--iomem=malloc",
+        FioMem::ShmHuge => "--iomem=shmhuge",
+    };
     let out = Command::new("fio")
+        .arg(iomem)
         .args([
             "--name=riffle-reference",
             &format!("--filename={}", file.display()),

@@ -112,6 +112,8 @@ pub struct ParityReport {
     pub rows: Vec<ParityRow>,
     /// fio version.
     pub fio_version: String,
+    /// How fio's buffers were allocated.
+    pub fio_mem: fio::FioMem,
     /// The engine's backend and features.
     pub engine_backend: String,
     /// Whether the engine read with O_DIRECT.
@@ -179,6 +181,14 @@ fn measure(
         bail!("{}: O_DIRECT is not available here, so a parity run against fio --direct=1 means nothing", file.display());
     }
     let device = riffle::device::identify(file)?;
+    // fio's buffers on huge pages when this machine allows, so the reference is not held
+    // back by split requests (see fio::HugePages).
+    let _huge = fio::HugePages::reserve(64);
+    let fio_mem = if _huge.is_some() {
+        fio::FioMem::ShmHuge
+    } else {
+        fio::FioMem::Malloc
+    };
     let mut rows = Vec::new();
     let mut step = 1;
     let mut cold = true;
@@ -200,7 +210,7 @@ fn measure(
                 step += 1;
                 cold &= report::drop_caches();
                 if run_fio {
-                    let r = fio::run(file, rw, bs, qd, opts.seconds, opts.file_size)?;
+                    let r = fio::run(file, rw, bs, qd, opts.seconds, opts.file_size, fio_mem)?;
                     fio_runs.push(r.iops);
                     fio_p99 += r.lat_p99_us;
                 } else {
@@ -249,6 +259,7 @@ fn measure(
     let rep = ParityReport {
         rows,
         fio_version,
+        fio_mem,
         engine_backend: backend,
         direct: true,
         cold_cache: cold,
@@ -292,8 +303,12 @@ pub fn markdown(r: &ParityReport) -> String {
         }
     ));
     s.push_str(&format!(
-        "Engine backend: {}, O_DIRECT.\n\n",
-        r.engine_backend
+        "Engine backend: {}, O_DIRECT. fio buffers: {}.\n\n",
+        r.engine_backend,
+        match r.fio_mem {
+            fio::FioMem::ShmHuge => "huge pages (--iomem=shmhuge)",
+            fio::FioMem::Malloc => "malloc (no huge pages could be reserved)",
+        }
     ));
     s.push_str("| rw | block | QD | fio IOPS | engine IOPS | engine / fio | fio runs | engine runs | fio p99 us | engine p99 us |\n");
     s.push_str("|---|---:|---:|---:|---:|---:|---|---|---:|---:|\n");

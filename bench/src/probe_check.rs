@@ -101,11 +101,17 @@ fn measure(
     secs: u64,
     progress: &mut dyn FnMut(usize, usize, &str),
 ) -> Result<(probe::Profile, f64, f64, f64)> {
+    let _huge = fio::HugePages::reserve(64);
+    let mem = if _huge.is_some() {
+        fio::FioMem::ShmHuge
+    } else {
+        fio::FioMem::Malloc
+    };
     let fio_runs = |step: usize, when: &str, progress: &mut dyn FnMut(usize, usize, &str)| {
         progress(step, 6, &format!("fio {when} the probe"));
         report::drop_caches();
-        let iops = fio::run(file, "randread", 4096, 128, secs, region)?.iops;
-        let seq = fio::run(file, "read", 1 << 20, 8, secs, region)?.bytes_per_s;
+        let iops = fio::run(file, "randread", 4096, 128, secs, region, mem)?.iops;
+        let seq = fio::run(file, "read", 1 << 20, 8, secs, region, mem)?.bytes_per_s;
         anyhow::Ok((iops, seq))
     };
     let (i1, s1) = fio_runs(1, "before", progress)?;

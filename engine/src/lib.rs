@@ -29,8 +29,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod dataset;
 pub mod device;
 mod error;
+pub mod format;
+pub mod gen;
 pub mod io;
 pub mod notice;
 pub mod probe;

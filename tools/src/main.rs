@@ -35,6 +35,16 @@ enum Command {
     ///
     /// The profile is cached per device and reused unless --refresh is given.
     Probe(cmd::probe::Args),
+    /// Write a synthetic dataset whose records carry their id and a label.
+    Gen(cmd::gen::Args),
+    /// Build or check the offset index of a dataset and report its records.
+    ///
+    /// Variable-length formats (lines, TFRecord) are scanned once and their record offsets
+    /// saved beside the data (DATA.ridx); a stale or corrupt index is rebuilt, or refused
+    /// with --no-rebuild.
+    Index(cmd::index::Args),
+    /// Write records of a dataset, read through the engine, to stdout or a file.
+    Cat(cmd::cat::Args),
     /// Run a benchmark suite and write a report (JSON + Markdown).
     Bench(cmd::bench::Args),
 }
@@ -44,6 +54,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Probe(a) => cmd::probe::run(a),
+        Command::Gen(a) => cmd::gen::run(a),
+        Command::Index(a) => cmd::index::run(a),
+        Command::Cat(a) => cmd::cat::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match result {

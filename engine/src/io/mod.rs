@@ -15,6 +15,7 @@ mod buffer;
 mod file;
 pub mod pread;
 mod reader;
+mod scan;
 pub mod uring;
 mod writer;
 
@@ -24,7 +25,8 @@ use serde::Serialize;
 
 pub use buffer::{AlignedBuf, Slab, SlotId};
 pub use file::{Access, DataFile};
-pub use reader::RangeReader;
+pub use reader::{RangeReader, ReadStats};
+pub use scan::{scan_config, scan_file, ScanReport};
 pub use writer::{pattern_filler, write_file, WriteReport};
 
 use crate::{notice, Error, Result};

@@ -107,7 +107,7 @@ impl Backend for PreadBackend {
     }
 
     fn features(&self) -> String {
-        format!("{} threads", self.workers.len())
+        format!("thread pool, {} thread(s)", self.workers.len())
     }
 
     fn slab(&self) -> &Slab {

@@ -21,7 +21,7 @@ use crate::io::{self, align::Alignment, Access, DataFile, IoConfig};
 use crate::{Error, Result};
 
 /// Bumped when the profile's meaning changes; older cached profiles are re-measured.
-pub const PROFILE_VERSION: u32 = 1;
+pub const PROFILE_VERSION: u32 = 2;
 
 /// What a probe measured about one device.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -257,9 +257,11 @@ pub fn probe(
         };
         random.push(read_point(&scratch.0, &spec, &opts.io)?);
     }
+    // Describe the backend as the deepest point used it.
+    let max_qd = plan.points.iter().map(|p| p.1).max().unwrap_or(1);
     let backend = io::open_backend(
         &IoConfig {
-            depth: 1,
+            depth: max_qd,
             slot_size: 4096,
             ..opts.io.clone()
         },

@@ -1,3 +1,6 @@
 pub mod bench;
+pub mod cat;
 pub mod demo;
+pub mod gen;
+pub mod index;
 pub mod probe;

@@ -1,0 +1,493 @@
+//! A dataset: one file, a directory of files of one format, or several paths and globs,
+//! seen as one sequence of records with global ids in file order.
+//!
+//! Opening a dataset resolves the paths, decides the format, reads `.npy` headers and
+//! loads or builds the offset index of variable-length files. Afterwards
+//! [`Dataset::locate`] turns a global id into (file, offset, length) in O(log files).
+
+pub mod index;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::format::{indexed_span, npy, Format, Span};
+use crate::io::{self, Access, DataFile, IoConfig, RangeReader};
+use crate::{Error, Result};
+
+pub use index::{IndexOrigin, OffsetIndex, StalePolicy};
+
+/// How to open a dataset.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// The format; `None` tells it from the extensions.
+    pub format: Option<Format>,
+    /// What to do with a stale index.
+    pub stale: StalePolicy,
+    /// I/O for index scans.
+    pub scan_io: IoConfig,
+    /// Refuse records longer than this (the memory budget), naming the first one.
+    pub max_record: Option<u64>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            format: None,
+            stale: StalePolicy::Rebuild,
+            scan_io: io::scan_config(),
+            max_record: None,
+        }
+    }
+}
+
+/// One file of a dataset.
+#[derive(Debug)]
+pub struct DatasetFile {
+    /// Its path.
+    pub path: PathBuf,
+    /// Its size when opened.
+    pub size: u64,
+    /// Records in it.
+    pub records: u64,
+    layout: Layout,
+    /// How its index was obtained (variable-length formats only).
+    pub index_origin: Option<IndexOrigin>,
+}
+
+#[derive(Debug)]
+enum Layout {
+    Fixed { header: u64, size: u64 },
+    Indexed(OffsetIndex),
+}
+
+impl DatasetFile {
+    /// Where record `i` (local to this file) is.
+    pub fn span(&self, format: &Format, i: u64) -> Span {
+        match &self.layout {
+            Layout::Fixed { header, size } => Span {
+                offset: header + i * size,
+                len: *size,
+            },
+            Layout::Indexed(ix) => {
+                indexed_span(format, &ix.offsets, ix.last_unterminated, i as usize)
+            }
+        }
+    }
+
+    fn index_bytes(&self) -> u64 {
+        match &self.layout {
+            Layout::Fixed { .. } => 0,
+            Layout::Indexed(ix) => ix.memory_bytes(),
+        }
+    }
+}
+
+/// Where one record is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordLoc {
+    /// Index of the file in [`Dataset::files`].
+    pub file: usize,
+    /// Byte offset of the payload.
+    pub offset: u64,
+    /// Payload length.
+    pub len: u64,
+}
+
+/// Records across one or more files.
+#[derive(Debug)]
+pub struct Dataset {
+    format: Format,
+    files: Vec<DatasetFile>,
+    /// first_id[f] is the global id of file f's first record; the last entry is the total.
+    first_id: Vec<u64>,
+}
+
+impl Dataset {
+    /// Opens the dataset named by `paths` (files, directories, globs).
+    pub fn open<P: AsRef<Path>>(
+        paths: &[P],
+        opts: &OpenOptions,
+        progress: &mut dyn FnMut(&Path, u64, u64),
+    ) -> Result<Dataset> {
+        let files = resolve(paths)?;
+        let format = decide_format(&files, opts.format.as_ref())?;
+        let mut out = Vec::with_capacity(files.len());
+        for path in files {
+            out.push(open_file(&path, &format, opts, &mut |done, total| {
+                progress(&path, done, total)
+            })?);
+        }
+        let mut first_id = Vec::with_capacity(out.len() + 1);
+        let mut total = 0u64;
+        for f in &out {
+            first_id.push(total);
+            total += f.records;
+        }
+        first_id.push(total);
+        let ds = Dataset {
+            format,
+            files: out,
+            first_id,
+        };
+        if let Some(limit) = opts.max_record {
+            ds.check_max_record(limit)?;
+        }
+        Ok(ds)
+    }
+
+    /// The format of every file.
+    pub fn format(&self) -> &Format {
+        &self.format
+    }
+
+    /// The files, in id order.
+    pub fn files(&self) -> &[DatasetFile] {
+        &self.files
+    }
+
+    /// Total records.
+    pub fn len(&self) -> u64 {
+        *self.first_id.last().expect("at least the total")
+    }
+
+    /// Whether there are no records (never true for an opened dataset).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of memory the offset indexes hold.
+    pub fn index_bytes(&self) -> u64 {
+        self.files.iter().map(DatasetFile::index_bytes).sum()
+    }
+
+    /// Total bytes of the files.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+
+    /// Where global record `id` is. Panics if `id >= len()`.
+    pub fn locate(&self, id: u64) -> RecordLoc {
+        assert!(
+            id < self.len(),
+            "record id {id} out of range ({} records)",
+            self.len()
+        );
+        let file = self.first_id.partition_point(|&first| first <= id) - 1;
+        let span = self.files[file].span(&self.format, id - self.first_id[file]);
+        RecordLoc {
+            file,
+            offset: span.offset,
+            len: span.len,
+        }
+    }
+
+    /// Opens the files for reading records through the I/O core.
+    pub fn reader(&self, cfg: &IoConfig) -> Result<RangeReader> {
+        let files = self
+            .files
+            .iter()
+            .map(|f| DataFile::open(&f.path, Access::Read, cfg.direct).map(Arc::new))
+            .collect::<Result<Vec<_>>>()?;
+        for (f, df) in self.files.iter().zip(&files) {
+            if df.size() != f.size {
+                return Err(Error::BadInput {
+                    path: f.path.clone(),
+                    offset: None,
+                    what: format!(
+                        "the file changed since the dataset was opened ({} bytes, was {})",
+                        df.size(),
+                        f.size
+                    ),
+                });
+            }
+        }
+        RangeReader::with_files(files, cfg)
+    }
+
+    /// Reads records `ids` and calls `done(position in ids, bytes)` in completion order.
+    pub fn read_records(
+        &self,
+        reader: &mut RangeReader,
+        ids: &[u64],
+        done: impl FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        reader.read_ranges(
+            ids.iter().map(|&id| {
+                let l = self.locate(id);
+                (l.file, l.offset, l.len as usize)
+            }),
+            done,
+        )
+    }
+
+    /// Record length statistics: (min, mean, max, offset-of-max as (file, offset)).
+    pub fn size_stats(&self) -> SizeStats {
+        let mut s = SizeStats {
+            min: u64::MAX,
+            max: 0,
+            total: 0,
+            max_at: (0, 0),
+        };
+        for (fi, f) in self.files.iter().enumerate() {
+            match &f.layout {
+                Layout::Fixed { size, header } => {
+                    if f.records > 0 {
+                        s.min = s.min.min(*size);
+                        if *size > s.max {
+                            s.max = *size;
+                            s.max_at = (fi, *header);
+                        }
+                        s.total += size * f.records;
+                    }
+                }
+                Layout::Indexed(_) => {
+                    for i in 0..f.records {
+                        let sp = f.span(&self.format, i);
+                        s.min = s.min.min(sp.len);
+                        if sp.len > s.max {
+                            s.max = sp.len;
+                            s.max_at = (fi, sp.offset);
+                        }
+                        s.total += sp.len;
+                    }
+                }
+            }
+        }
+        if s.min == u64::MAX {
+            s.min = 0;
+        }
+        s
+    }
+
+    fn check_max_record(&self, limit: u64) -> Result<()> {
+        let s = self.size_stats();
+        if s.max > limit {
+            let f = &self.files[s.max_at.0];
+            return Err(Error::BadInput {
+                path: f.path.clone(),
+                offset: Some(s.max_at.1),
+                what: format!("a record of {} bytes starts here, more than the memory budget of {limit} bytes", s.max),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Record length statistics.
+#[derive(Clone, Copy, Debug)]
+pub struct SizeStats {
+    /// Shortest record.
+    pub min: u64,
+    /// Longest record.
+    pub max: u64,
+    /// Sum of lengths.
+    pub total: u64,
+    /// (file index, payload offset) of the longest record.
+    pub max_at: (usize, u64),
+}
+
+fn has_glob(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// Whether a directory entry is data (not hidden, not an index sidecar or temp file).
+fn is_data_file(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    !(name.starts_with('.') || name.ends_with(".ridx") || name.contains(".ridx.tmp"))
+}
+
+/// Expands paths, directories and globs into the ordered list of files.
+pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
+    if paths.is_empty() {
+        return Err(Error::Invalid("no dataset path given".into()));
+    }
+    let mut out = Vec::new();
+    for p in paths {
+        let p = p.as_ref();
+        let text = p.to_string_lossy();
+        if has_glob(&text) && !p.exists() {
+            let mut hits: Vec<PathBuf> = glob::glob(&text)
+                .map_err(|e| Error::Invalid(format!("{text}: bad pattern: {e}")))?
+                .filter_map(|r| r.ok())
+                .filter(|h| h.is_file() && is_data_file(h))
+                .collect();
+            if hits.is_empty() {
+                return Err(Error::BadInput {
+                    path: p.into(),
+                    offset: None,
+                    what: "the pattern matches no files".into(),
+                });
+            }
+            hits.sort();
+            out.extend(hits);
+            continue;
+        }
+        let meta = std::fs::metadata(p).map_err(|e| Error::io(p, "open", None, e))?;
+        if meta.is_dir() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| Error::io(p, "list directory", None, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|e| e.is_file() && is_data_file(e))
+                .collect();
+            if entries.is_empty() {
+                return Err(Error::BadInput {
+                    path: p.into(),
+                    offset: None,
+                    what: "the directory holds no data files".into(),
+                });
+            }
+            entries.sort();
+            out.extend(entries);
+        } else {
+            out.push(p.to_path_buf());
+        }
+    }
+    Ok(out)
+}
+
+fn decide_format(files: &[PathBuf], given: Option<&Format>) -> Result<Format> {
+    if let Some(f) = given {
+        return Ok(f.clone());
+    }
+    let first = &files[0];
+    let format = Format::from_extension(first).ok_or_else(|| Error::BadInput {
+        path: first.clone(),
+        offset: None,
+        what: "cannot tell the format from the extension; pass --format (npy, lines, csv, tfrecord or fixed:SIZE)".into(),
+    })?;
+    for f in &files[1..] {
+        match Format::from_extension(f) {
+            Some(g) if g == format => {}
+            other => {
+                return Err(Error::BadInput {
+                    path: f.clone(),
+                    offset: None,
+                    what: format!(
+                        "mixed formats in one dataset: {} is {}, this file is {}",
+                        first.display(),
+                        format.name(),
+                        other
+                            .map(|g| g.name().to_owned())
+                            .unwrap_or_else(|| "of unknown format".into())
+                    ),
+                })
+            }
+        }
+    }
+    Ok(format)
+}
+
+fn open_file(
+    path: &Path,
+    format: &Format,
+    opts: &OpenOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<DatasetFile> {
+    let bad = |offset: Option<u64>, what: String| Error::BadInput {
+        path: path.into(),
+        offset,
+        what,
+    };
+    let file = Arc::new(DataFile::open(path, Access::Read, opts.scan_io.direct)?);
+    let size = file.size();
+    if size == 0 {
+        return Err(bad(Some(0), "empty file: no records".into()));
+    }
+    let (layout, records, origin) = match format {
+        Format::Fixed {
+            size: rsize,
+            header,
+        } => {
+            if size < *header {
+                return Err(bad(
+                    Some(size),
+                    format!("the file ends before its {header}-byte header does"),
+                ));
+            }
+            let body = size - header;
+            if body % rsize != 0 {
+                let tail = body % rsize;
+                return Err(bad(
+                    Some(size - tail),
+                    format!(
+                        "a partial record: the last {tail} bytes do not fill a {rsize}-byte record"
+                    ),
+                ));
+            }
+            (
+                Layout::Fixed {
+                    header: *header,
+                    size: *rsize,
+                },
+                body / rsize,
+                None,
+            )
+        }
+        Format::Npy => {
+            let h = read_npy_header(path, size)?;
+            let need = h.data_offset + h.data_bytes();
+            if size < need {
+                return Err(bad(
+                    Some(size),
+                    format!(
+                        "data shorter than its shape {:?} says: {} bytes of data expected from byte {}, the file ends at {size}",
+                        h.shape,
+                        h.data_bytes(),
+                        h.data_offset
+                    ),
+                ));
+            }
+            if h.row_bytes() == 0 {
+                return Err(bad(
+                    Some(0),
+                    format!("rows of shape {:?} hold no bytes", h.shape),
+                ));
+            }
+            (
+                Layout::Fixed {
+                    header: h.data_offset,
+                    size: h.row_bytes(),
+                },
+                h.rows(),
+                None,
+            )
+        }
+        Format::Lines { .. } | Format::TfRecord { .. } => {
+            let (ix, origin) =
+                index::load_or_build(&file, format, opts.stale, &opts.scan_io, progress)?;
+            let n = ix.len();
+            (Layout::Indexed(ix), n, Some(origin))
+        }
+    };
+    if records == 0 {
+        return Err(bad(None, "the file holds no records".into()));
+    }
+    Ok(DatasetFile {
+        path: path.into(),
+        size,
+        records,
+        layout,
+        index_origin: origin,
+    })
+}
+
+fn read_npy_header(path: &Path, size: u64) -> Result<npy::NpyHeader> {
+    use std::os::unix::fs::FileExt;
+    let bad = |e: npy::NpyError| Error::BadInput {
+        path: path.into(),
+        offset: Some(e.offset),
+        what: e.what,
+    };
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", None, e))?;
+    let mut prefix = vec![0u8; (npy::PREFIX as u64).min(size) as usize];
+    f.read_exact_at(&mut prefix, 0)
+        .map_err(|e| Error::io(path, "read", Some(0), e))?;
+    let total = npy::header_len(&prefix).map_err(bad)?;
+    let mut header = vec![0u8; total.min(size) as usize];
+    f.read_exact_at(&mut header, 0)
+        .map_err(|e| Error::io(path, "read", Some(0), e))?;
+    npy::parse(&header).map_err(bad)
+}

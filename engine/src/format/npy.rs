@@ -1,0 +1,379 @@
+//! The NumPy `.npy` header: magic, version, header length, and a Python dict literal with
+//! `descr`, `fortran_order` and `shape`. A record is one row of a C-order array.
+
+/// What a header says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NpyHeader {
+    /// Format version (1, 2 or 3).
+    pub version: (u8, u8),
+    /// The dtype as written (`<f4`, `|u1`, or a structured list).
+    pub descr: String,
+    /// Bytes per element.
+    pub itemsize: u64,
+    /// The array's shape.
+    pub shape: Vec<u64>,
+    /// Where the data starts.
+    pub data_offset: u64,
+}
+
+impl NpyHeader {
+    /// Rows (records): the first dimension; a 0-d array is one record.
+    pub fn rows(&self) -> u64 {
+        self.shape.first().copied().unwrap_or(1)
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> u64 {
+        self.shape.iter().skip(1).product::<u64>() * self.itemsize
+    }
+
+    /// Bytes of data the shape asks for.
+    pub fn data_bytes(&self) -> u64 {
+        self.rows() * self.row_bytes()
+    }
+}
+
+/// A header problem at a byte offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NpyError {
+    /// Where.
+    pub offset: u64,
+    /// What.
+    pub what: String,
+}
+
+fn err<T>(offset: u64, what: impl Into<String>) -> Result<T, NpyError> {
+    Err(NpyError {
+        offset,
+        what: what.into(),
+    })
+}
+
+/// How many bytes to read to be sure of having the whole header (the parser asks for more
+/// with [`header_len`] when it is longer).
+pub const PREFIX: usize = 12;
+
+/// The total header length (magic through padding) from the first [`PREFIX`] bytes.
+pub fn header_len(prefix: &[u8]) -> Result<u64, NpyError> {
+    if prefix.len() < 10 {
+        return err(
+            0,
+            format!(
+                "not a .npy file: {} bytes, shorter than the 10-byte preamble",
+                prefix.len()
+            ),
+        );
+    }
+    if &prefix[..6] != b"\x93NUMPY" {
+        return err(0, "not a .npy file: bad magic (expected \\x93NUMPY)");
+    }
+    match prefix[6] {
+        1 => Ok(10 + u16::from_le_bytes([prefix[8], prefix[9]]) as u64),
+        2 | 3 => {
+            if prefix.len() < 12 {
+                return err(0, "truncated .npy preamble");
+            }
+            Ok(12 + u32::from_le_bytes(prefix[8..12].try_into().expect("4 bytes")) as u64)
+        }
+        v => err(
+            6,
+            format!(
+                "unsupported .npy version {v}.{} (expected 1, 2 or 3)",
+                prefix[7]
+            ),
+        ),
+    }
+}
+
+/// Parses a whole header (`bytes` holds at least [`header_len`] bytes).
+pub fn parse(bytes: &[u8]) -> Result<NpyHeader, NpyError> {
+    let total = header_len(bytes)?;
+    let start = if bytes[6] == 1 { 10 } else { 12 };
+    if (bytes.len() as u64) < total {
+        return err(
+            bytes.len() as u64,
+            format!(
+                "truncated .npy header: it declares {total} bytes, the file has {}",
+                bytes.len()
+            ),
+        );
+    }
+    let text = std::str::from_utf8(&bytes[start..total as usize]).map_err(|e| NpyError {
+        offset: start as u64 + e.valid_up_to() as u64,
+        what: "the header is not valid text".into(),
+    })?;
+    let at = |needle: &str| {
+        text.find(needle)
+            .map(|p| start as u64 + p as u64)
+            .unwrap_or(start as u64)
+    };
+    let descr_src = dict_value(text, "descr").ok_or_else(|| NpyError {
+        offset: start as u64,
+        what: "the header has no 'descr'".into(),
+    })?;
+    let fortran = dict_value(text, "fortran_order").ok_or_else(|| NpyError {
+        offset: start as u64,
+        what: "the header has no 'fortran_order'".into(),
+    })?;
+    let shape_src = dict_value(text, "shape").ok_or_else(|| NpyError {
+        offset: start as u64,
+        what: "the header has no 'shape'".into(),
+    })?;
+    match fortran.trim() {
+        "False" => {}
+        "True" => return err(at("fortran_order"), "Fortran-order arrays are not supported: a row is not contiguous (save with np.ascontiguousarray)"),
+        other => return err(at("fortran_order"), format!("fortran_order is '{other}', expected True or False")),
+    }
+    let itemsize = itemsize(descr_src.trim()).map_err(|what| NpyError {
+        offset: at("descr"),
+        what,
+    })?;
+    let shape = parse_shape(shape_src.trim()).map_err(|what| NpyError {
+        offset: at("shape"),
+        what,
+    })?;
+    Ok(NpyHeader {
+        version: (bytes[6], bytes[7]),
+        descr: descr_src.trim().to_owned(),
+        itemsize,
+        shape,
+        data_offset: total,
+    })
+}
+
+/// The source text of a key's value in a flat Python dict literal.
+fn dict_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let k1 = format!("'{key}'");
+    let k2 = format!("\"{key}\"");
+    let p = text
+        .find(&k1)
+        .map(|p| p + k1.len())
+        .or_else(|| text.find(&k2).map(|p| p + k2.len()))?;
+    let rest = text[p..].trim_start().strip_prefix(':')?;
+    // The value ends at the comma or brace that closes it at nesting depth 0.
+    let mut depth = 0i32;
+    let mut quote: Option<char> = None;
+    for (i, c) in rest.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(' | '[' | '{') => depth += 1,
+            (None, ')' | ']') => depth -= 1,
+            (None, '}') if depth == 0 => return Some(&rest[..i]),
+            (None, '}') => depth -= 1,
+            (None, ',') if depth == 0 => return Some(&rest[..i]),
+            _ => {}
+        }
+    }
+    None
+}
+
+fn unquote(s: &str) -> Option<&str> {
+    let s = s.trim();
+    s.strip_prefix('\'')
+        .and_then(|x| x.strip_suffix('\''))
+        .or_else(|| s.strip_prefix('"').and_then(|x| x.strip_suffix('"')))
+}
+
+/// Bytes per element of a dtype descr: a string like `<f8`, or a structured list.
+fn itemsize(descr: &str) -> Result<u64, String> {
+    if let Some(s) = unquote(descr) {
+        return simple_itemsize(s);
+    }
+    if descr.starts_with('[') {
+        return structured_itemsize(descr);
+    }
+    Err(format!("unsupported dtype descr {descr}"))
+}
+
+fn simple_itemsize(s: &str) -> Result<u64, String> {
+    let body = s.trim_start_matches(['<', '>', '|', '=']);
+    let mut chars = body.chars();
+    let kind = chars.next().ok_or_else(|| format!("empty dtype '{s}'"))?;
+    let digits: String = chars.take_while(|c| c.is_ascii_digit()).collect();
+    let rest = &body[1 + digits.len()..];
+    match kind {
+        'O' => Err(format!(
+            "object dtype '{s}' is not supported: its rows are Python pointers, not data"
+        )),
+        'b' | 'i' | 'u' | 'f' | 'c' | 'S' | 'V' | 'a' | 'm' | 'M' => {
+            if !rest.is_empty() && !(kind == 'm' || kind == 'M') {
+                return Err(format!("unsupported dtype '{s}'"));
+            }
+            let n: u64 = digits
+                .parse()
+                .map_err(|_| format!("dtype '{s}' has no size"))?;
+            Ok(n)
+        }
+        'U' => {
+            let n: u64 = digits
+                .parse()
+                .map_err(|_| format!("dtype '{s}' has no size"))?;
+            Ok(n * 4)
+        }
+        _ => Err(format!("unsupported dtype '{s}'")),
+    }
+}
+
+/// A structured dtype: `[('name', '<f4'), ('v', '<i8', (3,)), ...]`, packed (NumPy writes
+/// padding as explicit void fields).
+fn structured_itemsize(descr: &str) -> Result<u64, String> {
+    let inner = descr
+        .trim()
+        .strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .ok_or("bad structured dtype")?;
+    let mut total = 0u64;
+    let mut depth = 0i32;
+    let mut field = String::new();
+    let mut quote: Option<char> = None;
+    let mut fields = Vec::new();
+    for c in inner.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(' | '[') => depth += 1,
+            (None, ')' | ']') => depth -= 1,
+            _ => {}
+        }
+        field.push(c);
+        if depth == 0 && quote.is_none() && c == ')' {
+            fields.push(std::mem::take(&mut field));
+        }
+    }
+    for f in fields {
+        let body = f.trim().trim_start_matches(',').trim();
+        let body = body
+            .strip_prefix('(')
+            .and_then(|s| s.strip_suffix(')'))
+            .ok_or_else(|| format!("bad field {f}"))?;
+        // name, descr[, shape]
+        let parts: Vec<&str> = split_top(body);
+        if parts.len() < 2 {
+            return Err(format!("bad structured field {body}"));
+        }
+        let size = itemsize(parts[1].trim())?;
+        let count = if parts.len() > 2 {
+            parse_shape(parts[2].trim())?.iter().product()
+        } else {
+            1
+        };
+        total += size * count;
+    }
+    if total == 0 {
+        return Err("empty structured dtype".into());
+    }
+    Ok(total)
+}
+
+/// Splits on commas at nesting depth 0.
+fn split_top(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut last) = (0i32, 0usize);
+    let mut quote: Option<char> = None;
+    for (i, c) in s.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(' | '[') => depth += 1,
+            (None, ')' | ']') => depth -= 1,
+            (None, ',') if depth == 0 => {
+                out.push(&s[last..i]);
+                last = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !s[last..].trim().is_empty() {
+        out.push(&s[last..]);
+    }
+    out
+}
+
+fn parse_shape(s: &str) -> Result<Vec<u64>, String> {
+    let inner = s
+        .strip_prefix('(')
+        .and_then(|x| x.strip_suffix(')'))
+        .ok_or_else(|| format!("shape {s} is not a tuple"))?;
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.trim_end_matches('L')
+                .parse::<u64>()
+                .map_err(|_| format!("shape {s} has a non-integer dimension '{p}'"))
+        })
+        .collect()
+}
+
+/// Writes a version 1 header for a C-order array of `descr` with `shape`, padded so the
+/// data starts at a multiple of 64 bytes.
+pub fn write_header(descr: &str, shape: &[u64]) -> Vec<u8> {
+    let dims = match shape {
+        [one] => format!("({one},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {dims}, }}");
+    let unpadded = 10 + dict.len() + 1;
+    dict.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    dict.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let h = write_header("|u1", &[1000, 64]);
+        assert_eq!(h.len() % 64, 0);
+        let p = parse(&h).unwrap();
+        assert_eq!(p.rows(), 1000);
+        assert_eq!(p.row_bytes(), 64);
+        assert_eq!(p.data_offset, h.len() as u64);
+        let p = parse(&write_header("<f8", &[7])).unwrap();
+        assert_eq!((p.rows(), p.row_bytes()), (7, 8));
+    }
+
+    #[test]
+    fn dtypes() {
+        assert_eq!(itemsize("'<f4'"), Ok(4));
+        assert_eq!(itemsize("'<U3'"), Ok(12));
+        assert_eq!(itemsize("'|S10'"), Ok(10));
+        assert_eq!(itemsize("'<M8[ns]'"), Ok(8));
+        assert_eq!(itemsize("[('a', '<f4'), ('b', '<i8', (3,))]"), Ok(28));
+        assert!(itemsize("'|O'").unwrap_err().contains("object"));
+        assert!(itemsize("[('a', '|O')]").is_err());
+    }
+
+    #[test]
+    fn refuses_bad_headers() {
+        assert!(header_len(b"\x93NUMPX\x01\x00\x10\x00")
+            .unwrap_err()
+            .what
+            .contains("magic"));
+        let mut h = write_header("<f4", &[3, 2]);
+        let mut fortran = h.clone();
+        let at = fortran.windows(5).position(|w| w == b"False").unwrap();
+        fortran[at..at + 5].copy_from_slice(b"True ");
+        let e = parse(&fortran).unwrap_err();
+        assert!(e.what.contains("Fortran"));
+        h.truncate(30);
+        assert!(parse(&h).unwrap_err().what.contains("truncated"));
+    }
+}
