@@ -6,13 +6,15 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod datasets;
+
 fn riffle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_riffle"))
 }
 
 /// A scratch directory on the repository's filesystem (a real disk, O_DIRECT capable), with
 /// its own profile cache so tests never see the user's.
-struct Sandbox {
+pub(crate) struct Sandbox {
     dir: tempfile::TempDir,
 }
 
@@ -63,7 +65,7 @@ impl Sandbox {
     }
 }
 
-fn assert_ok(out: &Output) {
+pub(crate) fn assert_ok(out: &Output) {
     assert!(
         out.status.success(),
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -73,7 +75,7 @@ fn assert_ok(out: &Output) {
     );
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum Error {
     /// An I/O call failed on a file.
-    #[error("{path}: {op} failed{}: {source}", at_offset(*offset))]
+    #[error("{path}: {op} failed{}: {err}", at_offset(*offset))]
     Io {
         /// The file the operation was on.
         path: PathBuf,
@@ -15,9 +15,9 @@ pub enum Error {
         op: &'static str,
         /// The byte offset of the operation, when it had one.
         offset: Option<u64>,
-        /// The operating system's error.
-        #[source]
-        source: io::Error,
+        /// The operating system's error (shown in the message, so deliberately not a
+        /// chained source: reports would print it twice).
+        err: io::Error,
     },
     /// The input is not what it should be.
     #[error("{path}{}: {what}", at_offset(*offset))]
@@ -56,14 +56,14 @@ impl Error {
             path: path.into(),
             op,
             offset,
-            source,
+            err: source,
         }
     }
 
     /// The OS error number behind this error, if there is one.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            Error::Io { source, .. } => source.raw_os_error(),
+            Error::Io { err, .. } => err.raw_os_error(),
             _ => None,
         }
     }

@@ -198,7 +198,7 @@ fn simple_itemsize(s: &str) -> Result<u64, String> {
             "object dtype '{s}' is not supported: its rows are Python pointers, not data"
         )),
         'b' | 'i' | 'u' | 'f' | 'c' | 'S' | 'V' | 'a' | 'm' | 'M' => {
-            if !rest.is_empty() && !(kind == 'm' || kind == 'M') {
+            if !(rest.is_empty() || kind == 'm' || kind == 'M') {
                 return Err(format!("unsupported dtype '{s}'"));
             }
             let n: u64 = digits
