@@ -35,7 +35,9 @@ mod error;
 pub mod format;
 pub mod gen;
 pub mod io;
+pub mod modes;
 pub mod notice;
+pub mod order;
 pub mod probe;
 pub mod size;
 

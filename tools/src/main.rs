@@ -45,6 +45,9 @@ enum Command {
     Index(cmd::index::Args),
     /// Write records of a dataset, read through the engine, to stdout or a file.
     Cat(cmd::cat::Args),
+    /// Read shuffled batches of a dataset (every epoch an exact permutation, the same
+    /// batches for the same seed whatever the queue depth, memory or backend).
+    Read(cmd::read::Args),
     /// Run a benchmark suite and write a report (JSON + Markdown).
     Bench(cmd::bench::Args),
 }
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Gen(a) => cmd::gen::run(a),
         Command::Index(a) => cmd::index::run(a),
         Command::Cat(a) => cmd::cat::run(a),
+        Command::Read(a) => cmd::read::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match result {

@@ -289,7 +289,10 @@ impl Backend for UringBackend {
         self.ops[op.slot.index()] = Some(op);
         self.in_flight += 1;
         self.push_sqe(&entry)?;
-        if self.queued >= self.submit_batch {
+        // Submit now so the device starts at once, unless this is the only request in
+        // flight: then the caller's next call is a wait, which submits and waits in one
+        // system call (at queue depth 1 that saves a call per request).
+        if self.queued >= self.submit_batch && self.in_flight > 1 {
             self.submit(0)?;
         }
         Ok(())

@@ -4,3 +4,4 @@ pub mod demo;
 pub mod gen;
 pub mod index;
 pub mod probe;
+pub mod read;

@@ -1,0 +1,400 @@
+//! LIRS mode: each epoch's table says which records form each batch; the records (or, with
+//! page grouping, the runs of records of one unit) are read straight from the device at
+//! the configured queue depth and assembled into contiguous batches. An I/O thread runs
+//! ahead of the consumer by a bounded number of batches.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+use hdrhistogram::Histogram;
+
+use super::walk::Walker;
+use super::{Batch, Latency, ReadOptions, ReadReport};
+use crate::dataset::Dataset;
+use crate::io::IoConfig;
+use crate::order::{EpochKey, EpochTable, Grouping, Split, Units};
+use crate::{Error, Result};
+
+/// Batches as they arrive; [`BatchStream::report`] once it is exhausted.
+pub struct BatchStream {
+    rx: Receiver<Result<Batch>>,
+    report: Arc<Mutex<ReadReport>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Iterator for BatchStream {
+    type Item = Result<Batch>;
+    fn next(&mut self) -> Option<Result<Batch>> {
+        self.rx.recv().ok()
+    }
+}
+
+impl BatchStream {
+    /// What the read did (complete once the stream has ended).
+    pub fn report(&self) -> ReadReport {
+        self.report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for BatchStream {
+    fn drop(&mut self) {
+        // Dropping the receiver makes the I/O thread's next send fail; it then stops
+        // issuing reads, waits for those in flight, and exits.
+        let (_, dead) = crossbeam_channel::bounded(0);
+        self.rx = dead;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads `opts.epochs` epochs of `ds` in LIRS mode.
+///
+/// ```no_run
+/// # fn main() -> riffle::Result<()> {
+/// use riffle::dataset::{Dataset, OpenOptions};
+/// use riffle::modes::{read, ReadOptions};
+///
+/// let ds = Dataset::open(&["train.npy"], &OpenOptions::default(), &mut |_, _, _| {})?;
+/// for batch in read(ds.into(), ReadOptions::new(256))? {
+///     let batch = batch?;
+///     println!("batch {} holds records {:?}", batch.index, &batch.ids[..4]);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
+    if ds.is_empty() {
+        return Err(Error::Invalid("the dataset has no records".into()));
+    }
+    // Check the split now so argument errors surface before any thread starts.
+    Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+    let units = Units::new(&ds, opts.grouping);
+    let plan = MemoryPlan::new(&ds, &units, &opts)?;
+    let (tx, rx) = crossbeam_channel::bounded(plan.prefetch);
+    let report = Arc::new(Mutex::new(ReadReport::default()));
+    let shared = report.clone();
+    let thread = std::thread::Builder::new()
+        .name("riffle-lirs".into())
+        .spawn(move || {
+            let mut r = ReadReport::default();
+            let outcome = run(&ds, &units, &opts, &plan, &tx, &mut r);
+            *shared.lock().unwrap_or_else(|p| p.into_inner()) = r;
+            if let Err(e) = outcome {
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(|e| Error::Invalid(format!("cannot start the I/O thread: {e}")))?;
+    Ok(BatchStream {
+        rx,
+        report,
+        thread: Some(thread),
+    })
+}
+
+/// How memory is spent, decided before reading.
+struct MemoryPlan {
+    slot_size: usize,
+    prefetch: usize,
+    table_bytes: u64,
+    batch_bytes: u64,
+}
+
+impl MemoryPlan {
+    fn new(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<Self> {
+        let stats = ds.size_stats();
+        let mean = stats.total as f64 / ds.len() as f64;
+        let align = 4096u64;
+        // The largest single read: a record, or the records starting in one block (which
+        // may run into the next block); longer reads are split by the reader.
+        let piece = match opts.grouping {
+            Grouping::Record => stats.max,
+            Grouping::Page { unit } => stats.max.max(unit + stats.max.min(unit)),
+        };
+        let slot_size = (piece + 2 * align)
+            .next_power_of_two()
+            .clamp(align, 1 << 20) as usize;
+        let table_width = if units.len() <= u32::MAX as u64 { 4 } else { 8 };
+        let table_bytes = units.len() * table_width;
+        let batch_bytes = (opts.batch as f64 * mean) as u64 + (opts.batch + 1) * 16;
+        let fixed =
+            table_bytes + units.bytes() + ds.index_bytes() + (slot_size * opts.io.depth) as u64;
+        let mut prefetch = opts.prefetch.max(1);
+        if let Some(limit) = opts.memory {
+            // Batches being assembled (about depth / batch + 2) plus the read-ahead queue.
+            let assembling = (opts.io.depth as u64 / opts.batch.max(1) + 2) * batch_bytes;
+            let room = limit.saturating_sub(fixed + assembling);
+            let fit = (room / batch_bytes.max(1)) as usize;
+            if fit == 0 {
+                return Err(Error::Invalid(format!(
+                    "--memory {limit} is too small: the table ({table_bytes} B), offset index ({} B), unit table ({} B), \
+                     I/O buffers ({} B) and one batch in flight ({} B) need {} bytes",
+                    ds.index_bytes(),
+                    units.bytes(),
+                    slot_size * opts.io.depth,
+                    batch_bytes,
+                    fixed + assembling + batch_bytes
+                )));
+            }
+            prefetch = prefetch.min(fit);
+        }
+        Ok(MemoryPlan {
+            slot_size,
+            prefetch,
+            table_bytes,
+            batch_bytes,
+        })
+    }
+}
+
+/// A batch being assembled.
+struct Pending {
+    ids: Vec<u64>,
+    offsets: Vec<u64>,
+    payload: Vec<u8>,
+    padding: usize,
+    missing: usize,
+    started: Instant,
+}
+
+/// Where the bytes of one read go: (offset in the read, length, offset in the payload).
+struct Piece {
+    batch: u64,
+    parts: Vec<(u64, u64, u64)>,
+}
+
+struct EpochState<'a> {
+    walker: Walker<'a>,
+    split: Split,
+    next_batch: u64,
+    /// Reads not yet handed to the reader for the batch being planned.
+    queue: std::collections::VecDeque<(usize, u64, usize, Piece)>,
+    pieces: HashMap<usize, Piece>,
+    handed: usize,
+    pending: HashMap<u64, Pending>,
+    done: BTreeMap<u64, Pending>,
+    next_send: u64,
+    stopped: bool,
+    error: Option<Error>,
+}
+
+fn run(
+    ds: &Dataset,
+    units: &Units,
+    opts: &ReadOptions,
+    plan: &MemoryPlan,
+    tx: &Sender<Result<Batch>>,
+    r: &mut ReadReport,
+) -> Result<()> {
+    let started = Instant::now();
+    let io = IoConfig {
+        slot_size: plan.slot_size,
+        ..opts.io.clone()
+    };
+    let mut reader = ds.reader(&io)?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+    r.mode = "lirs".into();
+    r.grouping = opts.grouping.name().into();
+    r.backend = reader.backend_kind().name().into();
+    r.direct = reader.direct();
+    r.queue_depth = opts.io.depth;
+    r.table_bytes = plan.table_bytes;
+    r.units_bytes = units.bytes();
+    r.index_bytes = ds.index_bytes();
+    r.buffer_bytes = reader.buffer_bytes() as u64;
+    r.prefetch_bytes = plan.prefetch as u64 * plan.batch_bytes;
+    r.memory_bytes =
+        r.table_bytes + r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes;
+    r.records_per_unit = units.mean_records();
+    let format = ds.format();
+    let mut epochs = opts.first_epoch..opts.first_epoch + opts.epochs;
+    if let Some(c) = opts.resume {
+        if !epochs.contains(&c.epoch) {
+            return Err(Error::Invalid(format!(
+                "resume cursor {}:{} is outside the epochs {}..{}",
+                c.epoch, c.batch, epochs.start, epochs.end
+            )));
+        }
+        epochs.start = c.epoch;
+    }
+    for epoch in epochs {
+        let t = Instant::now();
+        let table = EpochTable::build(units.len(), &EpochKey::new(opts.seed, epoch));
+        r.table_seconds += t.elapsed().as_secs_f64();
+        let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+        let first = match opts.resume {
+            Some(c) if c.epoch == epoch => c.batch.min(split.batches()),
+            _ => 0,
+        };
+        let state = RefCell::new(EpochState {
+            walker: Walker::new(&table, units),
+            split,
+            next_batch: first,
+            queue: Default::default(),
+            pieces: HashMap::new(),
+            handed: 0,
+            pending: HashMap::new(),
+            done: BTreeMap::new(),
+            next_send: first,
+            stopped: false,
+            error: None,
+        });
+        let ranges = std::iter::from_fn(|| {
+            let mut st = state.borrow_mut();
+            if st.stopped {
+                return None;
+            }
+            while st.queue.is_empty() {
+                if st.next_batch >= st.split.batches() {
+                    return None;
+                }
+                plan_batch(&mut st, ds, format, epoch);
+            }
+            let (file, offset, len, piece) = st.queue.pop_front().expect("queued read");
+            let i = st.handed;
+            st.handed += 1;
+            st.pieces.insert(i, piece);
+            Some((file, offset, len))
+        });
+        reader.read_ranges(ranges, |i, bytes| {
+            let mut st = state.borrow_mut();
+            let piece = st.pieces.remove(&i).expect("piece of a read");
+            let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
+            for &(from, len, to) in &piece.parts {
+                let (from, len, to) = (from as usize, len as usize, to as usize);
+                match bytes.get(from..from + len) {
+                    Some(src) => batch.payload[to..to + len].copy_from_slice(src),
+                    None => {
+                        st.error.get_or_insert(Error::Invalid(
+                            "a read came back shorter than its records".into(),
+                        ));
+                        st.stopped = true;
+                        return;
+                    }
+                }
+            }
+            batch.missing -= 1;
+            if batch.missing == 0 {
+                let b = st.pending.remove(&piece.batch).expect("pending batch");
+                st.done.insert(piece.batch, b);
+                loop {
+                    let index = st.next_send;
+                    let Some(b) = st.done.remove(&index) else {
+                        break;
+                    };
+                    st.next_send += 1;
+                    hist.saturating_record(b.started.elapsed().as_micros().max(1) as u64);
+                    r.records += b.ids.len() as u64;
+                    r.bytes += b.payload.len() as u64;
+                    r.batches += 1;
+                    let out = Batch {
+                        epoch,
+                        index,
+                        ids: b.ids,
+                        offsets: b.offsets,
+                        payload: b.payload,
+                        padding: b.padding,
+                    };
+                    drop(st);
+                    let sent = tx.send(Ok(out));
+                    st = state.borrow_mut();
+                    if sent.is_err() {
+                        st.stopped = true;
+                        return;
+                    }
+                }
+            }
+        })?;
+        let mut st = state.into_inner();
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+        if st.stopped {
+            break;
+        }
+    }
+    let s = reader.stats();
+    r.read_ops = s.read_ops;
+    r.device_bytes = s.device_bytes;
+    r.seconds = started.elapsed().as_secs_f64();
+    r.batch_latency_us = Latency {
+        p50: hist.value_at_quantile(0.5) as f64,
+        p99: hist.value_at_quantile(0.99) as f64,
+        max: hist.max() as f64,
+    };
+    Ok(())
+}
+
+/// Works out the records of the next batch, allocates its payload and queues its reads:
+/// one per record, or one per run of records of one unit (page grouping).
+fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, format: &crate::format::Format, _epoch: u64) {
+    let j = st.next_batch;
+    st.next_batch += 1;
+    let positions = st.split.positions(j);
+    let n = ds.len();
+    let mut ids = Vec::with_capacity((positions.end - positions.start) as usize);
+    let mut units = Vec::with_capacity(ids.capacity());
+    let mut padding = 0;
+    for p in positions {
+        if p >= n {
+            padding += 1;
+        }
+        let (id, t) = st.walker.at(p % n);
+        ids.push(id);
+        units.push(t);
+    }
+    // Offsets of the records in the payload.
+    let mut offsets = Vec::with_capacity(ids.len() + 1);
+    let mut total = 0u64;
+    offsets.push(0);
+    let locs: Vec<_> = ids.iter().map(|&id| ds.locate(id)).collect();
+    for l in &locs {
+        total += l.len;
+        offsets.push(total);
+    }
+    // Reads: consecutive records of the same unit occurrence share one read.
+    let mut reads = 0usize;
+    let mut i = 0usize;
+    while i < ids.len() {
+        let mut k = i + 1;
+        while k < ids.len()
+            && units[k] == units[i]
+            && ids[k] == ids[k - 1] + 1
+            && locs[k].file == locs[i].file
+        {
+            k += 1;
+        }
+        let start = locs[i].offset;
+        let end = locs[k - 1].offset + locs[k - 1].len;
+        let parts = (i..k)
+            .map(|m| (locs[m].offset - start, locs[m].len, offsets[m]))
+            .collect();
+        st.queue.push_back((
+            locs[i].file,
+            start,
+            (end - start) as usize,
+            Piece { batch: j, parts },
+        ));
+        reads += 1;
+        i = k;
+    }
+    let _ = format;
+    st.pending.insert(
+        j,
+        Pending {
+            ids,
+            offsets,
+            payload: vec![0; total as usize],
+            padding,
+            missing: reads,
+            started: Instant::now(),
+        },
+    );
+}

@@ -1,0 +1,178 @@
+//! Modes deliver the batches of the order contract. `lirs` reads every record (or every
+//! page-group) straight from the device in the epoch's order.
+
+pub mod lirs;
+mod walk;
+
+use serde::Serialize;
+
+pub use lirs::{read, BatchStream};
+
+use crate::io::IoConfig;
+use crate::order::{Grouping, Tail};
+
+/// Where to resume: the epoch and the first batch (this rank's numbering) to deliver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Cursor {
+    /// The epoch.
+    pub epoch: u64,
+    /// The next batch of that epoch.
+    pub batch: u64,
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = String;
+    /// `EPOCH:BATCH`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (e, b) = s
+            .split_once(':')
+            .ok_or_else(|| format!("'{s}': expected EPOCH:BATCH, like 3:120"))?;
+        let epoch = e
+            .parse()
+            .map_err(|_| format!("'{s}': epoch '{e}' is not a number"))?;
+        let batch = b
+            .parse()
+            .map_err(|_| format!("'{s}': batch '{b}' is not a number"))?;
+        Ok(Cursor { epoch, batch })
+    }
+}
+
+/// What to read.
+#[derive(Clone, Debug)]
+pub struct ReadOptions {
+    /// Seed of the order.
+    pub seed: u64,
+    /// First epoch.
+    pub first_epoch: u64,
+    /// Number of epochs.
+    pub epochs: u64,
+    /// Records per batch.
+    pub batch: u64,
+    /// This rank.
+    pub rank: u64,
+    /// Ranks in all.
+    pub world: u64,
+    /// Tail policy.
+    pub tail: Tail,
+    /// Grouping.
+    pub grouping: Grouping,
+    /// Start here instead of at batch 0 of `first_epoch`.
+    pub resume: Option<Cursor>,
+    /// I/O (queue depth = `io.depth`).
+    pub io: IoConfig,
+    /// Batches read ahead of the consumer.
+    pub prefetch: usize,
+    /// Hard ceiling on engine-owned memory (tables, buffers, read-ahead), if any.
+    pub memory: Option<u64>,
+}
+
+impl ReadOptions {
+    /// One epoch of `batch`-record batches, seed 0, one rank, record grouping.
+    pub fn new(batch: u64) -> Self {
+        ReadOptions {
+            seed: 0,
+            first_epoch: 0,
+            epochs: 1,
+            batch,
+            rank: 0,
+            world: 1,
+            tail: Tail::Partial,
+            grouping: Grouping::Record,
+            resume: None,
+            io: IoConfig::default(),
+            prefetch: 4,
+            memory: None,
+        }
+    }
+}
+
+/// One batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// Its epoch.
+    pub epoch: u64,
+    /// Its index among this rank's batches of the epoch.
+    pub index: u64,
+    /// Global record ids in delivery order.
+    pub ids: Vec<u64>,
+    /// `ids.len() + 1` offsets into `payload`: record i is `payload[offsets[i]..offsets[i+1]]`.
+    pub offsets: Vec<u64>,
+    /// The records' bytes, back to back.
+    pub payload: Vec<u8>,
+    /// How many records at the end are padding (repeated from the epoch's start).
+    pub padding: usize,
+}
+
+impl Batch {
+    /// The bytes of record `i` of the batch.
+    pub fn record(&self, i: usize) -> &[u8] {
+        &self.payload[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+
+    /// The cursor that resumes right after this batch.
+    pub fn next_cursor(&self) -> Cursor {
+        Cursor {
+            epoch: self.epoch,
+            batch: self.index + 1,
+        }
+    }
+}
+
+/// What a read did, for reports.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ReadReport {
+    /// The mode that ran.
+    pub mode: String,
+    /// `record` or `page`.
+    pub grouping: String,
+    /// Records delivered (padding included).
+    pub records: u64,
+    /// Batches delivered.
+    pub batches: u64,
+    /// Payload bytes delivered.
+    pub bytes: u64,
+    /// Read requests completed.
+    pub read_ops: u64,
+    /// Bytes the device transferred.
+    pub device_bytes: u64,
+    /// Seconds from start to the last batch.
+    pub seconds: f64,
+    /// Batch latency from its first read to its completion: p50, p99, max (microseconds).
+    pub batch_latency_us: Latency,
+    /// Bytes of the epoch tables.
+    pub table_bytes: u64,
+    /// Bytes of the unit table (page grouping).
+    pub units_bytes: u64,
+    /// Bytes of the offset indexes.
+    pub index_bytes: u64,
+    /// Bytes of I/O buffers.
+    pub buffer_bytes: u64,
+    /// Bytes of read-ahead batches allowed.
+    pub prefetch_bytes: u64,
+    /// Sum of the above: engine-owned memory.
+    pub memory_bytes: u64,
+    /// Mean records per shuffling unit.
+    pub records_per_unit: f64,
+    /// Seconds spent building epoch tables.
+    pub table_seconds: f64,
+    /// `io_uring` or `pread`.
+    pub backend: String,
+    /// Whether reads bypassed the page cache.
+    pub direct: bool,
+    /// Queue depth.
+    pub queue_depth: usize,
+}
+
+/// Latency percentiles.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Worst.
+    pub max: f64,
+}
+
+#[cfg(test)]
+mod tests;

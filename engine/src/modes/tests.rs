@@ -1,0 +1,272 @@
+//! The order contract through the real LIRS pipeline: real files, real io_uring/pread.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{read, Batch, Cursor, ReadOptions};
+use crate::dataset::{Dataset, OpenOptions};
+use crate::gen::{generate, GenFormat, GenSpec};
+use crate::io::{BackendChoice, IoConfig};
+use crate::order::{Grouping, Tail};
+
+fn make(dir: &Path, format: GenFormat, records: u64, size: u64, jitter: f64) -> Arc<Dataset> {
+    let name = match format {
+        GenFormat::Fixed => "d.bin",
+        GenFormat::Npy => "d.npy",
+        GenFormat::Lines => "d.jsonl",
+        GenFormat::TfRecord => "d.tfrecord",
+    };
+    let path = dir.join(name);
+    let spec = GenSpec {
+        format,
+        records,
+        record_size: size,
+        jitter,
+        labels: 10,
+        sorted: false,
+        seed: 3,
+    };
+    let cfg = IoConfig {
+        depth: 4,
+        slot_size: 1 << 20,
+        ..IoConfig::default()
+    };
+    generate(&path, &spec, &cfg, &mut |_, _| {}).unwrap();
+    let opts = OpenOptions {
+        format: (format == GenFormat::Fixed)
+            .then_some(crate::format::Format::Fixed { size, header: 0 }),
+        ..OpenOptions::default()
+    };
+    Arc::new(Dataset::open(&[path], &opts, &mut |_, _, _| {}).unwrap())
+}
+
+/// The id a generated record carries in its payload.
+fn payload_id(rec: &[u8]) -> u64 {
+    if rec.starts_with(b"{\"id\":") {
+        let s = std::str::from_utf8(rec).unwrap();
+        let digits: String = s["{\"id\":".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        digits.parse().unwrap()
+    } else {
+        u64::from_le_bytes(rec[..8].try_into().unwrap())
+    }
+}
+
+fn all(ds: &Arc<Dataset>, opts: ReadOptions) -> Vec<Batch> {
+    read(ds.clone(), opts)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
+}
+
+fn check_payloads(batches: &[Batch]) {
+    for b in batches {
+        assert_eq!(b.offsets.len(), b.ids.len() + 1);
+        for (i, &id) in b.ids.iter().enumerate() {
+            assert_eq!(payload_id(b.record(i)), id, "batch {} record {i}", b.index);
+        }
+    }
+}
+
+const FORMATS: [(GenFormat, f64); 4] = [
+    (GenFormat::Fixed, 0.0),
+    (GenFormat::Npy, 0.0),
+    (GenFormat::Lines, 0.6),
+    (GenFormat::TfRecord, 0.6),
+];
+
+#[test]
+fn every_epoch_is_an_exact_permutation_for_every_format_and_grouping() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    for (i, &(format, jitter)) in FORMATS.iter().enumerate() {
+        let sub = dir.path().join(i.to_string());
+        std::fs::create_dir(&sub).unwrap();
+        let ds = make(&sub, format, 2000, 100, jitter);
+        for grouping in [Grouping::Record, Grouping::Page { unit: 4096 }] {
+            let mut o = ReadOptions::new(64);
+            o.grouping = grouping;
+            o.epochs = 2;
+            let batches = all(&ds, o);
+            check_payloads(&batches);
+            for epoch in 0..2 {
+                let mut ids: Vec<u64> = batches
+                    .iter()
+                    .filter(|b| b.epoch == epoch)
+                    .flat_map(|b| b.ids.clone())
+                    .collect();
+                let order = ids.clone();
+                ids.sort_unstable();
+                assert_eq!(
+                    ids,
+                    (0..2000).collect::<Vec<_>>(),
+                    "{format:?} {grouping:?} epoch {epoch}"
+                );
+                assert_ne!(order, (0..2000).collect::<Vec<_>>(), "not shuffled");
+            }
+            let e0: Vec<u64> = batches
+                .iter()
+                .filter(|b| b.epoch == 0)
+                .flat_map(|b| b.ids.clone())
+                .collect();
+            let e1: Vec<u64> = batches
+                .iter()
+                .filter(|b| b.epoch == 1)
+                .flat_map(|b| b.ids.clone())
+                .collect();
+            assert_ne!(e0, e1, "epochs must differ");
+        }
+    }
+}
+
+#[test]
+fn ranks_together_cover_the_epoch() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::TfRecord, 1001, 60, 0.5);
+    for world in [1u64, 3, 8] {
+        for tail in [Tail::DropLast, Tail::Pad] {
+            for grouping in [Grouping::Record, Grouping::Page { unit: 4096 }] {
+                let mut seen = vec![0u32; 1001];
+                let mut per_rank = None;
+                let mut padded = 0;
+                for rank in 0..world {
+                    let mut o = ReadOptions::new(20);
+                    o.rank = rank;
+                    o.world = world;
+                    o.tail = tail;
+                    o.grouping = grouping;
+                    let batches = all(&ds, o);
+                    check_payloads(&batches);
+                    assert_eq!(
+                        *per_rank.get_or_insert(batches.len()),
+                        batches.len(),
+                        "same batch count"
+                    );
+                    for b in &batches {
+                        assert_eq!(b.ids.len(), 20);
+                        padded += b.padding;
+                        for &id in &b.ids[..b.ids.len() - b.padding] {
+                            seen[id as usize] += 1;
+                        }
+                    }
+                }
+                let once = seen.iter().filter(|&&c| c == 1).count();
+                assert!(
+                    seen.iter().all(|&c| c <= 1),
+                    "a record twice ({world} {tail:?})"
+                );
+                match tail {
+                    Tail::DropLast => assert_eq!(once as u64, 1001 / (20 * world) * 20 * world),
+                    _ => {
+                        assert_eq!(once, 1001, "world {world} pad");
+                        assert_eq!(
+                            padded as u64,
+                            1001u64.div_ceil(20).div_ceil(world) * world * 20 - 1001
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn resuming_from_a_cursor_continues_exactly() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 3000, 80, 0.5);
+    let mut o = ReadOptions::new(50);
+    o.epochs = 3;
+    o.grouping = Grouping::Page { unit: 4096 };
+    let whole = all(&ds, o.clone());
+    for stop in [0usize, 1, 59, 60, 61, 150] {
+        let head: Vec<Batch> = whole[..stop].to_vec();
+        let cursor = head
+            .last()
+            .map(|b| b.next_cursor())
+            .unwrap_or(Cursor { epoch: 0, batch: 0 });
+        let mut r = o.clone();
+        r.resume = Some(cursor);
+        let tail = all(&ds, r);
+        let joined: Vec<(u64, u64, Vec<u64>)> = head
+            .iter()
+            .chain(&tail)
+            .map(|b| (b.epoch, b.index, b.ids.clone()))
+            .collect();
+        let want: Vec<(u64, u64, Vec<u64>)> = whole
+            .iter()
+            .map(|b| (b.epoch, b.index, b.ids.clone()))
+            .collect();
+        assert_eq!(joined, want, "stopped after {stop} batches");
+    }
+}
+
+#[test]
+fn the_same_batches_whatever_the_queue_depth_memory_or_backend() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Npy, 5000, 256, 0.0);
+    for grouping in [Grouping::Record, Grouping::Page { unit: 4096 }] {
+        let mut base = ReadOptions::new(100);
+        base.grouping = grouping;
+        let reference: Vec<Vec<u64>> = all(&ds, base.clone()).into_iter().map(|b| b.ids).collect();
+        for (depth, backend, memory, prefetch) in [
+            (1, BackendChoice::Uring, None, 1),
+            (128, BackendChoice::Uring, Some(8 << 20), 8),
+            (16, BackendChoice::Pread, None, 2),
+            (64, BackendChoice::Pread, Some(4 << 20), 3),
+        ] {
+            let mut o = base.clone();
+            o.io = IoConfig {
+                depth,
+                backend,
+                ..IoConfig::default()
+            };
+            o.memory = memory;
+            o.prefetch = prefetch;
+            let got: Vec<Vec<u64>> = all(&ds, o).into_iter().map(|b| b.ids).collect();
+            assert_eq!(
+                got, reference,
+                "{grouping:?} depth {depth} {backend:?} {memory:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn page_grouping_reads_each_block_once_and_keeps_its_records_together() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    // 512-byte records: 8 per 4 KiB block.
+    let ds = make(dir.path(), GenFormat::Fixed, 4096, 512, 0.0);
+    let mut o = ReadOptions::new(64);
+    o.grouping = Grouping::Page { unit: 4096 };
+    let stream = read(ds.clone(), o).unwrap();
+    let mut batches = Vec::new();
+    let mut stream = stream;
+    for b in stream.by_ref() {
+        batches.push(b.unwrap());
+    }
+    let report = stream.report();
+    check_payloads(&batches);
+    assert!((report.records_per_unit - 8.0).abs() < 1e-9);
+    // 512 units of 8 records in batches of 64: units never straddle (64 = 8 x 8).
+    assert_eq!(report.read_ops, 512, "one read per block");
+    for b in &batches {
+        for chunk in b.ids.chunks(8) {
+            assert!(
+                chunk.windows(2).all(|w| w[1] == w[0] + 1) && chunk[0] % 8 == 0,
+                "{chunk:?}"
+            );
+        }
+    }
+    assert!(report.table_bytes <= 512 * 4);
+}
+
+#[test]
+fn a_memory_budget_too_small_is_refused() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Fixed, 1000, 4096, 0.0);
+    let mut o = ReadOptions::new(100);
+    o.memory = Some(64 << 10);
+    let e = read(ds, o).err().expect("refused").to_string();
+    assert!(e.contains("too small"), "{e}");
+}

@@ -1,0 +1,182 @@
+//! Batches of an epoch and how ranks share them.
+//!
+//! The epoch's sequence of records is cut into global batches of B. Rank r of W takes
+//! global batches r, r + W, r + 2W, ... Every rank gets the same number of batches: when
+//! the records do not divide evenly, the caller must choose to drop the tail (`DropLast`:
+//! only whole rounds of W full batches are kept) or to pad it (`Pad`: the sequence is
+//! extended from its own start, the extra records marked as padding). A single rank may
+//! also end on a partial batch (`Partial`).
+
+use crate::{Error, Result};
+
+/// What to do with the records that do not fill the last round of batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tail {
+    /// Keep a short last batch (one rank, or when everything divides evenly).
+    Partial,
+    /// Drop them.
+    DropLast,
+    /// Fill up with records from the start of the epoch, marked as padding.
+    Pad,
+}
+
+/// The batches of one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    /// Records in the epoch.
+    pub records: u64,
+    /// Records per batch.
+    pub batch: u64,
+    /// This rank.
+    pub rank: u64,
+    /// Ranks in all.
+    pub world: u64,
+    /// The tail policy.
+    pub tail: Tail,
+    /// Global batches in the epoch (all ranks).
+    pub global_batches: u64,
+}
+
+impl Split {
+    /// Checks the arguments and works out the number of batches.
+    pub fn new(records: u64, batch: u64, rank: u64, world: u64, tail: Tail) -> Result<Split> {
+        if batch == 0 {
+            return Err(Error::Invalid("the batch size must be at least 1".into()));
+        }
+        if world == 0 || rank >= world {
+            return Err(Error::Invalid(format!(
+                "rank {rank} is not in a world of {world}"
+            )));
+        }
+        let full = records / batch;
+        let all = records.div_ceil(batch);
+        let global_batches = match tail {
+            Tail::DropLast => full / world * world,
+            Tail::Pad => all.div_ceil(world) * world,
+            Tail::Partial => {
+                if world > 1 && !records.is_multiple_of(batch * world) {
+                    return Err(Error::Invalid(format!(
+                        "{records} records do not split evenly into batches of {batch} over {world} ranks \
+                         (every rank must get the same number of batches): choose --drop-last or --pad"
+                    )));
+                }
+                all
+            }
+        };
+        if global_batches == 0 {
+            return Err(Error::Invalid(format!(
+                "{records} records give no batch of {batch} for {world} rank(s) with --drop-last"
+            )));
+        }
+        Ok(Split {
+            records,
+            batch,
+            rank,
+            world,
+            tail,
+            global_batches,
+        })
+    }
+
+    /// Batches this rank gets.
+    pub fn batches(&self) -> u64 {
+        self.global_batches / self.world
+    }
+
+    /// The global batch of this rank's batch `j`.
+    pub fn global(&self, j: u64) -> u64 {
+        j * self.world + self.rank
+    }
+
+    /// The positions in the (possibly padded) epoch sequence of this rank's batch `j`;
+    /// positions at or past `records` are padding and map to `position % records`.
+    pub fn positions(&self, j: u64) -> std::ops::Range<u64> {
+        let g = self.global(j);
+        let end = match self.tail {
+            Tail::Pad => (g + 1) * self.batch,
+            _ => ((g + 1) * self.batch).min(self.records),
+        };
+        g * self.batch..end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn covered(records: u64, batch: u64, world: u64, tail: Tail) -> Vec<u64> {
+        let mut seen = vec![0u64; records as usize];
+        let per = Split::new(records, batch, 0, world, tail)
+            .unwrap()
+            .batches();
+        for r in 0..world {
+            let s = Split::new(records, batch, r, world, tail).unwrap();
+            assert_eq!(
+                s.batches(),
+                per,
+                "every rank gets the same number of batches"
+            );
+            for j in 0..s.batches() {
+                let p = s.positions(j);
+                if tail != Tail::Partial || j + 1 < s.batches() {
+                    assert_eq!(p.end - p.start, batch);
+                }
+                for pos in p {
+                    seen[(pos % records) as usize] += 1;
+                }
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn drop_last_and_pad() {
+        // 103 records, batches of 10, 3 ranks: 10 full batches, 9 kept with drop-last.
+        let seen = covered(103, 10, 3, Tail::DropLast);
+        assert_eq!(seen.iter().filter(|&&c| c == 1).count(), 90);
+        assert!(seen.iter().all(|&c| c <= 1));
+        // Pad: 11 batches rounded up to 12: 120 positions, 17 of them padding.
+        let seen = covered(103, 10, 3, Tail::Pad);
+        assert!(seen.iter().all(|&c| c >= 1));
+        assert_eq!(seen.iter().sum::<u64>(), 120);
+        // Even split: exact.
+        assert!(covered(120, 10, 3, Tail::Partial).iter().all(|&c| c == 1));
+        assert!(covered(7, 3, 1, Tail::Partial).iter().all(|&c| c == 1));
+    }
+
+    proptest::proptest! {
+        /// For any sizes: every rank gets the same number of batches of the same size;
+        /// drop-last covers each record at most once and only drops less than a round of
+        /// batches; pad covers every record at least once and pads less than a round;
+        /// an even split covers each record exactly once.
+        #[test]
+        fn rank_split_properties(records in 1u64..3000, batch in 1u64..70, world in 1u64..9) {
+            let round = batch * world;
+            if let Ok(s) = Split::new(records, batch, 0, world, Tail::DropLast) {
+                let seen = covered(records, batch, world, Tail::DropLast);
+                proptest::prop_assert!(seen.iter().all(|&c| c <= 1));
+                let kept = seen.iter().sum::<u64>();
+                proptest::prop_assert_eq!(kept, s.global_batches * batch);
+                proptest::prop_assert!(records - kept < round);
+            } else {
+                proptest::prop_assert!(records < round);
+            }
+            let seen = covered(records, batch, world, Tail::Pad);
+            proptest::prop_assert!(seen.iter().all(|&c| c >= 1));
+            proptest::prop_assert!(seen.iter().sum::<u64>() - records < round);
+            if records % round == 0 {
+                proptest::prop_assert!(covered(records, batch, world, Tail::Partial).iter().all(|&c| c == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn uneven_split_needs_a_choice() {
+        let e = Split::new(103, 10, 0, 3, Tail::Partial)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--drop-last or --pad"), "{e}");
+        assert!(Split::new(5, 10, 0, 2, Tail::DropLast).is_err());
+        assert!(Split::new(5, 10, 2, 2, Tail::Pad).is_err());
+    }
+}

@@ -1,0 +1,210 @@
+//! `riffle read DATASET --batch-size B`: delivers shuffled batches and reports what it took.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use riffle::dataset::Dataset;
+use riffle::format::Format;
+use riffle::io::IoConfig;
+use riffle::modes::{self, Cursor, ReadOptions};
+use riffle::order::{Grouping, Tail};
+use riffle::size::{human_bytes, parse_size};
+use serde_json::json;
+
+use crate::progress;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A file, a directory of files of one format, or globs.
+    #[arg(required = true)]
+    pub dataset: Vec<PathBuf>,
+    /// Records per batch.
+    #[arg(long)]
+    pub batch_size: u64,
+    /// Number of epochs to read.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// The first epoch (the order of epoch e is the same whichever run reads it).
+    #[arg(long, default_value_t = 0)]
+    pub epoch: u64,
+    /// lirs (random reads straight from the device), or auto (lirs until the planner
+    /// arrives). Other modes are not implemented yet.
+    #[arg(long, default_value = "auto")]
+    pub mode: String,
+    /// Seed of the order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// This rank (0-based), with --world.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u64,
+    /// Number of ranks sharing each epoch.
+    #[arg(long, default_value_t = 1)]
+    pub world: u64,
+    /// Drop the records that do not fill a last round of batches.
+    #[arg(long, conflicts_with = "pad")]
+    pub drop_last: bool,
+    /// Fill the last round of batches with records from the epoch's start (marked as
+    /// padding).
+    #[arg(long)]
+    pub pad: bool,
+    /// Hard ceiling on engine-owned memory (tables, indexes, buffers, read-ahead).
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// record (an exact uniform shuffle) or page (records starting in one aligned block
+    /// move together: one read per block).
+    #[arg(long, default_value = "record")]
+    pub grouping: String,
+    /// The block size of page grouping.
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub unit: u64,
+    /// Reads in flight.
+    #[arg(long, default_value_t = 64)]
+    pub queue_depth: usize,
+    /// Batches read ahead of the consumer.
+    #[arg(long, default_value_t = 4)]
+    pub prefetch: usize,
+    /// Resume from EPOCH:BATCH (this rank's batch numbering).
+    #[arg(long)]
+    pub resume: Option<Cursor>,
+    /// The format, where the extension does not tell it.
+    #[arg(long)]
+    pub format: Option<Format>,
+    /// Write one line per batch: its record ids in delivery order, space separated.
+    #[arg(long)]
+    pub ids_out: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let mode = match a.mode.as_str() {
+        "lirs" | "auto" => "lirs",
+        "two-pass" | "buffer" | "bmf" | "sequential" => {
+            bail!("mode '{}' is not implemented yet; use --mode lirs", a.mode)
+        }
+        other => bail!(
+            "unknown mode '{other}': expected auto, lirs, two-pass, buffer, bmf or sequential"
+        ),
+    };
+    let grouping = match a.grouping.as_str() {
+        "record" => Grouping::Record,
+        "page" => {
+            if a.unit == 0 {
+                bail!("--unit must be positive");
+            }
+            Grouping::Page { unit: a.unit }
+        }
+        other => bail!("unknown grouping '{other}': expected record or page"),
+    };
+    let tail = match (a.drop_last, a.pad) {
+        (true, _) => Tail::DropLast,
+        (_, true) => Tail::Pad,
+        _ => Tail::Partial,
+    };
+    if a.epochs == 0 {
+        bail!("--epochs must be at least 1");
+    }
+    let opts = super::index::open_options(a.format.clone(), false, false, a.memory);
+    let ds = Dataset::open(&a.dataset, &opts, &mut |_, _, _| {})?;
+    let records = ds.len();
+    let read_opts = ReadOptions {
+        seed: a.seed,
+        first_epoch: a.epoch,
+        epochs: a.epochs,
+        batch: a.batch_size,
+        rank: a.rank,
+        world: a.world,
+        tail,
+        grouping,
+        resume: a.resume,
+        io: IoConfig {
+            depth: a.queue_depth.max(1),
+            ..IoConfig::default()
+        },
+        prefetch: a.prefetch,
+        memory: a.memory,
+    };
+    let mut ids_out = match &a.ids_out {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?,
+        )),
+        None => None,
+    };
+    let stream = modes::read(Arc::new(ds), read_opts)?;
+    let bar = progress::steps(0, a.json);
+    let mut line = String::new();
+    let mut stream = stream;
+    for batch in stream.by_ref() {
+        let b = batch?;
+        if let Some(out) = ids_out.as_mut() {
+            line.clear();
+            for (i, id) in b.ids.iter().enumerate() {
+                if i > 0 {
+                    line.push(' ');
+                }
+                line.push_str(&id.to_string());
+            }
+            line.push('\n');
+            out.write_all(line.as_bytes())?;
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if let Some(mut out) = ids_out {
+        out.flush()?;
+    }
+    let r = stream.report();
+    let iops = r.read_ops as f64 / r.seconds;
+    let rps = r.records as f64 / r.seconds;
+    let bps = r.bytes as f64 / r.seconds;
+    if a.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["mode"] = mode.into();
+        v["records_per_s"] = rps.into();
+        v["bytes_per_s"] = bps.into();
+        v["iops"] = iops.into();
+        v["dataset_records"] = records.into();
+        v["seed"] = a.seed.into();
+        v["epochs"] = a.epochs.into();
+        println!("{v}");
+    } else {
+        println!(
+            "{mode} ({} grouping{}): {} batches, {} records, {} in {:.2} s",
+            r.grouping,
+            if r.grouping == "page" {
+                format!(", {:.1} records per unit", r.records_per_unit)
+            } else {
+                String::new()
+            },
+            r.batches,
+            r.records,
+            human_bytes(r.bytes as f64),
+            r.seconds
+        );
+        println!(
+            "  {rps:.0} records/s, {}/s, {iops:.0} reads/s at QD {} ({}, {})",
+            human_bytes(bps),
+            r.queue_depth,
+            r.backend,
+            if r.direct { "O_DIRECT" } else { "buffered" }
+        );
+        println!(
+            "  batch latency p50 {} us, p99 {} us, max {} us",
+            r.batch_latency_us.p50, r.batch_latency_us.p99, r.batch_latency_us.max
+        );
+        println!(
+            "  memory {} (table {}, units {}, index {}, buffers {}, read-ahead {})",
+            human_bytes(r.memory_bytes as f64),
+            human_bytes(r.table_bytes as f64),
+            human_bytes(r.units_bytes as f64),
+            human_bytes(r.index_bytes as f64),
+            human_bytes(r.buffer_bytes as f64),
+            human_bytes(r.prefetch_bytes as f64)
+        );
+        let _ = json!({});
+    }
+    Ok(())
+}
