@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 mod datasets;
+mod read;
 
 fn riffle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_riffle"))

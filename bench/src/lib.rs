@@ -7,6 +7,7 @@
 
 pub mod fio;
 pub mod fio_parity;
+pub mod lirs;
 pub mod probe_check;
 pub mod report;
 

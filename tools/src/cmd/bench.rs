@@ -11,8 +11,7 @@ use crate::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The suite to run: fio-parity, probe-check, or all (more suites arrive with the
-    /// modes).
+    /// The suite to run: fio-parity, probe-check, lirs, or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -48,12 +47,44 @@ pub fn run(args: Args) -> Result<()> {
     match args.suite.as_str() {
         "fio-parity" => parity(&args),
         "probe-check" => probe_check(&args),
+        "lirs" => lirs(&args),
         "all" => {
             parity(&args)?;
-            probe_check(&args)
+            probe_check(&args)?;
+            lirs(&args)
         }
-        other => bail!("unknown suite '{other}': the suites are fio-parity, probe-check and all"),
+        other => {
+            bail!("unknown suite '{other}': the suites are fio-parity, probe-check, lirs and all")
+        }
     }
+}
+
+fn lirs(args: &Args) -> Result<()> {
+    let opts = riffle_bench::lirs::LirsOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        file_size: if args.quick {
+            args.size.min(1 << 30)
+        } else {
+            args.size
+        },
+        repeats: args.repeats.unwrap_or(if args.quick { 1 } else { 2 }),
+        table_records: if args.quick { 10_000_000 } else { 100_000_000 },
+        keep: args.keep,
+    };
+    let bar = progress::steps((3 + 4 * opts.repeats) as u64, args.json);
+    let rep = riffle_bench::lirs::run(&opts, &mut |done, _, what| {
+        bar.set_position(done as u64);
+        bar.set_message(what.to_owned());
+    })?;
+    bar.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string(&rep)?);
+    } else {
+        print!("{}", riffle_bench::lirs::markdown(&rep));
+        println!("\nwritten to {}/lirs.{{json,md}}", rep.report_dir);
+    }
+    Ok(())
 }
 
 fn probe_check(args: &Args) -> Result<()> {

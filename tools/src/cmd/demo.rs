@@ -1,25 +1,30 @@
 //! `riffle demo`: the whole engine end to end on a dataset it makes and removes.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use rand::rngs::SmallRng;
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
-use riffle::io::{self, IoConfig, RangeReader};
+use riffle::dataset::{Dataset, OpenOptions};
+use riffle::gen::{self, GenFormat, GenSpec};
+use riffle::io::IoConfig;
+use riffle::modes::{self, ReadOptions};
+use riffle::order::Grouping;
 use riffle::size::{human_bytes, parse_size};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Number of records in the demo dataset.
-    #[arg(long, default_value_t = 32768)]
+    #[arg(long, default_value_t = 65536)]
     pub records: u64,
-    /// Size of each record (suffixes K, M accepted).
-    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    /// Size of each record (suffixes K, M accepted; at least 12 bytes).
+    #[arg(long, default_value = "1K", value_parser = parse_size)]
     pub record_size: u64,
     /// Seed of the shuffled order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Records per batch.
+    #[arg(long, default_value_t = 256)]
+    pub batch_size: u64,
     /// Reads kept in flight.
     #[arg(long, default_value_t = 64)]
     pub queue_depth: usize,
@@ -28,54 +33,42 @@ pub struct Args {
     pub dir: Option<std::path::PathBuf>,
 }
 
-/// Stamps each record's id (u64, little endian) at its first byte, over the pattern.
-fn stamp_ids(record_size: u64) -> impl FnMut(u64, &mut [u8]) {
-    let mut pattern = io::pattern_filler(7);
-    move |offset, buf| {
-        pattern(offset, buf);
-        let end = offset + buf.len() as u64;
-        for id in offset / record_size..=(end - 1) / record_size {
-            for (k, b) in id.to_le_bytes().iter().enumerate() {
-                let pos = id * record_size + k as u64;
-                if (offset..end).contains(&pos) {
-                    buf[(pos - offset) as usize] = *b;
-                }
-            }
-        }
-    }
-}
-
 pub fn run(args: Args) -> Result<()> {
-    if args.records == 0 || args.record_size < 8 {
-        bail!("the demo needs at least one record of at least 8 bytes");
+    if args.records == 0 || args.record_size < 12 {
+        bail!("the demo needs at least one record of at least 12 bytes");
     }
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let dir = tempfile::Builder::new()
         .prefix("riffle-demo-")
         .tempdir_in(&base)
         .with_context(|| format!("{}: cannot make a temporary directory", base.display()))?;
-    let path = dir.path().join("demo.fixed");
-    let size = args.records * args.record_size;
+    let path = dir.path().join("demo.npy");
+    let spec = GenSpec {
+        format: GenFormat::Npy,
+        records: args.records,
+        record_size: args.record_size,
+        jitter: 0.0,
+        labels: 10,
+        sorted: true,
+        seed: args.seed,
+    };
+    let w = gen::generate(
+        &path,
+        &spec,
+        &IoConfig {
+            depth: 8,
+            slot_size: 1 << 20,
+            ..IoConfig::default()
+        },
+        &mut |_, _| {},
+    )?;
     println!(
-        "riffle demo: {} records of {} ({}) in {}",
+        "riffle demo: {} label-sorted records of {} ({}) written to {} in {:.2} s",
         args.records,
         human_bytes(args.record_size as f64),
-        human_bytes(size as f64),
-        dir.path().display()
-    );
-
-    let wcfg = IoConfig {
-        depth: 8,
-        slot_size: 1 << 20,
-        ..IoConfig::default()
-    };
-    let w = io::write_file(&path, size, &wcfg, stamp_ids(args.record_size))?;
-    println!(
-        "  wrote the dataset in {:.2} s ({}/s, {}, {})",
-        w.seconds,
-        human_bytes(size as f64 / w.seconds),
-        if w.direct { "O_DIRECT" } else { "buffered" },
-        w.backend.name()
+        human_bytes(w.bytes as f64),
+        path.display(),
+        w.seconds
     );
 
     let t = Instant::now();
@@ -90,11 +83,9 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         format!("quick probe, {:.1} s", t.elapsed().as_secs_f64())
     };
-    let rs_point = profile
-        .random
-        .iter()
-        .filter(|p| p.bs >= args.record_size as usize)
-        .min_by_key(|p| (p.bs, p.qd.abs_diff(args.queue_depth)));
+    let p4 = profile
+        .random_point(4096, 32)
+        .map(|p| format!(", 4 KiB random reads at QD 32: {:.0} IOPS", p.iops));
     println!(
         "  device {} ({}): sequential read {}/s, write {}/s{} [{how}]",
         profile.device.dev,
@@ -105,64 +96,69 @@ pub fn run(args: Args) -> Result<()> {
             .unwrap_or(&profile.device.fs_type),
         human_bytes(profile.seq_read_bps),
         human_bytes(profile.seq_write_bps),
-        rs_point
-            .map(|p| format!(
-                ", {} random reads at QD {}: {:.0} IOPS",
-                human_bytes(p.bs as f64),
-                p.qd,
-                p.iops
-            ))
-            .unwrap_or_default()
+        p4.unwrap_or_default()
     );
 
-    // One epoch in a shuffled order: every record read once, straight from the device.
-    let mut order: Vec<u64> = (0..args.records).collect();
-    order.shuffle(&mut SmallRng::seed_from_u64(args.seed));
-    let rcfg = IoConfig {
-        depth: args.queue_depth,
-        slot_size: (args.record_size as usize).max(4096),
-        ..IoConfig::default()
-    };
-    let mut reader = RangeReader::open(&[&path], &rcfg)?;
-    let mut seen = vec![false; args.records as usize];
-    let mut bad = None;
-    let rs = args.record_size;
-    let t = Instant::now();
-    reader.read_ranges(
-        order.iter().map(|&id| (0, id * rs, rs as usize)),
-        |i, bytes| {
-            let id = order[i];
-            let got = bytes
-                .get(..8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-            if got != Some(id) || seen[id as usize] {
-                bad.get_or_insert((id, got));
+    let ds = Arc::new(Dataset::open(
+        &[&path],
+        &OpenOptions::default(),
+        &mut |_, _, _| {},
+    )?);
+    for (grouping, what) in [
+        (
+            Grouping::Record,
+            "record grouping (an exact uniform shuffle)",
+        ),
+        (
+            Grouping::Page { unit: 4096 },
+            "page grouping (records of one 4 KiB block together, one read per block)",
+        ),
+    ] {
+        let mut o = ReadOptions::new(args.batch_size);
+        o.seed = args.seed;
+        o.grouping = grouping;
+        o.io = IoConfig {
+            depth: args.queue_depth.max(1),
+            ..IoConfig::default()
+        };
+        let mut stream = modes::read(ds.clone(), o)?;
+        let mut seen = vec![false; args.records as usize];
+        let mut labels_per_batch = 0.0;
+        let mut batches = 0u64;
+        for b in stream.by_ref() {
+            let b = b?;
+            let mut labels = std::collections::HashSet::new();
+            for (i, &id) in b.ids.iter().enumerate() {
+                let rec = b.record(i);
+                let got = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+                if got != id || seen[id as usize] {
+                    bail!("record {id} came back wrong or twice (payload says {got})");
+                }
+                seen[id as usize] = true;
+                labels.insert(u32::from_le_bytes(rec[8..12].try_into().expect("4 bytes")));
             }
-            seen[id as usize] = true;
-        },
-    )?;
-    let secs = t.elapsed().as_secs_f64();
-    if let Some((id, got)) = bad {
-        bail!("record {id} came back wrong (found id {got:?})");
+            labels_per_batch += labels.len() as f64;
+            batches += 1;
+        }
+        if seen.iter().any(|s| !s) {
+            bail!("some records were never delivered");
+        }
+        let r = stream.report();
+        println!("  epoch 0, {what}:");
+        println!(
+            "    {} batches in {:.2} s: {:.0} records/s, {:.0} reads/s at QD {} ({}, {}); {:.1} of 10 labels per batch",
+            r.batches,
+            r.seconds,
+            r.records as f64 / r.seconds,
+            r.read_ops as f64 / r.seconds,
+            r.queue_depth,
+            r.backend,
+            if r.direct { "O_DIRECT" } else { "buffered" },
+            labels_per_batch / batches as f64
+        );
     }
-    if seen.iter().any(|s| !s) {
-        bail!("some records were never delivered");
-    }
-    let st = reader.stats();
-    println!(
-        "  epoch 0 (seed {}): {} records in shuffled order in {:.2} s: {:.0} records/s, {}/s, {:.0} IOPS at QD {} ({}, {})",
-        args.seed,
-        args.records,
-        secs,
-        args.records as f64 / secs,
-        human_bytes(st.delivered_bytes as f64 / secs),
-        st.read_ops as f64 / secs,
-        args.queue_depth,
-        reader.backend_kind().name(),
-        if reader.direct() { "O_DIRECT" } else { "buffered" }
-    );
     println!("  checked: every record arrived exactly once and carries its own id");
-    drop(reader);
+    drop(ds);
     let shown = dir.path().display().to_string();
     dir.close()
         .with_context(|| format!("{shown}: could not remove"))?;

@@ -1,0 +1,275 @@
+//! lirs: LIRS mode against fio on the same file, cold cache, in one run.
+//!
+//! - 16 KiB records, record grouping: records/s against fio's 16 KiB QD 64 IOPS (target
+//!   >= 0.90).
+//! - 512 B records, page grouping (4 KiB units, 8 records per read): records/s against 8 x
+//!   fio's 4 KiB QD 64 IOPS (target >= 0.90).
+//! - Building the epoch table of 100 million records (target < 10 s).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use riffle::dataset::{Dataset, OpenOptions};
+use riffle::format::Format;
+use riffle::gen::{generate, GenFormat, GenSpec};
+use riffle::io::IoConfig;
+use riffle::modes::{read, ReadOptions, ReadReport};
+use riffle::order::{EpochKey, EpochTable, Grouping};
+use serde::Serialize;
+
+use crate::{fio, report};
+
+/// Options of the suite.
+#[derive(Clone, Debug)]
+pub struct LirsOptions {
+    /// Where results go.
+    pub out: PathBuf,
+    /// Where the test files are made.
+    pub data_dir: PathBuf,
+    /// Size of each test file.
+    pub file_size: u64,
+    /// Runs per side.
+    pub repeats: usize,
+    /// Records for the table-build timing.
+    pub table_records: u64,
+    /// Keep the files.
+    pub keep: bool,
+}
+
+/// One comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct LirsRow {
+    /// What was measured.
+    pub case: String,
+    /// Engine records per second (mean over runs).
+    pub records_per_s: f64,
+    /// Engine runs.
+    pub runs: Vec<f64>,
+    /// fio IOPS (mean over runs).
+    pub fio_iops: f64,
+    /// fio runs.
+    pub fio_runs: Vec<f64>,
+    /// Records per fio read that the target allows (1, or 8 for page grouping of 512 B).
+    pub records_per_read: f64,
+    /// records/s / (records_per_read x fio IOPS).
+    pub ratio: f64,
+    /// The last engine run's report.
+    pub report: ReadReport,
+}
+
+/// The suite's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct LirsReport {
+    /// The comparisons.
+    pub rows: Vec<LirsRow>,
+    /// Seconds to build one epoch table of `table_records` records.
+    pub table_seconds: f64,
+    /// Records in that table.
+    pub table_records: u64,
+    /// Table bytes.
+    pub table_bytes: u64,
+    /// fio buffers.
+    pub fio_mem: fio::FioMem,
+    /// Page cache dropped before each run.
+    pub cold_cache: bool,
+    /// Where written.
+    pub report_dir: String,
+}
+
+fn make(path: &Path, record: u64, size: u64) -> Result<()> {
+    if std::fs::metadata(path)
+        .map(|m| m.len() == size)
+        .unwrap_or(false)
+    {
+        return Ok(());
+    }
+    let spec = GenSpec {
+        format: GenFormat::Fixed,
+        records: size / record,
+        record_size: record,
+        jitter: 0.0,
+        labels: 10,
+        sorted: false,
+        seed: 0,
+    };
+    generate(
+        path,
+        &spec,
+        &IoConfig {
+            depth: 8,
+            slot_size: 1 << 20,
+            ..IoConfig::default()
+        },
+        &mut |_, _| {},
+    )?;
+    Ok(())
+}
+
+fn epoch(path: &Path, record: u64, grouping: Grouping) -> Result<ReadReport> {
+    let ds = Dataset::open(
+        &[path],
+        &OpenOptions {
+            format: Some(Format::Fixed {
+                size: record,
+                header: 0,
+            }),
+            ..OpenOptions::default()
+        },
+        &mut |_, _, _| {},
+    )?;
+    let mut o = ReadOptions::new(256);
+    o.grouping = grouping;
+    let mut stream = read(Arc::new(ds), o)?;
+    for b in stream.by_ref() {
+        b?;
+    }
+    Ok(stream.report())
+}
+
+/// Runs the suite.
+pub fn run(opts: &LirsOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Result<LirsReport> {
+    fio::version()?;
+    std::fs::create_dir_all(&opts.data_dir).with_context(|| opts.data_dir.display().to_string())?;
+    let cases = [
+        (
+            "16 KiB records, record grouping",
+            16384u64,
+            Grouping::Record,
+            16384usize,
+            1.0,
+        ),
+        (
+            "512 B records, page grouping (4 KiB)",
+            512,
+            Grouping::Page { unit: 4096 },
+            4096,
+            8.0,
+        ),
+    ];
+    let total = 2 + cases.len() * opts.repeats * 2 + 1;
+    let mut step = 0;
+    let mut files = Vec::new();
+    for (_, record, ..) in &cases {
+        let p = opts
+            .data_dir
+            .join(format!("riffle-lirs-{record}-{}.bin", opts.file_size));
+        progress(step, total, &format!("writing {}", p.display()));
+        step += 1;
+        make(&p, *record, opts.file_size)?;
+        files.push(p);
+    }
+    let result = (|| -> Result<LirsReport> {
+        let huge = fio::HugePages::reserve(64);
+        let mem = if huge.is_some() {
+            fio::FioMem::ShmHuge
+        } else {
+            fio::FioMem::Malloc
+        };
+        let mut cold = true;
+        let mut rows = Vec::new();
+        for (i, (case, record, grouping, fio_bs, per_read)) in cases.iter().enumerate() {
+            let (mut runs, mut fio_runs, mut last) = (Vec::new(), Vec::new(), None);
+            for rep in 0..opts.repeats {
+                for side in 0..2 {
+                    let fio_side = (side == 0) == ((i + rep) % 2 == 0);
+                    progress(
+                        step,
+                        total,
+                        &format!("{} {case}", if fio_side { "fio" } else { "lirs" }),
+                    );
+                    step += 1;
+                    cold &= report::drop_caches();
+                    if fio_side {
+                        let r =
+                            fio::run(&files[i], "randread", *fio_bs, 64, 8, opts.file_size, mem)?;
+                        fio_runs.push(r.iops);
+                    } else {
+                        let r = epoch(&files[i], *record, *grouping)?;
+                        runs.push(r.records as f64 / r.seconds);
+                        last = Some(r);
+                    }
+                }
+            }
+            let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+            let (rps, iops) = (mean(&runs), mean(&fio_runs));
+            rows.push(LirsRow {
+                case: case.to_string(),
+                records_per_s: rps,
+                runs,
+                fio_iops: iops,
+                fio_runs,
+                records_per_read: *per_read,
+                ratio: rps / (per_read * iops),
+                report: last.expect("at least one run"),
+            });
+        }
+        progress(step, total, "epoch table");
+        let t = Instant::now();
+        let table = EpochTable::build(opts.table_records, &EpochKey::new(0, 0));
+        let table_seconds = t.elapsed().as_secs_f64();
+        let dir = report::results_dir(&opts.out)?;
+        let rep = LirsReport {
+            rows,
+            table_seconds,
+            table_records: opts.table_records,
+            table_bytes: table.bytes(),
+            fio_mem: mem,
+            cold_cache: cold,
+            report_dir: dir.display().to_string(),
+        };
+        report::write_report(&dir, "lirs", &serde_json::to_value(&rep)?, &markdown(&rep))?;
+        Ok(rep)
+    })();
+    if !opts.keep {
+        for f in &files {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+    result
+}
+
+/// The report as Markdown.
+pub fn markdown(r: &LirsReport) -> String {
+    let mut s = String::from("# lirs: LIRS mode against fio on the same file\n\n");
+    s.push_str(&format!(
+        "Cache {}; fio buffers {:?}; batches of 256, QD 64, O_DIRECT.\n\n",
+        if r.cold_cache {
+            "dropped before each run"
+        } else {
+            "NOT dropped (not root)"
+        },
+        r.fio_mem
+    ));
+    s.push_str("| case | lirs records/s | fio IOPS | target | ratio | lirs runs | fio runs | batch p99 us | memory |\n");
+    s.push_str("|---|---:|---:|---|---:|---|---|---:|---:|\n");
+    for row in &r.rows {
+        let runs = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        s.push_str(&format!(
+            "| {} | {:.0} | {:.0} | >= 0.90 x {} x fio | {:.3} | {} | {} | {:.0} | {} |\n",
+            row.case,
+            row.records_per_s,
+            row.fio_iops,
+            row.records_per_read,
+            row.ratio,
+            runs(&row.runs),
+            runs(&row.fio_runs),
+            row.report.batch_latency_us.p99,
+            riffle::size::human_bytes(row.report.memory_bytes as f64)
+        ));
+    }
+    s.push_str(&format!(
+        "\nEpoch table of {} records: built in {:.2} s, {} ({:.1} bytes/record).\n",
+        r.table_records,
+        r.table_seconds,
+        riffle::size::human_bytes(r.table_bytes as f64),
+        r.table_bytes as f64 / r.table_records as f64
+    ));
+    s
+}

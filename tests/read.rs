@@ -1,0 +1,254 @@
+//! `riffle read` as a user runs it: the ids it writes, its JSON, its errors.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::{assert_ok, text, Sandbox};
+
+fn gen(sb: &Sandbox, out: &Path, format: &str, records: u64, size: u64) {
+    let o = sb
+        .cmd()
+        .arg("gen")
+        .arg(out)
+        .args([
+            "--format",
+            format,
+            "--records",
+            &records.to_string(),
+            "--record-size",
+            &size.to_string(),
+        ])
+        .args([
+            "--size-jitter",
+            if format == "lines" || format == "tfrecord" {
+                "0.5"
+            } else {
+                "0"
+            },
+        ])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+}
+
+/// Runs `riffle read` with `--ids-out` and returns the batches' ids.
+fn read_ids(sb: &Sandbox, data: &Path, args: &[&str], env: &[(&str, &str)]) -> Vec<Vec<u64>> {
+    let out = sb.path().join(format!("ids-{}.txt", rand_suffix()));
+    let mut c = sb.cmd();
+    c.arg("read")
+        .arg(data)
+        .args(args)
+        .arg("--ids-out")
+        .arg(&out);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    assert_ok(&o);
+    let t = std::fs::read_to_string(&out).unwrap();
+    t.lines()
+        .map(|l| l.split(' ').map(|x| x.parse().unwrap()).collect())
+        .collect()
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[test]
+fn ids_out_is_a_permutation_and_depends_only_on_the_seed() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.tfrecord");
+    gen(&sb, &data, "tfrecord", 3000, 100);
+    let a = read_ids(&sb, &data, &["--batch-size", "128"], &[]);
+    assert_eq!(a.len(), 3000usize.div_ceil(128));
+    assert!(a[..a.len() - 1].iter().all(|b| b.len() == 128));
+    let mut all: Vec<u64> = a.concat();
+    all.sort_unstable();
+    assert_eq!(all, (0..3000).collect::<Vec<_>>());
+    let same = read_ids(
+        &sb,
+        &data,
+        &[
+            "--batch-size",
+            "128",
+            "--queue-depth",
+            "3",
+            "--memory",
+            "4M",
+        ],
+        &[("RIFFLE_IO", "pread")],
+    );
+    assert_eq!(
+        a, same,
+        "queue depth, memory and backend must not change the order"
+    );
+    let other = read_ids(&sb, &data, &["--batch-size", "128", "--seed", "1"], &[]);
+    assert_ne!(a, other);
+    let page = read_ids(
+        &sb,
+        &data,
+        &["--batch-size", "128", "--grouping", "page"],
+        &[],
+    );
+    let mut p = page.concat();
+    p.sort_unstable();
+    assert_eq!(p, (0..3000).collect::<Vec<_>>());
+}
+
+#[test]
+fn resume_continues_where_a_run_stopped() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.npy");
+    gen(&sb, &data, "npy", 2000, 64);
+    let whole = read_ids(&sb, &data, &["--batch-size", "100", "--epochs", "2"], &[]);
+    assert_eq!(whole.len(), 40);
+    let rest = read_ids(
+        &sb,
+        &data,
+        &["--batch-size", "100", "--epochs", "2", "--resume", "0:15"],
+        &[],
+    );
+    assert_eq!(rest, whole[15..].to_vec());
+    let second = read_ids(&sb, &data, &["--batch-size", "100", "--epoch", "1"], &[]);
+    assert_eq!(
+        second,
+        whole[20..].to_vec(),
+        "epoch 1 is the same whichever run reads it"
+    );
+}
+
+#[test]
+fn json_reports_what_ran() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.jsonl");
+    gen(&sb, &data, "lines", 1000, 200);
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "64", "--json", "--grouping", "page"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in [
+        "mode",
+        "grouping",
+        "records",
+        "batches",
+        "bytes",
+        "seconds",
+        "records_per_s",
+        "bytes_per_s",
+        "read_ops",
+        "iops",
+        "batch_latency_us",
+        "memory_bytes",
+        "table_bytes",
+        "backend",
+        "direct",
+    ] {
+        assert!(!v[k].is_null(), "--json lacks {k}: {v}");
+    }
+    assert_eq!(v["mode"], "lirs");
+    assert_eq!(v["grouping"], "page");
+    assert_eq!(v["records"], 1000);
+    assert_eq!(v["batches"], 16);
+    assert!(
+        v["read_ops"].as_u64().unwrap() < 1000,
+        "page grouping reads fewer times than records"
+    );
+    for p in ["p50", "p99", "max"] {
+        assert!(v["batch_latency_us"][p].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn ranks_need_an_explicit_tail_and_split_the_epoch() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.bin");
+    gen(&sb, &data, "fixed", 1003, 32);
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(["--format", "fixed:32", "--batch-size", "10", "--world", "4"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("--drop-last or --pad"),
+        "{}",
+        text(&o.stderr)
+    );
+    let mut seen = Vec::new();
+    for rank in 0..4 {
+        let r = rank.to_string();
+        let b = read_ids(
+            &sb,
+            &data,
+            &[
+                "--format",
+                "fixed:32",
+                "--batch-size",
+                "10",
+                "--world",
+                "4",
+                "--rank",
+                &r,
+                "--drop-last",
+            ],
+            &[],
+        );
+        assert_eq!(b.len(), 25);
+        seen.extend(b.concat());
+    }
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), 1000);
+}
+
+#[test]
+fn bad_arguments_are_refused_clearly() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.npy");
+    gen(&sb, &data, "npy", 10, 16);
+    for (args, words) in [
+        (
+            vec!["--batch-size", "4", "--mode", "two-pass"],
+            "not implemented yet",
+        ),
+        (vec!["--batch-size", "4", "--mode", "magic"], "unknown mode"),
+        (vec!["--batch-size", "0"], "batch size"),
+        (
+            vec!["--batch-size", "4", "--rank", "2", "--world", "2"],
+            "rank 2",
+        ),
+        (
+            vec!["--batch-size", "4", "--grouping", "blocks"],
+            "unknown grouping",
+        ),
+        (
+            vec!["--batch-size", "4", "--resume", "5:0"],
+            "outside the epochs",
+        ),
+    ] {
+        let o = sb
+            .cmd()
+            .arg("read")
+            .arg(&data)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        assert!(
+            text(&o.stderr).contains(words),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
+    }
+}
