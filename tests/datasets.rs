@@ -415,3 +415,34 @@ fn a_record_longer_than_the_memory_budget_is_refused() {
             .unwrap(),
     );
 }
+
+#[test]
+fn separator_and_header_lines_can_be_set() {
+    let sb = Sandbox::new();
+    let p = sb.data().join("t.txt");
+    std::fs::write(&p, b"header one\theader two\ta\tb b\t\tc").unwrap();
+    let recs = cat(
+        &sb,
+        &[
+            p.as_os_str(),
+            "--sep".as_ref(),
+            "\\t".as_ref(),
+            "--skip".as_ref(),
+            "2".as_ref(),
+        ],
+    );
+    assert_eq!(
+        recs,
+        vec![b"a".to_vec(), b"b b".to_vec(), b"".to_vec(), b"c".to_vec()]
+    );
+    let npy = sb.data().join("n.npy");
+    gen(&sb, &npy, "npy", 3, 16, &[]);
+    let o = sb
+        .cmd()
+        .args(["index", "--sep", ","])
+        .arg(&npy)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o.stderr).contains("lines format"));
+}

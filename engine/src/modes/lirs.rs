@@ -57,15 +57,21 @@ impl Drop for BatchStream {
 
 /// Reads `opts.epochs` epochs of `ds` in LIRS mode.
 ///
-/// ```no_run
+/// ```
 /// # fn main() -> riffle::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let path = dir.path().join("train.npy");
+/// # let spec = riffle::gen::GenSpec { format: riffle::gen::GenFormat::Npy, records: 1000,
+/// #     record_size: 64, jitter: 0.0, labels: 10, sorted: false, seed: 0 };
+/// # riffle::gen::generate(&path, &spec, &Default::default(), &mut |_, _| {})?;
 /// use riffle::dataset::{Dataset, OpenOptions};
 /// use riffle::modes::{read, ReadOptions};
 ///
-/// let ds = Dataset::open(&["train.npy"], &OpenOptions::default(), &mut |_, _, _| {})?;
+/// let ds = Dataset::open(&[&path], &OpenOptions::default(), &mut |_, _, _| {})?;
 /// for batch in read(ds.into(), ReadOptions::new(256))? {
 ///     let batch = batch?;
-///     println!("batch {} holds records {:?}", batch.index, &batch.ids[..4]);
+///     assert_eq!(batch.offsets.len(), batch.ids.len() + 1);
+///     println!("batch {} starts with records {:?}", batch.index, &batch.ids[..4]);
 /// }
 /// # Ok(())
 /// # }
@@ -105,6 +111,8 @@ struct MemoryPlan {
     prefetch: usize,
     table_bytes: u64,
     batch_bytes: u64,
+    /// Batches under assembly at once (reads of about depth / batch + 2 batches in flight).
+    assembling: u64,
 }
 
 impl MemoryPlan {
@@ -127,9 +135,10 @@ impl MemoryPlan {
         let fixed =
             table_bytes + units.bytes() + ds.index_bytes() + (slot_size * opts.io.depth) as u64;
         let mut prefetch = opts.prefetch.max(1);
+        let assembling_batches = opts.io.depth as u64 / opts.batch.max(1) + 2;
         if let Some(limit) = opts.memory {
-            // Batches being assembled (about depth / batch + 2) plus the read-ahead queue.
-            let assembling = (opts.io.depth as u64 / opts.batch.max(1) + 2) * batch_bytes;
+            // Batches being assembled plus the read-ahead queue.
+            let assembling = assembling_batches * batch_bytes;
             let room = limit.saturating_sub(fixed + assembling);
             let fit = (room / batch_bytes.max(1)) as usize;
             if fit == 0 {
@@ -150,6 +159,7 @@ impl MemoryPlan {
             prefetch,
             table_bytes,
             batch_bytes,
+            assembling: assembling_batches,
         })
     }
 }
@@ -180,6 +190,7 @@ struct EpochState<'a> {
     handed: usize,
     pending: HashMap<u64, Pending>,
     done: BTreeMap<u64, Pending>,
+    reads: u64,
     next_send: u64,
     stopped: bool,
     error: Option<Error>,
@@ -209,7 +220,7 @@ fn run(
     r.units_bytes = units.bytes();
     r.index_bytes = ds.index_bytes();
     r.buffer_bytes = reader.buffer_bytes() as u64;
-    r.prefetch_bytes = plan.prefetch as u64 * plan.batch_bytes;
+    r.prefetch_bytes = (plan.prefetch as u64 + plan.assembling) * plan.batch_bytes;
     r.memory_bytes =
         r.table_bytes + r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes;
     r.records_per_unit = units.mean_records();
@@ -224,6 +235,7 @@ fn run(
         }
         epochs.start = c.epoch;
     }
+    let mut total_reads = 0u64;
     for epoch in epochs {
         let t = Instant::now();
         let table = EpochTable::build(units.len(), &EpochKey::new(opts.seed, epoch));
@@ -242,6 +254,7 @@ fn run(
             handed: 0,
             pending: HashMap::new(),
             done: BTreeMap::new(),
+            reads: 0,
             next_send: first,
             stopped: false,
             error: None,
@@ -313,6 +326,7 @@ fn run(
             }
         })?;
         let mut st = state.into_inner();
+        total_reads += st.reads;
         if let Some(e) = st.error.take() {
             return Err(e);
         }
@@ -321,6 +335,7 @@ fn run(
         }
     }
     let s = reader.stats();
+    r.units_per_batch = total_reads as f64 / r.batches.max(1) as f64;
     r.read_ops = s.read_ops;
     r.device_bytes = s.device_bytes;
     r.seconds = started.elapsed().as_secs_f64();
@@ -385,6 +400,7 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, format: &crate::format::For
         reads += 1;
         i = k;
     }
+    st.reads += reads as u64;
     let _ = format;
     st.pending.insert(
         j,

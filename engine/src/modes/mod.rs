@@ -147,12 +147,14 @@ pub struct ReadReport {
     pub index_bytes: u64,
     /// Bytes of I/O buffers.
     pub buffer_bytes: u64,
-    /// Bytes of read-ahead batches allowed.
+    /// Bytes of batches allowed in the read-ahead queue and under assembly.
     pub prefetch_bytes: u64,
     /// Sum of the above: engine-owned memory.
     pub memory_bytes: u64,
     /// Mean records per shuffling unit.
     pub records_per_unit: f64,
+    /// Mean reads per batch: with page grouping, the units (or parts of units) per batch.
+    pub units_per_batch: f64,
     /// Seconds spent building epoch tables.
     pub table_seconds: f64,
     /// `io_uring` or `pread`.

@@ -248,6 +248,11 @@ fn page_grouping_reads_each_block_once_and_keeps_its_records_together() {
     let report = stream.report();
     check_payloads(&batches);
     assert!((report.records_per_unit - 8.0).abs() < 1e-9);
+    assert!(
+        (report.units_per_batch - 8.0).abs() < 1e-9,
+        "{}",
+        report.units_per_batch
+    );
     // 512 units of 8 records in batches of 64: units never straddle (64 = 8 x 8).
     assert_eq!(report.read_ops, 512, "one read per block");
     for b in &batches {

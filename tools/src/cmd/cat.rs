@@ -17,6 +17,8 @@ pub struct Args {
     /// The format, where the extension does not tell it.
     #[arg(long)]
     pub format: Option<Format>,
+    #[command(flatten)]
+    pub lines: super::index::LinesFlags,
     /// Record ids to print (comma separated; ranges like 10..20 allowed). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub ids: Vec<String>,
@@ -52,7 +54,8 @@ fn parse_ids(specs: &[String], n: u64) -> Result<Vec<u64>> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let opts = super::index::open_options(a.format.clone(), false, false, None);
+    let format = a.lines.apply(a.format.clone(), &a.dataset)?;
+    let opts = super::index::open_options(format, false, false, None);
     let ds = Dataset::open(&a.dataset, &opts, &mut |_, _, _| {})?;
     let ids = parse_ids(&a.ids, ds.len())?;
     let mut reader = ds.reader(&IoConfig::default())?;

@@ -29,9 +29,68 @@ pub struct Args {
     /// Fail if any record is longer than this memory budget.
     #[arg(long, value_parser = parse_size)]
     pub memory: Option<u64>,
+    #[command(flatten)]
+    pub lines: LinesFlags,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags that adjust the lines format, shared by the commands that open datasets.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct LinesFlags {
+    /// Lines: the separator byte (one ASCII character, or an escape: \t, \0, \r, \x1e).
+    #[arg(long, value_parser = parse_sep)]
+    pub sep: Option<u8>,
+    /// Lines: header lines to skip at the top of each file (csv skips 1 by default).
+    #[arg(long)]
+    pub skip: Option<u64>,
+}
+
+/// Parses a separator: one ASCII character or an escape.
+pub fn parse_sep(s: &str) -> Result<u8, String> {
+    match s {
+        "\\n" => Ok(b'\n'),
+        "\\t" => Ok(b'\t'),
+        "\\0" => Ok(0),
+        "\\r" => Ok(b'\r'),
+        _ if s.starts_with("\\x") && s.len() == 4 => {
+            u8::from_str_radix(&s[2..], 16).map_err(|_| format!("'{s}': bad hex escape"))
+        }
+        _ if s.len() == 1 && s.is_ascii() => Ok(s.as_bytes()[0]),
+        _ => Err(format!(
+            "'{s}': the separator must be one ASCII character or an escape like \\t"
+        )),
+    }
+}
+
+impl LinesFlags {
+    /// Applies the flags to `format` (given, or told from the first file's extension).
+    pub fn apply(&self, format: Option<Format>, paths: &[PathBuf]) -> Result<Option<Format>> {
+        if self.sep.is_none() && self.skip.is_none() {
+            return Ok(format);
+        }
+        let base = match format {
+            Some(f) => f,
+            None => {
+                let files = riffle::dataset::resolve(paths)?;
+                Format::from_extension(&files[0]).unwrap_or(Format::Lines {
+                    sep: b'\n',
+                    skip: 0,
+                })
+            }
+        };
+        match base {
+            Format::Lines { sep, skip } => Ok(Some(Format::Lines {
+                sep: self.sep.unwrap_or(sep),
+                skip: self.skip.unwrap_or(skip),
+            })),
+            other => anyhow::bail!(
+                "--sep and --skip apply to the lines format, not {}",
+                other.name()
+            ),
+        }
+    }
 }
 
 /// Dataset options from the common flags.
@@ -58,7 +117,8 @@ pub fn open_options(
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let mut opts = open_options(a.format.clone(), a.no_rebuild, a.no_verify, a.memory);
+    let format = a.lines.apply(a.format.clone(), &a.dataset)?;
+    let mut opts = open_options(format, a.no_rebuild, a.no_verify, a.memory);
     if a.no_verify && opts.format.is_none() {
         // Tell the format from the extension, then turn verification off.
         let files = riffle::dataset::resolve(&a.dataset)?;

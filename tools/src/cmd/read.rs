@@ -71,6 +71,8 @@ pub struct Args {
     /// The format, where the extension does not tell it.
     #[arg(long)]
     pub format: Option<Format>,
+    #[command(flatten)]
+    pub lines: super::index::LinesFlags,
     /// Write one line per batch: its record ids in delivery order, space separated.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
@@ -107,7 +109,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.epochs == 0 {
         bail!("--epochs must be at least 1");
     }
-    let opts = super::index::open_options(a.format.clone(), false, false, a.memory);
+    let format = a.lines.apply(a.format.clone(), &a.dataset)?;
+    let opts = super::index::open_options(format, false, false, a.memory);
     let ds = Dataset::open(&a.dataset, &opts, &mut |_, _, _| {})?;
     let records = ds.len();
     let read_opts = ReadOptions {
