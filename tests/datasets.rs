@@ -300,6 +300,8 @@ fn bad_tfrecords_name_the_file_and_offset() {
         .output()
         .unwrap();
     assert_ok(&o);
+    // The unchecked index it saved must not pass for a checked one later.
+    assert_bad(&index(&sb, &p), &p, Some(36 + 32), "data CRC");
 }
 
 fn npy(sb: &Sandbox, name: &str) -> (PathBuf, Vec<u8>) {

@@ -126,19 +126,25 @@ struct Source {
 impl Source {
     fn of(path: &Path) -> Result<Source> {
         let m = std::fs::metadata(path).map_err(|e| Error::io(path, "stat", None, e))?;
-        Ok(Source {
+        Ok(Self::from_meta(&m))
+    }
+
+    fn from_meta(m: &std::fs::Metadata) -> Source {
+        Source {
             size: m.len(),
             mtime: m.mtime(),
             mtime_nsec: m.mtime_nsec() as u64,
             inode: m.ino(),
-        })
+        }
     }
 }
 
 fn format_tag(format: &Format) -> (u32, u64) {
     match format {
         Format::Lines { sep, skip } => (1, *sep as u64 | (skip << 8)),
-        Format::TfRecord { .. } => (2, 0),
+        // Whether CRCs were checked is part of the index: an unchecked index must not pass
+        // for a checked one.
+        Format::TfRecord { verify } => (2, *verify as u64),
         _ => unreachable!("only lines and tfrecord are indexed"),
     }
 }
@@ -171,7 +177,12 @@ pub fn load_or_build(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(OffsetIndex, IndexOrigin)> {
     let path = file.path();
-    let source = Source::of(path)?;
+    // The identity of the file actually open (not whatever the path names by now).
+    let meta = file
+        .file()
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", None, e))?;
+    let source = Source::from_meta(&meta);
     let (beside, cached) = sidecar_paths(path);
     let mut stale = None;
     for candidate in [&beside, &cached] {
@@ -301,8 +312,15 @@ fn decode(bytes: &[u8], format: &Format, src: &Source) -> std::result::Result<Of
         ));
     }
     let (tag, param) = format_tag(format);
-    if u32_at(12) != tag || u64_at(16) != param {
-        return Err("built for another format or separator".into());
+    let stored = u64_at(16);
+    // A CRC-checked TFRecord index also serves an open that does not check.
+    let compatible = stored == param || (tag == 2 && stored == 1 && param == 0);
+    if u32_at(12) != tag || !compatible {
+        return Err(if tag == 2 {
+            "built without CRC checks, and checks are wanted".into()
+        } else {
+            "built for another format or separator".into()
+        });
     }
     let recorded = Source {
         size: u64_at(24),
@@ -340,8 +358,10 @@ fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}", std::process::id()));
+    tmp.push(format!(".tmp{}-{seq}", std::process::id()));
     let tmp = PathBuf::from(tmp);
     let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
     if result.is_err() {

@@ -132,6 +132,17 @@ pub fn parse(bytes: &[u8]) -> Result<NpyHeader, NpyError> {
         offset: at("shape"),
         what,
     })?;
+    // Refuse shapes whose byte size does not fit in 64 bits (no real file holds them).
+    let fits = shape
+        .iter()
+        .try_fold(itemsize, |acc, &d| acc.checked_mul(d))
+        .and_then(|b| b.checked_add(total));
+    if fits.is_none() {
+        return err(
+            at("shape"),
+            format!("shape {shape:?} of {itemsize}-byte items is too large to be stored"),
+        );
+    }
     Ok(NpyHeader {
         version: (bytes[6], bytes[7]),
         descr: descr_src.trim().to_owned(),
@@ -192,7 +203,7 @@ fn simple_itemsize(s: &str) -> Result<u64, String> {
     let mut chars = body.chars();
     let kind = chars.next().ok_or_else(|| format!("empty dtype '{s}'"))?;
     let digits: String = chars.take_while(|c| c.is_ascii_digit()).collect();
-    let rest = &body[1 + digits.len()..];
+    let rest = &body[kind.len_utf8() + digits.len()..];
     match kind {
         'O' => Err(format!(
             "object dtype '{s}' is not supported: its rows are Python pointers, not data"
@@ -359,6 +370,14 @@ mod tests {
         assert_eq!(itemsize("[('a', '<f4'), ('b', '<i8', (3,))]"), Ok(28));
         assert!(itemsize("'|O'").unwrap_err().contains("object"));
         assert!(itemsize("[('a', '|O')]").is_err());
+    }
+
+    #[test]
+    fn absurd_shapes_and_odd_dtypes_are_errors_not_panics() {
+        let h = write_header("<f4", &[4_611_686_018_427_387_904, 4]);
+        assert!(parse(&h).unwrap_err().what.contains("too large"));
+        let h = write_header("\u{2039}\u{e9}", &[3]);
+        assert!(parse(&h).is_err());
     }
 
     #[test]

@@ -237,8 +237,15 @@ impl Slab {
             SlotState::Held,
             "slot is not held by the caller"
         );
-        let start = slot.index() * self.slot_size;
-        &self.mem.as_slice()[start..start + self.slot_size]
+        // SAFETY: the slot lies inside the allocation (index < count) and is Held, so no
+        // request is in flight on it: nothing writes these bytes while &self lives. Only
+        // this slot's bytes are borrowed; other slots may be written by the kernel meanwhile.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.mem.ptr.as_ptr().add(slot.index() * self.slot_size),
+                self.slot_size,
+            )
+        }
     }
 
     /// The bytes of a held slot, mutably.
@@ -248,8 +255,13 @@ impl Slab {
             SlotState::Held,
             "slot is not held by the caller"
         );
-        let start = slot.index() * self.slot_size;
-        &mut self.mem.as_mut_slice()[start..start + self.slot_size]
+        // SAFETY: as in `get`; &mut self makes this the only borrow of the slot.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.mem.as_mut_ptr().add(slot.index() * self.slot_size),
+                self.slot_size,
+            )
+        }
     }
 
     /// Marks a held slot in flight and returns its address for the kernel. The slot stays

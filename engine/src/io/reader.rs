@@ -182,13 +182,25 @@ impl RangeReader {
                     return Ok(());
                 }
                 self.backend.wait(1, &mut completions)?;
+                // Handle every completion (releasing its slot) before reporting the first
+                // error, so no slot is left held.
+                let mut first_error = None;
                 for c in completions.drain(..) {
                     let piece = slots[c.op.slot.index()].take().expect("piece for slot");
-                    let outcome = self.finish(piece, &c, &mut assemblies, &mut done);
+                    let outcome = if first_error.is_none() {
+                        self.finish(piece, &c, &mut assemblies, &mut done)
+                    } else {
+                        Ok(None)
+                    };
                     self.backend.slab_mut().release(c.op.slot);
-                    if let Some(retry) = outcome? {
-                        pieces.push_front(retry);
+                    match outcome {
+                        Ok(Some(retry)) => pieces.push_front(retry),
+                        Ok(None) => {}
+                        Err(e) => first_error = Some(e),
                     }
+                }
+                if let Some(e) = first_error {
+                    return Err(e);
                 }
             }
         })();

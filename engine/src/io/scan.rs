@@ -83,11 +83,12 @@ where
             let want = (size - c.op.offset).min(chunk) as usize;
             match c.result {
                 Ok(n) if n >= want => {
+                    retries = 0;
                     ready.insert(c.op.tag, (c.op.slot, want));
                 }
                 Ok(n) => {
                     // Short before the end we expect: re-read the whole piece; if it keeps
-                    // happening the file shrank while being read.
+                    // happening (eight times in a row) the file shrank while being read.
                     retries += 1;
                     if retries > 8 {
                         backend.slab_mut().release(c.op.slot);

@@ -262,3 +262,43 @@ fn dropping_a_backend_with_requests_in_flight_waits_for_them() {
         drop(b); // must not free slots the kernel is writing into (checked under ASan/valgrind)
     }
 }
+
+/// A file that shrinks under a reader: the reads past the new end fail clearly, and the
+/// reader is still usable afterwards (no slot is left held after an error).
+#[test]
+fn a_shrunk_file_fails_clearly_and_the_reader_survives() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let (path, data) = random_file(dir.path(), "shrink.bin", 1 << 20, 11);
+    let cfg = IoConfig {
+        depth: 8,
+        slot_size: 64 << 10,
+        ..IoConfig::default()
+    };
+    let mut r = RangeReader::open(&[&path], &cfg).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(100_000)
+        .unwrap();
+    let ranges: Vec<_> = (0..16u64).map(|i| (0, i * 60_000, 4096)).collect();
+    let e = r
+        .read_ranges(ranges.iter().copied(), |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("shrink.bin") && e.contains("changed while being read"),
+        "{e}"
+    );
+    for _ in 0..3 {
+        let mut got = Vec::new();
+        r.read_ranges((0..16u64).map(|i| (0, i * 4096, 100)), |i, b| {
+            got.push((i, b.to_vec()))
+        })
+        .unwrap();
+        got.sort();
+        for (i, b) in got {
+            assert_eq!(b, data[i * 4096..i * 4096 + 100].to_vec());
+        }
+    }
+}

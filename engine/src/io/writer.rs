@@ -78,6 +78,7 @@ where
         for c in completions.drain(..) {
             match c.result {
                 Ok(n) if n == c.op.len => {
+                    retries = 0;
                     ops += 1;
                     backend.slab_mut().release(c.op.slot);
                 }

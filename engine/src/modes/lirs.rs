@@ -29,7 +29,27 @@ pub struct BatchStream {
 impl Iterator for BatchStream {
     type Item = Result<Batch>;
     fn next(&mut self) -> Option<Result<Batch>> {
-        self.rx.recv().ok()
+        match self.rx.recv() {
+            Ok(b) => Some(b),
+            Err(_) => {
+                // The I/O thread is gone: a normal end, or a panic that must not pass for
+                // the end of the epoch.
+                let t = self.thread.take()?;
+                match t.join() {
+                    Ok(()) => None,
+                    Err(p) => {
+                        let what = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Some(Err(Error::Invalid(format!(
+                            "the I/O thread failed: {what}"
+                        ))))
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -259,72 +279,84 @@ fn run(
             stopped: false,
             error: None,
         });
-        let ranges = std::iter::from_fn(|| {
-            let mut st = state.borrow_mut();
-            if st.stopped {
-                return None;
-            }
-            while st.queue.is_empty() {
-                if st.next_batch >= st.split.batches() {
+        // read_ranges returns when the iterator runs dry; with the assembly bound it can
+        // run dry early, so go again until every batch is out.
+        loop {
+            let ranges = std::iter::from_fn(|| {
+                let mut st = state.borrow_mut();
+                if st.stopped {
                     return None;
                 }
-                plan_batch(&mut st, ds, format, epoch);
-            }
-            let (file, offset, len, piece) = st.queue.pop_front().expect("queued read");
-            let i = st.handed;
-            st.handed += 1;
-            st.pieces.insert(i, piece);
-            Some((file, offset, len))
-        });
-        reader.read_ranges(ranges, |i, bytes| {
-            let mut st = state.borrow_mut();
-            let piece = st.pieces.remove(&i).expect("piece of a read");
-            let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
-            for &(from, len, to) in &piece.parts {
-                let (from, len, to) = (from as usize, len as usize, to as usize);
-                match bytes.get(from..from + len) {
-                    Some(src) => batch.payload[to..to + len].copy_from_slice(src),
-                    None => {
-                        st.error.get_or_insert(Error::Invalid(
-                            "a read came back shorter than its records".into(),
-                        ));
-                        st.stopped = true;
-                        return;
+                while st.queue.is_empty() {
+                    // Bound the batches under assembly (the memory plan counts on it); the
+                    // oldest one still has reads in flight, so the reader comes back.
+                    if st.next_batch >= st.split.batches()
+                        || st.next_batch - st.next_send >= plan.assembling
+                    {
+                        return None;
+                    }
+                    plan_batch(&mut st, ds, format, epoch);
+                }
+                let (file, offset, len, piece) = st.queue.pop_front().expect("queued read");
+                let i = st.handed;
+                st.handed += 1;
+                st.pieces.insert(i, piece);
+                Some((file, offset, len))
+            });
+            reader.read_ranges(ranges, |i, bytes| {
+                let mut st = state.borrow_mut();
+                let piece = st.pieces.remove(&i).expect("piece of a read");
+                let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
+                for &(from, len, to) in &piece.parts {
+                    let (from, len, to) = (from as usize, len as usize, to as usize);
+                    match bytes.get(from..from + len) {
+                        Some(src) => batch.payload[to..to + len].copy_from_slice(src),
+                        None => {
+                            st.error.get_or_insert(Error::Invalid(
+                                "a read came back shorter than its records".into(),
+                            ));
+                            st.stopped = true;
+                            return;
+                        }
                     }
                 }
-            }
-            batch.missing -= 1;
-            if batch.missing == 0 {
-                let b = st.pending.remove(&piece.batch).expect("pending batch");
-                st.done.insert(piece.batch, b);
-                loop {
-                    let index = st.next_send;
-                    let Some(b) = st.done.remove(&index) else {
-                        break;
-                    };
-                    st.next_send += 1;
-                    hist.saturating_record(b.started.elapsed().as_micros().max(1) as u64);
-                    r.records += b.ids.len() as u64;
-                    r.bytes += b.payload.len() as u64;
-                    r.batches += 1;
-                    let out = Batch {
-                        epoch,
-                        index,
-                        ids: b.ids,
-                        offsets: b.offsets,
-                        payload: b.payload,
-                        padding: b.padding,
-                    };
-                    drop(st);
-                    let sent = tx.send(Ok(out));
-                    st = state.borrow_mut();
-                    if sent.is_err() {
-                        st.stopped = true;
-                        return;
+                batch.missing -= 1;
+                if batch.missing == 0 {
+                    let b = st.pending.remove(&piece.batch).expect("pending batch");
+                    st.done.insert(piece.batch, b);
+                    loop {
+                        let index = st.next_send;
+                        let Some(b) = st.done.remove(&index) else {
+                            break;
+                        };
+                        st.next_send += 1;
+                        hist.saturating_record(b.started.elapsed().as_micros().max(1) as u64);
+                        r.records += b.ids.len() as u64;
+                        r.bytes += b.payload.len() as u64;
+                        r.batches += 1;
+                        let out = Batch {
+                            epoch,
+                            index,
+                            ids: b.ids,
+                            offsets: b.offsets,
+                            payload: b.payload,
+                            padding: b.padding,
+                        };
+                        drop(st);
+                        let sent = tx.send(Ok(out));
+                        st = state.borrow_mut();
+                        if sent.is_err() {
+                            st.stopped = true;
+                            return;
+                        }
                     }
                 }
+            })?;
+            let st = state.borrow();
+            if st.stopped || st.error.is_some() || st.next_send >= st.split.batches() {
+                break;
             }
-        })?;
+        }
         let mut st = state.into_inner();
         total_reads += st.reads;
         if let Some(e) = st.error.take() {
