@@ -79,12 +79,18 @@ pub enum FioMem {
 }
 
 /// Runs one fio job: `rw` is fio's `--rw` (`randread`, `read`, ...), O_DIRECT, io_uring.
+///
+/// With `seconds`, the job runs that long with uniformly random offsets drawn with
+/// replacement (`--time_based --norandommap`), as raw IOPS are measured. Without, it makes
+/// exactly one pass over `size` bytes touching every block once in random order (fio's
+/// random map), which is what one LIRS epoch does: no block is read twice, so no cache
+/// below the guest can serve a repeat.
 pub fn run(
     file: &Path,
     rw: &str,
     bs: usize,
     qd: usize,
-    seconds: u64,
+    seconds: Option<u64>,
     size: u64,
     mem: FioMem,
 ) -> Result<FioResult> {
@@ -93,8 +99,17 @@ pub fn run(
         FioMem::Malloc => "--iomem=malloc",
         FioMem::ShmHuge => "--iomem=shmhuge",
     };
+    let timing: Vec<String> = match seconds {
+        Some(t) => vec![
+            format!("--runtime={t}"),
+            "--time_based".into(),
+            "--norandommap".into(),
+        ],
+        None => Vec::new(),
+    };
     let out = Command::new("fio")
         .arg(iomem)
+        .args(&timing)
         .args([
             "--name=riffle-reference",
             &format!("--filename={}", file.display()),
@@ -104,9 +119,6 @@ pub fn run(
             "--ioengine=io_uring",
             "--direct=1",
             &format!("--size={size}"),
-            &format!("--runtime={seconds}"),
-            "--time_based",
-            "--norandommap",
             "--randrepeat=0",
             "--numjobs=1",
             "--output-format=json",

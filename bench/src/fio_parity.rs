@@ -210,7 +210,15 @@ fn measure(
                 step += 1;
                 cold &= report::drop_caches();
                 if run_fio {
-                    let r = fio::run(file, rw, bs, qd, opts.seconds, opts.file_size, fio_mem)?;
+                    let r = fio::run(
+                        file,
+                        rw,
+                        bs,
+                        qd,
+                        Some(opts.seconds),
+                        opts.file_size,
+                        fio_mem,
+                    )?;
                     fio_runs.push(r.iops);
                     fio_p99 += r.lat_p99_us;
                 } else {

@@ -110,8 +110,8 @@ fn measure(
     let fio_runs = |step: usize, when: &str, progress: &mut dyn FnMut(usize, usize, &str)| {
         progress(step, 6, &format!("fio {when} the probe"));
         report::drop_caches();
-        let iops = fio::run(file, "randread", 4096, 128, secs, region, mem)?.iops;
-        let seq = fio::run(file, "read", 1 << 20, 8, secs, region, mem)?.bytes_per_s;
+        let iops = fio::run(file, "randread", 4096, 128, Some(secs), region, mem)?.iops;
+        let seq = fio::run(file, "read", 1 << 20, 8, Some(secs), region, mem)?.bytes_per_s;
         anyhow::Ok((iops, seq))
     };
     let (i1, s1) = fio_runs(1, "before", progress)?;

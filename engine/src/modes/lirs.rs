@@ -155,7 +155,11 @@ impl MemoryPlan {
         let fixed =
             table_bytes + units.bytes() + ds.index_bytes() + (slot_size * opts.io.depth) as u64;
         let mut prefetch = opts.prefetch.max(1);
-        let assembling_batches = opts.io.depth as u64 / opts.batch.max(1) + 2;
+        // Enough batches under assembly to keep `depth` reads in flight: a batch needs about
+        // batch / records-per-unit reads (page grouping reads a unit at once), plus two for
+        // the batch being finished and the one being planned.
+        let reads_per_batch = ((opts.batch as f64 / units.mean_records()).floor() as u64).max(1);
+        let assembling_batches = (opts.io.depth as u64).div_ceil(reads_per_batch) + 2;
         if let Some(limit) = opts.memory {
             // Batches being assembled plus the read-ahead queue.
             let assembling = assembling_batches * batch_bytes;
