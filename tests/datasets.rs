@@ -6,26 +6,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::{assert_ok, text, Sandbox};
-
-fn gen(sb: &Sandbox, out: &Path, format: &str, records: u64, size: u64, extra: &[&str]) {
-    let o = sb
-        .cmd()
-        .arg("gen")
-        .arg(out)
-        .args([
-            "--format",
-            format,
-            "--records",
-            &records.to_string(),
-            "--record-size",
-            &size.to_string(),
-        ])
-        .args(extra)
-        .output()
-        .unwrap();
-    assert_ok(&o);
-}
+use crate::{assert_ok, gen, text, Sandbox};
 
 fn index_json(sb: &Sandbox, args: &[&std::ffi::OsStr]) -> Value {
     let o = sb

@@ -76,6 +76,27 @@ pub(crate) fn assert_ok(out: &Output) {
     );
 }
 
+/// Runs `riffle gen OUT --format F --records N --record-size S EXTRA...` and checks it
+/// worked.
+pub(crate) fn gen(sb: &Sandbox, out: &Path, format: &str, records: u64, size: u64, extra: &[&str]) {
+    let o = sb
+        .cmd()
+        .arg("gen")
+        .arg(out)
+        .args([
+            "--format",
+            format,
+            "--records",
+            &records.to_string(),
+            "--record-size",
+            &size.to_string(),
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+}
+
 pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

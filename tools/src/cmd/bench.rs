@@ -59,6 +59,30 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
+/// Runs a suite with a progress bar of `steps`, then prints its report: one JSON object
+/// with --json, the Markdown summary otherwise.
+fn suite<R: serde::Serialize>(
+    args: &Args,
+    steps: usize,
+    run: impl FnOnce(&mut dyn FnMut(usize, usize, &str)) -> Result<R>,
+    markdown: impl FnOnce(&R) -> String,
+    report_dir: impl FnOnce(&R) -> &str,
+) -> Result<()> {
+    let bar = progress::steps(steps as u64, args.json);
+    let rep = run(&mut |done, _, what| {
+        bar.set_position(done as u64);
+        bar.set_message(what.to_owned());
+    })?;
+    bar.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string(&rep)?);
+    } else {
+        print!("{}", markdown(&rep));
+        println!("\nwritten to {}", report_dir(&rep));
+    }
+    Ok(())
+}
+
 fn lirs(args: &Args) -> Result<()> {
     let opts = riffle_bench::lirs::LirsOptions {
         out: args.out.clone(),
@@ -72,72 +96,45 @@ fn lirs(args: &Args) -> Result<()> {
         table_records: if args.quick { 10_000_000 } else { 100_000_000 },
         keep: args.keep,
     };
-    let bar = progress::steps((3 + 4 * opts.repeats) as u64, args.json);
-    let rep = riffle_bench::lirs::run(&opts, &mut |done, _, what| {
-        bar.set_position(done as u64);
-        bar.set_message(what.to_owned());
-    })?;
-    bar.finish_and_clear();
-    if args.json {
-        println!("{}", serde_json::to_string(&rep)?);
-    } else {
-        print!("{}", riffle_bench::lirs::markdown(&rep));
-        println!("\nwritten to {}/lirs.{{json,md}}", rep.report_dir);
-    }
-    Ok(())
+    suite(
+        args,
+        3 + 4 * opts.repeats,
+        |p| riffle_bench::lirs::run(&opts, p),
+        riffle_bench::lirs::markdown,
+        |r| &r.report_dir,
+    )
 }
 
 fn probe_check(args: &Args) -> Result<()> {
-    let bar = progress::steps(6, args.json);
-    let rep = riffle_bench::probe_check::run(
-        args.quick,
-        &args.data_dir,
-        &args.out,
-        &mut |done, _, what| {
-            bar.set_position(done as u64);
-            bar.set_message(what.to_owned());
-        },
-    )?;
-    bar.finish_and_clear();
-    if args.json {
-        println!("{}", serde_json::to_string(&rep)?);
-    } else {
-        print!("{}", riffle_bench::probe_check::markdown(&rep));
-        println!("\nwritten to {}", rep.report_dir);
-    }
-    Ok(())
+    suite(
+        args,
+        6,
+        |p| riffle_bench::probe_check::run(args.quick, &args.data_dir, &args.out, p),
+        riffle_bench::probe_check::markdown,
+        |r| &r.report_dir,
+    )
 }
 
 fn parity(args: &Args) -> Result<()> {
-    {
-        {
-            let mut opts = ParityOptions::new(args.quick, args.out.clone(), args.data_dir.clone());
-            opts.file_size = args.size;
-            opts.keep_file = args.keep;
-            if !args.points.is_empty() {
-                opts.points = args.points.clone();
-            }
-            if let Some(r) = args.repeats {
-                opts.repeats = r.max(1);
-            }
-            if let Some(s) = args.seconds {
-                opts.seconds = s.max(1);
-            }
-            let bar = progress::steps((opts.points.len() * 2 * opts.repeats + 1) as u64, args.json);
-            let rep = riffle_bench::fio_parity(&opts, &mut |done, _, what| {
-                bar.set_position(done as u64);
-                bar.set_message(what.to_owned());
-            })?;
-            bar.finish_and_clear();
-            if args.json {
-                println!("{}", serde_json::to_string(&rep)?);
-            } else {
-                print!("{}", riffle_bench::fio_parity::markdown(&rep));
-                println!("\nwritten to {}/fio-parity.{{json,md}}", rep.report_dir);
-            }
-            Ok(())
-        }
+    let mut opts = ParityOptions::new(args.quick, args.out.clone(), args.data_dir.clone());
+    opts.file_size = args.size;
+    opts.keep_file = args.keep;
+    if !args.points.is_empty() {
+        opts.points = args.points.clone();
     }
+    if let Some(r) = args.repeats {
+        opts.repeats = r.max(1);
+    }
+    if let Some(s) = args.seconds {
+        opts.seconds = s.max(1);
+    }
+    suite(
+        args,
+        opts.points.len() * 2 * opts.repeats + 1,
+        |p| riffle_bench::fio_parity(&opts, p),
+        riffle_bench::fio_parity::markdown,
+        |r| &r.report_dir,
+    )
 }
 
 fn parse_point(text: &str) -> Result<ParityPoint, String> {
