@@ -43,6 +43,16 @@ unsafe impl Send for AlignedBuf {}
 // SAFETY: see above: &AlignedBuf only gives out &[u8].
 unsafe impl Sync for AlignedBuf {}
 
+/// The bytes an [`AlignedBuf`] of `len` bytes really takes: large buffers are rounded up
+/// to whole huge pages. Memory budgets must plan with this, not with `len`.
+pub fn footprint(len: usize) -> usize {
+    if len >= MAP_THRESHOLD {
+        len.next_multiple_of(HUGE)
+    } else {
+        len
+    }
+}
+
 impl AlignedBuf {
     /// Allocates `len` zeroed bytes aligned to `align` (a power of two). `len` may be zero.
     pub fn new(len: usize, align: usize) -> Self {

@@ -104,25 +104,39 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
     let units = Units::new(&ds, opts.grouping);
     let plan = MemoryPlan::new(&ds, &units, &opts)?;
-    let (tx, rx) = crossbeam_channel::bounded(plan.prefetch);
-    let report = Arc::new(Mutex::new(ReadReport::default()));
-    let shared = report.clone();
-    let thread = std::thread::Builder::new()
-        .name("riffle-lirs".into())
-        .spawn(move || {
-            let mut r = ReadReport::default();
-            let outcome = run(&ds, &units, &opts, &plan, &tx, &mut r);
-            *shared.lock().unwrap_or_else(|p| p.into_inner()) = r;
-            if let Err(e) = outcome {
-                let _ = tx.send(Err(e));
-            }
-        })
-        .map_err(|e| Error::Invalid(format!("cannot start the I/O thread: {e}")))?;
-    Ok(BatchStream {
-        rx,
-        report,
-        thread: Some(thread),
+    let prefetch = plan.prefetch;
+    BatchStream::spawn("riffle-lirs", prefetch, move |tx, r| {
+        run(&ds, &units, &opts, &plan, tx, r)
     })
+}
+
+impl BatchStream {
+    /// Runs `work` on a new I/O thread that sends batches through a channel of `capacity`
+    /// and fills in the report; an error ends the stream as its last item.
+    pub(crate) fn spawn<F>(name: &str, capacity: usize, work: F) -> Result<BatchStream>
+    where
+        F: FnOnce(&Sender<Result<Batch>>, &mut ReadReport) -> Result<()> + Send + 'static,
+    {
+        let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
+        let report = Arc::new(Mutex::new(ReadReport::default()));
+        let shared = report.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let mut r = ReadReport::default();
+                let outcome = work(&tx, &mut r);
+                *shared.lock().unwrap_or_else(|p| p.into_inner()) = r;
+                if let Err(e) = outcome {
+                    let _ = tx.send(Err(e));
+                }
+            })
+            .map_err(|e| Error::Invalid(format!("cannot start the I/O thread: {e}")))?;
+        Ok(BatchStream {
+            rx,
+            report,
+            thread: Some(thread),
+        })
+    }
 }
 
 /// How memory is spent, decided before reading.
@@ -152,8 +166,8 @@ impl MemoryPlan {
         let table_width = if units.len() <= u32::MAX as u64 { 4 } else { 8 };
         let table_bytes = units.len() * table_width;
         let batch_bytes = (opts.batch as f64 * mean) as u64 + (opts.batch + 1) * 16;
-        let fixed =
-            table_bytes + units.bytes() + ds.index_bytes() + (slot_size * opts.io.depth) as u64;
+        let buffers = crate::io::footprint(slot_size * opts.io.depth) as u64;
+        let fixed = table_bytes + units.bytes() + ds.index_bytes() + buffers;
         let mut prefetch = opts.prefetch.max(1);
         // Enough batches under assembly to keep `depth` reads in flight: a batch needs about
         // batch / records-per-unit reads (page grouping reads a unit at once), plus two for
@@ -171,7 +185,7 @@ impl MemoryPlan {
                      I/O buffers ({} B) and one batch in flight ({} B) need {} bytes",
                     ds.index_bytes(),
                     units.bytes(),
-                    slot_size * opts.io.depth,
+                    buffers,
                     batch_bytes,
                     fixed + assembling + batch_bytes
                 )));

@@ -2,11 +2,13 @@
 //! page-group) straight from the device in the epoch's order.
 
 pub mod lirs;
+pub mod twopass;
 mod walk;
 
 use serde::Serialize;
 
 pub use lirs::{read, BatchStream};
+pub use twopass::read_two_pass;
 
 use crate::io::IoConfig;
 use crate::order::{Grouping, Tail};
@@ -163,6 +165,12 @@ pub struct ReadReport {
     pub direct: bool,
     /// Queue depth.
     pub queue_depth: usize,
+    /// Two-pass: piles per epoch.
+    pub piles: u64,
+    /// Two-pass: pile loads (more than piles when a pile had to be read in key ranges).
+    pub pile_loads: u64,
+    /// Two-pass: bytes written to scratch piles.
+    pub scratch_bytes: u64,
 }
 
 /// Latency percentiles.

@@ -275,3 +275,91 @@ fn a_memory_budget_too_small_is_refused() {
     let e = read(ds, o).err().expect("refused").to_string();
     assert!(e.contains("too small"), "{e}");
 }
+
+/// Two-pass delivers exactly the LIRS batches (ids and bytes) for every format, both
+/// groupings, ranks, tails, several epochs, and memory budgets that force many piles and
+/// piles too big to load at once.
+#[test]
+fn two_pass_delivers_the_same_batches_as_lirs() {
+    use super::read_two_pass;
+    let dir = tempfile::tempdir_in(".").unwrap();
+    for (i, &(format, jitter)) in FORMATS.iter().enumerate() {
+        let sub = dir.path().join(i.to_string());
+        std::fs::create_dir(&sub).unwrap();
+        let ds = make(&sub, format, 1500, 100, jitter);
+        for grouping in [Grouping::Record, Grouping::Page { unit: 4096 }] {
+            for (world, tail, memory) in [
+                (1, Tail::Partial, None),
+                (3, Tail::Pad, Some(3 << 20)),
+                (4, Tail::DropLast, Some(2_300_000)),
+            ] {
+                for rank in 0..world {
+                    let mut o = ReadOptions::new(32);
+                    o.grouping = grouping;
+                    o.epochs = 2;
+                    o.world = world;
+                    o.rank = rank;
+                    o.tail = tail;
+                    let want: Vec<Batch> = all(&ds, o.clone());
+                    o.memory = memory;
+                    let scratch = sub.join("scratch");
+                    let mut stream = read_two_pass(ds.clone(), o, scratch.clone()).unwrap();
+                    let got: Vec<Batch> = stream.by_ref().map(|b| b.unwrap()).collect();
+                    assert_eq!(
+                        got.len(),
+                        want.len(),
+                        "{format:?} {grouping:?} world {world} rank {rank}"
+                    );
+                    for (g, w) in got.iter().zip(&want) {
+                        assert_eq!(
+                            g, w,
+                            "{format:?} {grouping:?} world {world} rank {rank} batch {}",
+                            w.index
+                        );
+                    }
+                    assert_eq!(stream.report().mode, "two-pass");
+                    let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
+                    assert!(left.is_empty(), "pile files left behind");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn two_pass_resumes_like_lirs() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::TfRecord, 2000, 60, 0.5);
+    let mut o = ReadOptions::new(50);
+    o.epochs = 2;
+    o.resume = Some(Cursor {
+        epoch: 0,
+        batch: 33,
+    });
+    let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
+    let got: Vec<Vec<u64>> = super::read_two_pass(ds, o, dir.path().join("s"))
+        .unwrap()
+        .map(|b| b.unwrap().ids)
+        .collect();
+    assert_eq!(got, want);
+}
+
+/// A dataset far larger than the memory budget: many piles, same batches as LIRS.
+#[test]
+fn two_pass_with_many_piles_under_a_tight_budget() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 40_000, 200, 0.5);
+    let mut o = ReadOptions::new(100);
+    let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
+    o.memory = Some(3 << 20);
+    let mut stream = super::read_two_pass(ds, o, dir.path().join("s")).unwrap();
+    let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
+    assert_eq!(got, want);
+    let r = stream.report();
+    assert!(r.piles >= 8, "expected many piles, got {}", r.piles);
+    assert!(
+        r.memory_bytes <= 3 << 20,
+        "memory {} over the budget",
+        r.memory_bytes
+    );
+}

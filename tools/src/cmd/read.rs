@@ -29,10 +29,14 @@ pub struct Args {
     /// The first epoch (the order of epoch e is the same whichever run reads it).
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
-    /// lirs (random reads straight from the device), or auto (lirs until the planner
-    /// arrives). Other modes are not implemented yet.
+    /// lirs (random reads straight from the device), two-pass (sequential scatter into
+    /// piles, each pile ordered in memory: the same batches with sequential I/O), or auto
+    /// (lirs until the planner arrives). The baselines are not implemented yet.
     #[arg(long, default_value = "auto")]
     pub mode: String,
+    /// two-pass: where the piles go (default: the directory of the first data file).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
     /// Seed of the order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -84,8 +88,12 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let mode = match a.mode.as_str() {
         "lirs" | "auto" => "lirs",
-        "two-pass" | "buffer" | "bmf" | "sequential" => {
-            bail!("mode '{}' is not implemented yet; use --mode lirs", a.mode)
+        "two-pass" => "two-pass",
+        "buffer" | "bmf" | "sequential" => {
+            bail!(
+                "mode '{}' is not implemented yet; use --mode lirs or two-pass",
+                a.mode
+            )
         }
         other => bail!(
             "unknown mode '{other}': expected auto, lirs, two-pass, buffer, bmf or sequential"
@@ -136,7 +144,20 @@ pub fn run(a: Args) -> Result<()> {
         )),
         None => None,
     };
-    let stream = modes::read(Arc::new(ds), read_opts)?;
+    let stream = if mode == "two-pass" {
+        let scratch = match &a.scratch {
+            Some(s) => s.clone(),
+            None => ds.files()[0]
+                .path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."))
+                .to_path_buf(),
+        };
+        modes::read_two_pass(Arc::new(ds), read_opts, scratch)?
+    } else {
+        modes::read(Arc::new(ds), read_opts)?
+    };
     let bar = progress::steps(0, a.json);
     let mut line = String::new();
     let mut stream = stream;
