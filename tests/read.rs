@@ -75,12 +75,33 @@ fn ids_out_is_a_permutation_and_depends_only_on_the_seed() {
     );
     let other = read_ids(&sb, &data, &["--batch-size", "128", "--seed", "1"], &[]);
     assert_ne!(a, other);
+    let two_pass = read_ids(
+        &sb,
+        &data,
+        &["--batch-size", "128", "--mode", "two-pass"],
+        &[],
+    );
+    assert_eq!(a, two_pass, "two-pass must deliver the lirs order");
     let page = read_ids(
         &sb,
         &data,
         &["--batch-size", "128", "--grouping", "page"],
         &[],
     );
+    let page_two_pass = read_ids(
+        &sb,
+        &data,
+        &[
+            "--batch-size",
+            "128",
+            "--grouping",
+            "page",
+            "--mode",
+            "two-pass",
+        ],
+        &[],
+    );
+    assert_eq!(page, page_two_pass, "and with page grouping");
     let mut p = page.concat();
     p.sort_unstable();
     assert_eq!(p, (0..3000).collect::<Vec<_>>());
@@ -206,7 +227,7 @@ fn bad_arguments_are_refused_clearly() {
     make(&sb, &data, "npy", 10, 16);
     for (args, words) in [
         (
-            vec!["--batch-size", "4", "--mode", "two-pass"],
+            vec!["--batch-size", "4", "--mode", "bmf"],
             "not implemented yet",
         ),
         (vec!["--batch-size", "4", "--mode", "magic"], "unknown mode"),
