@@ -8,6 +8,7 @@ use serde_json::Value;
 
 mod datasets;
 mod read;
+mod shuffle;
 
 fn riffle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_riffle"))

@@ -39,6 +39,7 @@ pub mod modes;
 pub mod notice;
 pub mod order;
 pub mod probe;
+pub mod shuffle;
 pub mod size;
 
 pub use error::{Error, Result};

@@ -48,6 +48,9 @@ enum Command {
     /// Read shuffled batches of a dataset (every epoch an exact permutation, the same
     /// batches for the same seed whatever the queue depth, memory or backend).
     Read(cmd::read::Args),
+    /// Shuffle the lines of files too big for memory (in place of shuf or terashuf): the
+    /// same output for the same seed whatever --memory is.
+    Shuffle(cmd::shuffle::Args),
     /// Run a benchmark suite and write a report (JSON + Markdown).
     Bench(cmd::bench::Args),
 }
@@ -61,6 +64,7 @@ fn main() -> ExitCode {
         Command::Index(a) => cmd::index::run(a),
         Command::Cat(a) => cmd::cat::run(a),
         Command::Read(a) => cmd::read::run(a),
+        Command::Shuffle(a) => cmd::shuffle::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match result {

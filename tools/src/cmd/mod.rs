@@ -5,3 +5,4 @@ pub mod gen;
 pub mod index;
 pub mod probe;
 pub mod read;
+pub mod shuffle;

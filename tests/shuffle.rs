@@ -1,0 +1,244 @@
+//! `riffle shuffle`: permutations, the same output whatever the memory, headers, splits,
+//! standard streams, and real faults (a full scratch disk, SIGKILL).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+
+use crate::{assert_ok, gen, text, Sandbox};
+
+fn sorted_lines(p: &Path) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = std::fs::read(p)
+        .unwrap()
+        .split(|&b| b == b'\n')
+        .map(<[u8]>::to_vec)
+        .collect();
+    if v.last().is_some_and(Vec::is_empty) {
+        v.pop();
+    }
+    v.sort();
+    v
+}
+
+#[test]
+fn same_output_whatever_the_memory_and_a_permutation() {
+    let sb = Sandbox::new();
+    let input = sb.data().join("in.jsonl");
+    gen(&sb, &input, "lines", 60_000, 120, &["--size-jitter", "0.8"]);
+    let mut outs = Vec::new();
+    for (i, mem) in ["1G", "2M", "1M"].iter().enumerate() {
+        let out = sb.data().join(format!("out{i}.jsonl"));
+        let o = sb
+            .cmd()
+            .arg("shuffle")
+            .arg(&input)
+            .arg("-o")
+            .arg(&out)
+            .args(["--seed", "5", "--memory", mem, "--json"])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let rep: serde_json::Value = serde_json::from_slice(&o.stderr).unwrap();
+        assert_eq!(rep["in_memory"], i == 0, "{mem}: {rep}");
+        outs.push(std::fs::read(&out).unwrap());
+    }
+    assert!(
+        outs.iter().all(|o| *o == outs[0]),
+        "the output depends on --memory"
+    );
+    let out0 = sb.data().join("out0.jsonl");
+    assert_eq!(sorted_lines(&out0), sorted_lines(&input));
+    assert_ne!(
+        std::fs::read(&out0).unwrap(),
+        std::fs::read(&input).unwrap()
+    );
+    let other = sb.data().join("seed6.jsonl");
+    assert_ok(
+        &sb.cmd()
+            .arg("shuffle")
+            .arg(&input)
+            .arg("-o")
+            .arg(&other)
+            .args(["--seed", "6"])
+            .output()
+            .unwrap(),
+    );
+    assert_ne!(std::fs::read(&other).unwrap(), outs[0]);
+    // No temporary files are left anywhere.
+    let names: Vec<String> = std::fs::read_dir(sb.data())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+}
+
+#[test]
+fn stdin_stdout_headers_and_splits() {
+    let sb = Sandbox::new();
+    let mut child = sb
+        .cmd()
+        .args(["shuffle", "-", "-o", "-", "--skip", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = b"name,value\n".to_vec();
+    for i in 0..1000 {
+        input.extend_from_slice(format!("row{i},{i}\n").as_bytes());
+    }
+    input.extend_from_slice(b"last,without-newline");
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out);
+    let s = text(&out.stdout);
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(lines[0], "name,value", "the header stays on top");
+    assert_eq!(lines.len(), 1002);
+    assert!(lines.contains(&"last,without-newline"));
+
+    let src = sb.data().join("s.txt");
+    std::fs::write(
+        &src,
+        (0..1000).map(|i| format!("{i}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let out = sb.data().join("part");
+    assert_ok(
+        &sb.cmd()
+            .arg("shuffle")
+            .arg(&src)
+            .arg("-o")
+            .arg(&out)
+            .args(["--split-lines", "300"])
+            .output()
+            .unwrap(),
+    );
+    let counts: Vec<usize> = (0..4)
+        .map(|i| {
+            std::fs::read_to_string(sb.data().join(format!("part.{i:03}")))
+                .unwrap()
+                .lines()
+                .count()
+        })
+        .collect();
+    assert_eq!(counts, vec![300, 300, 300, 100]);
+}
+
+#[test]
+fn a_record_longer_than_the_budget_is_refused() {
+    let sb = Sandbox::new();
+    let p = sb.data().join("long.txt");
+    let mut body = b"short\n".to_vec();
+    body.extend(std::iter::repeat_n(b'x', 3 << 20));
+    std::fs::write(&p, &body).unwrap();
+    let out = sb.data().join("o.txt");
+    let o = sb
+        .cmd()
+        .arg("shuffle")
+        .arg(&p)
+        .arg("-o")
+        .arg(&out)
+        .args(["--memory", "2M"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("long.txt") && err.contains("at byte 6") && err.contains("memory budget"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
+/// A real full disk: piles go to a 4 MiB tmpfs mounted for the test.
+#[test]
+fn a_full_scratch_disk_fails_cleanly() {
+    let sb = Sandbox::new();
+    let mnt = sb.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a small tmpfs here (needs root) to fill a disk for real");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let input = sb.data().join("in.jsonl");
+    gen(&sb, &input, "lines", 100_000, 100, &[]);
+    let before = std::fs::read(&input).unwrap();
+    let out = sb.data().join("out.jsonl");
+    let o = sb
+        .cmd()
+        .arg("shuffle")
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .args(["--memory", "2M", "--tmpdir"])
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(err.contains("No space left"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "temporary piles left on the full disk"
+    );
+    assert!(!out.exists(), "a partial output was left");
+    assert_eq!(std::fs::read(&input).unwrap(), before, "the input changed");
+}
+
+#[test]
+fn sigkill_mid_shuffle_leaves_no_output_and_a_rerun_works() {
+    let sb = Sandbox::new();
+    let input = sb.data().join("in.jsonl");
+    gen(
+        &sb,
+        &input,
+        "lines",
+        600_000,
+        200,
+        &["--size-jitter", "0.5"],
+    );
+    let out = sb.data().join("out.jsonl");
+    let mut child = sb
+        .cmd()
+        .arg("shuffle")
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .args(["--memory", "4M"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    if child.try_wait().unwrap().is_some() {
+        eprintln!("skipped: the shuffle finished before it could be killed; nothing to check");
+        return;
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!out.exists(), "a killed shuffle left its destination");
+    let o = sb
+        .cmd()
+        .arg("shuffle")
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .args(["--memory", "4M"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    assert_eq!(sorted_lines(&out), sorted_lines(&input));
+}

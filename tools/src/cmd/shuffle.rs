@@ -1,0 +1,139 @@
+//! `riffle shuffle INPUT... -o OUTPUT`: a seeded, memory-bounded shuffle of lines.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use riffle::shuffle::{self, Input, Output, ShuffleOptions, SplitBy};
+use riffle::size::{human_bytes, parse_size};
+
+use crate::progress;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Input files, merged in the order given (`-` is standard input).
+    #[arg(required = true)]
+    pub inputs: Vec<String>,
+    /// The output file (`-` is standard output). Written under a temporary name and
+    /// renamed when complete.
+    #[arg(short, long)]
+    pub output: String,
+    /// Memory budget for the records held at once, index included; larger inputs are
+    /// shuffled through temporary piles (two passes of sequential I/O).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub memory: u64,
+    /// Seed: the same seed and input give the same output whatever --memory is.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write numbered outputs OUTPUT.000, OUTPUT.001, ... of at most N lines each.
+    #[arg(long, conflicts_with = "split_bytes")]
+    pub split_lines: Option<u64>,
+    /// Write numbered outputs, starting a new one after S bytes (suffixes K, M, G).
+    #[arg(long, value_parser = parse_size)]
+    pub split_bytes: Option<u64>,
+    /// Header lines at the top of each input; the first input's are kept at the top of
+    /// the (first) output.
+    #[arg(long, default_value_t = 0)]
+    pub skip: u64,
+    /// The record separator (one ASCII character, or an escape: \t, \0, \r, \x1e).
+    #[arg(long, default_value = "\\n", value_parser = super::index::parse_sep)]
+    pub sep: u8,
+    /// Where temporary piles go (default: the output's directory).
+    #[arg(long)]
+    pub tmpdir: Option<PathBuf>,
+    /// Record format: lines (other formats are not implemented yet).
+    #[arg(long, default_value = "lines")]
+    pub format: String,
+    /// Print a JSON report on stderr.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.format != "lines" {
+        bail!("--format {}: riffle shuffle handles lines so far; TFRecord and fixed records are not implemented yet", a.format);
+    }
+    let inputs: Vec<Input> = a
+        .inputs
+        .iter()
+        .map(|i| {
+            if i == "-" {
+                Input::Stdin
+            } else {
+                Input::File(PathBuf::from(i))
+            }
+        })
+        .collect();
+    if inputs.iter().filter(|i| matches!(i, Input::Stdin)).count() > 1 {
+        bail!("standard input can be given only once");
+    }
+    let output = if a.output == "-" {
+        Output::Stdout
+    } else {
+        Output::File(PathBuf::from(&a.output))
+    };
+    let split = match (a.split_lines, a.split_bytes) {
+        (Some(0), _) | (_, Some(0)) => bail!("split sizes must be positive"),
+        (Some(n), _) => Some(SplitBy::Lines(n)),
+        (_, Some(b)) => Some(SplitBy::Bytes(b)),
+        _ => None,
+    };
+    if split.is_some() && matches!(output, Output::Stdout) {
+        bail!("--split-lines/--split-bytes need an output file name, not standard output");
+    }
+    if let Output::File(o) = &output {
+        for i in &inputs {
+            if let Input::File(p) = i {
+                if std::fs::canonicalize(p)
+                    .ok()
+                    .is_some_and(|c| std::fs::canonicalize(o).ok() == Some(c))
+                {
+                    bail!("{}: the output would overwrite an input", o.display());
+                }
+            }
+        }
+    }
+    let opts = ShuffleOptions {
+        seed: a.seed,
+        memory: a.memory,
+        sep: a.sep,
+        skip: a.skip,
+        tmpdir: a.tmpdir.clone(),
+        split,
+    };
+    let bar = progress::bytes(false);
+    let total: u64 = inputs
+        .iter()
+        .map(|i| match i {
+            Input::File(p) => std::fs::metadata(p).map(|m| m.len()).unwrap_or(0),
+            Input::Stdin => 0,
+        })
+        .sum();
+    bar.set_length(total);
+    let rep = shuffle::shuffle(&inputs, &output, &opts, &mut |done| bar.set_position(done))?;
+    bar.finish_and_clear();
+    if a.json {
+        eprintln!("{}", serde_json::to_string(&rep)?);
+    } else if !matches!(output, Output::Stdout) {
+        eprintln!(
+            "shuffled {} records ({}) in {:.2} s, {}{}",
+            rep.records,
+            human_bytes(rep.bytes as f64),
+            rep.seconds,
+            if rep.in_memory {
+                "in memory".to_owned()
+            } else {
+                format!(
+                    "through {} piles ({} of scratch)",
+                    rep.piles,
+                    human_bytes(rep.scratch_bytes as f64)
+                )
+            },
+            if rep.outputs.len() > 1 {
+                format!(", {} output files", rep.outputs.len())
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
