@@ -12,7 +12,7 @@
 //! The output is written under a temporary name in its directory and renamed into place
 //! when complete, so an interrupted shuffle never leaves a partial output behind.
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -84,8 +84,8 @@ pub struct ShuffleReport {
     pub seconds: f64,
 }
 
-/// Bytes of index per record held in memory: key, offset and length.
-const PER_RECORD: u64 = 8 + 8 + 4;
+/// Bytes of index per record held in memory: its end offset, and its table entry.
+const PER_RECORD: u64 = 8 + 4;
 /// Bytes of frame head per record in a pile: key and length.
 const FRAME_HEAD: usize = 12;
 
@@ -113,21 +113,20 @@ pub fn shuffle(
             .to_path_buf(),
         Output::Stdout => std::env::temp_dir(),
     });
+    // Files tell their size: reserve once rather than let the buffer double past it.
+    let estimate = total_input_estimate(inputs);
+    if estimate > 0 && estimate <= opts.memory / 2 {
+        mem.data.reserve_exact(estimate as usize);
+    }
     let mut id = 0u64;
     for (n, input) in inputs.iter().enumerate() {
         let name = match input {
             Input::File(p) => p.display().to_string(),
             Input::Stdin => "<stdin>".to_owned(),
         };
-        let reader: Box<dyn Read> = match input {
-            Input::File(p) => {
-                Box::new(std::fs::File::open(p).map_err(|e| Error::io(p, "open", None, e))?)
-            }
-            Input::Stdin => Box::new(std::io::stdin().lock()),
-        };
         let mut skipped = 0u64;
         let mut keep_header = n == 0;
-        let result = for_each_record(reader, opts.sep, opts.memory / 4, &name, |offset, rec| {
+        let result = for_each_record(input, opts.sep, opts.memory / 4, &name, |offset, rec| {
             rep.bytes += rec.len() as u64 + 1;
             if skipped < opts.skip {
                 skipped += 1;
@@ -143,12 +142,12 @@ pub fn shuffle(
             match &mut piles {
                 Some(p) => p.add(k, rec),
                 None => {
-                    mem.add(k, rec)?;
+                    mem.add(rec);
                     if mem.footprint() > opts.memory / 2 {
                         // Too big for memory: from here on, scatter into piles.
                         let estimate = total_input_estimate(inputs).max(rep.bytes * 2);
                         let mut p = Piles::new(&tmpdir, estimate, opts.memory)?;
-                        mem.drain_into(&mut p)?;
+                        mem.drain_into(&mut p, &key)?;
                         piles = Some(p);
                     }
                     Ok(())
@@ -173,7 +172,7 @@ pub fn shuffle(
     let written = match piles {
         None => {
             rep.in_memory = true;
-            mem.sort_and_write(&mut out)
+            mem.sort_and_write(&mut out, &key)
         }
         Some(mut p) => {
             p.finish()?;
@@ -199,103 +198,149 @@ fn total_input_estimate(inputs: &[Input]) -> u64 {
         .sum()
 }
 
-/// Calls `f(offset, record)` for every record of a stream (the separator stripped; a last
-/// record without separator still counts). A record longer than `max` is an error.
+/// Calls `f(offset, record)` for every record of an input (the separator stripped; a last
+/// record without separator still counts). Files are read with large direct reads through
+/// the I/O core; standard input with plain reads. A record longer than `max` is an error.
 fn for_each_record(
-    mut r: Box<dyn Read>,
+    input: &Input,
     sep: u8,
     max: u64,
     name: &str,
     mut f: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
-    let too_long = |offset: u64, len: usize| Error::BadInput {
-        path: name.into(),
-        offset: Some(offset),
-        what: format!(
-            "a record of {len} bytes or more starts here, more than the memory budget allows \
-             ({max} bytes per record)"
-        ),
-    };
-    let mut buf = vec![0u8; (max as usize / 2).clamp(64 << 10, 4 << 20)];
-    let mut have = 0usize;
-    let mut base = 0u64; // file offset of buf[0]
-    loop {
-        let n = r
-            .read(&mut buf[have..])
-            .map_err(|e| Error::io(name, "read", Some(base + have as u64), e))?;
-        let end = have + n;
-        let mut start = 0usize;
-        for p in memchr::memchr_iter(sep, &buf[..end]) {
-            if (p - start) as u64 > max {
-                return Err(too_long(base + start as u64, p - start));
-            }
-            f(base + start as u64, &buf[start..p])?;
-            start = p + 1;
+    let mut split = RecordSplitter { sep, max, name, carry: Vec::new(), carry_at: 0, pos: 0 };
+    match input {
+        Input::File(p) => {
+            let file = std::sync::Arc::new(crate::io::DataFile::open(p, crate::io::Access::Read, true)?);
+            crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| split.feed(chunk, &mut f))?;
         }
-        if n == 0 {
-            if start < end {
-                if (end - start) as u64 > max {
-                    return Err(too_long(base + start as u64, end - start));
+        Input::Stdin => {
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = stdin.read(&mut buf).map_err(|e| Error::io(name, "read", Some(split.pos), e))?;
+                if n == 0 {
+                    break;
                 }
-                f(base + start as u64, &buf[start..end])?;
+                split.feed(&buf[..n], &mut f)?;
             }
-            return Ok(());
-        }
-        // Keep the partial record; grow the buffer if one record fills it.
-        buf.copy_within(start..end, 0);
-        base += start as u64;
-        have = end - start;
-        if have == buf.len() {
-            if buf.len() as u64 > max {
-                return Err(too_long(base, buf.len()));
-            }
-            buf.resize(buf.len() * 2, 0);
         }
     }
+    split.finish(&mut f)
 }
 
-/// Records held in memory: the bytes back to back, and (key, offset, length) per record.
-#[derive(Default)]
-struct MemoryRecords {
-    data: Vec<u8>,
-    index: Vec<(u64, u64, u32)>,
+/// Cuts a stream of chunks into records, carrying a record split between chunks.
+struct RecordSplitter<'a> {
+    sep: u8,
+    max: u64,
+    name: &'a str,
+    carry: Vec<u8>,
+    carry_at: u64,
+    /// Stream offset of the next chunk.
+    pos: u64,
 }
 
-impl MemoryRecords {
-    fn add(&mut self, key: u64, rec: &[u8]) -> Result<()> {
-        let len = u32::try_from(rec.len())
-            .map_err(|_| Error::Invalid("a record of 4 GiB or more".into()))?;
-        self.index.push((key, self.data.len() as u64, len));
-        self.data.extend_from_slice(rec);
+impl RecordSplitter<'_> {
+    fn too_long(&self, offset: u64, len: usize) -> Error {
+        Error::BadInput {
+            path: self.name.into(),
+            offset: Some(offset),
+            what: format!(
+                "a record of {len} bytes or more starts here, more than the memory budget allows \
+                 ({} bytes per record)",
+                self.max
+            ),
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8], f: &mut impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        let mut start = 0usize;
+        for p in memchr::memchr_iter(self.sep, chunk) {
+            if self.carry.is_empty() {
+                if (p - start) as u64 > self.max {
+                    return Err(self.too_long(self.pos + start as u64, p - start));
+                }
+                f(self.pos + start as u64, &chunk[start..p])?;
+            } else {
+                self.carry.extend_from_slice(&chunk[..p]);
+                if self.carry.len() as u64 > self.max {
+                    return Err(self.too_long(self.carry_at, self.carry.len()));
+                }
+                f(self.carry_at, &self.carry)?;
+                self.carry.clear();
+            }
+            start = p + 1;
+        }
+        if start < chunk.len() {
+            if self.carry.is_empty() {
+                self.carry_at = self.pos + start as u64;
+            }
+            self.carry.extend_from_slice(&chunk[start..]);
+            if self.carry.len() as u64 > self.max {
+                return Err(self.too_long(self.carry_at, self.carry.len()));
+            }
+        }
+        self.pos += chunk.len() as u64;
         Ok(())
     }
 
-    fn footprint(&self) -> u64 {
-        self.data.capacity() as u64 + self.index.capacity() as u64 * PER_RECORD
+    fn finish(&mut self, f: &mut impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        if !self.carry.is_empty() {
+            let rec = std::mem::take(&mut self.carry);
+            f(self.carry_at, &rec)?;
+        }
+        Ok(())
+    }
+}
+
+/// Records held in memory, ids 0, 1, 2, ... in input order: the bytes back to back and
+/// the end of each record (8 bytes per record). The order is the epoch table of the ids
+/// (4 bytes per record, built only at the end), so keys are never stored.
+#[derive(Default)]
+struct MemoryRecords {
+    data: Vec<u8>,
+    ends: Vec<u64>,
+}
+
+impl MemoryRecords {
+    fn add(&mut self, rec: &[u8]) {
+        self.data.extend_from_slice(rec);
+        self.ends.push(self.data.len() as u64);
     }
 
-    fn drain_into(&mut self, p: &mut Piles) -> Result<()> {
-        for &(k, off, len) in &self.index {
-            p.add(k, &self.data[off as usize..off as usize + len as usize])?;
+    fn record(&self, id: usize) -> &[u8] {
+        let start = if id == 0 { 0 } else { self.ends[id - 1] as usize };
+        &self.data[start..self.ends[id] as usize]
+    }
+
+    /// Bytes held, counting the table the final sort will need.
+    fn footprint(&self) -> u64 {
+        self.data.capacity() as u64 + self.ends.capacity() as u64 * PER_RECORD
+    }
+
+    fn drain_into(&mut self, p: &mut Piles, key: &EpochKey) -> Result<()> {
+        for id in 0..self.ends.len() {
+            p.add(key.key(id as u64), self.record(id))?;
         }
         *self = MemoryRecords::default();
         Ok(())
     }
 
-    fn sort_and_write(&mut self, out: &mut OutputWriter) -> Result<()> {
-        self.index.sort_unstable_by_key(|&(k, _, _)| k);
-        for &(_, off, len) in &self.index {
-            out.record(&self.data[off as usize..off as usize + len as usize])?;
+    fn sort_and_write(&mut self, out: &mut OutputWriter, key: &EpochKey) -> Result<()> {
+        let table = crate::order::EpochTable::build(self.ends.len() as u64, key);
+        for pos in 0..table.len() {
+            out.record(self.record(table.unit_at(pos) as usize))?;
         }
         Ok(())
     }
 }
 
-/// Pile files in a temporary directory (removed when dropped, on error too).
+/// Pile files in a temporary directory (removed when dropped, on error too), written with
+/// direct sequential writes.
 struct Piles {
     dir: tempfile::TempDir,
     bits: u32,
-    writers: Vec<(PathBuf, BufWriter<std::fs::File>, u64)>,
+    writers: Vec<(PathBuf, Option<crate::io::StreamWriter>, u64)>,
 }
 
 impl Piles {
@@ -304,21 +349,22 @@ impl Piles {
             .prefix(".riffle-shuffle-")
             .tempdir_in(tmpdir)
             .map_err(|e| Error::io(tmpdir, "create temporary directory", None, e))?;
-        // Piles of about a quarter of the budget, with headroom; buffers share another
-        // quarter.
+        // Piles of about a quarter of the budget; their write buffers share another quarter.
         let target = (memory / 4).max(1 << 20);
         let mut bits = 0;
-        while (estimate >> bits) > target && bits < 14 {
+        while (estimate >> bits) > target && bits < 12 {
             bits += 1;
         }
         let piles = 1usize << bits;
-        let buf = ((memory / 4) as usize / piles).clamp(8 << 10, 1 << 20);
+        // Two slots per pile; below 256 KiB a slab is not rounded up to huge pages.
+        let per_pile = ((memory / 4) as usize / piles).clamp(16 << 10, 2 << 20);
+        let slot = if per_pile >= (2 << 20) { 1 << 20 } else { (per_pile / 2).min(96 << 10).max(8 << 10) };
+        let cfg = crate::io::IoConfig { depth: 2, slot_size: slot, ..crate::io::IoConfig::default() };
         let writers = (0..piles)
             .map(|i| {
                 let path = dir.path().join(format!("pile-{i:05}"));
-                let f = std::fs::File::create(&path)
-                    .map_err(|e| Error::io(&path, "create pile", None, e))?;
-                Ok((path, BufWriter::with_capacity(buf, f), 0u64))
+                let w = crate::io::StreamWriter::create(&path, &cfg)?;
+                Ok((path, Some(w), 0u64))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Piles { dir, bits, writers })
@@ -333,26 +379,23 @@ impl Piles {
     }
 
     fn add(&mut self, key: u64, rec: &[u8]) -> Result<()> {
-        let i = if self.bits == 0 {
-            0
-        } else {
-            (key >> (64 - self.bits)) as usize
-        };
-        let (path, w, n) = &mut self.writers[i];
+        let i = if self.bits == 0 { 0 } else { (key >> (64 - self.bits)) as usize };
+        let (_, w, n) = &mut self.writers[i];
+        let w = w.as_mut().expect("pile open for writing");
         let mut head = [0u8; FRAME_HEAD];
         head[..8].copy_from_slice(&key.to_le_bytes());
         head[8..].copy_from_slice(&(rec.len() as u32).to_le_bytes());
-        w.write_all(&head)
-            .and_then(|()| w.write_all(rec))
-            .map_err(|e| Error::io(&*path, "write pile", Some(*n), e))?;
+        w.write(&head)?;
+        w.write(rec)?;
         *n += (FRAME_HEAD + rec.len()) as u64;
         Ok(())
     }
 
     fn finish(&mut self) -> Result<()> {
-        for (path, w, _) in &mut self.writers {
-            w.flush()
-                .map_err(|e| Error::io(&*path, "write pile", None, e))?;
+        for (_, w, _) in &mut self.writers {
+            if let Some(w) = w.take() {
+                w.finish()?;
+            }
         }
         Ok(())
     }
@@ -361,18 +404,13 @@ impl Piles {
     fn drain_in_order(self, budget: u64, out: &mut OutputWriter, loads: &mut u64) -> Result<()> {
         let shift = if self.bits == 0 { 0 } else { 64 - self.bits };
         let width: u128 = if self.bits == 0 { 1 << 64 } else { 1 << shift };
-        for (i, (path, w, size)) in self.writers.into_iter().enumerate() {
-            drop(w);
-            let lo = if self.bits == 0 {
-                0
-            } else {
-                (i as u128) << shift
-            };
+        for (i, (path, _, size)) in self.writers.into_iter().enumerate() {
+            let lo = if self.bits == 0 { 0 } else { (i as u128) << shift };
             let passes = (size * 3 / 2).div_ceil(budget.max(1)).max(1) as u128;
             for pass in 0..passes {
                 let a = lo + width * pass / passes;
                 let b = lo + width * (pass + 1) / passes;
-                let (data, mut index) = load(&path, a, b)?;
+                let (data, mut index) = load(&path, a, b, (size / passes as u64) as usize)?;
                 *loads += 1;
                 index.sort_unstable_by_key(|&(k, _, _)| k);
                 for (_, off, len) in index {
@@ -386,39 +424,78 @@ impl Piles {
     }
 }
 
-/// The records of a pile with keys in [lo, hi).
 /// A loaded pile: the record bytes, and (key, offset, length) per record.
 type Loaded = (Vec<u8>, Vec<(u64, usize, usize)>);
 
-fn load(path: &Path, lo: u128, hi: u128) -> Result<Loaded> {
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open pile", None, e))?;
-    let mut r = BufReader::with_capacity(1 << 20, f);
-    let (mut data, mut index) = (Vec::new(), Vec::new());
-    let mut head = [0u8; FRAME_HEAD];
-    let mut at = 0u64;
-    loop {
-        match r.read_exact(&mut head) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok((data, index)),
-            Err(e) => return Err(Error::io(path, "read pile", Some(at), e)),
+/// The records of a pile with keys in [lo, hi), read with large direct reads.
+fn load(path: &Path, lo: u128, hi: u128, expect: usize) -> Result<Loaded> {
+    let file = std::sync::Arc::new(crate::io::DataFile::open(path, crate::io::Access::Read, true)?);
+    let mut data = Vec::with_capacity(expect + expect / 8);
+    let mut index = Vec::new();
+    // A frame split between chunks waits in `carry` until it is whole.
+    let mut carry: Vec<u8> = Vec::new();
+    let mut keep = |frame_key: u64, rec: &[u8], data: &mut Vec<u8>| {
+        if (lo..hi).contains(&(frame_key as u128)) {
+            index.push((frame_key, data.len(), rec.len()));
+            data.extend_from_slice(rec);
         }
-        let k = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
-        let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
-        if (lo..hi).contains(&(k as u128)) {
-            let off = data.len();
-            data.resize(off + len, 0);
-            r.read_exact(&mut data[off..])
-                .map_err(|e| Error::io(path, "read pile", Some(at), e))?;
-            index.push((k, off, len));
-        } else {
-            std::io::copy(&mut (&mut r).take(len as u64), &mut std::io::sink())
-                .map_err(|e| Error::io(path, "read pile", Some(at), e))?;
+    };
+    crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| {
+        let mut at = 0usize;
+        if !carry.is_empty() {
+            // Complete the carried frame from the front of this chunk.
+            if carry.len() < FRAME_HEAD {
+                let n = (FRAME_HEAD - carry.len()).min(chunk.len());
+                carry.extend_from_slice(&chunk[..n]);
+                at = n;
+            }
+            if carry.len() >= FRAME_HEAD {
+                let len = u32::from_le_bytes(carry[8..12].try_into().expect("4 bytes")) as usize;
+                let need = FRAME_HEAD + len - carry.len();
+                let n = need.min(chunk.len() - at);
+                carry.extend_from_slice(&chunk[at..at + n]);
+                at += n;
+                if carry.len() == FRAME_HEAD + len {
+                    let k = u64::from_le_bytes(carry[..8].try_into().expect("8 bytes"));
+                    keep(k, &carry[FRAME_HEAD..], &mut data);
+                    carry.clear();
+                }
+            }
         }
-        at += (FRAME_HEAD + len) as u64;
+        while at < chunk.len() {
+            let rest = &chunk[at..];
+            if rest.len() < FRAME_HEAD {
+                carry.extend_from_slice(rest);
+                break;
+            }
+            let len = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) as usize;
+            if rest.len() < FRAME_HEAD + len {
+                carry.extend_from_slice(rest);
+                break;
+            }
+            let k = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
+            keep(k, &rest[FRAME_HEAD..FRAME_HEAD + len], &mut data);
+            at += FRAME_HEAD + len;
+        }
+        Ok(())
+    })?;
+    if !carry.is_empty() {
+        return Err(Error::BadInput {
+            path: path.into(),
+            offset: Some(file.size() - carry.len() as u64),
+            what: "a temporary pile ends inside a record (was the scratch disk changed?)".into(),
+        });
     }
+    Ok((data, index))
 }
 
-type OpenOutput = (PathBuf, PathBuf, BufWriter<Box<dyn Write>>);
+/// Where an output's bytes go: stdout through a buffer, files through direct writes.
+enum Sink {
+    Stdout(BufWriter<std::io::Stdout>),
+    File(crate::io::StreamWriter),
+}
+
+type OpenOutput = (PathBuf, PathBuf, Sink);
 
 /// Writes records to stdout or to files under temporary names, renamed when complete.
 struct OutputWriter {
@@ -462,28 +539,19 @@ impl OutputWriter {
     }
 
     fn open_next(&mut self) -> Result<()> {
-        let w: (PathBuf, PathBuf, Box<dyn Write>) = match self.name() {
-            None => (
-                PathBuf::from("<stdout>"),
-                PathBuf::new(),
-                Box::new(std::io::stdout()),
-            ),
+        let open = match self.name() {
+            None => (PathBuf::from("<stdout>"), PathBuf::new(), Sink::Stdout(BufWriter::with_capacity(1 << 20, std::io::stdout()))),
             Some(final_path) => {
-                let dir = final_path
-                    .parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."));
-                let file_name = final_path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+                let dir = final_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                let file_name =
+                    final_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 let tmp = dir.join(format!(".{file_name}.riffle-tmp-{}", std::process::id()));
-                let f =
-                    std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, "create", None, e))?;
-                (final_path, tmp, Box::new(f))
+                let cfg = crate::io::IoConfig { depth: 4, slot_size: 1 << 20, ..crate::io::IoConfig::default() };
+                let w = crate::io::StreamWriter::create(&tmp, &cfg)?;
+                (final_path, tmp, Sink::File(w))
             }
         };
-        self.current = Some((w.0, w.1, BufWriter::with_capacity(1 << 20, w.2)));
+        self.current = Some(open);
         self.index += 1;
         self.records = 0;
         self.bytes = 0;
@@ -491,14 +559,11 @@ impl OutputWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        let (path, tmp, w) = self.current.as_mut().expect("an open output");
-        let shown = if tmp.as_os_str().is_empty() {
-            path.clone()
-        } else {
-            tmp.clone()
-        };
-        w.write_all(bytes)
-            .map_err(|e| Error::io(shown, "write", None, e))
+        let (path, _, sink) = self.current.as_mut().expect("an open output");
+        match sink {
+            Sink::Stdout(w) => w.write_all(bytes).map_err(|e| Error::io(&*path, "write", None, e)),
+            Sink::File(w) => w.write(bytes),
+        }
     }
 
     fn header(&mut self, h: &[u8]) -> Result<()> {
@@ -523,19 +588,14 @@ impl OutputWriter {
     }
 
     fn close_current(&mut self) -> Result<()> {
-        if let Some((path, tmp, mut w)) = self.current.take() {
-            let shown = if tmp.as_os_str().is_empty() {
-                path.clone()
-            } else {
-                tmp.clone()
-            };
-            w.flush().map_err(|e| Error::io(&shown, "write", None, e))?;
-            if !tmp.as_os_str().is_empty() {
-                let f = w
-                    .into_inner()
-                    .map_err(|e| Error::io(&shown, "write", None, e.into_error()))?;
-                drop(f);
-                self.done.push((path, tmp));
+        if let Some((path, tmp, sink)) = self.current.take() {
+            match sink {
+                Sink::Stdout(mut w) => w.flush().map_err(|e| Error::io(&path, "write", None, e))?,
+                Sink::File(w) => {
+                    // On error the temporary file is removed by Drop (it is in `done`).
+                    self.done.push((path, tmp));
+                    w.finish()?;
+                }
             }
         }
         Ok(())

@@ -16,6 +16,7 @@ mod file;
 pub mod pread;
 mod reader;
 mod scan;
+mod stream;
 pub mod uring;
 mod writer;
 
@@ -27,6 +28,7 @@ pub use buffer::{footprint, AlignedBuf, Slab, SlotId};
 pub use file::{Access, DataFile};
 pub use reader::{RangeReader, ReadStats};
 pub use scan::{scan_config, scan_file, ScanReport};
+pub use stream::StreamWriter;
 pub use writer::{pattern_filler, write_file, WriteReport};
 
 use crate::{notice, Error, Result};
