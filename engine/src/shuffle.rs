@@ -208,17 +208,29 @@ fn for_each_record(
     name: &str,
     mut f: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
-    let mut split = RecordSplitter { sep, max, name, carry: Vec::new(), carry_at: 0, pos: 0 };
+    let mut split = RecordSplitter {
+        sep,
+        max,
+        name,
+        carry: Vec::new(),
+        carry_at: 0,
+        pos: 0,
+    };
     match input {
         Input::File(p) => {
-            let file = std::sync::Arc::new(crate::io::DataFile::open(p, crate::io::Access::Read, true)?);
-            crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| split.feed(chunk, &mut f))?;
+            let file =
+                std::sync::Arc::new(crate::io::DataFile::open(p, crate::io::Access::Read, true)?);
+            crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| {
+                split.feed(chunk, &mut f)
+            })?;
         }
         Input::Stdin => {
             let mut stdin = std::io::stdin().lock();
             let mut buf = vec![0u8; 1 << 20];
             loop {
-                let n = stdin.read(&mut buf).map_err(|e| Error::io(name, "read", Some(split.pos), e))?;
+                let n = stdin
+                    .read(&mut buf)
+                    .map_err(|e| Error::io(name, "read", Some(split.pos), e))?;
                 if n == 0 {
                     break;
                 }
@@ -309,7 +321,11 @@ impl MemoryRecords {
     }
 
     fn record(&self, id: usize) -> &[u8] {
-        let start = if id == 0 { 0 } else { self.ends[id - 1] as usize };
+        let start = if id == 0 {
+            0
+        } else {
+            self.ends[id - 1] as usize
+        };
         &self.data[start..self.ends[id] as usize]
     }
 
@@ -358,8 +374,16 @@ impl Piles {
         let piles = 1usize << bits;
         // Two slots per pile; below 256 KiB a slab is not rounded up to huge pages.
         let per_pile = ((memory / 4) as usize / piles).clamp(16 << 10, 2 << 20);
-        let slot = if per_pile >= (2 << 20) { 1 << 20 } else { (per_pile / 2).min(96 << 10).max(8 << 10) };
-        let cfg = crate::io::IoConfig { depth: 2, slot_size: slot, ..crate::io::IoConfig::default() };
+        let slot = if per_pile >= (2 << 20) {
+            1 << 20
+        } else {
+            (per_pile / 2).clamp(8 << 10, 96 << 10)
+        };
+        let cfg = crate::io::IoConfig {
+            depth: 2,
+            slot_size: slot,
+            ..crate::io::IoConfig::default()
+        };
         let writers = (0..piles)
             .map(|i| {
                 let path = dir.path().join(format!("pile-{i:05}"));
@@ -379,7 +403,11 @@ impl Piles {
     }
 
     fn add(&mut self, key: u64, rec: &[u8]) -> Result<()> {
-        let i = if self.bits == 0 { 0 } else { (key >> (64 - self.bits)) as usize };
+        let i = if self.bits == 0 {
+            0
+        } else {
+            (key >> (64 - self.bits)) as usize
+        };
         let (_, w, n) = &mut self.writers[i];
         let w = w.as_mut().expect("pile open for writing");
         let mut head = [0u8; FRAME_HEAD];
@@ -405,7 +433,11 @@ impl Piles {
         let shift = if self.bits == 0 { 0 } else { 64 - self.bits };
         let width: u128 = if self.bits == 0 { 1 << 64 } else { 1 << shift };
         for (i, (path, _, size)) in self.writers.into_iter().enumerate() {
-            let lo = if self.bits == 0 { 0 } else { (i as u128) << shift };
+            let lo = if self.bits == 0 {
+                0
+            } else {
+                (i as u128) << shift
+            };
             let passes = (size * 3 / 2).div_ceil(budget.max(1)).max(1) as u128;
             for pass in 0..passes {
                 let a = lo + width * pass / passes;
@@ -429,7 +461,11 @@ type Loaded = (Vec<u8>, Vec<(u64, usize, usize)>);
 
 /// The records of a pile with keys in [lo, hi), read with large direct reads.
 fn load(path: &Path, lo: u128, hi: u128, expect: usize) -> Result<Loaded> {
-    let file = std::sync::Arc::new(crate::io::DataFile::open(path, crate::io::Access::Read, true)?);
+    let file = std::sync::Arc::new(crate::io::DataFile::open(
+        path,
+        crate::io::Access::Read,
+        true,
+    )?);
     let mut data = Vec::with_capacity(expect + expect / 8);
     let mut index = Vec::new();
     // A frame split between chunks waits in `carry` until it is whole.
@@ -540,13 +576,26 @@ impl OutputWriter {
 
     fn open_next(&mut self) -> Result<()> {
         let open = match self.name() {
-            None => (PathBuf::from("<stdout>"), PathBuf::new(), Sink::Stdout(BufWriter::with_capacity(1 << 20, std::io::stdout()))),
+            None => (
+                PathBuf::from("<stdout>"),
+                PathBuf::new(),
+                Sink::Stdout(BufWriter::with_capacity(1 << 20, std::io::stdout())),
+            ),
             Some(final_path) => {
-                let dir = final_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-                let file_name =
-                    final_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let dir = final_path
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."));
+                let file_name = final_path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 let tmp = dir.join(format!(".{file_name}.riffle-tmp-{}", std::process::id()));
-                let cfg = crate::io::IoConfig { depth: 4, slot_size: 1 << 20, ..crate::io::IoConfig::default() };
+                let cfg = crate::io::IoConfig {
+                    depth: 4,
+                    slot_size: 1 << 20,
+                    ..crate::io::IoConfig::default()
+                };
                 let w = crate::io::StreamWriter::create(&tmp, &cfg)?;
                 (final_path, tmp, Sink::File(w))
             }
@@ -561,7 +610,9 @@ impl OutputWriter {
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
         let (path, _, sink) = self.current.as_mut().expect("an open output");
         match sink {
-            Sink::Stdout(w) => w.write_all(bytes).map_err(|e| Error::io(&*path, "write", None, e)),
+            Sink::Stdout(w) => w
+                .write_all(bytes)
+                .map_err(|e| Error::io(&*path, "write", None, e)),
             Sink::File(w) => w.write(bytes),
         }
     }

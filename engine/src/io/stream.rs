@@ -5,7 +5,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{completion_error, open_backend, Access, Backend, DataFile, FileKey, IoConfig, Op, OpKind, SlotId};
+use super::{
+    completion_error, open_backend, Access, Backend, DataFile, FileKey, IoConfig, Op, OpKind,
+    SlotId,
+};
 use crate::{Error, Result};
 
 /// A file written front to back.
@@ -28,7 +31,16 @@ impl StreamWriter {
         let unit = file.alignment().unit().max(512);
         let mut backend = open_backend(cfg, unit)?;
         let key = backend.add_file(file.clone())?;
-        Ok(StreamWriter { backend, file, key, unit, current: None, fill: 0, offset: 0, done: Vec::new() })
+        Ok(StreamWriter {
+            backend,
+            file,
+            key,
+            unit,
+            current: None,
+            fill: 0,
+            offset: 0,
+            done: Vec::new(),
+        })
     }
 
     /// Bytes accepted so far.
@@ -50,7 +62,8 @@ impl StreamWriter {
             };
             let size = self.backend.slab().slot_size();
             let n = (size - self.fill).min(bytes.len());
-            self.backend.slab_mut().get_mut(slot)[self.fill..self.fill + n].copy_from_slice(&bytes[..n]);
+            self.backend.slab_mut().get_mut(slot)[self.fill..self.fill + n]
+                .copy_from_slice(&bytes[..n]);
             self.fill += n;
             bytes = &bytes[n..];
             if self.fill == size {
@@ -73,14 +86,24 @@ impl StreamWriter {
         while self.backend.in_flight() > 0 {
             self.reap(self.backend.in_flight())?;
         }
-        self.file.file().set_len(len).map_err(|e| Error::io(self.file.path(), "truncate", Some(len), e))?;
+        self.file
+            .file()
+            .set_len(len)
+            .map_err(|e| Error::io(self.file.path(), "truncate", Some(len), e))?;
         self.file.sync_data()?;
         Ok(len)
     }
 
     fn submit(&mut self, len: usize) -> Result<()> {
         let slot = self.current.take().expect("a slot being filled");
-        let op = Op { slot, file: self.key, offset: self.offset, len, kind: OpKind::Write, tag: 0 };
+        let op = Op {
+            slot,
+            file: self.key,
+            offset: self.offset,
+            len,
+            kind: OpKind::Write,
+            tag: 0,
+        };
         self.offset += self.fill as u64;
         self.fill = 0;
         self.backend.push(op)
@@ -125,9 +148,17 @@ mod tests {
     #[test]
     fn writes_exactly_the_bytes_given() {
         let dir = tempfile::tempdir_in(".").unwrap();
-        for backend in [super::super::BackendChoice::Uring, super::super::BackendChoice::Pread] {
+        for backend in [
+            super::super::BackendChoice::Uring,
+            super::super::BackendChoice::Pread,
+        ] {
             let path = dir.path().join("w.bin");
-            let cfg = IoConfig { depth: 3, slot_size: 64 << 10, backend, ..IoConfig::default() };
+            let cfg = IoConfig {
+                depth: 3,
+                slot_size: 64 << 10,
+                backend,
+                ..IoConfig::default()
+            };
             let mut w = StreamWriter::create(&path, &cfg).unwrap();
             let mut want = Vec::new();
             for i in 0..5000u32 {
