@@ -119,6 +119,7 @@ pub fn shuffle(
         mem.data.reserve_exact(estimate as usize);
     }
     let mut id = 0u64;
+    let mut last_progress = 0u64;
     for (n, input) in inputs.iter().enumerate() {
         let name = match input {
             Input::File(p) => p.display().to_string(),
@@ -161,7 +162,11 @@ pub fn shuffle(
                     what: other.to_string(),
                 },
             })?;
-            progress(rep.bytes);
+            // Progress every 4 MiB: a clock read per record would cost more than the record.
+            if rep.bytes >> 22 != last_progress {
+                last_progress = rep.bytes >> 22;
+                progress(rep.bytes);
+            }
             Ok(())
         });
         result?;
@@ -429,9 +434,12 @@ impl Piles {
     }
 
     /// Each pile in key order (in key sub-ranges when it exceeds `budget`), sorted, out.
+    /// A second thread loads and sorts the next pile while this one writes the current one
+    /// (double buffering: two piles in memory at most).
     fn drain_in_order(self, budget: u64, out: &mut OutputWriter, loads: &mut u64) -> Result<()> {
         let shift = if self.bits == 0 { 0 } else { 64 - self.bits };
         let width: u128 = if self.bits == 0 { 1 << 64 } else { 1 << shift };
+        let mut plan = Vec::new();
         for (i, (path, _, size)) in self.writers.into_iter().enumerate() {
             let lo = if self.bits == 0 {
                 0
@@ -440,17 +448,44 @@ impl Piles {
             };
             let passes = (size * 3 / 2).div_ceil(budget.max(1)).max(1) as u128;
             for pass in 0..passes {
-                let a = lo + width * pass / passes;
-                let b = lo + width * (pass + 1) / passes;
-                let (data, mut index) = load(&path, a, b, (size / passes as u64) as usize)?;
+                let last = pass + 1 == passes;
+                let (a, b) = (lo + width * pass / passes, lo + width * (pass + 1) / passes);
+                plan.push((path.clone(), a, b, (size / passes as u64) as usize, last));
+            }
+        }
+        let (tx, rx) = crossbeam_channel::bounded::<Result<Loaded>>(1);
+        // Spent buffers go back to the loader: fresh pages cost a fault and a clear each.
+        let (back_tx, back_rx) = crossbeam_channel::bounded::<Loaded>(2);
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                for (path, a, b, expect, last) in plan {
+                    let reuse = back_rx.try_recv().ok();
+                    let loaded = load(&path, a, b, expect, reuse).map(|(data, mut index)| {
+                        index.sort_unstable_by_key(|&(k, _, _)| k);
+                        (data, index)
+                    });
+                    if last {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                    let failed = loaded.is_err();
+                    if tx.send(loaded).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            // Owned here, so an early error drops it and the loader's next send fails and it
+            // stops, instead of blocking the scope forever.
+            let rx = rx;
+            for loaded in rx.iter() {
+                let (data, index) = loaded?;
                 *loads += 1;
-                index.sort_unstable_by_key(|&(k, _, _)| k);
-                for (_, off, len) in index {
+                for &(_, off, len) in &index {
                     out.record(&data[off..off + len])?;
                 }
+                let _ = back_tx.try_send((data, index));
             }
-            let _ = std::fs::remove_file(&path);
-        }
+            Ok::<(), Error>(())
+        })?;
         drop(self.dir);
         Ok(())
     }
@@ -460,14 +495,16 @@ impl Piles {
 type Loaded = (Vec<u8>, Vec<(u64, usize, usize)>);
 
 /// The records of a pile with keys in [lo, hi), read with large direct reads.
-fn load(path: &Path, lo: u128, hi: u128, expect: usize) -> Result<Loaded> {
+fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -> Result<Loaded> {
     let file = std::sync::Arc::new(crate::io::DataFile::open(
         path,
         crate::io::Access::Read,
         true,
     )?);
-    let mut data = Vec::with_capacity(expect + expect / 8);
-    let mut index = Vec::new();
+    let (mut data, mut index) = reuse.unwrap_or_default();
+    data.clear();
+    index.clear();
+    data.reserve(expect + expect / 8);
     // A frame split between chunks waits in `carry` until it is whole.
     let mut carry: Vec<u8> = Vec::new();
     let mut keep = |frame_key: u64, rec: &[u8], data: &mut Vec<u8>| {
