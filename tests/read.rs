@@ -227,8 +227,8 @@ fn bad_arguments_are_refused_clearly() {
     make(&sb, &data, "npy", 10, 16);
     for (args, words) in [
         (
-            vec!["--batch-size", "4", "--mode", "bmf"],
-            "not implemented yet",
+            vec!["--batch-size", "4", "--mode", "bmf", "--world", "3"],
+            "--drop-last or --pad",
         ),
         (vec!["--batch-size", "4", "--mode", "magic"], "unknown mode"),
         (vec!["--batch-size", "0"], "batch size"),

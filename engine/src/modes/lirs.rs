@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use hdrhistogram::Histogram;
 
 use super::walk::Walker;
-use super::{Batch, Latency, ReadOptions, ReadReport};
+use super::{Baseline, Batch, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::IoConfig;
 use crate::order::{EpochKey, EpochTable, Grouping, Split, Units};
@@ -102,7 +102,14 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     }
     // Check the split now so argument errors surface before any thread starts.
     Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
-    let units = Units::new(&ds, opts.grouping);
+    let units = match opts.baseline {
+        None => Units::new(&ds, opts.grouping),
+        Some(Baseline::Bmf { block }) => Units::blocks(ds.len(), block),
+        // One unit of everything: the table is trivial and the walker yields file order.
+        Some(Baseline::Sequential) | Some(Baseline::Buffer { .. }) => {
+            Units::blocks(ds.len(), ds.len())
+        }
+    };
     let plan = MemoryPlan::new(&ds, &units, &opts)?;
     let prefetch = plan.prefetch;
     BatchStream::spawn("riffle-lirs", prefetch, move |tx, r| {
@@ -156,9 +163,11 @@ impl MemoryPlan {
         let align = 4096u64;
         // The largest single read: a record, or the records starting in one block (which
         // may run into the next block); longer reads are split by the reader.
-        let piece = match opts.grouping {
-            Grouping::Record => stats.max,
-            Grouping::Page { unit } => stats.max.max(unit + stats.max.min(unit)),
+        let piece = match (opts.baseline, opts.grouping) {
+            // Baselines read runs of neighbouring records: large reads.
+            (Some(_), _) => MAX_MERGE,
+            (None, Grouping::Record) => stats.max,
+            (None, Grouping::Page { unit }) => stats.max.max(unit + stats.max.min(unit)),
         };
         let slot_size = (piece + 2 * align)
             .next_power_of_two()
@@ -249,7 +258,7 @@ fn run(
     };
     let mut reader = ds.reader(&io)?;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
-    r.mode = "lirs".into();
+    r.mode = opts.baseline.map(|b| b.name()).unwrap_or("lirs").into();
     r.grouping = opts.grouping.name().into();
     r.backend = reader.backend_kind().name().into();
     r.direct = reader.direct();
@@ -276,7 +285,17 @@ fn run(
     let mut total_reads = 0u64;
     for epoch in epochs {
         let t = Instant::now();
-        let table = EpochTable::build(units.len(), &EpochKey::new(opts.seed, epoch));
+        let key = EpochKey::new(opts.seed, epoch);
+        let table = match opts.baseline {
+            Some(Baseline::Sequential) | Some(Baseline::Buffer { .. }) => {
+                EpochTable::build(1, &key)
+            }
+            _ => EpochTable::build(units.len(), &key),
+        };
+        let explicit = match opts.baseline {
+            Some(Baseline::Buffer { size }) => Some(shuffle_buffer_order(ds.len(), size, &key)),
+            _ => None,
+        };
         r.table_seconds += t.elapsed().as_secs_f64();
         let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
         let first = match opts.resume {
@@ -284,7 +303,10 @@ fn run(
             _ => 0,
         };
         let state = RefCell::new(EpochState {
-            walker: Walker::new(&table, units),
+            walker: match opts.baseline {
+                None => Walker::new(&table, units),
+                Some(_) => Walker::baseline(&table, units, explicit.as_ref()),
+            },
             split,
             next_batch: first,
             queue: Default::default(),
@@ -397,6 +419,11 @@ fn run(
     Ok(())
 }
 
+/// The longest read that merges neighbouring records.
+const MAX_MERGE: u64 = 1 << 20;
+/// The most bytes between two records that a merged read may skip over.
+const MAX_GAP: u64 = 4096;
+
 /// Works out the records of the next batch, allocates its payload and queues its reads:
 /// one per record, or one per run of records of one unit (page grouping).
 fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, format: &crate::format::Format, _epoch: u64) {
@@ -433,6 +460,8 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, format: &crate::format::For
             && units[k] == units[i]
             && ids[k] == ids[k - 1] + 1
             && locs[k].file == locs[i].file
+            && locs[k].offset + locs[k].len - locs[i].offset <= MAX_MERGE
+            && locs[k].offset - (locs[k - 1].offset + locs[k - 1].len) <= MAX_GAP
         {
             k += 1;
         }
@@ -463,4 +492,25 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, format: &crate::format::For
             started: Instant::now(),
         },
     );
+}
+
+/// The order a shuffle buffer of `size` records gives over a sequential read of `n`
+/// records: fill the buffer, then for every next record emit a random slot and put the new
+/// record there; finally emit what is left in random order (tf.data's shuffle).
+fn shuffle_buffer_order(n: u64, size: u64, key: &EpochKey) -> crate::order::IdVec {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(key.key(u64::MAX));
+    let size = size.clamp(1, n.max(1));
+    let mut out = crate::order::IdVec::with_capacity(n, n as usize);
+    let mut buf: Vec<u64> = (0..size.min(n)).collect();
+    for id in size..n {
+        let j = rng.random_range(0..buf.len());
+        out.push(buf[j]);
+        buf[j] = id;
+    }
+    while !buf.is_empty() {
+        let j = rng.random_range(0..buf.len());
+        out.push(buf.swap_remove(j));
+    }
+    out
 }

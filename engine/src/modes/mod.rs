@@ -39,6 +39,35 @@ impl std::str::FromStr for Cursor {
     }
 }
 
+/// The baselines: orders other than the contract's, for research comparisons. Each is
+/// deterministic (seed, epoch) and an exact permutation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    /// File order, no shuffle.
+    Sequential,
+    /// Blocks of `block` consecutive records; only the block order is shuffled per epoch.
+    Bmf {
+        /// Records per block.
+        block: u64,
+    },
+    /// A shuffle buffer of `size` records over a sequential read (tf.data style).
+    Buffer {
+        /// Buffer capacity in records.
+        size: u64,
+    },
+}
+
+impl Baseline {
+    /// The mode name: `sequential`, `bmf`, `buffer`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Baseline::Sequential => "sequential",
+            Baseline::Bmf { .. } => "bmf",
+            Baseline::Buffer { .. } => "buffer",
+        }
+    }
+}
+
 /// What to read.
 #[derive(Clone, Debug)]
 pub struct ReadOptions {
@@ -66,6 +95,8 @@ pub struct ReadOptions {
     pub prefetch: usize,
     /// Hard ceiling on engine-owned memory (tables, buffers, read-ahead), if any.
     pub memory: Option<u64>,
+    /// Read a baseline's order instead of the contract's (LIRS reader only).
+    pub baseline: Option<Baseline>,
 }
 
 impl ReadOptions {
@@ -84,6 +115,7 @@ impl ReadOptions {
             io: IoConfig::default(),
             prefetch: 4,
             memory: None,
+            baseline: None,
         }
     }
 }

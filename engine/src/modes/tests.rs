@@ -363,3 +363,74 @@ fn two_pass_with_many_piles_under_a_tight_budget() {
         r.memory_bytes
     );
 }
+
+/// The baselines: exact permutations, deterministic, and the orders they promise.
+#[test]
+fn baselines_are_deterministic_permutations_of_their_kind() {
+    use super::Baseline;
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 3000, 60, 0.5);
+    for baseline in [
+        Baseline::Sequential,
+        Baseline::Bmf { block: 100 },
+        Baseline::Buffer { size: 200 },
+    ] {
+        let mut o = ReadOptions::new(64);
+        o.baseline = Some(baseline);
+        o.epochs = 2;
+        let mut stream = read(ds.clone(), o.clone()).unwrap();
+        let batches: Vec<Batch> = stream.by_ref().map(|b| b.unwrap()).collect();
+        assert_eq!(stream.report().mode, baseline.name());
+        check_payloads(&batches);
+        let again: Vec<Batch> = all(&ds, o);
+        assert_eq!(batches, again, "{baseline:?} is not deterministic");
+        for epoch in 0..2 {
+            let order: Vec<u64> = batches
+                .iter()
+                .filter(|b| b.epoch == epoch)
+                .flat_map(|b| b.ids.clone())
+                .collect();
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(
+                sorted,
+                (0..3000).collect::<Vec<_>>(),
+                "{baseline:?} epoch {epoch}"
+            );
+            match baseline {
+                Baseline::Sequential => assert_eq!(order, sorted),
+                Baseline::Bmf { block } => {
+                    for run in order.chunks(block as usize) {
+                        assert!(
+                            run.windows(2).all(|w| w[1] == w[0] + 1),
+                            "a block was broken up"
+                        );
+                        assert_eq!(run[0] % block, 0);
+                    }
+                }
+                Baseline::Buffer { size } => {
+                    // A record leaves the buffer no earlier than `size` places before its
+                    // own id would arrive.
+                    for (pos, &id) in order.iter().enumerate() {
+                        assert!(id <= pos as u64 + size, "record {id} at {pos}");
+                    }
+                }
+            }
+        }
+        let e0: Vec<u64> = batches
+            .iter()
+            .filter(|b| b.epoch == 0)
+            .flat_map(|b| b.ids.clone())
+            .collect();
+        let e1: Vec<u64> = batches
+            .iter()
+            .filter(|b| b.epoch == 1)
+            .flat_map(|b| b.ids.clone())
+            .collect();
+        assert_eq!(
+            e0 == e1,
+            baseline == Baseline::Sequential,
+            "{baseline:?}: epochs"
+        );
+    }
+}

@@ -1,9 +1,13 @@
 //! Walks an epoch's sequence of records: position -> record id, through the table and
 //! the units, forward only (restarting from the top when asked for an earlier position).
 
-use crate::order::{EpochTable, Units};
+use crate::order::{EpochTable, IdVec, Units};
 
 pub(crate) struct Walker<'a> {
+    /// An explicit sequence of record ids (the shuffle-buffer baseline), if any.
+    explicit: Option<&'a IdVec>,
+    /// Whether reads may merge across units (baselines, whose units are not shuffling units).
+    merge_units: bool,
     table: &'a EpochTable,
     units: &'a Units,
     /// Index in the table of the current unit.
@@ -18,6 +22,8 @@ pub(crate) struct Walker<'a> {
 impl<'a> Walker<'a> {
     pub(crate) fn new(table: &'a EpochTable, units: &'a Units) -> Self {
         let mut w = Walker {
+            explicit: None,
+            merge_units: false,
             table,
             units,
             t: 0,
@@ -26,6 +32,18 @@ impl<'a> Walker<'a> {
             pos: 0,
         };
         w.load();
+        w
+    }
+
+    /// A walker over a baseline's order: reads merge by contiguity alone.
+    pub(crate) fn baseline(
+        table: &'a EpochTable,
+        units: &'a Units,
+        explicit: Option<&'a IdVec>,
+    ) -> Self {
+        let mut w = Walker::new(table, units);
+        w.explicit = explicit;
+        w.merge_units = true;
         w
     }
 
@@ -40,6 +58,9 @@ impl<'a> Walker<'a> {
     /// The record at sequence position `p` (< the number of records), and the table index
     /// of its unit.
     pub(crate) fn at(&mut self, p: u64) -> (u64, u64) {
+        if let Some(v) = self.explicit {
+            return (v.get(p as usize), 0);
+        }
         if p < self.pos {
             self.t = 0;
             self.pos = 0;
@@ -50,6 +71,7 @@ impl<'a> Walker<'a> {
             self.t += 1;
             self.load();
         }
-        (self.first + (p - self.pos), self.t)
+        let unit = if self.merge_units { 0 } else { self.t };
+        (self.first + (p - self.pos), unit)
     }
 }

@@ -77,6 +77,23 @@ impl Units {
         }
     }
 
+    /// Units of `block` consecutive records (the block-minimization baseline: blocks cut
+    /// once, only their order shuffled), or one unit of everything (`block >= records`).
+    pub fn blocks(records: u64, block: u64) -> Units {
+        let block = block.max(1);
+        let mut starts = IdVec::with_capacity(records, 0);
+        let mut id = 0;
+        while id < records {
+            starts.push(id);
+            id += block;
+        }
+        starts.push(records);
+        Units {
+            records,
+            starts: Some(starts),
+        }
+    }
+
     /// Number of units.
     pub fn len(&self) -> u64 {
         match &self.starts {

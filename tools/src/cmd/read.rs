@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use riffle::dataset::Dataset;
 use riffle::format::Format;
 use riffle::io::IoConfig;
-use riffle::modes::{self, Cursor, ReadOptions};
+use riffle::modes::{self, Baseline, Cursor, ReadOptions};
 use riffle::order::{Grouping, Tail};
 use riffle::size::{human_bytes, parse_size};
 use serde_json::json;
@@ -30,10 +30,18 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
     /// lirs (random reads straight from the device), two-pass (sequential scatter into
-    /// piles, each pile ordered in memory: the same batches with sequential I/O), or auto
-    /// (lirs until the planner arrives). The baselines are not implemented yet.
+    /// piles, each pile ordered in memory: the same batches with sequential I/O), auto
+    /// (lirs until the planner arrives), or a baseline for comparisons: buffer (a shuffle
+    /// buffer of --buffer records over a sequential read), bmf (blocks of --block records,
+    /// block order shuffled per epoch), sequential (no shuffle).
     #[arg(long, default_value = "auto")]
     pub mode: String,
+    /// buffer: the shuffle buffer's capacity in records.
+    #[arg(long, default_value_t = 10_000)]
+    pub buffer: u64,
+    /// bmf: records per block (blocks are cut once; only their order changes per epoch).
+    #[arg(long, default_value_t = 4096)]
+    pub block: u64,
     /// two-pass: where the piles go (default: the directory of the first data file).
     #[arg(long)]
     pub scratch: Option<PathBuf>,
@@ -89,12 +97,9 @@ pub fn run(a: Args) -> Result<()> {
     let mode = match a.mode.as_str() {
         "lirs" | "auto" => "lirs",
         "two-pass" => "two-pass",
-        "buffer" | "bmf" | "sequential" => {
-            bail!(
-                "mode '{}' is not implemented yet; use --mode lirs or two-pass",
-                a.mode
-            )
-        }
+        "buffer" => "buffer",
+        "bmf" => "bmf",
+        "sequential" => "sequential",
         other => bail!(
             "unknown mode '{other}': expected auto, lirs, two-pass, buffer, bmf or sequential"
         ),
@@ -137,6 +142,16 @@ pub fn run(a: Args) -> Result<()> {
         },
         prefetch: a.prefetch,
         memory: a.memory,
+        baseline: match mode {
+            "buffer" => Some(Baseline::Buffer {
+                size: a.buffer.max(1),
+            }),
+            "bmf" => Some(Baseline::Bmf {
+                block: a.block.max(1),
+            }),
+            "sequential" => Some(Baseline::Sequential),
+            _ => None,
+        },
     };
     let mut ids_out = match &a.ids_out {
         Some(p) => Some(std::io::BufWriter::new(
