@@ -203,6 +203,8 @@ pub struct ReadReport {
     pub pile_loads: u64,
     /// Two-pass: bytes written to scratch piles.
     pub scratch_bytes: u64,
+    /// Seconds each epoch took (two-pass: the first includes the scatter).
+    pub epoch_seconds: Vec<f64>,
 }
 
 /// Latency percentiles.

@@ -146,6 +146,49 @@ impl PileWriter {
     }
 }
 
+/// Piles being written for one epoch, in their own temporary directory.
+struct PileSink {
+    dir: tempfile::TempDir,
+    writers: Vec<PileWriter>,
+}
+
+/// Piles written and closed: (path, bytes) in key order; removed with the directory.
+struct PileSet {
+    _dir: tempfile::TempDir,
+    piles: Vec<(PathBuf, u64)>,
+}
+
+impl PileSink {
+    fn new(scratch: &Path, plan: &PilePlan) -> Result<PileSink> {
+        let dir = tempfile::Builder::new()
+            .prefix("riffle-piles-")
+            .tempdir_in(scratch)
+            .map_err(|e| Error::io(scratch, "create pile directory", None, e))?;
+        let writers = (0..plan.piles())
+            .map(|i| {
+                let path = dir.path().join(format!("pile-{i:05}"));
+                let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, "create pile", None, e))?;
+                Ok(PileWriter { path, file, buf: Vec::with_capacity(plan.buf_size), bytes: 0 })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PileSink { dir, writers })
+    }
+
+    fn add(&mut self, plan: &PilePlan, key: u64, frame: &[u8]) -> Result<()> {
+        self.writers[plan.pile_of(key)].append(frame, plan.buf_size)
+    }
+
+    fn finish(mut self, scratch_bytes: &mut u64) -> Result<PileSet> {
+        let mut piles = Vec::with_capacity(self.writers.len());
+        for mut w in self.writers.drain(..) {
+            w.flush()?;
+            *scratch_bytes += w.bytes;
+            piles.push((w.path, w.bytes));
+        }
+        Ok(PileSet { _dir: self.dir, piles })
+    }
+}
+
 /// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).
 struct Chunk {
     first: u64,
@@ -307,68 +350,57 @@ fn run(
         epochs.start = c.epoch;
     }
     let mut pile_reads = 0u64;
+    let last_epoch = epochs.end;
+    let mut ready: Option<PileSet> = None;
     for epoch in epochs {
         let key = EpochKey::new(opts.seed, epoch);
         let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
-        let dir = tempfile::Builder::new()
-            .prefix("riffle-piles-")
-            .tempdir_in(scratch)
-            .map_err(|e| Error::io(scratch, "create pile directory", None, e))?;
-        let mut piles = (0..plan.piles())
-            .map(|i| {
-                let path = dir.path().join(format!("pile-{i:05}"));
-                let file = std::fs::File::create(&path)
-                    .map_err(|e| Error::io(&path, "create pile", None, e))?;
-                Ok(PileWriter {
-                    path,
-                    file,
-                    buf: Vec::with_capacity(plan.buf_size),
-                    bytes: 0,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-
-        // Scatter: sequential reads, every unit framed into its pile.
-        let mut failure: Option<Error> = None;
-        let mut frame = Vec::new();
-        reader.read_ranges(
-            chunks
-                .iter()
-                .map(|c| (c.file, c.start, (c.stop - c.start) as usize)),
-            |i, bytes| {
-                if failure.is_some() {
-                    return;
-                }
-                let c = &chunks[i];
-                for u in c.first..c.end {
-                    let ids = units.records(u);
-                    let k = key.key(u);
-                    frame.clear();
-                    frame.extend_from_slice(&k.to_le_bytes());
-                    frame.extend_from_slice(&u.to_le_bytes());
-                    frame.extend_from_slice(&((ids.end - ids.start) as u32).to_le_bytes());
-                    let locs: Vec<_> = ids.clone().map(|id| ds.locate(id)).collect();
-                    for l in &locs {
-                        frame.extend_from_slice(&(l.len as u32).to_le_bytes());
-                    }
-                    for l in &locs {
-                        let from = (l.offset - c.start) as usize;
-                        frame.extend_from_slice(&bytes[from..from + l.len as usize]);
-                    }
-                    if let Err(e) = piles[plan.pile_of(k)].append(&frame, plan.buf_size) {
-                        failure = Some(e);
+        let epoch_started = Instant::now();
+        // Piles for this epoch: rolled over from the previous epoch's pile pass, or a
+        // scatter of the dataset (the first epoch).
+        let set = match ready.take() {
+            Some(set) => set,
+            None => {
+                let mut sink = PileSink::new(scratch, plan)?;
+                let mut failure: Option<Error> = None;
+                let mut frame = Vec::new();
+                reader.read_ranges(chunks.iter().map(|c| (c.file, c.start, (c.stop - c.start) as usize)), |i, bytes| {
+                    if failure.is_some() {
                         return;
                     }
+                    let c = &chunks[i];
+                    for u in c.first..c.end {
+                        let ids = units.records(u);
+                        let k = key.key(u);
+                        frame.clear();
+                        frame.extend_from_slice(&k.to_le_bytes());
+                        frame.extend_from_slice(&u.to_le_bytes());
+                        frame.extend_from_slice(&((ids.end - ids.start) as u32).to_le_bytes());
+                        let locs: Vec<_> = ids.clone().map(|id| ds.locate(id)).collect();
+                        for l in &locs {
+                            frame.extend_from_slice(&(l.len as u32).to_le_bytes());
+                        }
+                        for l in &locs {
+                            let from = (l.offset - c.start) as usize;
+                            frame.extend_from_slice(&bytes[from..from + l.len as usize]);
+                        }
+                        if let Err(e) = sink.add(plan, k, &frame) {
+                            failure = Some(e);
+                            return;
+                        }
+                    }
+                })?;
+                if let Some(e) = failure {
+                    return Err(e);
                 }
-            },
-        )?;
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        for p in &mut piles {
-            p.flush()?;
-            r.scratch_bytes += p.bytes;
-        }
+                sink.finish(&mut r.scratch_bytes)?
+            }
+        };
+        // Rolling: while this epoch is emitted, its frames are re-keyed and scattered for
+        // the next one, so a later epoch costs one sequential read and one write.
+        let rolling = epoch + 1 < last_epoch;
+        let next_key = EpochKey::new(opts.seed, epoch + 1);
+        let mut next = if rolling { Some(PileSink::new(scratch, plan)?) } else { None };
 
         // Pile pass: each pile in key order, records out in sequence.
         let pad_needed = match opts.tail {
@@ -395,11 +427,9 @@ fn run(
             report: &mut *r,
             stopped: false,
         };
-        for (index, p) in piles.into_iter().enumerate() {
-            let PileWriter {
-                path, file, bytes, ..
-            } = p;
-            drop(file);
+        let mut roll_error: Option<Error> = None;
+        for (index, (path, bytes)) in set.piles.iter().enumerate() {
+            let bytes = *bytes;
             let passes = bytes.div_ceil(plan.pile_budget).max(1);
             // Key sub-ranges of the pile's range, one pass over the file each.
             let shift = if plan.bits == 0 { 0 } else { 64 - plan.bits };
@@ -416,14 +446,18 @@ fn run(
             for pass in 0..passes {
                 let a = lo + width * pass as u128 / passes as u128;
                 let b = lo + width * (pass as u128 + 1) / passes as u128;
-                let data = load_pile(&path, a, b)?;
+                let data = load_pile(path, a, b)?;
                 pile_reads += 1;
-                emit_pile(&data, units, &mut em);
+                let roll = next.as_mut().map(|n| (n, plan, &next_key));
+                emit_pile(&data, units, &mut em, roll, &mut roll_error);
+                if let Some(e) = roll_error.take() {
+                    return Err(e);
+                }
                 if em.stopped {
                     break;
                 }
             }
-            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(path);
             if em.stopped {
                 break;
             }
@@ -431,9 +465,14 @@ fn run(
         em.finish();
         let stopped = em.stopped;
         drop(em);
+        drop(set);
         if stopped {
             break;
         }
+        if let Some(n) = next {
+            ready = Some(n.finish(&mut r.scratch_bytes)?);
+        }
+        r.epoch_seconds.push(epoch_started.elapsed().as_secs_f64());
     }
     let s = reader.stats();
     r.pile_loads = pile_reads;
@@ -488,7 +527,13 @@ fn load_pile(path: &Path, lo: u128, hi: u128) -> Result<Vec<u8>> {
 }
 
 /// Sorts a loaded pile's frames by key and emits their records.
-fn emit_pile(data: &[u8], units: &Units, em: &mut Emitter<'_>) {
+fn emit_pile(
+    data: &[u8],
+    units: &Units,
+    em: &mut Emitter<'_>,
+    mut next: Option<(&mut PileSink, &PilePlan, &EpochKey)>,
+    error: &mut Option<Error>,
+) {
     let mut frames: Vec<(u64, usize)> = Vec::new();
     let mut at = 0usize;
     while at < data.len() {
@@ -502,10 +547,25 @@ fn emit_pile(data: &[u8], units: &Units, em: &mut Emitter<'_>) {
         at += 20 + n * 4 + body;
     }
     frames.sort_unstable_by_key(|&(k, _)| k);
+    let mut rekeyed = Vec::new();
     for (_, at) in frames {
         let unit = u64::from_le_bytes(data[at + 8..at + 16].try_into().expect("8 bytes"));
         let n = u32::from_le_bytes(data[at + 16..at + 20].try_into().expect("4 bytes")) as usize;
         let mut off = at + 20 + n * 4;
+        if let Some((sink, plan, key)) = next.as_mut() {
+            let body: usize = data[at + 20..at + 20 + n * 4]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4")) as usize)
+                .sum();
+            let k = key.key(unit);
+            rekeyed.clear();
+            rekeyed.extend_from_slice(&k.to_le_bytes());
+            rekeyed.extend_from_slice(&data[at + 8..at + 20 + n * 4 + body]);
+            if let Err(e) = sink.add(plan, k, &rekeyed) {
+                *error = Some(e);
+                return;
+            }
+        }
         for (i, id) in units.records(unit).enumerate() {
             let len = u32::from_le_bytes(
                 data[at + 20 + i * 4..at + 24 + i * 4]
