@@ -12,7 +12,7 @@
 //! whole: it is read again for each of several key sub-ranges, which keeps the order exact
 //! and the memory bounded.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,10 +66,12 @@ impl PilePlan {
         let mean = frames as f64 / units.len() as f64;
         let batch_bytes = (opts.batch as f64 * stats.total as f64 / records as f64) as u64
             + (opts.batch + 1) * 16;
-        let scan_size = opts
-            .memory
-            .map(|m| (m / 32).clamp(32 << 10, 4 << 20))
-            .unwrap_or(4 << 20);
+        // Four sequential reads in flight: 4 MiB each, or small enough under a tight budget
+        // that the slab stays below the huge-page threshold.
+        let scan_size: u64 = match opts.memory {
+            Some(m) if m < (256 << 20) => 48 << 10,
+            _ => 4 << 20,
+        };
         let scan_bytes = crate::io::footprint(scan_size as usize * 4) as u64;
         let fixed = units.bytes()
             + ds.index_bytes()
@@ -79,25 +81,41 @@ impl PilePlan {
             Some(m) => m.saturating_sub(fixed),
             None => 512 << 20,
         };
-        // Half for the pile being ordered, a quarter for the scatter's write buffers.
-        let pile_budget = budget / 2;
+        // The pile writers' slots (two per pile, direct writes) come off the top; half of
+        // the rest is for the pile being ordered.
+        let writers =
+            |piles: u64, buf: usize| piles * crate::io::footprint(2 * (buf / 2).max(4096)) as u64;
+        // Each pile's share of a quarter of the budget: whole huge pages when it is large
+        // enough, otherwise kept under the huge-page threshold (which would round it up).
+        let buf_for = |piles: u64| {
+            let share = (budget / 4) / piles;
+            if share >= 2 << 20 {
+                2 << 20
+            } else {
+                share.clamp(8 << 10, 240 << 10) as usize
+            }
+        };
+        // The fewest piles whose expected size with headroom (s + 6 sqrt(s) units) fits the
+        // pile budget; more piles cost more writer slots, so stop when that stops paying.
+        let mut choice = None;
+        for bits in 0..=16u32 {
+            let piles = 1u64 << bits;
+            let pile_budget = budget.saturating_sub(writers(piles, buf_for(piles))) / 2;
+            let s = units.len() as f64 / piles as f64;
+            if (s + 6.0 * s.sqrt()) * mean <= pile_budget as f64 {
+                choice = Some((bits, pile_budget));
+                break;
+            }
+        }
+        let (bits, pile_budget) = choice.unwrap_or((0, 0));
         if pile_budget < (stats.max + FRAME_HEAD + 4) * 2 {
             return Err(Error::Invalid(format!(
                 "--memory is too small for two-pass: after indexes, buffers and batches ({fixed} bytes) \
                  there is no room for a pile of even two of the largest units"
             )));
         }
-        // Enough piles that s + 6 sqrt(s) units (s expected per pile) fit the pile budget.
-        let mut bits = 0u32;
-        loop {
-            let s = units.len() as f64 / (1u64 << bits) as f64;
-            if (s + 6.0 * s.sqrt()) * mean <= pile_budget as f64 || bits >= 16 {
-                break;
-            }
-            bits += 1;
-        }
         let piles = 1u64 << bits;
-        let buf_size = ((budget / 4) / piles).clamp(4 << 10, 1 << 20) as usize;
+        let buf_size = buf_for(piles);
         Ok(PilePlan {
             bits,
             pile_budget,
@@ -122,26 +140,14 @@ impl PilePlan {
 
 struct PileWriter {
     path: PathBuf,
-    file: std::fs::File,
-    buf: Vec<u8>,
+    writer: crate::io::StreamWriter,
     bytes: u64,
 }
 
 impl PileWriter {
-    fn append(&mut self, frame: &[u8], cap: usize) -> Result<()> {
-        if self.buf.len() + frame.len() > cap && !self.buf.is_empty() {
-            self.flush()?;
-        }
-        self.buf.extend_from_slice(frame);
+    fn append(&mut self, frame: &[u8]) -> Result<()> {
+        self.writer.write(frame)?;
         self.bytes += frame.len() as u64;
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<()> {
-        self.file
-            .write_all(&self.buf)
-            .map_err(|e| Error::io(&self.path, "write pile", None, e))?;
-        self.buf.clear();
         Ok(())
     }
 }
@@ -164,28 +170,42 @@ impl PileSink {
             .prefix("riffle-piles-")
             .tempdir_in(scratch)
             .map_err(|e| Error::io(scratch, "create pile directory", None, e))?;
+        // Piles are written with direct sequential writes: two slots each.
+        let cfg = IoConfig {
+            depth: 2,
+            slot_size: (plan.buf_size / 2).max(4096),
+            ..IoConfig::default()
+        };
+        debug_assert!(plan.piles() > 0);
         let writers = (0..plan.piles())
             .map(|i| {
                 let path = dir.path().join(format!("pile-{i:05}"));
-                let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, "create pile", None, e))?;
-                Ok(PileWriter { path, file, buf: Vec::with_capacity(plan.buf_size), bytes: 0 })
+                let writer = crate::io::StreamWriter::create(&path, &cfg)?;
+                Ok(PileWriter {
+                    path,
+                    writer,
+                    bytes: 0,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(PileSink { dir, writers })
     }
 
     fn add(&mut self, plan: &PilePlan, key: u64, frame: &[u8]) -> Result<()> {
-        self.writers[plan.pile_of(key)].append(frame, plan.buf_size)
+        self.writers[plan.pile_of(key)].append(frame)
     }
 
     fn finish(mut self, scratch_bytes: &mut u64) -> Result<PileSet> {
         let mut piles = Vec::with_capacity(self.writers.len());
-        for mut w in self.writers.drain(..) {
-            w.flush()?;
+        for w in self.writers.drain(..) {
+            w.writer.finish()?;
             *scratch_bytes += w.bytes;
             piles.push((w.path, w.bytes));
         }
-        Ok(PileSet { _dir: self.dir, piles })
+        Ok(PileSet {
+            _dir: self.dir,
+            piles,
+        })
     }
 }
 
@@ -331,7 +351,10 @@ fn run(
     r.queue_depth = scan.depth;
     r.units_bytes = units.bytes();
     r.index_bytes = ds.index_bytes();
-    r.buffer_bytes = reader.buffer_bytes() as u64 + (plan.buf_size * plan.piles()) as u64;
+    let pile_slab = crate::io::footprint((plan.buf_size / 2).max(4096) * 2) as u64;
+    // Two sets of pile writers exist while rolling: this epoch's are closed before the
+    // next epoch's fill, but the scatter's and the roll's may overlap at an epoch start.
+    r.buffer_bytes = reader.buffer_bytes() as u64 + pile_slab * plan.piles() as u64;
     r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
     r.table_bytes = plan.pile_budget;
     r.memory_bytes =
@@ -364,32 +387,37 @@ fn run(
                 let mut sink = PileSink::new(scratch, plan)?;
                 let mut failure: Option<Error> = None;
                 let mut frame = Vec::new();
-                reader.read_ranges(chunks.iter().map(|c| (c.file, c.start, (c.stop - c.start) as usize)), |i, bytes| {
-                    if failure.is_some() {
-                        return;
-                    }
-                    let c = &chunks[i];
-                    for u in c.first..c.end {
-                        let ids = units.records(u);
-                        let k = key.key(u);
-                        frame.clear();
-                        frame.extend_from_slice(&k.to_le_bytes());
-                        frame.extend_from_slice(&u.to_le_bytes());
-                        frame.extend_from_slice(&((ids.end - ids.start) as u32).to_le_bytes());
-                        let locs: Vec<_> = ids.clone().map(|id| ds.locate(id)).collect();
-                        for l in &locs {
-                            frame.extend_from_slice(&(l.len as u32).to_le_bytes());
-                        }
-                        for l in &locs {
-                            let from = (l.offset - c.start) as usize;
-                            frame.extend_from_slice(&bytes[from..from + l.len as usize]);
-                        }
-                        if let Err(e) = sink.add(plan, k, &frame) {
-                            failure = Some(e);
+                reader.read_ranges(
+                    chunks
+                        .iter()
+                        .map(|c| (c.file, c.start, (c.stop - c.start) as usize)),
+                    |i, bytes| {
+                        if failure.is_some() {
                             return;
                         }
-                    }
-                })?;
+                        let c = &chunks[i];
+                        for u in c.first..c.end {
+                            let ids = units.records(u);
+                            let k = key.key(u);
+                            frame.clear();
+                            frame.extend_from_slice(&k.to_le_bytes());
+                            frame.extend_from_slice(&u.to_le_bytes());
+                            frame.extend_from_slice(&((ids.end - ids.start) as u32).to_le_bytes());
+                            let locs: Vec<_> = ids.clone().map(|id| ds.locate(id)).collect();
+                            for l in &locs {
+                                frame.extend_from_slice(&(l.len as u32).to_le_bytes());
+                            }
+                            for l in &locs {
+                                let from = (l.offset - c.start) as usize;
+                                frame.extend_from_slice(&bytes[from..from + l.len as usize]);
+                            }
+                            if let Err(e) = sink.add(plan, k, &frame) {
+                                failure = Some(e);
+                                return;
+                            }
+                        }
+                    },
+                )?;
                 if let Some(e) = failure {
                     return Err(e);
                 }
@@ -400,7 +428,11 @@ fn run(
         // the next one, so a later epoch costs one sequential read and one write.
         let rolling = epoch + 1 < last_epoch;
         let next_key = EpochKey::new(opts.seed, epoch + 1);
-        let mut next = if rolling { Some(PileSink::new(scratch, plan)?) } else { None };
+        let mut next = if rolling {
+            Some(PileSink::new(scratch, plan)?)
+        } else {
+            None
+        };
 
         // Pile pass: each pile in key order, records out in sequence.
         let pad_needed = match opts.tail {
@@ -446,7 +478,11 @@ fn run(
             for pass in 0..passes {
                 let a = lo + width * pass as u128 / passes as u128;
                 let b = lo + width * (pass as u128 + 1) / passes as u128;
-                let data = load_pile(path, a, b)?;
+                let data = if passes == 1 {
+                    load_whole_pile(path, bytes)?
+                } else {
+                    load_pile(path, a, b)?
+                };
                 pile_reads += 1;
                 let roll = next.as_mut().map(|n| (n, plan, &next_key));
                 emit_pile(&data, units, &mut em, roll, &mut roll_error);
@@ -485,6 +521,21 @@ fn run(
         max: hist.max() as f64,
     };
     Ok(())
+}
+
+/// A whole pile in one buffer, read with large direct reads.
+fn load_whole_pile(path: &Path, size: u64) -> Result<Vec<u8>> {
+    let file = Arc::new(crate::io::DataFile::open(
+        path,
+        crate::io::Access::Read,
+        true,
+    )?);
+    let mut out = Vec::with_capacity(size as usize);
+    crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| {
+        out.extend_from_slice(chunk);
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// The frames of a pile whose keys are in [lo, hi), as one buffer.
