@@ -100,7 +100,8 @@ impl PilePlan {
         let mut choice = None;
         for bits in 0..=16u32 {
             let piles = 1u64 << bits;
-            let pile_budget = budget.saturating_sub(writers(piles, buf_for(piles))) / 2;
+            // Two piles in memory at once (double buffering): a quarter each.
+            let pile_budget = budget.saturating_sub(writers(piles, buf_for(piles))) / 4;
             let s = units.len() as f64 / piles as f64;
             if (s + 6.0 * s.sqrt()) * mean <= pile_budget as f64 {
                 choice = Some((bits, pile_budget));
@@ -356,7 +357,7 @@ fn run(
     // next epoch's fill, but the scatter's and the roll's may overlap at an epoch start.
     r.buffer_bytes = reader.buffer_bytes() as u64 + pile_slab * plan.piles() as u64;
     r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
-    r.table_bytes = plan.pile_budget;
+    r.table_bytes = 2 * plan.pile_budget;
     r.memory_bytes =
         r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes + r.table_bytes;
     r.records_per_unit = units.mean_records();
@@ -459,11 +460,11 @@ fn run(
             report: &mut *r,
             stopped: false,
         };
-        let mut roll_error: Option<Error> = None;
+        // The pile pass, double buffered: a loader thread reads and sorts the next pile (or
+        // key sub-range of an oversized pile) while this thread emits the current one.
+        let mut loads = Vec::new();
         for (index, (path, bytes)) in set.piles.iter().enumerate() {
-            let bytes = *bytes;
             let passes = bytes.div_ceil(plan.pile_budget).max(1);
-            // Key sub-ranges of the pile's range, one pass over the file each.
             let shift = if plan.bits == 0 { 0 } else { 64 - plan.bits };
             let lo = if plan.bits == 0 {
                 0u128
@@ -478,14 +479,40 @@ fn run(
             for pass in 0..passes {
                 let a = lo + width * pass as u128 / passes as u128;
                 let b = lo + width * (pass as u128 + 1) / passes as u128;
-                let data = if passes == 1 {
-                    load_whole_pile(path, bytes)?
-                } else {
-                    load_pile(path, a, b)?
-                };
+                loads.push((path.clone(), *bytes, passes == 1, a, b, pass + 1 == passes));
+            }
+        }
+        let mut roll_error: Option<Error> = None;
+        std::thread::scope(|scope| -> Result<()> {
+            let (tx_pile, rx_pile) =
+                crossbeam_channel::bounded::<Result<(Vec<u8>, Vec<(u64, usize)>)>>(1);
+            scope.spawn(move || {
+                for (path, bytes, whole, a, b, last) in loads {
+                    let loaded = if whole {
+                        load_whole_pile(&path, bytes)
+                    } else {
+                        load_pile(&path, a, b)
+                    };
+                    let loaded = loaded.map(|data| {
+                        let frames = sorted_frames(&data);
+                        (data, frames)
+                    });
+                    if last {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                    let failed = loaded.is_err();
+                    if tx_pile.send(loaded).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            // Owned here: an early return drops it, the loader's send fails and it stops.
+            let rx_pile = rx_pile;
+            for loaded in rx_pile.iter() {
+                let (data, frames) = loaded?;
                 pile_reads += 1;
                 let roll = next.as_mut().map(|n| (n, plan, &next_key));
-                emit_pile(&data, units, &mut em, roll, &mut roll_error);
+                emit_frames(&data, &frames, units, &mut em, roll, &mut roll_error);
                 if let Some(e) = roll_error.take() {
                     return Err(e);
                 }
@@ -493,11 +520,8 @@ fn run(
                     break;
                 }
             }
-            let _ = std::fs::remove_file(path);
-            if em.stopped {
-                break;
-            }
-        }
+            Ok(())
+        })?;
         em.finish();
         let stopped = em.stopped;
         drop(em);
@@ -577,14 +601,8 @@ fn load_pile(path: &Path, lo: u128, hi: u128) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Sorts a loaded pile's frames by key and emits their records.
-fn emit_pile(
-    data: &[u8],
-    units: &Units,
-    em: &mut Emitter<'_>,
-    mut next: Option<(&mut PileSink, &PilePlan, &EpochKey)>,
-    error: &mut Option<Error>,
-) {
+/// The frames of a loaded pile as (key, offset), sorted by key.
+fn sorted_frames(data: &[u8]) -> Vec<(u64, usize)> {
     let mut frames: Vec<(u64, usize)> = Vec::new();
     let mut at = 0usize;
     while at < data.len() {
@@ -598,8 +616,21 @@ fn emit_pile(
         at += 20 + n * 4 + body;
     }
     frames.sort_unstable_by_key(|&(k, _)| k);
+    frames
+}
+
+/// Emits the records of a pile's frames in key order, re-scattering each frame for the
+/// next epoch when rolling.
+fn emit_frames(
+    data: &[u8],
+    frames: &[(u64, usize)],
+    units: &Units,
+    em: &mut Emitter<'_>,
+    mut next: Option<(&mut PileSink, &PilePlan, &EpochKey)>,
+    error: &mut Option<Error>,
+) {
     let mut rekeyed = Vec::new();
-    for (_, at) in frames {
+    for &(_, at) in frames {
         let unit = u64::from_le_bytes(data[at + 8..at + 16].try_into().expect("8 bytes"));
         let n = u32::from_le_bytes(data[at + 16..at + 20].try_into().expect("4 bytes")) as usize;
         let mut off = at + 20 + n * 4;
