@@ -272,16 +272,7 @@ fn run(
         r.table_bytes + r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes;
     r.records_per_unit = units.mean_records();
     let format = ds.format();
-    let mut epochs = opts.first_epoch..opts.first_epoch + opts.epochs;
-    if let Some(c) = opts.resume {
-        if !epochs.contains(&c.epoch) {
-            return Err(Error::Invalid(format!(
-                "resume cursor {}:{} is outside the epochs {}..{}",
-                c.epoch, c.batch, epochs.start, epochs.end
-            )));
-        }
-        epochs.start = c.epoch;
-    }
+    let epochs = opts.epoch_range()?;
     let mut total_reads = 0u64;
     for epoch in epochs {
         let t = Instant::now();
@@ -411,11 +402,7 @@ fn run(
     r.read_ops = s.read_ops;
     r.device_bytes = s.device_bytes;
     r.seconds = started.elapsed().as_secs_f64();
-    r.batch_latency_us = Latency {
-        p50: hist.value_at_quantile(0.5) as f64,
-        p99: hist.value_at_quantile(0.99) as f64,
-        max: hist.max() as f64,
-    };
+    r.batch_latency_us = Latency::of(&hist);
     Ok(())
 }
 

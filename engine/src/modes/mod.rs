@@ -100,6 +100,22 @@ pub struct ReadOptions {
 }
 
 impl ReadOptions {
+    /// The epochs to read: from the resume cursor's epoch (which must be one of them) or
+    /// the first epoch, to the end.
+    pub(crate) fn epoch_range(&self) -> crate::Result<std::ops::Range<u64>> {
+        let mut epochs = self.first_epoch..self.first_epoch + self.epochs;
+        if let Some(c) = self.resume {
+            if !epochs.contains(&c.epoch) {
+                return Err(crate::Error::Invalid(format!(
+                    "resume cursor {}:{} is outside the epochs {}..{}",
+                    c.epoch, c.batch, epochs.start, epochs.end
+                )));
+            }
+            epochs.start = c.epoch;
+        }
+        Ok(epochs)
+    }
+
     /// One epoch of `batch`-record batches, seed 0, one rank, record grouping.
     pub fn new(batch: u64) -> Self {
         ReadOptions {
@@ -220,3 +236,14 @@ pub struct Latency {
 
 #[cfg(test)]
 mod tests;
+
+impl Latency {
+    /// The percentiles of a histogram of microseconds.
+    pub(crate) fn of(h: &hdrhistogram::Histogram<u64>) -> Latency {
+        Latency {
+            p50: h.value_at_quantile(0.5) as f64,
+            p99: h.value_at_quantile(0.99) as f64,
+            max: h.max() as f64,
+        }
+    }
+}

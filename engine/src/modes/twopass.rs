@@ -363,16 +363,7 @@ fn run(
     r.records_per_unit = units.mean_records();
     r.piles = plan.piles() as u64;
     let chunks = chunks(ds, units, plan.scan_size);
-    let mut epochs = opts.first_epoch..opts.first_epoch + opts.epochs;
-    if let Some(c) = opts.resume {
-        if !epochs.contains(&c.epoch) {
-            return Err(Error::Invalid(format!(
-                "resume cursor {}:{} is outside the epochs {}..{}",
-                c.epoch, c.batch, epochs.start, epochs.end
-            )));
-        }
-        epochs.start = c.epoch;
-    }
+    let epochs = opts.epoch_range()?;
     let mut pile_reads = 0u64;
     let last_epoch = epochs.end;
     let mut ready: Option<PileSet> = None;
@@ -539,11 +530,7 @@ fn run(
     r.read_ops = s.read_ops + pile_reads;
     r.device_bytes = s.device_bytes;
     r.seconds = started.elapsed().as_secs_f64();
-    r.batch_latency_us = Latency {
-        p50: hist.value_at_quantile(0.5) as f64,
-        p99: hist.value_at_quantile(0.99) as f64,
-        max: hist.max() as f64,
-    };
+    r.batch_latency_us = Latency::of(&hist);
     Ok(())
 }
 
