@@ -252,7 +252,8 @@ struct Emitter<'a> {
     pos: u64,
     pad_keep: Vec<(u64, Vec<u8>)>,
     pad_needed: u64,
-    cur: Option<(u64, Batch, Instant)>,
+    /// The batch being filled: its index, end position, the batch, and when it started.
+    cur: Option<(u64, u64, Batch, Instant)>,
     tx: &'a Sender<Result<Batch>>,
     epoch: u64,
     hist: &'a mut Histogram<u64>,
@@ -282,28 +283,34 @@ impl Emitter<'_> {
         if j < self.first_batch {
             return;
         }
-        let (_, batch, _) = self.cur.get_or_insert_with(|| {
-            (
-                j,
-                Batch {
-                    epoch: self.epoch,
-                    index: j,
-                    ids: Vec::new(),
-                    offsets: vec![0],
-                    payload: Vec::new(),
-                    padding: 0,
-                },
-                Instant::now(),
-            )
+        let split = self.split;
+        let epoch = self.epoch;
+        let (_, end, batch, _) = self.cur.get_or_insert_with(|| {
+            let positions = split.positions(j);
+            // Sized once for its records; the payload guess (the first record's size each) grows if short.
+            let n = (positions.end - positions.start) as usize;
+            let batch = Batch {
+                epoch,
+                index: j,
+                ids: Vec::with_capacity(n),
+                offsets: Vec::with_capacity(n + 1),
+                payload: Vec::with_capacity(n * bytes.len().max(16)),
+                padding: 0,
+            };
+            (j, positions.end, batch, Instant::now())
         });
+        let end = *end;
+        if batch.offsets.is_empty() {
+            batch.offsets.push(0);
+        }
         batch.ids.push(id);
         batch.payload.extend_from_slice(bytes);
         batch.offsets.push(batch.payload.len() as u64);
         if padding {
             batch.padding += 1;
         }
-        if p + 1 == self.split.positions(j).end {
-            let (_, b, started) = self.cur.take().expect("current batch");
+        if p + 1 == end {
+            let (_, _, b, started) = self.cur.take().expect("current batch");
             self.hist
                 .saturating_record(started.elapsed().as_micros().max(1) as u64);
             self.report.records += b.ids.len() as u64;
@@ -379,6 +386,7 @@ fn run(
                 let mut sink = PileSink::new(scratch, plan)?;
                 let mut failure: Option<Error> = None;
                 let mut frame = Vec::new();
+                let mut locs = Vec::new();
                 reader.read_ranges(
                     chunks
                         .iter()
@@ -395,7 +403,8 @@ fn run(
                             frame.extend_from_slice(&k.to_le_bytes());
                             frame.extend_from_slice(&u.to_le_bytes());
                             frame.extend_from_slice(&((ids.end - ids.start) as u32).to_le_bytes());
-                            let locs: Vec<_> = ids.clone().map(|id| ds.locate(id)).collect();
+                            locs.clear();
+                            locs.extend(ids.clone().map(|id| ds.locate(id)));
                             for l in &locs {
                                 frame.extend_from_slice(&(l.len as u32).to_le_bytes());
                             }
