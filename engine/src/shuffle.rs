@@ -127,7 +127,9 @@ pub fn shuffle(
         };
         let mut skipped = 0u64;
         let mut keep_header = n == 0;
-        let result = for_each_record(input, opts.sep, opts.memory / 4, &name, |offset, rec| {
+        // Pile frames store lengths as u32.
+        let max_record = (opts.memory / 4).min(u32::MAX as u64);
+        let result = for_each_record(input, opts.sep, max_record, &name, |offset, rec| {
             rep.bytes += rec.len() as u64 + 1;
             if skipped < opts.skip {
                 skipped += 1;
@@ -453,7 +455,9 @@ impl Piles {
                 plan.push((path.clone(), a, b, (size / passes as u64) as usize, last));
             }
         }
-        let (tx, rx) = crossbeam_channel::bounded::<Result<Loaded>>(1);
+        // A rendezvous channel: the loader hands a pile over only when the writer takes it,
+        // so at most two piles are in memory.
+        let (tx, rx) = crossbeam_channel::bounded::<Result<Loaded>>(0);
         // Spent buffers go back to the loader: fresh pages cost a fault and a clear each.
         let (back_tx, back_rx) = crossbeam_channel::bounded::<Loaded>(2);
         std::thread::scope(|scope| {
@@ -693,9 +697,12 @@ impl OutputWriter {
     fn finish(mut self) -> Result<Vec<String>> {
         self.close_current()?;
         let mut names = Vec::new();
-        for (path, tmp) in std::mem::take(&mut self.done) {
+        // Each entry leaves `done` only once renamed, so a failed rename leaves the rest
+        // for Drop to remove.
+        while let Some((path, tmp)) = self.done.first().cloned() {
             std::fs::rename(&tmp, &path)
                 .map_err(|e| Error::io(&path, "rename into place", None, e))?;
+            self.done.remove(0);
             names.push(path.display().to_string());
         }
         if matches!(self.target, Output::Stdout) {

@@ -26,6 +26,9 @@ use crate::io::IoConfig;
 use crate::order::{EpochKey, Split, Tail, Units};
 use crate::{Error, Result};
 
+/// log2 of the most piles one epoch uses.
+const MAX_PILE_BITS: u32 = 12;
+
 /// Bytes of a frame besides the record bytes: key, unit id, record count, and one u32
 /// length per record.
 const FRAME_HEAD: u64 = 8 + 8 + 4;
@@ -98,7 +101,8 @@ impl PilePlan {
         // The fewest piles whose expected size with headroom (s + 6 sqrt(s) units) fits the
         // pile budget; more piles cost more writer slots, so stop when that stops paying.
         let mut choice = None;
-        for bits in 0..=16u32 {
+        // At most 4096 piles: each holds a file and a ring open while it is written.
+        for bits in 0..=MAX_PILE_BITS {
             let piles = 1u64 << bits;
             // Two piles in memory at once (double buffering): a quarter each.
             let pile_budget = budget.saturating_sub(writers(piles, buf_for(piles))) / 4;
@@ -108,7 +112,14 @@ impl PilePlan {
                 break;
             }
         }
-        let (bits, pile_budget) = choice.unwrap_or((0, 0));
+        // Nothing fits with headroom: the most piles, read back in key sub-ranges.
+        let (bits, pile_budget) = choice.unwrap_or_else(|| {
+            let piles = 1u64 << MAX_PILE_BITS;
+            (
+                MAX_PILE_BITS,
+                budget.saturating_sub(writers(piles, buf_for(piles))) / 4,
+            )
+        });
         if pile_budget < (stats.max + FRAME_HEAD + 4) * 2 {
             return Err(Error::Invalid(format!(
                 "--memory is too small for two-pass: after indexes, buffers and batches ({fixed} bytes) \
@@ -294,7 +305,7 @@ impl Emitter<'_> {
                 index: j,
                 ids: Vec::with_capacity(n),
                 offsets: Vec::with_capacity(n + 1),
-                payload: Vec::with_capacity(n * bytes.len().max(16)),
+                payload: Vec::with_capacity(n.saturating_mul(bytes.len().max(16)).min(64 << 20)),
                 padding: 0,
             };
             (j, positions.end, batch, Instant::now())
@@ -485,7 +496,7 @@ fn run(
         let mut roll_error: Option<Error> = None;
         std::thread::scope(|scope| -> Result<()> {
             let (tx_pile, rx_pile) =
-                crossbeam_channel::bounded::<Result<(Vec<u8>, Vec<(u64, usize)>)>>(1);
+                crossbeam_channel::bounded::<Result<(Vec<u8>, Vec<(u64, usize)>)>>(0);
             scope.spawn(move || {
                 for (path, bytes, whole, a, b, last) in loads {
                     let loaded = if whole {
