@@ -79,7 +79,7 @@ impl PilePlan {
         let fixed = units.bytes()
             + ds.index_bytes()
             + (opts.prefetch as u64 + 1) * batch_bytes
-            + scan_bytes;
+            + 2 * scan_bytes; // the scatter's reader and the pile loader's
         let budget = match opts.memory {
             Some(m) => m.saturating_sub(fixed),
             None => 512 << 20,
@@ -371,16 +371,17 @@ fn run(
     r.units_bytes = units.bytes();
     r.index_bytes = ds.index_bytes();
     let pile_slab = crate::io::footprint((plan.buf_size / 2).max(4096) * 2) as u64;
-    // Two sets of pile writers exist while rolling: this epoch's are closed before the
-    // next epoch's fill, but the scatter's and the roll's may overlap at an epoch start.
-    r.buffer_bytes = reader.buffer_bytes() as u64 + pile_slab * plan.piles() as u64;
+    // The scatter's reader, the pile loader's reads (same size), and one set of pile
+    // writers (the next epoch's while rolling; this epoch's are closed by then).
+    r.buffer_bytes = 2 * reader.buffer_bytes() as u64 + pile_slab * plan.piles() as u64;
     r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
     r.table_bytes = 2 * plan.pile_budget;
     r.memory_bytes =
         r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes + r.table_bytes;
     r.records_per_unit = units.mean_records();
     r.piles = plan.piles() as u64;
-    let chunks = chunks(ds, units, plan.scan_size);
+    // A little under a slot, so an unaligned chunk's aligned extent still fits one read.
+    let chunks = chunks(ds, units, plan.scan_size - 8192);
     let epochs = opts.epoch_range()?;
     let mut pile_reads = 0u64;
     let last_epoch = epochs.end;
@@ -500,7 +501,7 @@ fn run(
             scope.spawn(move || {
                 for (path, bytes, whole, a, b, last) in loads {
                     let loaded = if whole {
-                        load_whole_pile(&path, bytes)
+                        load_whole_pile(&path, bytes, plan.scan_size as usize)
                     } else {
                         load_pile(&path, a, b)
                     };
@@ -555,14 +556,19 @@ fn run(
 }
 
 /// A whole pile in one buffer, read with large direct reads.
-fn load_whole_pile(path: &Path, size: u64) -> Result<Vec<u8>> {
+fn load_whole_pile(path: &Path, size: u64, read_size: usize) -> Result<Vec<u8>> {
     let file = Arc::new(crate::io::DataFile::open(
         path,
         crate::io::Access::Read,
         true,
     )?);
     let mut out = Vec::with_capacity(size as usize);
-    crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| {
+    let cfg = IoConfig {
+        depth: 4,
+        slot_size: read_size,
+        ..IoConfig::default()
+    };
+    crate::io::scan_file(&file, &cfg, |_, chunk| {
         out.extend_from_slice(chunk);
         Ok(())
     })?;
