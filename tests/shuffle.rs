@@ -170,7 +170,10 @@ fn a_full_scratch_disk_fails_cleanly() {
         fn drop(&mut self) {
             // Lazy: a process forked by a concurrent test may briefly hold the mount busy;
             // -l detaches it now and frees it when that process is gone.
-            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
         }
     }
     let _guard = Unmount(mnt.clone());
