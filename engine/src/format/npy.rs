@@ -154,30 +154,15 @@ pub fn parse(bytes: &[u8]) -> Result<NpyHeader, NpyError> {
 
 /// The source text of a key's value in a flat Python dict literal.
 fn dict_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    let k1 = format!("'{key}'");
-    let k2 = format!("\"{key}\"");
-    let p = text
-        .find(&k1)
-        .map(|p| p + k1.len())
-        .or_else(|| text.find(&k2).map(|p| p + k2.len()))?;
-    let rest = text[p..].trim_start().strip_prefix(':')?;
-    // The value ends at the comma or brace that closes it at nesting depth 0.
-    let mut depth = 0i32;
-    let mut quote: Option<char> = None;
-    for (i, c) in rest.char_indices() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '\'' | '"') => quote = Some(c),
-            (None, '(' | '[' | '{') => depth += 1,
-            (None, ')' | ']') => depth -= 1,
-            (None, '}') if depth == 0 => return Some(&rest[..i]),
-            (None, '}') => depth -= 1,
-            (None, ',') if depth == 0 => return Some(&rest[..i]),
-            _ => {}
-        }
-    }
-    None
+    let body = text
+        .trim()
+        .strip_prefix('{')?
+        .trim_end()
+        .strip_suffix('}')?;
+    split_top(body).into_iter().find_map(|entry| {
+        let (k, v) = entry.split_once(':')?;
+        (unquote(k)? == key).then_some(v)
+    })
 }
 
 fn unquote(s: &str) -> Option<&str> {
@@ -236,26 +221,8 @@ fn structured_itemsize(descr: &str) -> Result<u64, String> {
         .and_then(|s| s.strip_suffix(']'))
         .ok_or("bad structured dtype")?;
     let mut total = 0u64;
-    let mut depth = 0i32;
-    let mut field = String::new();
-    let mut quote: Option<char> = None;
-    let mut fields = Vec::new();
-    for c in inner.chars() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '\'' | '"') => quote = Some(c),
-            (None, '(' | '[') => depth += 1,
-            (None, ')' | ']') => depth -= 1,
-            _ => {}
-        }
-        field.push(c);
-        if depth == 0 && quote.is_none() && c == ')' {
-            fields.push(std::mem::take(&mut field));
-        }
-    }
-    for f in fields {
-        let body = f.trim().trim_start_matches(',').trim();
+    for f in split_top(inner) {
+        let body = f.trim();
         let body = body
             .strip_prefix('(')
             .and_then(|s| s.strip_suffix(')'))
@@ -279,7 +246,7 @@ fn structured_itemsize(descr: &str) -> Result<u64, String> {
     Ok(total)
 }
 
-/// Splits on commas at nesting depth 0.
+/// Splits on commas at nesting depth 0 (outside quotes and brackets).
 fn split_top(s: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let (mut depth, mut last) = (0i32, 0usize);
@@ -289,8 +256,8 @@ fn split_top(s: &str) -> Vec<&str> {
             (Some(q), c) if c == q => quote = None,
             (Some(_), _) => {}
             (None, '\'' | '"') => quote = Some(c),
-            (None, '(' | '[') => depth += 1,
-            (None, ')' | ']') => depth -= 1,
+            (None, '(' | '[' | '{') => depth += 1,
+            (None, ')' | ']' | '}') => depth -= 1,
             (None, ',') if depth == 0 => {
                 out.push(&s[last..i]);
                 last = i + 1;

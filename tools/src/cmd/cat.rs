@@ -6,19 +6,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use riffle::dataset::Dataset;
-use riffle::format::Format;
 use riffle::io::IoConfig;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A file, a directory of files of one format, or globs.
-    #[arg(required = true)]
-    pub dataset: Vec<PathBuf>,
-    /// The format, where the extension does not tell it.
-    #[arg(long)]
-    pub format: Option<Format>,
     #[command(flatten)]
-    pub lines: super::index::LinesFlags,
+    pub data: super::dataset::DatasetArgs,
     /// Record ids to print (comma separated; ranges like 10..20 allowed). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub ids: Vec<String>,
@@ -54,9 +47,8 @@ fn parse_ids(specs: &[String], n: u64) -> Result<Vec<u64>> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let format = a.lines.apply(a.format.clone(), &a.dataset)?;
-    let opts = super::index::open_options(format, false, false, None);
-    let ds = Dataset::open(&a.dataset, &opts, &mut |_, _, _| {})?;
+    let opts = a.data.options(false, false, None)?;
+    let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
     let ids = parse_ids(&a.ids, ds.len())?;
     let mut reader = ds.reader(&IoConfig::default())?;
     let mut out: Box<dyn Write> = match &a.output {

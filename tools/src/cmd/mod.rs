@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod cat;
+pub mod dataset;
 pub mod demo;
 pub mod gen;
 pub mod index;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use riffle::dataset::Dataset;
-use riffle::format::Format;
 use riffle::io::IoConfig;
 use riffle::modes::{self, Baseline, Cursor, ReadOptions};
 use riffle::order::{Grouping, Tail};
@@ -17,9 +16,8 @@ use crate::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A file, a directory of files of one format, or globs.
-    #[arg(required = true)]
-    pub dataset: Vec<PathBuf>,
+    #[command(flatten)]
+    pub data: super::dataset::DatasetArgs,
     /// Records per batch.
     #[arg(long)]
     pub batch_size: u64,
@@ -80,11 +78,6 @@ pub struct Args {
     /// Resume from EPOCH:BATCH (this rank's batch numbering).
     #[arg(long)]
     pub resume: Option<Cursor>,
-    /// The format, where the extension does not tell it.
-    #[arg(long)]
-    pub format: Option<Format>,
-    #[command(flatten)]
-    pub lines: super::index::LinesFlags,
     /// Write one line per batch: its record ids in delivery order, space separated.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
@@ -122,9 +115,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.epochs == 0 {
         bail!("--epochs must be at least 1");
     }
-    let format = a.lines.apply(a.format.clone(), &a.dataset)?;
-    let opts = super::index::open_options(format, false, false, a.memory);
-    let ds = Dataset::open(&a.dataset, &opts, &mut |_, _, _| {})?;
+    let opts = a.data.options(false, false, a.memory)?;
+    let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
     let records = ds.len();
     let read_opts = ReadOptions {
         seed: a.seed,

@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub skip: u64,
     /// The record separator (one ASCII character, or an escape: \t, \0, \r, \x1e).
-    #[arg(long, default_value = "\\n", value_parser = super::index::parse_sep)]
+    #[arg(long, default_value = "\\n", value_parser = super::dataset::parse_sep)]
     pub sep: u8,
     /// Where temporary piles go (default: the output's directory).
     #[arg(long)]
