@@ -155,11 +155,7 @@ pub fn run(
         &format!("writing {} test file", human_bytes(opts.file_size as f64)),
     );
     if fresh {
-        let cfg = IoConfig {
-            depth: 8,
-            slot_size: 1 << 20,
-            ..IoConfig::default()
-        };
+        let cfg = IoConfig::sequential_write();
         io::write_file(&file, opts.file_size, &cfg, io::pattern_filler(42))?;
     }
     let result = measure(opts, &file, fio_version, total, progress);
@@ -320,12 +316,6 @@ pub fn markdown(r: &ParityReport) -> String {
     ));
     s.push_str("| rw | block | QD | fio IOPS | engine IOPS | engine / fio | fio runs | engine runs | fio p99 us | engine p99 us |\n");
     s.push_str("|---|---:|---:|---:|---:|---:|---|---|---:|---:|\n");
-    let runs = |v: &[f64]| {
-        v.iter()
-            .map(|x| format!("{x:.0}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     for row in &r.rows {
         s.push_str(&format!(
             "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {:.0} | {:.0} |\n",
@@ -335,8 +325,8 @@ pub fn markdown(r: &ParityReport) -> String {
             row.fio_iops,
             row.engine_iops,
             row.ratio,
-            runs(&row.fio_runs),
-            runs(&row.engine_runs),
+            report::runs(&row.fio_runs),
+            report::runs(&row.engine_runs),
             row.fio_p99_us,
             row.engine_p99_us
         ));

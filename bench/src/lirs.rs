@@ -98,16 +98,7 @@ fn make(path: &Path, record: u64, size: u64) -> Result<()> {
         sorted: false,
         seed: 0,
     };
-    generate(
-        path,
-        &spec,
-        &IoConfig {
-            depth: 8,
-            slot_size: 1 << 20,
-            ..IoConfig::default()
-        },
-        &mut |_, _| {},
-    )?;
+    generate(path, &spec, &IoConfig::sequential_write(), &mut |_, _| {})?;
     Ok(())
 }
 
@@ -256,12 +247,6 @@ pub fn markdown(r: &LirsReport) -> String {
     s.push_str("| case | lirs records/s | fio IOPS | target | ratio | lirs runs | fio runs | batch p99 us | memory |\n");
     s.push_str("|---|---:|---:|---|---:|---|---|---:|---:|\n");
     for row in &r.rows {
-        let runs = |v: &[f64]| {
-            v.iter()
-                .map(|x| format!("{x:.0}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
         s.push_str(&format!(
             "| {} | {:.0} | {:.0} | >= 0.90 x {} x fio | {:.3} | {} | {} | {:.0} | {} |\n",
             row.case,
@@ -269,8 +254,8 @@ pub fn markdown(r: &LirsReport) -> String {
             row.fio_iops,
             row.records_per_read,
             row.ratio,
-            runs(&row.runs),
-            runs(&row.fio_runs),
+            report::runs(&row.runs),
+            report::runs(&row.fio_runs),
             row.report.batch_latency_us.p99,
             riffle::size::human_bytes(row.report.memory_bytes as f64)
         ));

@@ -51,11 +51,7 @@ pub fn run(
     let secs = plan.per_point.as_secs().max(2);
     let file: PathBuf = data_dir.join(format!("riffle-probe-check-{}.dat", plan.region));
     progress(0, 6, "writing the fio file");
-    let cfg = IoConfig {
-        depth: 8,
-        slot_size: 1 << 20,
-        ..IoConfig::default()
-    };
+    let cfg = IoConfig::sequential_write();
     io::write_file(&file, plan.region, &cfg, io::pattern_filler(3))?;
     let result = measure(quick, data_dir, &file, plan.region, secs, progress);
     let _ = std::fs::remove_file(&file);

@@ -48,6 +48,14 @@ pub fn drop_caches() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
+/// Per-run figures as Markdown shows them: whole numbers, space separated.
+pub fn runs(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Writes `name.json` and `name.md` into `dir`.
 pub fn write_report(
     dir: &Path,

@@ -38,6 +38,7 @@ pub mod io;
 pub mod modes;
 pub mod notice;
 pub mod order;
+mod pipeline;
 pub mod probe;
 pub mod shuffle;
 pub mod size;

@@ -455,41 +455,27 @@ impl Piles {
                 plan.push((path.clone(), a, b, (size / passes as u64) as usize, last));
             }
         }
-        // A rendezvous channel: the loader hands a pile over only when the writer takes it,
-        // so at most two piles are in memory.
-        let (tx, rx) = crossbeam_channel::bounded::<Result<Loaded>>(0);
-        // Spent buffers go back to the loader: fresh pages cost a fault and a clear each.
-        let (back_tx, back_rx) = crossbeam_channel::bounded::<Loaded>(2);
-        std::thread::scope(|scope| {
-            scope.spawn(move || {
-                for (path, a, b, expect, last) in plan {
-                    let reuse = back_rx.try_recv().ok();
-                    let loaded = load(&path, a, b, expect, reuse).map(|(data, mut index)| {
-                        index.sort_unstable_by_key(|&(k, _, _)| k);
-                        (data, index)
-                    });
-                    if last {
-                        let _ = std::fs::remove_file(&path);
-                    }
-                    let failed = loaded.is_err();
-                    if tx.send(loaded).is_err() || failed {
-                        return;
-                    }
+        // Double buffered: the next pile is loaded and sorted while this one is written;
+        // spent buffers go back to the loader (fresh pages cost a fault and a clear each).
+        crate::pipeline::pipelined(
+            plan,
+            |(path, a, b, expect, last), reuse| {
+                let loaded = load(&path, a, b, expect, reuse);
+                if last {
+                    let _ = std::fs::remove_file(&path);
                 }
-            });
-            // Owned here, so an early error drops it and the loader's next send fails and it
-            // stops, instead of blocking the scope forever.
-            let rx = rx;
-            for loaded in rx.iter() {
-                let (data, index) = loaded?;
+                let (data, mut index) = loaded?;
+                index.sort_unstable_by_key(|&(k, _, _)| k);
+                Ok((data, index))
+            },
+            |(data, index)| {
                 *loads += 1;
                 for &(_, off, len) in &index {
                     out.record(&data[off..off + len])?;
                 }
-                let _ = back_tx.try_send((data, index));
-            }
-            Ok::<(), Error>(())
-        })?;
+                Ok(std::ops::ControlFlow::Continue(Some((data, index))))
+            },
+        )?;
         drop(self.dir);
         Ok(())
     }

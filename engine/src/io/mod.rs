@@ -113,6 +113,17 @@ impl Default for IoConfig {
     }
 }
 
+impl IoConfig {
+    /// Large sequential writes: 1 MiB requests, 8 in flight (dataset generation, test files).
+    pub fn sequential_write() -> Self {
+        IoConfig {
+            depth: 8,
+            slot_size: 1 << 20,
+            ..IoConfig::default()
+        }
+    }
+}
+
 /// Index of a file registered with a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FileKey(pub u32);

@@ -13,6 +13,7 @@
 //! and the memory bounded.
 
 use std::io::{BufReader, Read};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -495,45 +496,35 @@ fn run(
             }
         }
         let mut roll_error: Option<Error> = None;
-        std::thread::scope(|scope| -> Result<()> {
-            let (tx_pile, rx_pile) =
-                crossbeam_channel::bounded::<Result<(Vec<u8>, Vec<(u64, usize)>)>>(0);
-            scope.spawn(move || {
-                for (path, bytes, whole, a, b, last) in loads {
-                    let loaded = if whole {
-                        load_whole_pile(&path, bytes, plan.scan_size as usize)
-                    } else {
-                        load_pile(&path, a, b)
-                    };
-                    let loaded = loaded.map(|data| {
-                        let frames = sorted_frames(&data);
-                        (data, frames)
-                    });
-                    if last {
-                        let _ = std::fs::remove_file(&path);
-                    }
-                    let failed = loaded.is_err();
-                    if tx_pile.send(loaded).is_err() || failed {
-                        return;
-                    }
+        crate::pipeline::pipelined(
+            loads,
+            |(path, bytes, whole, a, b, last), _| {
+                let data = if whole {
+                    load_whole_pile(&path, bytes, plan.scan_size as usize)
+                } else {
+                    load_pile(&path, a, b)
+                };
+                if last {
+                    let _ = std::fs::remove_file(&path);
                 }
-            });
-            // Owned here: an early return drops it, the loader's send fails and it stops.
-            let rx_pile = rx_pile;
-            for loaded in rx_pile.iter() {
-                let (data, frames) = loaded?;
+                let data = data?;
+                let frames = sorted_frames(&data);
+                Ok((data, frames))
+            },
+            |(data, frames)| {
                 pile_reads += 1;
                 let roll = next.as_mut().map(|n| (n, plan, &next_key));
                 emit_frames(&data, &frames, units, &mut em, roll, &mut roll_error);
                 if let Some(e) = roll_error.take() {
                     return Err(e);
                 }
-                if em.stopped {
-                    break;
-                }
-            }
-            Ok(())
-        })?;
+                Ok(if em.stopped {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(None)
+                })
+            },
+        )?;
         em.finish();
         let stopped = em.stopped;
         drop(em);

@@ -52,16 +52,7 @@ pub fn run(args: Args) -> Result<()> {
         sorted: true,
         seed: args.seed,
     };
-    let w = gen::generate(
-        &path,
-        &spec,
-        &IoConfig {
-            depth: 8,
-            slot_size: 1 << 20,
-            ..IoConfig::default()
-        },
-        &mut |_, _| {},
-    )?;
+    let w = gen::generate(&path, &spec, &IoConfig::sequential_write(), &mut |_, _| {})?;
     println!(
         "riffle demo: {} label-sorted records of {} ({}) written to {} in {:.2} s",
         args.records,

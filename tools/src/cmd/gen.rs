@@ -51,11 +51,7 @@ pub fn run(a: Args) -> Result<()> {
         seed: a.seed,
     };
     let bar = progress::bytes(a.json);
-    let cfg = IoConfig {
-        depth: 8,
-        slot_size: 1 << 20,
-        ..IoConfig::default()
-    };
+    let cfg = IoConfig::sequential_write();
     let rep = gen::generate(&a.out, &spec, &cfg, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
