@@ -100,6 +100,8 @@ pub struct Dataset {
     files: Vec<DatasetFile>,
     /// first_id[f] is the global id of file f's first record; the last entry is the total.
     first_id: Vec<u64>,
+    /// Record size statistics, worked out once (a pass over every record's span).
+    stats: std::sync::OnceLock<SizeStats>,
 }
 
 impl Dataset {
@@ -128,6 +130,7 @@ impl Dataset {
             format,
             files: out,
             first_id,
+            stats: std::sync::OnceLock::new(),
         };
         if let Some(limit) = opts.max_record {
             ds.check_max_record(limit)?;
@@ -222,6 +225,10 @@ impl Dataset {
 
     /// Record length statistics: (min, mean, max, offset-of-max as (file, offset)).
     pub fn size_stats(&self) -> SizeStats {
+        *self.stats.get_or_init(|| self.compute_size_stats())
+    }
+
+    fn compute_size_stats(&self) -> SizeStats {
         let mut s = SizeStats {
             min: u64::MAX,
             max: 0,
