@@ -21,15 +21,18 @@ where
     std::thread::scope(|scope| {
         let (tx, rx) = crossbeam_channel::bounded::<Result<T>>(0);
         let (back_tx, back_rx) = crossbeam_channel::bounded::<T>(1);
-        scope.spawn(move || {
-            for job in jobs {
-                let item = produce(job, back_rx.try_recv().ok());
-                let failed = item.is_err();
-                if tx.send(item).is_err() || failed {
-                    return;
+        std::thread::Builder::new()
+            .name("riffle-loader".into())
+            .spawn_scoped(scope, move || {
+                for job in jobs {
+                    let item = produce(job, back_rx.try_recv().ok());
+                    let failed = item.is_err();
+                    if tx.send(item).is_err() || failed {
+                        return;
+                    }
                 }
-            }
-        });
+            })
+            .map_err(|e| crate::Error::Invalid(format!("cannot start a loader thread: {e}")))?;
         // `rx` lives in this closure: returning early drops it, so the helper's next send
         // fails and it stops instead of blocking the scope forever.
         for item in rx.iter() {

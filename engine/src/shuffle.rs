@@ -429,7 +429,7 @@ impl Piles {
     fn finish(&mut self) -> Result<()> {
         for (_, w, _) in &mut self.writers {
             if let Some(w) = w.take() {
-                w.finish()?;
+                w.finish_scratch()?;
             }
         }
         Ok(())

@@ -75,7 +75,17 @@ impl StreamWriter {
 
     /// Writes what is left, waits for every write, cuts the padding off and syncs.
     /// Returns the file's length.
-    pub fn finish(mut self) -> Result<u64> {
+    pub fn finish(self) -> Result<u64> {
+        self.close(true)
+    }
+
+    /// [`finish`](Self::finish) without the sync: for scratch files read back by this
+    /// process and deleted, which need no durability.
+    pub fn finish_scratch(self) -> Result<u64> {
+        self.close(false)
+    }
+
+    fn close(mut self, sync: bool) -> Result<u64> {
         let len = self.position();
         if self.fill > 0 {
             let padded = self.fill.div_ceil(self.unit) * self.unit;
@@ -90,7 +100,9 @@ impl StreamWriter {
             .file()
             .set_len(len)
             .map_err(|e| Error::io(self.file.path(), "truncate", Some(len), e))?;
-        self.file.sync_data()?;
+        if sync {
+            self.file.sync_data()?;
+        }
         Ok(len)
     }
 

@@ -208,10 +208,17 @@ impl PileSink {
         self.writers[plan.pile_of(key)].append(frame)
     }
 
+    /// Appends a frame given as its new key and the rest of an existing frame.
+    fn add_rekeyed(&mut self, plan: &PilePlan, key: u64, rest: &[u8]) -> Result<()> {
+        let w = &mut self.writers[plan.pile_of(key)];
+        w.append(&key.to_le_bytes())?;
+        w.append(rest)
+    }
+
     fn finish(mut self, scratch_bytes: &mut u64) -> Result<PileSet> {
         let mut piles = Vec::with_capacity(self.writers.len());
         for w in self.writers.drain(..) {
-            w.writer.finish()?;
+            w.writer.finish_scratch()?;
             *scratch_bytes += w.bytes;
             piles.push((w.path, w.bytes));
         }
@@ -271,6 +278,15 @@ struct Emitter<'a> {
     hist: &'a mut Histogram<u64>,
     report: &'a mut ReadReport,
     stopped: bool,
+    /// Mean record size of the dataset, to size each batch's payload once.
+    mean_record: f64,
+}
+
+/// Capacity for a batch of `n` records: the mean size with some room, so that growing
+/// (and copying) the payload is rare; at least the first record's size each.
+fn payload_hint(n: usize, mean: f64, first: usize) -> usize {
+    let guess = (n as f64 * mean * 1.25) as usize + 4096;
+    guess.max(n.saturating_mul(first)).min(256 << 20)
 }
 
 impl Emitter<'_> {
@@ -306,7 +322,7 @@ impl Emitter<'_> {
                 index: j,
                 ids: Vec::with_capacity(n),
                 offsets: Vec::with_capacity(n + 1),
-                payload: Vec::with_capacity(n.saturating_mul(bytes.len().max(16)).min(64 << 20)),
+                payload: Vec::with_capacity(payload_hint(n, self.mean_record, bytes.len())),
                 padding: 0,
             };
             (j, positions.end, batch, Instant::now())
@@ -472,6 +488,7 @@ fn run(
             hist: &mut hist,
             report: &mut *r,
             stopped: false,
+            mean_record: ds.size_stats().total as f64 / ds.len().max(1) as f64,
         };
         // The pile pass, double buffered: a loader thread reads and sorts the next pile (or
         // key sub-range of an oversized pile) while this thread emits the current one.
@@ -498,17 +515,22 @@ fn run(
         let mut roll_error: Option<Error> = None;
         crate::pipeline::pipelined(
             loads,
-            |(path, bytes, whole, a, b, last), _| {
-                let data = if whole {
-                    load_whole_pile(&path, bytes, plan.scan_size as usize)
+            |(path, bytes, whole, a, b, last), spare: Option<(Vec<u8>, Vec<(u64, usize)>)>| {
+                // The buffers of the pile emitted last time, reused: fresh memory would be
+                // faulted in and zeroed page by page for every pile.
+                let (mut data, mut frames) = spare.unwrap_or_default();
+                data.clear();
+                frames.clear();
+                let loaded = if whole {
+                    load_whole_pile(&path, bytes, plan.scan_size as usize, &mut data, &mut frames)
                 } else {
-                    load_pile(&path, a, b)
+                    load_pile(&path, a, b, &mut data).map(|()| frame_index(&data, &mut frames))
                 };
                 if last {
                     let _ = std::fs::remove_file(&path);
                 }
-                let data = data?;
-                let frames = sorted_frames(&data);
+                loaded?;
+                frames.sort_unstable_by_key(|&(k, _)| k);
                 Ok((data, frames))
             },
             |(data, frames)| {
@@ -521,7 +543,7 @@ fn run(
                 Ok(if em.stopped {
                     ControlFlow::Break(())
                 } else {
-                    ControlFlow::Continue(None)
+                    ControlFlow::Continue(Some((data, frames)))
                 })
             },
         )?;
@@ -546,31 +568,50 @@ fn run(
     Ok(())
 }
 
-/// A whole pile in one buffer, read with large direct reads.
-fn load_whole_pile(path: &Path, size: u64, read_size: usize) -> Result<Vec<u8>> {
+/// A whole pile into `out`, read with large direct reads; its frames' (key, offset) into
+/// `frames`, found as each piece arrives (while it is still in the cache).
+fn load_whole_pile(
+    path: &Path,
+    size: u64,
+    read_size: usize,
+    out: &mut Vec<u8>,
+    frames: &mut Vec<(u64, usize)>,
+) -> Result<()> {
     let file = Arc::new(crate::io::DataFile::open(
         path,
         crate::io::Access::Read,
         true,
     )?);
-    let mut out = Vec::with_capacity(size as usize);
+    out.reserve(size as usize);
     let cfg = IoConfig {
         depth: 4,
         slot_size: read_size,
         ..IoConfig::default()
     };
+    let mut at = 0usize;
     crate::io::scan_file(&file, &cfg, |_, chunk| {
-        out.extend_from_slice(chunk);
+        // In pieces that stay in the L2 cache while their frame heads are read (walking
+        // from head to head is a chain of dependent loads).
+        for piece in chunk.chunks(256 << 10) {
+            out.extend_from_slice(piece);
+            at = index_frames(out, at, frames);
+        }
         Ok(())
     })?;
-    Ok(out)
+    if at != out.len() {
+        return Err(Error::BadInput {
+            path: path.into(),
+            offset: Some(at as u64),
+            what: "pile ends inside a frame".into(),
+        });
+    }
+    Ok(())
 }
 
 /// The frames of a pile whose keys are in [lo, hi), as one buffer.
-fn load_pile(path: &Path, lo: u128, hi: u128) -> Result<Vec<u8>> {
+fn load_pile(path: &Path, lo: u128, hi: u128, out: &mut Vec<u8>) -> Result<()> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open pile", None, e))?;
     let mut rd = BufReader::with_capacity(1 << 20, f);
-    let mut out = Vec::new();
     let mut head = [0u8; 20];
     let mut at = 0u64;
     loop {
@@ -602,25 +643,38 @@ fn load_pile(path: &Path, lo: u128, hi: u128) -> Result<Vec<u8>> {
         }
         at += 20 + n as u64 * 4 + body as u64;
     }
-    Ok(out)
+    Ok(())
 }
 
-/// The frames of a loaded pile as (key, offset), sorted by key.
-fn sorted_frames(data: &[u8]) -> Vec<(u64, usize)> {
-    let mut frames: Vec<(u64, usize)> = Vec::new();
-    let mut at = 0usize;
-    while at < data.len() {
-        let key = u64::from_le_bytes(data[at..at + 8].try_into().expect("8 bytes"));
+/// The (key, offset) of every whole frame of `data` from `at` on, appended to `frames`.
+/// Returns where the first incomplete frame starts (`data.len()` when none is).
+fn index_frames(data: &[u8], mut at: usize, frames: &mut Vec<(u64, usize)>) -> usize {
+    while at + 20 <= data.len() {
         let n = u32::from_le_bytes(data[at + 16..at + 20].try_into().expect("4 bytes")) as usize;
-        let body: usize = data[at + 20..at + 20 + n * 4]
+        let Some(lens) = data.get(at + 20..at + 20 + n * 4) else {
+            break;
+        };
+        let body: usize = lens
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("4")) as usize)
             .sum();
-        frames.push((key, at));
-        at += 20 + n * 4 + body;
+        let end = at + 20 + n * 4 + body;
+        if end > data.len() {
+            break;
+        }
+        frames.push((
+            u64::from_le_bytes(data[at..at + 8].try_into().expect("8 bytes")),
+            at,
+        ));
+        at = end;
     }
-    frames.sort_unstable_by_key(|&(k, _)| k);
-    frames
+    at
+}
+
+/// The frames of a loaded pile as (key, offset), in file order.
+fn frame_index(data: &[u8], frames: &mut Vec<(u64, usize)>) {
+    let end = index_frames(data, 0, frames);
+    debug_assert_eq!(end, data.len(), "a pile ends with a whole frame");
 }
 
 /// Emits the records of a pile's frames in key order, re-scattering each frame for the
@@ -633,8 +687,16 @@ fn emit_frames(
     mut next: Option<(&mut PileSink, &PilePlan, &EpochKey)>,
     error: &mut Option<Error>,
 ) {
-    let mut rekeyed = Vec::new();
-    for &(_, at) in frames {
+    // Frames are visited in key order, all over the pile: ask for the next ones' lines
+    // early so their cache misses overlap this one's copying.
+    const AHEAD: usize = 8;
+    for (i, &(_, at)) in frames.iter().enumerate() {
+        if let Some(&(_, ahead)) = frames.get(i + AHEAD) {
+            // Its first kilobyte: the hardware prefetcher follows on within longer frames.
+            for line in (ahead..data.len().min(ahead + 1024)).step_by(64) {
+                crate::io::prefetch(&data[line..]);
+            }
+        }
         let unit = u64::from_le_bytes(data[at + 8..at + 16].try_into().expect("8 bytes"));
         let n = u32::from_le_bytes(data[at + 16..at + 20].try_into().expect("4 bytes")) as usize;
         let mut off = at + 20 + n * 4;
@@ -644,10 +706,7 @@ fn emit_frames(
                 .map(|c| u32::from_le_bytes(c.try_into().expect("4")) as usize)
                 .sum();
             let k = key.key(unit);
-            rekeyed.clear();
-            rekeyed.extend_from_slice(&k.to_le_bytes());
-            rekeyed.extend_from_slice(&data[at + 8..at + 20 + n * 4 + body]);
-            if let Err(e) = sink.add(plan, k, &rekeyed) {
+            if let Err(e) = sink.add_rekeyed(plan, k, &data[at + 8..at + 20 + n * 4 + body]) {
                 *error = Some(e);
                 return;
             }
@@ -689,7 +748,8 @@ mod tests {
         let mut seen = Vec::new();
         for pass in 0..7u128 {
             let (a, b) = ((1u128 << 64) * pass / 7, (1u128 << 64) * (pass + 1) / 7);
-            let data = load_pile(&path, a, b).unwrap();
+            let mut data = Vec::new();
+            load_pile(&path, a, b, &mut data).unwrap();
             let mut at = 0;
             while at < data.len() {
                 let k = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
