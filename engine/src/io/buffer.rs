@@ -325,6 +325,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn large_buf_appends_grows_and_keeps_its_memory() {
+        let mut b = LargeBuf::default();
+        assert!(b.is_empty() && b.as_slice().is_empty());
+        let chunk: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        for _ in 0..40 {
+            b.extend_from_slice(&chunk);
+        }
+        assert_eq!(b.len(), 4_000_000);
+        assert!(b.as_slice().chunks(100_000).all(|c| c == &chunk[..]));
+        let cap = b.capacity();
+        assert!(cap >= b.len());
+        b.clear();
+        b.append_space(10).copy_from_slice(b"0123456789");
+        assert_eq!(b.as_slice(), b"0123456789");
+        assert_eq!(b.capacity(), cap, "clear keeps the memory");
+        b.reserve_total(cap + 1);
+        assert!(b.capacity() > cap);
+        assert_eq!(b.as_slice(), b"0123456789", "growing keeps the bytes");
+    }
+
+    #[test]
     fn aligned_and_zeroed() {
         for len in [10_000, 5 << 20] {
             for align in [512, 4096, 65536] {
@@ -361,6 +382,77 @@ mod tests {
         let a = s.acquire().unwrap();
         s.start(a);
         let _ = s.get(a);
+    }
+}
+
+/// A growable byte buffer for large working sets (whole piles): on transparent huge pages
+/// when large, so random access over it costs few TLB misses, and kept between uses so its
+/// pages are faulted in once.
+#[derive(Default)]
+pub struct LargeBuf {
+    mem: Option<AlignedBuf>,
+    len: usize,
+}
+
+impl LargeBuf {
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Empties it, keeping the memory.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// The bytes held.
+    pub fn as_slice(&self) -> &[u8] {
+        self.mem.as_ref().map_or(&[], |m| &m.as_slice()[..self.len])
+    }
+
+    /// Bytes it can hold without growing.
+    pub fn capacity(&self) -> usize {
+        self.mem.as_ref().map_or(0, AlignedBuf::len)
+    }
+
+    /// Room for `more` bytes beyond the current length (growing by half at least).
+    pub fn reserve(&mut self, more: usize) {
+        let (need, cap) = (self.len + more, self.capacity());
+        if need > cap {
+            self.reserve_total(need.max(cap + cap / 2));
+        }
+    }
+
+    /// Room for `total` bytes in all, growing to exactly that (rounded to whole pages).
+    pub fn reserve_total(&mut self, total: usize) {
+        let cap = self.capacity();
+        if total <= cap {
+            return;
+        }
+        let mut grown = AlignedBuf::new(total, 4096);
+        if let Some(old) = &self.mem {
+            grown.as_mut_slice()[..self.len].copy_from_slice(&old.as_slice()[..self.len]);
+        }
+        self.mem = Some(grown);
+    }
+
+    /// Appends `bytes`.
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.append_space(bytes.len()).copy_from_slice(bytes);
+    }
+
+    /// Appends `n` bytes (whatever the memory held) and returns them to be filled.
+    pub fn append_space(&mut self, n: usize) -> &mut [u8] {
+        self.reserve(n);
+        let start = self.len;
+        self.len += n;
+        let mem = self.mem.as_mut().expect("reserved");
+        &mut mem.as_mut_slice()[start..start + n]
     }
 }
 

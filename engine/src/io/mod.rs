@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-pub use buffer::{footprint, prefetch, AlignedBuf, Slab, SlotId};
+pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, Slab, SlotId};
 pub use file::{Access, DataFile};
 pub use reader::{RangeReader, ReadStats};
 pub use scan::{scan_config, scan_file, ScanReport};

@@ -23,7 +23,7 @@ use hdrhistogram::Histogram;
 
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
-use crate::io::IoConfig;
+use crate::io::{IoConfig, LargeBuf};
 use crate::order::{EpochKey, Split, Tail, Units};
 use crate::{Error, Result};
 
@@ -403,6 +403,8 @@ fn run(
     let mut pile_reads = 0u64;
     let last_epoch = epochs.end;
     let mut ready: Option<PileSet> = None;
+    // Pile buffers, kept from pile to pile and epoch to epoch (two in use at once).
+    let pool: std::sync::Mutex<Vec<LoadedPile>> = Default::default();
     for epoch in epochs {
         let key = EpochKey::new(opts.seed, epoch);
         let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
@@ -512,38 +514,68 @@ fn run(
                 loads.push((path.clone(), *bytes, passes == 1, a, b, pass + 1 == passes));
             }
         }
-        let mut roll_error: Option<Error> = None;
         crate::pipeline::pipelined(
             loads,
-            |(path, bytes, whole, a, b, last), spare: Option<(Vec<u8>, Vec<(u64, usize)>)>| {
-                // The buffers of the pile emitted last time, reused: fresh memory would be
-                // faulted in and zeroed page by page for every pile.
-                let (mut data, mut frames) = spare.unwrap_or_default();
-                data.clear();
-                frames.clear();
+            |(path, bytes, whole, a, b, last), _| {
+                // Buffers of a pile already emitted, reused: fresh memory would be faulted
+                // in and zeroed page by page for every pile.
+                let mut p = pool
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .unwrap_or_default();
+                p.data.clear();
+                p.frames.clear();
+                // Sized once with a little room, as far as the pile budget allows, so the
+                // next (slightly larger) pile does not regrow it.
+                let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
+                p.data.reserve_total(room as usize);
                 let loaded = if whole {
-                    load_whole_pile(&path, bytes, plan.scan_size as usize, &mut data, &mut frames)
+                    load_whole_pile(
+                        &path,
+                        bytes,
+                        plan.scan_size as usize,
+                        &mut p.data,
+                        &mut p.frames,
+                    )
                 } else {
-                    load_pile(&path, a, b, &mut data).map(|()| frame_index(&data, &mut frames))
+                    load_pile(&path, a, b, &mut p.data)
+                        .map(|()| frame_index(p.data.as_slice(), &mut p.frames))
                 };
                 if last {
                     let _ = std::fs::remove_file(&path);
                 }
                 loaded?;
-                frames.sort_unstable_by_key(|&(k, _)| k);
-                Ok((data, frames))
+                sort_frames(&mut p.frames, &mut p.scratch);
+                Ok(p)
             },
-            |(data, frames)| {
+            |p| {
                 pile_reads += 1;
-                let roll = next.as_mut().map(|n| (n, plan, &next_key));
-                emit_frames(&data, &frames, units, &mut em, roll, &mut roll_error);
-                if let Some(e) = roll_error.take() {
-                    return Err(e);
-                }
+                // Rolling: a third thread re-scatters the pile for the next epoch, walking it
+                // in memory order, while this one emits it in key order.
+                let data = p.data.as_slice();
+                std::thread::scope(|scope| {
+                    let roll = next.as_mut().map(|sink| {
+                        std::thread::Builder::new()
+                            .name("riffle-rescatter".into())
+                            .spawn_scoped(scope, || rescatter(data, sink, plan, &next_key))
+                    });
+                    emit_frames(data, &p.frames, units, &mut em);
+                    match roll {
+                        None => Ok(()),
+                        Some(Err(e)) => Err(Error::Invalid(format!(
+                            "cannot start a re-scatter thread: {e}"
+                        ))),
+                        Some(Ok(h)) => h.join().unwrap_or_else(|_| {
+                            Err(Error::Invalid("the re-scatter thread panicked".into()))
+                        }),
+                    }
+                })?;
+                pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
                 Ok(if em.stopped {
                     ControlFlow::Break(())
                 } else {
-                    ControlFlow::Continue(Some((data, frames)))
+                    ControlFlow::Continue(None)
                 })
             },
         )?;
@@ -568,13 +600,69 @@ fn run(
     Ok(())
 }
 
+/// A pile (or key sub-range of one) in memory: its bytes and its frames, sorted by key.
+#[derive(Default)]
+struct LoadedPile {
+    data: LargeBuf,
+    frames: Vec<(u64, usize)>,
+    scratch: Vec<(u64, usize)>,
+}
+
+/// Sorts frames by key. Keys are uniformly spread (they come from a keyed bijection), so
+/// one counting pass into about one bucket per frame followed by an insertion sort (which
+/// then only moves frames within their bucket) beats a comparison sort.
+fn sort_frames(frames: &mut Vec<(u64, usize)>, scratch: &mut Vec<(u64, usize)>) {
+    let n = frames.len();
+    if n < 256 {
+        frames.sort_unstable_by_key(|&(k, _)| k);
+        return;
+    }
+    let lo = frames.iter().map(|f| f.0).min().expect("frames");
+    let hi = frames.iter().map(|f| f.0).max().expect("frames");
+    // Bucket = the top `bits` bits of (key - lo): below `buckets` since hi - lo is.
+    let bits = n.next_power_of_two().trailing_zeros();
+    let width = 64 - (hi - lo).leading_zeros();
+    let shift = width.saturating_sub(bits);
+    let buckets = 1usize << width.min(bits);
+    let bucket = |k: u64| ((k - lo) >> shift) as usize;
+    let mut counts = vec![0u32; buckets + 1];
+    for f in frames.iter() {
+        counts[bucket(f.0) + 1] += 1;
+    }
+    // Far from uniform (never seen): a comparison sort keeps the worst case n log n.
+    if counts.iter().any(|&c| c > 64) {
+        frames.sort_unstable_by_key(|&(k, _)| k);
+        return;
+    }
+    for i in 1..counts.len() {
+        counts[i] += counts[i - 1];
+    }
+    scratch.clear();
+    scratch.resize(n, (0, 0));
+    for &f in frames.iter() {
+        let b = bucket(f.0);
+        scratch[counts[b] as usize] = f;
+        counts[b] += 1;
+    }
+    for i in 1..n {
+        let f = scratch[i];
+        let mut j = i;
+        while j > 0 && scratch[j - 1].0 > f.0 {
+            scratch[j] = scratch[j - 1];
+            j -= 1;
+        }
+        scratch[j] = f;
+    }
+    std::mem::swap(frames, scratch);
+}
+
 /// A whole pile into `out`, read with large direct reads; its frames' (key, offset) into
 /// `frames`, found as each piece arrives (while it is still in the cache).
 fn load_whole_pile(
     path: &Path,
     size: u64,
     read_size: usize,
-    out: &mut Vec<u8>,
+    out: &mut LargeBuf,
     frames: &mut Vec<(u64, usize)>,
 ) -> Result<()> {
     let file = Arc::new(crate::io::DataFile::open(
@@ -582,7 +670,7 @@ fn load_whole_pile(
         crate::io::Access::Read,
         true,
     )?);
-    out.reserve(size as usize);
+    out.reserve_total(size as usize);
     let cfg = IoConfig {
         depth: 4,
         slot_size: read_size,
@@ -594,7 +682,7 @@ fn load_whole_pile(
         // from head to head is a chain of dependent loads).
         for piece in chunk.chunks(256 << 10) {
             out.extend_from_slice(piece);
-            at = index_frames(out, at, frames);
+            at = index_frames(out.as_slice(), at, frames);
         }
         Ok(())
     })?;
@@ -609,7 +697,7 @@ fn load_whole_pile(
 }
 
 /// The frames of a pile whose keys are in [lo, hi), as one buffer.
-fn load_pile(path: &Path, lo: u128, hi: u128, out: &mut Vec<u8>) -> Result<()> {
+fn load_pile(path: &Path, lo: u128, hi: u128, out: &mut LargeBuf) -> Result<()> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open pile", None, e))?;
     let mut rd = BufReader::with_capacity(1 << 20, f);
     let mut head = [0u8; 20];
@@ -633,9 +721,7 @@ fn load_pile(path: &Path, lo: u128, hi: u128, out: &mut Vec<u8>) -> Result<()> {
         if keep {
             out.extend_from_slice(&head);
             out.extend_from_slice(&lens);
-            let start = out.len();
-            out.resize(start + body, 0);
-            rd.read_exact(&mut out[start..])
+            rd.read_exact(out.append_space(body))
                 .map_err(|e| Error::io(path, "read pile", Some(at), e))?;
         } else {
             std::io::copy(&mut (&mut rd).take(body as u64), &mut std::io::sink())
@@ -677,16 +763,25 @@ fn frame_index(data: &[u8], frames: &mut Vec<(u64, usize)>) {
     debug_assert_eq!(end, data.len(), "a pile ends with a whole frame");
 }
 
-/// Emits the records of a pile's frames in key order, re-scattering each frame for the
-/// next epoch when rolling.
-fn emit_frames(
-    data: &[u8],
-    frames: &[(u64, usize)],
-    units: &Units,
-    em: &mut Emitter<'_>,
-    mut next: Option<(&mut PileSink, &PilePlan, &EpochKey)>,
-    error: &mut Option<Error>,
-) {
+/// Re-scatters a loaded pile's frames, in the order they lie in memory (sequential, so
+/// cheap), into the next epoch's piles under their new keys.
+fn rescatter(data: &[u8], sink: &mut PileSink, plan: &PilePlan, key: &EpochKey) -> Result<()> {
+    let mut at = 0;
+    while at < data.len() {
+        let unit = u64::from_le_bytes(data[at + 8..at + 16].try_into().expect("8 bytes"));
+        let n = u32::from_le_bytes(data[at + 16..at + 20].try_into().expect("4 bytes")) as usize;
+        let body: usize = data[at + 20..at + 20 + n * 4]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4")) as usize)
+            .sum();
+        sink.add_rekeyed(plan, key.key(unit), &data[at + 8..at + 20 + n * 4 + body])?;
+        at += 20 + n * 4 + body;
+    }
+    Ok(())
+}
+
+/// Emits the records of a pile's frames in key order.
+fn emit_frames(data: &[u8], frames: &[(u64, usize)], units: &Units, em: &mut Emitter<'_>) {
     // Frames are visited in key order, all over the pile: ask for the next ones' lines
     // early so their cache misses overlap this one's copying.
     const AHEAD: usize = 8;
@@ -700,17 +795,6 @@ fn emit_frames(
         let unit = u64::from_le_bytes(data[at + 8..at + 16].try_into().expect("8 bytes"));
         let n = u32::from_le_bytes(data[at + 16..at + 20].try_into().expect("4 bytes")) as usize;
         let mut off = at + 20 + n * 4;
-        if let Some((sink, plan, key)) = next.as_mut() {
-            let body: usize = data[at + 20..at + 20 + n * 4]
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes(c.try_into().expect("4")) as usize)
-                .sum();
-            let k = key.key(unit);
-            if let Err(e) = sink.add_rekeyed(plan, k, &data[at + 8..at + 20 + n * 4 + body]) {
-                *error = Some(e);
-                return;
-            }
-        }
         for (i, id) in units.records(unit).enumerate() {
             let len = u32::from_le_bytes(
                 data[at + 20 + i * 4..at + 24 + i * 4]
@@ -730,6 +814,36 @@ fn emit_frames(
 mod tests {
     use super::*;
 
+    /// The bucket sort agrees with a comparison sort, for uniform keys, narrow key ranges
+    /// and keys far from uniform (the fallback).
+    #[test]
+    fn frames_sort_by_key() {
+        let key = EpochKey::new(9, 4);
+        let cases: Vec<Vec<u64>> = vec![
+            (0..100_000u64).map(|u| key.key(u)).collect(),
+            (0..5000u64).map(|u| key.key(u) >> 40).collect(),
+            (0..3000u64)
+                .map(|u| if u % 2 == 0 { u } else { u64::MAX - u })
+                .collect(),
+            (0..300u64).map(|u| 7 + (key.key(u) & 1)).collect(),
+            vec![5; 1000],
+        ];
+        for keys in cases {
+            let mut frames: Vec<(u64, usize)> = keys.iter().copied().zip(0..).collect();
+            let mut want = frames.clone();
+            want.sort_by_key(|&(k, at)| (k, at));
+            let mut scratch = Vec::new();
+            sort_frames(&mut frames, &mut scratch);
+            assert!(
+                frames.windows(2).all(|w| w[0].0 <= w[1].0),
+                "not in key order"
+            );
+            // The same frames (ties may come in any order).
+            frames.sort_by_key(|&(k, at)| (k, at));
+            assert_eq!(frames, want);
+        }
+    }
+
     /// Loading a pile in key sub-ranges returns each frame exactly once overall.
     #[test]
     fn key_sub_ranges_partition_a_pile() {
@@ -748,8 +862,9 @@ mod tests {
         let mut seen = Vec::new();
         for pass in 0..7u128 {
             let (a, b) = ((1u128 << 64) * pass / 7, (1u128 << 64) * (pass + 1) / 7);
-            let mut data = Vec::new();
-            load_pile(&path, a, b, &mut data).unwrap();
+            let mut buf = LargeBuf::default();
+            load_pile(&path, a, b, &mut buf).unwrap();
+            let data = buf.as_slice();
             let mut at = 0;
             while at < data.len() {
                 let k = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
