@@ -150,6 +150,23 @@ fn reads_under_emulation_clean_up_on_success_and_on_error() {
     );
     assert_no_group_left(pid);
 
+    // Groups of owners that died (killed before their guard dropped) are removed by the
+    // next run; those of live owners stay.
+    let made = err
+        .split("(cgroup ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .map(PathBuf::from)
+        .expect("the notice names the cgroup");
+    let parent = made.parent().unwrap();
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let stale = parent.join(format!("riffle-emu-{dead_pid}-0"));
+    let live = parent.join(format!("riffle-emu-{}-999", std::process::id()));
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::create_dir(&live).unwrap();
+
     let good = sb.data().join("good.npy");
     gen(&sb, &good, "npy", 300, 64, &[]);
     let mut c = sb.cmd();
@@ -168,6 +185,13 @@ fn reads_under_emulation_clean_up_on_success_and_on_error() {
     assert_eq!(r["emulated"], "sata-ssd");
     assert_eq!(r["records"], 300);
     assert_no_group_left(pid);
+    let live_kept = live.is_dir();
+    std::fs::remove_dir(&live).unwrap();
+    assert!(live_kept, "the group of a live owner was removed");
+    if stale.is_dir() {
+        std::fs::remove_dir(&stale).unwrap();
+        panic!("the group of a dead owner was left");
+    }
 
     // No block device, no throttle: said before anything is created.
     if Path::new("/dev/shm").is_dir() {

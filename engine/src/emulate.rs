@@ -489,8 +489,31 @@ fn read_words(p: &Path) -> Vec<String> {
 /// mounted (then the controller is not on v2), else cgroup v2 if it offers it there.
 fn place(ctrl: Controller) -> Result<Place> {
     let read = |p: &str| fs::read_to_string(p).map_err(|e| Error::io(p, "read", None, e));
-    let mounts = parse_mountinfo(&read("/proc/self/mountinfo")?);
-    let groups = parse_proc_cgroup(&read("/proc/self/cgroup")?);
+    let mountinfo = read("/proc/self/mountinfo")?;
+    let place = place_in(ctrl, &mountinfo, &read("/proc/self/cgroup")?, &read_words)?;
+    let probe_file = place.home.join("blkio.throttle.read_iops_device");
+    if let (Controller::Io, Version::V1) = (ctrl, place.version) {
+        if !probe_file.exists() {
+            return Err(Error::Invalid(format!(
+                "{}: missing; this kernel's blkio controller has no throttle \
+                 (CONFIG_BLK_DEV_THROTTLING)",
+                probe_file.display()
+            )));
+        }
+    }
+    Ok(place)
+}
+
+/// [`place`] from the texts of /proc/self/mountinfo and /proc/self/cgroup, with `words`
+/// reading a cgroup file's words.
+fn place_in(
+    ctrl: Controller,
+    mountinfo: &str,
+    proc_cgroup: &str,
+    words: &dyn Fn(&Path) -> Vec<String>,
+) -> Result<Place> {
+    let mounts = parse_mountinfo(mountinfo);
+    let groups = parse_proc_cgroup(proc_cgroup);
     let v1 = mounts
         .iter()
         .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == ctrl.v1()));
@@ -535,7 +558,7 @@ fn place(ctrl: Controller) -> Result<Place> {
             ))
         })?;
     let controllers = home.join("cgroup.controllers");
-    let offered = read_words(&controllers);
+    let offered = words(&controllers);
     if !offered.iter().any(|c| c == ctrl.v2()) {
         return Err(none(format!(
             "{} offers only: {}",
@@ -550,7 +573,7 @@ fn place(ctrl: Controller) -> Result<Place> {
     if home == m.point {
         // The root may hold processes and enable controllers at once.
         let subtree = home.join("cgroup.subtree_control");
-        let enabled = read_words(&subtree).iter().any(|c| c == ctrl.v2());
+        let enabled = words(&subtree).iter().any(|c| c == ctrl.v2());
         Ok(Place {
             version: Version::V2,
             parent: home.clone(),
@@ -788,6 +811,80 @@ mod tests {
         let g = parse_proc_cgroup("7:blkio:/\n4:memory:/a/b\n3:cpu,cpuacct:/\n0::/user.slice\n");
         assert_eq!(g[1], ("4".into(), "memory".into(), "/a/b".into()));
         assert_eq!(g[3], ("0".into(), String::new(), "/user.slice".into()));
+    }
+
+    const V2_ONLY: &str = "\
+24 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+30 29 0:26 / /sys/fs/cgroup rw,relatime shared:5 - cgroup2 cgroup2 rw,nsdelegate
+";
+
+    /// Cgroup files as a map from path to contents, for [`place_in`].
+    fn files(map: &[(&str, &str)]) -> impl Fn(&Path) -> Vec<String> {
+        let map: Vec<(PathBuf, String)> = map
+            .iter()
+            .map(|(p, c)| (PathBuf::from(p), c.to_string()))
+            .collect();
+        move |p: &Path| {
+            map.iter()
+                .find(|(q, _)| q == p)
+                .map(|(_, c)| c.split_whitespace().map(str::to_owned).collect())
+                .unwrap_or_default()
+        }
+    }
+
+    #[test]
+    fn v1_groups_go_inside_the_current_group() {
+        let cg = "7:blkio:/jobs/a\n4:memory:/lxc/c1/m\n0::/\n";
+        let p = place_in(Controller::Io, MOUNTINFO, cg, &files(&[])).unwrap();
+        assert_eq!(p.version, Version::V1);
+        assert_eq!(p.home, Path::new("/sys/fs/cgroup/blkio/jobs/a"));
+        assert_eq!(p.parent, p.home);
+        let p = place_in(Controller::Memory, MOUNTINFO, cg, &files(&[])).unwrap();
+        assert_eq!(p.home, Path::new("/sys/fs/cgroup/memory x/m"));
+    }
+
+    #[test]
+    fn v2_groups_go_beside_a_non_root_group_or_under_the_root() {
+        let cg = "0::/user.slice/session-1.scope\n";
+        let scope = "/sys/fs/cgroup/user.slice/session-1.scope";
+        let f = files(&[(&format!("{scope}/cgroup.controllers"), "cpu io memory pids")]);
+        let p = place_in(Controller::Io, V2_ONLY, cg, &f).unwrap();
+        assert_eq!(p.version, Version::V2);
+        assert_eq!(p.home, Path::new(scope));
+        assert_eq!(p.parent, Path::new("/sys/fs/cgroup/user.slice"));
+        assert_eq!(p.enable, None);
+
+        let f = files(&[
+            ("/sys/fs/cgroup/cgroup.controllers", "cpu io memory"),
+            ("/sys/fs/cgroup/cgroup.subtree_control", "memory"),
+        ]);
+        let p = place_in(Controller::Io, V2_ONLY, "0::/\n", &f).unwrap();
+        assert_eq!(p.parent, Path::new("/sys/fs/cgroup"));
+        assert_eq!(
+            p.enable.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/cgroup.subtree_control"))
+        );
+        let p = place_in(Controller::Memory, V2_ONLY, "0::/\n", &f).unwrap();
+        assert_eq!(p.enable, None, "memory is enabled already");
+    }
+
+    #[test]
+    fn no_controller_is_a_clear_error() {
+        // This machine's layout: blkio on v1 is not mounted here, v2 offers only hugetlb.
+        let mounts = "30 29 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        let f = files(&[("/sys/fs/cgroup/unified/cgroup.controllers", "hugetlb")]);
+        let err = place_in(Controller::Io, mounts, "0::/\n", &f)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("'blkio'")
+                && err.contains("/sys/fs/cgroup/unified/cgroup.controllers offers only: hugetlb"),
+            "{err}"
+        );
+        let err = place_in(Controller::Io, "", "", &f)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no cgroup v2 hierarchy is mounted"), "{err}");
     }
 
     #[test]
