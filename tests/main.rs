@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 mod datasets;
+mod emulate;
 mod read;
 mod shuffle;
 

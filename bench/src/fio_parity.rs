@@ -130,6 +130,9 @@ pub struct ParityReport {
     pub repeats: usize,
     /// The device.
     pub device: riffle::device::DeviceId,
+    /// The class the device was emulated as (`riffle bench --emulate`), if any: then both
+    /// sides ran under that throttle.
+    pub emulated: Option<riffle::emulate::DeviceClass>,
     /// Where the report was written.
     pub report_dir: String,
 }
@@ -271,6 +274,7 @@ fn measure(
         file_size: opts.file_size,
         seconds: opts.seconds,
         repeats: opts.repeats,
+        emulated: riffle::emulate::active(&device),
         device,
         report_dir: dir.display().to_string(),
     };
@@ -306,6 +310,12 @@ pub fn markdown(r: &ParityReport) -> String {
             "NOT dropped (not root)"
         }
     ));
+    if let Some(class) = r.emulated {
+        s.push_str(&format!(
+            "Both sides ran with the device emulated as {class}: {}.\n",
+            class.limits()
+        ));
+    }
     s.push_str(&format!(
         "Engine backend: {}, O_DIRECT. fio buffers: {}.\n\n",
         r.engine_backend,

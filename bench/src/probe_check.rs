@@ -124,7 +124,7 @@ fn measure(
 pub fn markdown(c: &ProbeCheck) -> String {
     format!(
         "# probe check: `riffle probe{}` against fio\n\n\
-         Probe took {:.1} s on `{}` ({}).\n\n\
+         Probe took {:.1} s on `{}` ({}){}.\n\n\
          | figure | riffle probe | fio | probe / fio |\n|---|---:|---:|---:|\n\
          | 4 KiB random read, QD 128 (IOPS) | {:.0} | {:.0} | {:.3} |\n\
          | sequential read, 1 MiB QD 8 | {}/s | {}/s | {:.3} |\n",
@@ -132,6 +132,10 @@ pub fn markdown(c: &ProbeCheck) -> String {
         c.probe_seconds,
         c.profile.device.dev,
         c.profile.device.name.as_deref().unwrap_or("?"),
+        c.profile
+            .emulated
+            .map(|class| format!(", emulated as {class} ({})", class.limits()))
+            .unwrap_or_default(),
         c.probe_4k_qd128_iops,
         c.fio_4k_qd128_iops,
         c.iops_ratio,

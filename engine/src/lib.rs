@@ -6,7 +6,9 @@
 //! - [`io`]: aligned buffers, the io_uring backend, the pread fallback and a reader that
 //!   turns arbitrary byte ranges into whole aligned O_DIRECT extents;
 //! - [`device`]: which block device holds a path, and what it says about itself;
-//! - [`probe`]: measures a device the way fio does and caches the profile.
+//! - [`probe`]: measures a device the way fio does and caches the profile;
+//! - [`emulate`]: runs the process under a kernel I/O throttle that makes a device behave
+//!   like a slower class (`hdd`, `sata-ssd`), for benches and tests.
 //!
 //! Reading arbitrary byte ranges of a file takes a few lines:
 //!
@@ -31,6 +33,7 @@
 
 pub mod dataset;
 pub mod device;
+pub mod emulate;
 mod error;
 pub mod format;
 pub mod gen;

@@ -5,9 +5,12 @@
 mod cmd;
 mod progress;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
+use riffle::emulate::{DeviceClass, Throttle};
 
 /// riffle feeds shuffled training data from local storage as fast as the device allows.
 ///
@@ -21,8 +24,24 @@ use clap::{Parser, Subcommand};
     max_term_width = 100
 )]
 struct Cli {
+    /// Run the command under a kernel I/O throttle that makes the device holding its data
+    /// behave like CLASS: hdd (600 random-read IOPS, 150 MB/s), sata-ssd (90k IOPS,
+    /// 550 MB/s read, 500 MB/s write) or nvme (no throttle: the device's own speed).
+    ///
+    /// The throttle is a cgroup (v1 blkio or v2 io.max) on the whole disk holding the
+    /// command's data (probe's PATH, the dataset, bench's --data-dir, gen's OUT), made for
+    /// this run and removed afterwards, also on error; it needs root. Children (fio) are
+    /// throttled too. A probe under emulation is cached as a profile of that class, apart
+    /// from the device's own.
+    #[arg(long, global = true, value_name = "CLASS", value_parser = class_parser())]
+    emulate: Option<DeviceClass>,
     #[command(subcommand)]
     command: Command,
+}
+
+fn class_parser() -> impl TypedValueParser<Value = DeviceClass> {
+    PossibleValuesParser::new(DeviceClass::NAMES)
+        .map(|s| s.parse().expect("one of DeviceClass::NAMES"))
 }
 
 #[derive(Subcommand)]
@@ -55,9 +74,51 @@ enum Command {
     Bench(cmd::bench::Args),
 }
 
+impl Command {
+    /// Where the command's data lives: the device `--emulate` throttles.
+    fn data_path(&self) -> PathBuf {
+        let given = |s: &str| (s != "-").then(|| PathBuf::from(s));
+        match self {
+            Command::Demo(a) => a.dir.clone().unwrap_or_else(std::env::temp_dir),
+            Command::Probe(a) => a.path.clone(),
+            Command::Gen(a) => a.out.clone(),
+            Command::Index(a) => a.data.dataset[0].clone(),
+            Command::Cat(a) => a.data.dataset[0].clone(),
+            Command::Read(a) => a.data.dataset[0].clone(),
+            Command::Shuffle(a) => a
+                .tmpdir
+                .clone()
+                .or_else(|| given(&a.output))
+                .or_else(|| given(&a.inputs[0]))
+                .unwrap_or_else(|| PathBuf::from(".")),
+            Command::Bench(a) => a.data_dir.clone(),
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("riffle: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    // The guard lives until the command has returned, whatever it returned: dropping it
+    // moves the process back and removes the cgroup.
+    let _throttle = match cli.emulate {
+        Some(class) => {
+            let t = Throttle::enter(class, &cli.command.data_path())?;
+            eprintln!("riffle: {t}");
+            Some(t)
+        }
+        None => None,
+    };
+    match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Probe(a) => cmd::probe::run(a),
         Command::Gen(a) => cmd::gen::run(a),
@@ -66,12 +127,5 @@ fn main() -> ExitCode {
         Command::Read(a) => cmd::read::run(a),
         Command::Shuffle(a) => cmd::shuffle::run(a),
         Command::Bench(a) => cmd::bench::run(a),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("riffle: error: {e:#}");
-            ExitCode::from(1)
-        }
     }
 }

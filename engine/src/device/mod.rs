@@ -44,6 +44,35 @@ fn sysfs_disk(dev: u64) -> Option<PathBuf> {
     }
 }
 
+/// A whole disk: what a block-layer I/O throttle is set on (the kernel refuses throttle
+/// rules on partitions).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disk {
+    /// The disk's major number.
+    pub major: u64,
+    /// The disk's minor number.
+    pub minor: u64,
+    /// The kernel name (`vda`, `nvme0n1`, `dm-0`).
+    pub name: String,
+}
+
+impl std::fmt::Display for Disk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}:{})", self.name, self.major, self.minor)
+    }
+}
+
+/// The whole disk behind `dev` (a filesystem's st_dev; a partition resolves to its disk),
+/// or `None` when no block device backs it (tmpfs, overlayfs, btrfs's anonymous devices).
+pub fn whole_disk(dev: u64) -> Option<Disk> {
+    let disk = sysfs_disk(dev)?;
+    let name = disk.file_name()?.to_string_lossy().into_owned();
+    let (major, minor) = read_trim(disk.join("dev"))?
+        .split_once(':')
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))?;
+    Some(Disk { major, minor, name })
+}
+
 fn read_trim(p: impl AsRef<Path>) -> Option<String> {
     let s = fs::read_to_string(p).ok()?;
     let s = s.trim();
@@ -130,6 +159,22 @@ mod tests {
         assert_eq!(major_minor(makedev(254, 0)), (254, 0));
         assert_eq!(major_minor(makedev(259, 65537)), (259, 65537));
         assert_eq!(major_minor(makedev(8, 17)), (8, 17));
+    }
+
+    #[test]
+    fn the_whole_disk_is_the_one_identify_names() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let id = identify(dir).unwrap();
+        let disk = whole_disk(fs::metadata(dir).unwrap().dev());
+        assert_eq!(disk.as_ref().map(|d| d.name.clone()), id.name);
+        if let Some(d) = disk {
+            let sys = format!("/sys/dev/block/{}:{}", d.major, d.minor);
+            assert!(Path::new(&sys).exists(), "{sys}");
+            assert!(
+                !Path::new(&sys).join("partition").exists(),
+                "{sys} is a partition"
+            );
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub use cache::{cache_dir, cache_path, load_cached, store};
 pub use measure::{read_point, Point, ReadSpec};
 
 use crate::device::{self, DeviceId};
+use crate::emulate::{self, DeviceClass};
 use crate::io::{self, align::Alignment, Access, DataFile, IoConfig};
 use crate::{Error, Result};
 
@@ -56,6 +57,10 @@ pub struct Profile {
     pub seq_read: Point,
     /// How long the probe took.
     pub probe_seconds: f64,
+    /// The class the device was emulated as while it was measured (see
+    /// [`crate::emulate`]); such a profile describes that class, not the device.
+    #[serde(default)]
+    pub emulated: Option<DeviceClass>,
 }
 
 /// The alignment part of a profile.
@@ -193,6 +198,8 @@ pub fn probe(
     let started = std::time::Instant::now();
     let dir = scratch_dir(path)?;
     let device = device::identify(&dir).map_err(|e| Error::io(&dir, "stat", None, e))?;
+    // A throttle in force on this device makes the profile one of its class.
+    let emulated = emulate::active(&device);
     let mut plan = ProbePlan::new(opts.quick);
     if let Some(r) = opts.region {
         plan.region = r;
@@ -286,6 +293,7 @@ pub fn probe(
         random,
         seq_read: seq,
         probe_seconds: started.elapsed().as_secs_f64(),
+        emulated,
     })
 }
 

@@ -43,7 +43,7 @@ pub fn cached_or_probe(
     let dev = riffle::device::identify(&dir)
         .with_context(|| format!("{}: cannot identify its device", dir.display()))?;
     if !refresh {
-        if let Some((p, _)) = probe::load_cached(&dev, quick) {
+        if let Some((p, _)) = probe::load_cached(&dev, quick, riffle::emulate::active(&dev)) {
             return Ok((p, true));
         }
     }
@@ -70,7 +70,7 @@ pub fn run(args: Args) -> Result<()> {
         opts.point_time = Some(std::time::Duration::from_secs_f64(t));
     }
     let (profile, cached) = cached_or_probe(&args.path, &opts, args.refresh, args.json)?;
-    let cache = probe::cache_path(&profile.device, profile.quick);
+    let cache = probe::cache_path(&profile.device, profile.quick, profile.emulated);
     if args.json {
         let mut v = serde_json::to_value(&profile)?;
         v["cached"] = cached.into();
@@ -115,6 +115,9 @@ pub fn render(p: &Profile) -> String {
         "device      {} {name} ({model}), {rot}, {} filesystem, logical block {lbs}",
         d.dev, d.fs_type
     );
+    if let Some(class) = p.emulated {
+        let _ = writeln!(s, "emulating   {class}: {}", class.limits());
+    }
     let direct = if p.direct {
         "O_DIRECT".to_owned()
     } else {

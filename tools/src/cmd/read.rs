@@ -118,6 +118,8 @@ pub fn run(a: Args) -> Result<()> {
     let opts = a.data.options(false, false, a.memory)?;
     let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
     let records = ds.len();
+    let device = riffle::device::identify(&ds.files()[0].path).ok();
+    let emulated = device.and_then(|d| riffle::emulate::active(&d));
     let read_opts = ReadOptions {
         seed: a.seed,
         first_epoch: a.epoch,
@@ -200,6 +202,7 @@ pub fn run(a: Args) -> Result<()> {
         v["dataset_records"] = records.into();
         v["seed"] = a.seed.into();
         v["epochs"] = a.epochs.into();
+        v["emulated"] = serde_json::to_value(emulated)?;
         println!("{v}");
     } else {
         println!(
