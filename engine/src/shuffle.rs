@@ -464,16 +464,25 @@ impl Piles {
                 if last {
                     let _ = std::fs::remove_file(&path);
                 }
-                let (data, mut index) = loaded?;
-                index.sort_unstable_by_key(|&(k, _, _)| k);
-                Ok((data, index))
+                let mut p = loaded?;
+                crate::order::sort_uniform(&mut p.index, &mut p.scratch, |r| r.0);
+                Ok(p)
             },
-            |(data, index)| {
+            |p| {
                 *loads += 1;
-                for &(_, off, len) in &index {
+                let data = p.data.as_slice();
+                // Records are visited in key order, all over the pile: ask for the next
+                // ones early so their cache misses overlap this one's copy.
+                const AHEAD: usize = 8;
+                for (i, &(_, off, len)) in p.index.iter().enumerate() {
+                    if let Some(&(_, ahead, alen)) = p.index.get(i + AHEAD) {
+                        for line in (ahead..ahead + alen.min(1024)).step_by(64) {
+                            crate::io::prefetch(&data[line..]);
+                        }
+                    }
                     out.record(&data[off..off + len])?;
                 }
-                Ok(std::ops::ControlFlow::Continue(Some((data, index))))
+                Ok(std::ops::ControlFlow::Continue(Some(p)))
             },
         )?;
         drop(self.dir);
@@ -481,8 +490,14 @@ impl Piles {
     }
 }
 
-/// A loaded pile: the record bytes, and (key, offset, length) per record.
-type Loaded = (Vec<u8>, Vec<(u64, usize, usize)>);
+/// A loaded pile: the record bytes (on huge pages: they are read in random order), and
+/// (key, offset, length) per record.
+#[derive(Default)]
+struct Loaded {
+    data: crate::io::LargeBuf,
+    index: Vec<(u64, usize, usize)>,
+    scratch: Vec<(u64, usize, usize)>,
+}
 
 /// The records of a pile with keys in [lo, hi), read with large direct reads.
 fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -> Result<Loaded> {
@@ -491,13 +506,14 @@ fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -
         crate::io::Access::Read,
         true,
     )?);
-    let (mut data, mut index) = reuse.unwrap_or_default();
+    let mut loaded = reuse.unwrap_or_default();
+    let Loaded { data, index, .. } = &mut loaded;
     data.clear();
     index.clear();
-    data.reserve(expect + expect / 8);
+    data.reserve_total(expect + expect / 8);
     // A frame split between chunks waits in `carry` until it is whole.
     let mut carry: Vec<u8> = Vec::new();
-    let mut keep = |frame_key: u64, rec: &[u8], data: &mut Vec<u8>| {
+    let mut keep = |frame_key: u64, rec: &[u8], data: &mut crate::io::LargeBuf| {
         if (lo..hi).contains(&(frame_key as u128)) {
             index.push((frame_key, data.len(), rec.len()));
             data.extend_from_slice(rec);
@@ -520,7 +536,7 @@ fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -
                 at += n;
                 if carry.len() == FRAME_HEAD + len {
                     let k = u64::from_le_bytes(carry[..8].try_into().expect("8 bytes"));
-                    keep(k, &carry[FRAME_HEAD..], &mut data);
+                    keep(k, &carry[FRAME_HEAD..], data);
                     carry.clear();
                 }
             }
@@ -537,7 +553,7 @@ fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -
                 break;
             }
             let k = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
-            keep(k, &rest[FRAME_HEAD..FRAME_HEAD + len], &mut data);
+            keep(k, &rest[FRAME_HEAD..FRAME_HEAD + len], data);
             at += FRAME_HEAD + len;
         }
         Ok(())
@@ -549,7 +565,7 @@ fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -
             what: "a temporary pile ends inside a record (was the scratch disk changed?)".into(),
         });
     }
-    Ok((data, index))
+    Ok(loaded)
 }
 
 /// Where an output's bytes go: stdout through a buffer, files through direct writes.

@@ -546,7 +546,7 @@ fn run(
                     let _ = std::fs::remove_file(&path);
                 }
                 loaded?;
-                sort_frames(&mut p.frames, &mut p.scratch);
+                crate::order::sort_uniform(&mut p.frames, &mut p.scratch, |f| f.0);
                 Ok(p)
             },
             |p| {
@@ -606,54 +606,6 @@ struct LoadedPile {
     data: LargeBuf,
     frames: Vec<(u64, usize)>,
     scratch: Vec<(u64, usize)>,
-}
-
-/// Sorts frames by key. Keys are uniformly spread (they come from a keyed bijection), so
-/// one counting pass into about one bucket per frame followed by an insertion sort (which
-/// then only moves frames within their bucket) beats a comparison sort.
-fn sort_frames(frames: &mut Vec<(u64, usize)>, scratch: &mut Vec<(u64, usize)>) {
-    let n = frames.len();
-    if n < 256 {
-        frames.sort_unstable_by_key(|&(k, _)| k);
-        return;
-    }
-    let lo = frames.iter().map(|f| f.0).min().expect("frames");
-    let hi = frames.iter().map(|f| f.0).max().expect("frames");
-    // Bucket = the top `bits` bits of (key - lo): below `buckets` since hi - lo is.
-    let bits = n.next_power_of_two().trailing_zeros();
-    let width = 64 - (hi - lo).leading_zeros();
-    let shift = width.saturating_sub(bits);
-    let buckets = 1usize << width.min(bits);
-    let bucket = |k: u64| ((k - lo) >> shift) as usize;
-    let mut counts = vec![0u32; buckets + 1];
-    for f in frames.iter() {
-        counts[bucket(f.0) + 1] += 1;
-    }
-    // Far from uniform (never seen): a comparison sort keeps the worst case n log n.
-    if counts.iter().any(|&c| c > 64) {
-        frames.sort_unstable_by_key(|&(k, _)| k);
-        return;
-    }
-    for i in 1..counts.len() {
-        counts[i] += counts[i - 1];
-    }
-    scratch.clear();
-    scratch.resize(n, (0, 0));
-    for &f in frames.iter() {
-        let b = bucket(f.0);
-        scratch[counts[b] as usize] = f;
-        counts[b] += 1;
-    }
-    for i in 1..n {
-        let f = scratch[i];
-        let mut j = i;
-        while j > 0 && scratch[j - 1].0 > f.0 {
-            scratch[j] = scratch[j - 1];
-            j -= 1;
-        }
-        scratch[j] = f;
-    }
-    std::mem::swap(frames, scratch);
 }
 
 /// A whole pile into `out`, read with large direct reads; its frames' (key, offset) into
@@ -813,36 +765,6 @@ fn emit_frames(data: &[u8], frames: &[(u64, usize)], units: &Units, em: &mut Emi
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The bucket sort agrees with a comparison sort, for uniform keys, narrow key ranges
-    /// and keys far from uniform (the fallback).
-    #[test]
-    fn frames_sort_by_key() {
-        let key = EpochKey::new(9, 4);
-        let cases: Vec<Vec<u64>> = vec![
-            (0..100_000u64).map(|u| key.key(u)).collect(),
-            (0..5000u64).map(|u| key.key(u) >> 40).collect(),
-            (0..3000u64)
-                .map(|u| if u % 2 == 0 { u } else { u64::MAX - u })
-                .collect(),
-            (0..300u64).map(|u| 7 + (key.key(u) & 1)).collect(),
-            vec![5; 1000],
-        ];
-        for keys in cases {
-            let mut frames: Vec<(u64, usize)> = keys.iter().copied().zip(0..).collect();
-            let mut want = frames.clone();
-            want.sort_by_key(|&(k, at)| (k, at));
-            let mut scratch = Vec::new();
-            sort_frames(&mut frames, &mut scratch);
-            assert!(
-                frames.windows(2).all(|w| w[0].0 <= w[1].0),
-                "not in key order"
-            );
-            // The same frames (ties may come in any order).
-            frames.sort_by_key(|&(k, at)| (k, at));
-            assert_eq!(frames, want);
-        }
-    }
 
     /// Loading a pile in key sub-ranges returns each frame exactly once overall.
     #[test]

@@ -12,10 +12,12 @@
 //! Ranks take global batches round robin ([`split::Split`]); the tail of an epoch is
 //! dropped or padded only when asked.
 
+pub mod sort;
 pub mod split;
 pub mod table;
 pub mod units;
 
+pub use sort::sort_uniform;
 pub use split::{Split, Tail};
 pub use table::EpochTable;
 pub use units::{Grouping, Units};
