@@ -41,7 +41,7 @@ fn cat(sb: &Sandbox, args: &[&std::ffi::OsStr]) -> Vec<Vec<u8>> {
 }
 
 /// A failed command: exit 1, no panic, and stderr names `path` and `offset` (if given).
-fn assert_bad(o: &Output, path: &Path, offset: Option<u64>, words: &str) {
+pub(crate) fn assert_bad(o: &Output, path: &Path, offset: Option<u64>, words: &str) {
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "expected exit 1; stderr:\n{err}");
     assert!(!err.contains("panicked"), "{err}");

@@ -247,3 +247,162 @@ fn sigkill_mid_shuffle_leaves_no_output_and_a_rerun_works() {
     assert_ok(&o);
     assert_eq!(sorted_lines(&out), sorted_lines(&input));
 }
+
+/// The records of a TFRecord file, as whole frames, sorted.
+fn sorted_frames(p: &Path) -> Vec<Vec<u8>> {
+    let b = std::fs::read(p).unwrap();
+    let mut at = 0;
+    let mut v = Vec::new();
+    while at < b.len() {
+        let len = u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize;
+        v.push(b[at..at + 16 + len].to_vec());
+        at += 16 + len;
+    }
+    assert_eq!(at, b.len(), "{}: a partial frame at the end", p.display());
+    v.sort();
+    v
+}
+
+fn shuffle_to(sb: &Sandbox, input: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    sb.cmd()
+        .arg("shuffle")
+        .arg(input)
+        .arg("-o")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn tfrecords_shuffle_as_whole_frames_whatever_the_memory() {
+    let sb = Sandbox::new();
+    let input = sb.data().join("in.tfrecord");
+    gen(
+        &sb,
+        &input,
+        "tfrecord",
+        20_000,
+        300,
+        &["--size-jitter", "0.9"],
+    );
+    let mut outs = Vec::new();
+    for (i, mem) in ["1G", "1M"].iter().enumerate() {
+        let out = sb.data().join(format!("out{i}.tfrecord"));
+        let o = shuffle_to(
+            &sb,
+            &input,
+            &out,
+            &["--seed", "3", "--memory", mem, "--json"],
+        );
+        assert_ok(&o);
+        let rep: serde_json::Value = serde_json::from_slice(&o.stderr).unwrap();
+        assert_eq!(rep["records"], 20_000, "{rep}");
+        assert_eq!(rep["in_memory"], i == 0, "{mem}: {rep}");
+        outs.push(out);
+    }
+    let (a, b) = (
+        std::fs::read(&outs[0]).unwrap(),
+        std::fs::read(&outs[1]).unwrap(),
+    );
+    assert!(a == b, "the output depends on --memory");
+    assert_ne!(a, std::fs::read(&input).unwrap(), "not shuffled");
+    assert_eq!(sorted_frames(&outs[0]), sorted_frames(&input));
+    // The output is a valid TFRecord file: the engine indexes it with both CRCs checked.
+    let o = sb
+        .cmd()
+        .arg("index")
+        .arg(&outs[0])
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["records"], 20_000);
+}
+
+#[test]
+fn corrupt_tfrecords_are_refused_with_file_and_offset() {
+    let sb = Sandbox::new();
+    let input = sb.data().join("bad.tfrecord");
+    gen(&sb, &input, "tfrecord", 3, 20, &[]);
+    let good = std::fs::read(&input).unwrap();
+    // Each frame is 12 + 20 + 4 = 36 bytes.
+    let cases: [(&str, Box<dyn Fn(&mut Vec<u8>)>, u64); 3] = [
+        ("length CRC", Box::new(|b| b[36 + 9] ^= 0x55), 44),
+        ("data CRC", Box::new(|b| b[36 + 15] ^= 1), 36 + 32),
+        ("truncated", Box::new(|b| b.truncate(36 + 20)), 36),
+    ];
+    for (words, spoil, offset) in cases {
+        let mut b = good.clone();
+        spoil(&mut b);
+        std::fs::write(&input, &b).unwrap();
+        let out = sb.data().join("out.tfrecord");
+        let o = shuffle_to(&sb, &input, &out, &["--memory", "1M"]);
+        crate::datasets::assert_bad(&o, &input, Some(offset), words);
+        assert!(!out.exists(), "{words}: an output was left behind");
+    }
+}
+
+#[test]
+fn fixed_records_shuffle_with_the_header_kept() {
+    let sb = Sandbox::new();
+    let input = sb.data().join("in.bin");
+    let header = b"HEADER--".to_vec();
+    let mut bytes = header.clone();
+    let records: Vec<[u8; 24]> = (0..40_000u32)
+        .map(|i| {
+            let mut r = [0u8; 24];
+            r[..4].copy_from_slice(&i.to_le_bytes());
+            r[4..].fill((i % 251) as u8);
+            r
+        })
+        .collect();
+    for r in &records {
+        bytes.extend_from_slice(r);
+    }
+    std::fs::write(&input, &bytes).unwrap();
+    let mut outs = Vec::new();
+    for mem in ["1G", "1M"] {
+        let out = sb.data().join(format!("out-{mem}.bin"));
+        let o = shuffle_to(
+            &sb,
+            &input,
+            &out,
+            &["--format", "fixed:24:8", "--memory", mem],
+        );
+        assert_ok(&o);
+        outs.push(std::fs::read(&out).unwrap());
+    }
+    assert!(outs[0] == outs[1], "the output depends on --memory");
+    let out = &outs[0];
+    assert_eq!(&out[..8], &header[..], "the header is not kept at the top");
+    assert_eq!(out.len(), bytes.len());
+    let mut got: Vec<&[u8]> = out[8..].chunks(24).collect();
+    assert_ne!(
+        got.iter().map(|r| r[0]).collect::<Vec<_>>()[..100],
+        (0..100u8).collect::<Vec<_>>()[..]
+    );
+    got.sort();
+    let mut want: Vec<&[u8]> = records.iter().map(|r| &r[..]).collect();
+    want.sort();
+    assert_eq!(got, want);
+
+    // A partial last record is an error naming its offset, with no output.
+    std::fs::write(&input, &bytes[..bytes.len() - 5]).unwrap();
+    let out = sb.data().join("partial.bin");
+    let o = shuffle_to(&sb, &input, &out, &["--format", "fixed:24:8"]);
+    let last = 8 + 24 * (records.len() as u64 - 1);
+    crate::datasets::assert_bad(&o, &input, Some(last), "partial record");
+    assert!(!out.exists());
+    // NumPy files are pointed elsewhere, not shuffled as lines.
+    let npy = sb.data().join("a.npy");
+    gen(&sb, &npy, "npy", 10, 16, &[]);
+    let o = shuffle_to(&sb, &npy, &sb.data().join("a-out.npy"), &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("riffle read"),
+        "{}",
+        text(&o.stderr)
+    );
+}

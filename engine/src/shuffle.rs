@@ -16,6 +16,8 @@ use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use crate::format::tfrecord::masked_crc;
+use crate::format::Format;
 use crate::order::EpochKey;
 use crate::{Error, Result};
 
@@ -53,10 +55,11 @@ pub struct ShuffleOptions {
     pub seed: u64,
     /// Hard budget for records held in memory, index included.
     pub memory: u64,
-    /// Record separator.
-    pub sep: u8,
-    /// Header lines at the top of each input, kept once at the top of the first output.
-    pub skip: u64,
+    /// Record format: lines (`sep`; `skip` header lines at the top of each input, the first
+    /// input's kept at the top of the first output), TFRecord (whole frames, CRCs checked),
+    /// or fixed-size records (a `header` of bytes at the top of each input, the first
+    /// input's kept likewise). NumPy files are refused: `riffle read` serves them.
+    pub format: Format,
     /// Where piles go (default: the output's directory).
     pub tmpdir: Option<PathBuf>,
     /// Numbered outputs.
@@ -100,6 +103,11 @@ pub fn shuffle(
     if opts.memory < (1 << 20) {
         return Err(Error::Invalid("--memory must be at least 1 MiB".into()));
     }
+    let cut = Cut::of(&opts.format)?;
+    let skip = match opts.format {
+        Format::Lines { skip, .. } => skip,
+        _ => 0,
+    };
     let key = EpochKey::new(opts.seed, 0);
     let mut rep = ShuffleReport::default();
     let mut header: Vec<u8> = Vec::new();
@@ -129,13 +137,13 @@ pub fn shuffle(
         let mut keep_header = n == 0;
         // Pile frames store lengths as u32.
         let max_record = (opts.memory / 4).min(u32::MAX as u64);
-        let result = for_each_record(input, opts.sep, max_record, &name, |offset, rec| {
-            rep.bytes += rec.len() as u64 + 1;
-            if skipped < opts.skip {
+        let result = for_each_record(input, cut, max_record, &name, |offset, rec| {
+            rep.bytes += rec.len() as u64 + cut.sep().is_some() as u64;
+            if skipped < skip {
                 skipped += 1;
                 if keep_header {
                     header.extend_from_slice(rec);
-                    header.push(opts.sep);
+                    header.extend(cut.sep());
                 }
                 return Ok(());
             }
@@ -171,10 +179,13 @@ pub fn shuffle(
             }
             Ok(())
         });
-        result?;
+        let head = result?;
+        if n == 0 {
+            header.extend_from_slice(&head);
+        }
     }
     rep.records = id;
-    let mut out = OutputWriter::new(output, opts.split, opts.sep)?;
+    let mut out = OutputWriter::new(output, opts.split, cut.sep())?;
     out.header(&header)?;
     let written = match piles {
         None => {
@@ -205,23 +216,67 @@ fn total_input_estimate(inputs: &[Input]) -> u64 {
         .sum()
 }
 
-/// Calls `f(offset, record)` for every record of an input (the separator stripped; a last
-/// record without separator still counts). Files are read with large direct reads through
-/// the I/O core; standard input with plain reads. A record longer than `max` is an error.
+/// How an input is cut into records.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// At a separator byte (not part of the record).
+    Sep(u8),
+    /// TFRecord frames (the whole frame is the record, so the output is TFRecord too).
+    TfRecord,
+    /// Every `size` bytes after `header` bytes.
+    Fixed { size: u64, header: u64 },
+}
+
+impl Cut {
+    fn of(format: &Format) -> Result<Cut> {
+        Ok(match *format {
+            Format::Lines { sep, .. } => Cut::Sep(sep),
+            Format::TfRecord { .. } => Cut::TfRecord,
+            Format::Fixed { size: 0, .. } => {
+                return Err(Error::Invalid(
+                    "fixed records must have a size above 0".into(),
+                ))
+            }
+            Format::Fixed { size, header } => Cut::Fixed { size, header },
+            Format::Npy => {
+                return Err(Error::Invalid(
+                    "riffle shuffle writes lines, TFRecord or fixed-size records; for .npy \
+                     arrays use `riffle read`, or --format fixed:ROW_BYTES:HEADER_BYTES to \
+                     shuffle the raw rows"
+                        .into(),
+                ))
+            }
+        })
+    }
+
+    /// The separator written after each record, if any.
+    fn sep(&self) -> Option<u8> {
+        match self {
+            Cut::Sep(b) => Some(*b),
+            _ => None,
+        }
+    }
+}
+
+/// Calls `f(offset, record)` for every record of an input (for lines, the separator
+/// stripped, and a last record without separator still counts). Files are read with large
+/// direct reads through the I/O core; standard input with plain reads. A record longer
+/// than `max` is an error. Returns the input's header bytes (fixed records).
 fn for_each_record(
     input: &Input,
-    sep: u8,
+    cut: Cut,
     max: u64,
     name: &str,
     mut f: impl FnMut(u64, &[u8]) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<u8>> {
     let mut split = RecordSplitter {
-        sep,
+        cut,
         max,
         name,
         carry: Vec::new(),
         carry_at: 0,
         pos: 0,
+        header: Vec::new(),
     };
     match input {
         Input::File(p) => {
@@ -245,18 +300,21 @@ fn for_each_record(
             }
         }
     }
-    split.finish(&mut f)
+    split.finish(&mut f)?;
+    Ok(split.header)
 }
 
 /// Cuts a stream of chunks into records, carrying a record split between chunks.
 struct RecordSplitter<'a> {
-    sep: u8,
+    cut: Cut,
     max: u64,
     name: &'a str,
     carry: Vec<u8>,
     carry_at: u64,
     /// Stream offset of the next chunk.
     pos: u64,
+    /// The header bytes met so far (fixed records).
+    header: Vec<u8>,
 }
 
 impl RecordSplitter<'_> {
@@ -272,9 +330,29 @@ impl RecordSplitter<'_> {
         }
     }
 
+    fn bad(&self, offset: u64, what: String) -> Error {
+        Error::BadInput {
+            path: self.name.into(),
+            offset: Some(offset),
+            what,
+        }
+    }
+
     fn feed(&mut self, chunk: &[u8], f: &mut impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        match self.cut {
+            Cut::Sep(sep) => self.feed_sep(sep, chunk, f),
+            _ => self.feed_framed(chunk, f),
+        }
+    }
+
+    fn feed_sep(
+        &mut self,
+        sep: u8,
+        chunk: &[u8],
+        f: &mut impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
         let mut start = 0usize;
-        for p in memchr::memchr_iter(self.sep, chunk) {
+        for p in memchr::memchr_iter(sep, chunk) {
             if self.carry.is_empty() {
                 if (p - start) as u64 > self.max {
                     return Err(self.too_long(self.pos + start as u64, p - start));
@@ -303,12 +381,131 @@ impl RecordSplitter<'_> {
         Ok(())
     }
 
-    fn finish(&mut self, f: &mut impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
-        if !self.carry.is_empty() {
-            let rec = std::mem::take(&mut self.carry);
-            f(self.carry_at, &rec)?;
+    /// The length of the record at the front of `rest`, once enough of it is there to
+    /// tell (`None` until then); checks a TFRecord's length CRC.
+    fn frame_len(&self, rest: &[u8], at: u64) -> Result<Option<usize>> {
+        let len = match self.cut {
+            Cut::Sep(_) => unreachable!("separated records are cut by feed_sep"),
+            Cut::Fixed { size, .. } => size,
+            Cut::TfRecord => {
+                if rest.len() < 12 {
+                    return Ok(None);
+                }
+                let len = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
+                let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
+                if masked_crc(&rest[..8]) != crc {
+                    return Err(self.bad(
+                        at + 8,
+                        "TFRecord length CRC mismatch (not a TFRecord file, or corrupt)".into(),
+                    ));
+                }
+                len.saturating_add(16)
+            }
+        };
+        if len > self.max {
+            return Err(self.too_long(at, len.min(usize::MAX as u64) as usize));
         }
+        Ok(Some(len as usize))
+    }
+
+    /// Checks a whole TFRecord frame's data CRC, then hands the record on.
+    fn deliver(
+        &self,
+        at: u64,
+        rec: &[u8],
+        f: &mut impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if let Cut::TfRecord = self.cut {
+            let data = &rec[12..rec.len() - 4];
+            let crc = u32::from_le_bytes(rec[rec.len() - 4..].try_into().expect("4 bytes"));
+            if masked_crc(data) != crc {
+                return Err(self.bad(
+                    at + rec.len() as u64 - 4,
+                    "TFRecord data CRC mismatch (corrupt record)".into(),
+                ));
+            }
+        }
+        f(at, rec)
+    }
+
+    /// Length-framed records (TFRecord, fixed), after any header bytes.
+    fn feed_framed(
+        &mut self,
+        mut chunk: &[u8],
+        f: &mut impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let chunk_len = chunk.len() as u64;
+        let mut pos = self.pos;
+        if let Cut::Fixed { header, .. } = self.cut {
+            let want = header.saturating_sub(pos).min(chunk.len() as u64) as usize;
+            self.header.extend_from_slice(&chunk[..want]);
+            chunk = &chunk[want..];
+            pos += want as u64;
+        }
+        // Complete a record carried over from the previous chunk.
+        while !self.carry.is_empty() && !chunk.is_empty() {
+            let need = match self.frame_len(&self.carry, self.carry_at)? {
+                Some(len) => len - self.carry.len(),
+                // A TFRecord header still incomplete: take what completes it.
+                None => 12 - self.carry.len(),
+            };
+            let n = need.min(chunk.len());
+            self.carry.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+            pos += n as u64;
+            if let Some(len) = self.frame_len(&self.carry, self.carry_at)? {
+                if self.carry.len() == len {
+                    let mut rec = std::mem::take(&mut self.carry);
+                    self.deliver(self.carry_at, &rec, f)?;
+                    rec.clear();
+                    self.carry = rec;
+                }
+            }
+        }
+        let mut at = 0usize;
+        while at < chunk.len() {
+            let rest = &chunk[at..];
+            match self.frame_len(rest, pos + at as u64)? {
+                Some(len) if rest.len() >= len => {
+                    self.deliver(pos + at as u64, &rest[..len], f)?;
+                    at += len;
+                }
+                _ => {
+                    self.carry_at = pos + at as u64;
+                    self.carry.extend_from_slice(rest);
+                    break;
+                }
+            }
+        }
+        self.pos += chunk_len;
         Ok(())
+    }
+
+    fn finish(&mut self, f: &mut impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        if self.carry.is_empty() {
+            return Ok(());
+        }
+        match self.cut {
+            Cut::Sep(_) => {
+                let rec = std::mem::take(&mut self.carry);
+                f(self.carry_at, &rec)
+            }
+            Cut::TfRecord => Err(self.bad(
+                self.carry_at,
+                format!(
+                    "truncated: the input ends inside a TFRecord frame ({} bytes of it present)",
+                    self.carry.len()
+                ),
+            )),
+            Cut::Fixed { size, .. } => Err(self.bad(
+                self.carry_at,
+                format!(
+                    "truncated: the input ends with a partial record of {} bytes (records are \
+                     {size} bytes)",
+                    self.carry.len()
+                ),
+            )),
+        }
     }
 }
 
@@ -580,7 +777,7 @@ type OpenOutput = (PathBuf, PathBuf, Sink);
 struct OutputWriter {
     target: Output,
     split: Option<SplitBy>,
-    sep: u8,
+    sep: Option<u8>,
     /// The open output: its final path, its temporary path (empty for stdout), the writer.
     current: Option<OpenOutput>,
     done: Vec<(PathBuf, PathBuf)>,
@@ -590,7 +787,7 @@ struct OutputWriter {
 }
 
 impl OutputWriter {
-    fn new(target: &Output, split: Option<SplitBy>, sep: u8) -> Result<Self> {
+    fn new(target: &Output, split: Option<SplitBy>, sep: Option<u8>) -> Result<Self> {
         let mut w = OutputWriter {
             target: target.clone(),
             split,
@@ -675,9 +872,11 @@ impl OutputWriter {
             self.open_next()?;
         }
         self.write(rec)?;
-        self.write(&[self.sep])?;
+        if let Some(sep) = self.sep {
+            self.write(&[sep])?;
+        }
         self.records += 1;
-        self.bytes += rec.len() as u64 + 1;
+        self.bytes += rec.len() as u64 + self.sep.is_some() as u64;
         Ok(())
     }
 

@@ -1,8 +1,10 @@
-//! `riffle shuffle INPUT... -o OUTPUT`: a seeded, memory-bounded shuffle of lines.
+//! `riffle shuffle INPUT... -o OUTPUT`: a seeded, memory-bounded shuffle of lines,
+//! TFRecord frames or fixed-size records.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use riffle::format::Format;
 use riffle::shuffle::{self, Input, Output, ShuffleOptions, SplitBy};
 use riffle::size::{human_bytes, parse_size};
 
@@ -24,34 +26,35 @@ pub struct Args {
     /// Seed: the same seed and input give the same output whatever --memory is.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Write numbered outputs OUTPUT.000, OUTPUT.001, ... of at most N lines each.
+    /// Write numbered outputs OUTPUT.000, OUTPUT.001, ... of at most N lines (records) each.
     #[arg(long, conflicts_with = "split_bytes")]
     pub split_lines: Option<u64>,
     /// Write numbered outputs, starting a new one after S bytes (suffixes K, M, G).
     #[arg(long, value_parser = parse_size)]
     pub split_bytes: Option<u64>,
-    /// Header lines at the top of each input; the first input's are kept at the top of
-    /// the (first) output.
-    #[arg(long, default_value_t = 0)]
-    pub skip: u64,
-    /// The record separator (one ASCII character, or an escape: \t, \0, \r, \x1e).
-    #[arg(long, default_value = "\\n", value_parser = super::dataset::parse_sep)]
-    pub sep: u8,
+    /// Lines: header lines at the top of each input; the first input's are kept at the
+    /// top of the (first) output (csv: 1 unless given).
+    #[arg(long)]
+    pub skip: Option<u64>,
+    /// Lines: the record separator (one ASCII character, or an escape: \t, \0, \r, \x1e).
+    #[arg(long, value_parser = super::dataset::parse_sep)]
+    pub sep: Option<u8>,
     /// Where temporary piles go (default: the output's directory).
     #[arg(long)]
     pub tmpdir: Option<PathBuf>,
-    /// Record format: lines (other formats are not implemented yet).
-    #[arg(long, default_value = "lines")]
-    pub format: String,
+    /// Record format: lines (also jsonl, csv, libsvm), tfrecord (whole frames are moved and
+    /// both CRCs checked, so the output is TFRecord), or fixed:SIZE[:HEADER] (records of
+    /// SIZE bytes after HEADER bytes at the top of each input; the first input's header is
+    /// kept at the top of the output). Default: told from the first input's extension, else
+    /// lines.
+    #[arg(long)]
+    pub format: Option<Format>,
     /// Print a JSON report on stderr.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.format != "lines" {
-        bail!("--format {}: riffle shuffle handles lines so far; TFRecord and fixed records are not implemented yet", a.format);
-    }
     let inputs: Vec<Input> = a
         .inputs
         .iter()
@@ -92,11 +95,31 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
+    let format = a
+        .format
+        .clone()
+        .or_else(|| match &inputs[0] {
+            Input::File(p) => Format::from_extension(p),
+            Input::Stdin => None,
+        })
+        .unwrap_or(Format::Lines {
+            sep: b'\n',
+            skip: 0,
+        });
+    let format = match format {
+        Format::Lines { sep, skip } => Format::Lines {
+            sep: a.sep.unwrap_or(sep),
+            skip: a.skip.unwrap_or(skip),
+        },
+        other if a.sep.is_some() || a.skip.is_some() => {
+            bail!("--sep and --skip apply to lines, not {}", other.name())
+        }
+        other => other,
+    };
     let opts = ShuffleOptions {
         seed: a.seed,
         memory: a.memory,
-        sep: a.sep,
-        skip: a.skip,
+        format,
         tmpdir: a.tmpdir.clone(),
         split,
     };
