@@ -328,7 +328,8 @@ fn corrupt_tfrecords_are_refused_with_file_and_offset() {
     gen(&sb, &input, "tfrecord", 3, 20, &[]);
     let good = std::fs::read(&input).unwrap();
     // Each frame is 12 + 20 + 4 = 36 bytes.
-    let cases: [(&str, Box<dyn Fn(&mut Vec<u8>)>, u64); 3] = [
+    type Spoil = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: [(&str, Spoil, u64); 3] = [
         ("length CRC", Box::new(|b| b[36 + 9] ^= 0x55), 44),
         ("data CRC", Box::new(|b| b[36 + 15] ^= 1), 36 + 32),
         ("truncated", Box::new(|b| b.truncate(36 + 20)), 36),
