@@ -138,8 +138,16 @@ fn reads_under_emulation_clean_up_on_success_and_on_error() {
     let bad = sb.data().join("bad.npy");
     std::fs::write(&bad, b"not an npy file").unwrap();
     let mut c = sb.cmd();
-    c.args(["read", "--emulate", "hdd", "--batch-size", "4"])
-        .arg(&bad);
+    c.args([
+        "read",
+        "--emulate",
+        "hdd",
+        "--batch-size",
+        "4",
+        "--mode",
+        "lirs",
+    ])
+    .arg(&bad);
     let (out, pid) = run(c);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -176,6 +184,8 @@ fn reads_under_emulation_clean_up_on_success_and_on_error() {
         "sata-ssd",
         "--batch-size",
         "32",
+        "--mode",
+        "lirs",
         "--json",
     ])
     .arg(&good);

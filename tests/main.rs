@@ -8,6 +8,7 @@ use serde_json::Value;
 
 mod datasets;
 mod emulate;
+mod plan;
 mod read;
 mod shuffle;
 

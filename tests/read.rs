@@ -28,6 +28,10 @@ fn read_ids(sb: &Sandbox, data: &Path, args: &[&str], env: &[(&str, &str)]) -> V
         .args(args)
         .arg("--ids-out")
         .arg(&out);
+    // auto would probe each sandbox's device first (tests/plan.rs covers it).
+    if !args.contains(&"--mode") {
+        c.args(["--mode", "lirs"]);
+    }
     for (k, v) in env {
         c.env(k, v);
     }
@@ -138,7 +142,15 @@ fn json_reports_what_ran() {
         .cmd()
         .arg("read")
         .arg(&data)
-        .args(["--batch-size", "64", "--json", "--grouping", "page"])
+        .args([
+            "--batch-size",
+            "64",
+            "--json",
+            "--grouping",
+            "page",
+            "--mode",
+            "lirs",
+        ])
         .output()
         .unwrap();
     assert_ok(&o);
@@ -184,7 +196,16 @@ fn ranks_need_an_explicit_tail_and_split_the_epoch() {
         .cmd()
         .arg("read")
         .arg(&data)
-        .args(["--format", "fixed:32", "--batch-size", "10", "--world", "4"])
+        .args([
+            "--format",
+            "fixed:32",
+            "--batch-size",
+            "10",
+            "--world",
+            "4",
+            "--mode",
+            "lirs",
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));

@@ -42,6 +42,7 @@ pub mod modes;
 pub mod notice;
 pub mod order;
 mod pipeline;
+pub mod plan;
 pub mod probe;
 pub mod shuffle;
 pub mod size;

@@ -67,6 +67,11 @@ enum Command {
     /// Read shuffled batches of a dataset (every epoch an exact permutation, the same
     /// batches for the same seed whatever the queue depth, memory or backend).
     Read(cmd::read::Args),
+    /// Predict every mode's epoch time, memory and scratch space for a job on this device,
+    /// and say which mode `auto` would run and why.
+    ///
+    /// Uses the device's cached profile (a quick probe is run and cached on first use).
+    Plan(cmd::plan::Args),
     /// Shuffle the lines of files too big for memory (in place of shuf or terashuf): the
     /// same output for the same seed whatever --memory is.
     Shuffle(cmd::shuffle::Args),
@@ -85,6 +90,7 @@ impl Command {
             Command::Index(a) => a.data.dataset[0].clone(),
             Command::Cat(a) => a.data.dataset[0].clone(),
             Command::Read(a) => a.data.dataset[0].clone(),
+            Command::Plan(a) => a.data.dataset[0].clone(),
             Command::Shuffle(a) => a
                 .tmpdir
                 .clone()
@@ -125,6 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Index(a) => cmd::index::run(a),
         Command::Cat(a) => cmd::cat::run(a),
         Command::Read(a) => cmd::read::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
         Command::Shuffle(a) => cmd::shuffle::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     }

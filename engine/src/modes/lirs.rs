@@ -117,6 +117,22 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     })
 }
 
+/// The engine memory a LIRS read of `ds` with `opts` would own (tables, indexes, buffers,
+/// batches), or the error the read would fail with (a budget too small). For the planner.
+pub fn memory_needs(ds: &Dataset, opts: &ReadOptions) -> Result<u64> {
+    if ds.is_empty() {
+        return Err(Error::Invalid("the dataset has no records".into()));
+    }
+    let units = Units::new(ds, opts.grouping);
+    let plan = MemoryPlan::new(ds, &units, opts)?;
+    let buffers = crate::io::footprint(plan.slot_size * opts.io.depth) as u64;
+    Ok(plan.table_bytes
+        + units.bytes()
+        + ds.index_bytes()
+        + buffers
+        + (plan.prefetch as u64 + plan.assembling) * plan.batch_bytes)
+}
+
 impl BatchStream {
     /// Runs `work` on a new I/O thread that sends batches through a channel of `capacity`
     /// and fills in the report; an error ends the stream as its last item.

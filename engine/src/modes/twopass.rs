@@ -49,6 +49,29 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     })
 }
 
+/// What a two-pass read of `ds` with `opts` would need: (engine memory, scratch bytes at
+/// the peak, piles), or the error it would fail with (a budget too small). For the planner.
+pub fn needs(ds: &Dataset, opts: &ReadOptions) -> Result<(u64, u64, u64)> {
+    if ds.is_empty() {
+        return Err(Error::Invalid("the dataset has no records".into()));
+    }
+    let units = Units::new(ds, opts.grouping);
+    let plan = PilePlan::new(ds, &units, opts)?;
+    let pile_slab = crate::io::footprint((plan.buf_size / 2).max(4096) * 2) as u64;
+    let scan = crate::io::footprint(plan.scan_size as usize * 4) as u64;
+    let memory = units.bytes()
+        + ds.index_bytes()
+        + 2 * scan
+        + pile_slab * plan.piles() as u64
+        + (opts.prefetch as u64 + 1) * plan.batch_bytes
+        + 2 * plan.pile_budget;
+    // Every unit as a frame; while rolling, the next epoch's piles grow as this epoch's are
+    // consumed, so the peak is about one epoch's frames plus a pile.
+    let frames = ds.size_stats().total + units.len() * FRAME_HEAD + ds.len() * 4;
+    let scratch = frames + frames / plan.piles() as u64;
+    Ok((memory, scratch, plan.piles() as u64))
+}
+
 /// Pile count and memory shares.
 #[derive(Clone, Copy, Debug)]
 struct PilePlan {

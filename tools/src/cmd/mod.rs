@@ -4,6 +4,7 @@ pub mod dataset;
 pub mod demo;
 pub mod gen;
 pub mod index;
+pub mod plan;
 pub mod probe;
 pub mod read;
 pub mod shuffle;

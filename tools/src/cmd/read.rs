@@ -29,7 +29,8 @@ pub struct Args {
     pub epoch: u64,
     /// lirs (random reads straight from the device), two-pass (sequential scatter into
     /// piles, each pile ordered in memory: the same batches with sequential I/O), auto
-    /// (lirs until the planner arrives), or a baseline for comparisons: buffer (a shuffle
+    /// (the planner picks lirs or two-pass from the device's cached profile, probing it
+    /// quickly on first use; see `riffle plan`), or a baseline for comparisons: buffer (a shuffle
     /// buffer of --buffer records over a sequential read), bmf (blocks of --block records,
     /// block order shuffled per epoch), sequential (no shuffle).
     #[arg(long, default_value = "auto")]
@@ -86,9 +87,58 @@ pub struct Args {
     pub json: bool,
 }
 
+/// `--grouping` and `--unit` as a grouping.
+pub fn parse_grouping(name: &str, unit: u64) -> Result<Grouping> {
+    Ok(match name {
+        "record" => Grouping::Record,
+        "page" => {
+            if unit == 0 {
+                bail!("--unit must be positive");
+            }
+            Grouping::Page { unit }
+        }
+        other => bail!("unknown grouping '{other}': expected record or page"),
+    })
+}
+
+/// Where two-pass piles go: `--scratch`, or the directory of the first data file.
+pub fn scratch_dir(given: Option<&PathBuf>, ds: &Dataset) -> PathBuf {
+    match given {
+        Some(s) => s.clone(),
+        None => ds.files()[0]
+            .path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."))
+            .to_path_buf(),
+    }
+}
+
+/// The planner's view of the device holding the dataset: its cached profile, or a quick
+/// probe now (announced, then cached for later runs).
+pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceModel, bool)> {
+    let path = &ds.files()[0].path;
+    let dir = riffle::probe::scratch_dir(path)?;
+    let dev = riffle::device::identify(&dir)
+        .with_context(|| format!("{}: cannot identify its device", dir.display()))?;
+    let cached = riffle::probe::load_cached(&dev, true, riffle::emulate::active(&dev)).is_some();
+    if !cached {
+        eprintln!(
+            "riffle: no profile of device {} ({}) is cached yet: measuring it with a quick probe \
+             (about 15 s, once; `riffle probe` shows or refreshes it)",
+            dev.name.as_deref().unwrap_or("?"),
+            dev.dev
+        );
+    }
+    let opts = riffle::probe::ProbeOptions::new(true);
+    let (profile, _) = super::probe::cached_or_probe(&dir, &opts, false, json)?;
+    Ok((riffle::plan::DeviceModel::from_profile(&profile), !cached))
+}
+
 pub fn run(a: Args) -> Result<()> {
     let mode = match a.mode.as_str() {
-        "lirs" | "auto" => "lirs",
+        "auto" => "auto",
+        "lirs" => "lirs",
         "two-pass" => "two-pass",
         "buffer" => "buffer",
         "bmf" => "bmf",
@@ -97,16 +147,7 @@ pub fn run(a: Args) -> Result<()> {
             "unknown mode '{other}': expected auto, lirs, two-pass, buffer, bmf or sequential"
         ),
     };
-    let grouping = match a.grouping.as_str() {
-        "record" => Grouping::Record,
-        "page" => {
-            if a.unit == 0 {
-                bail!("--unit must be positive");
-            }
-            Grouping::Page { unit: a.unit }
-        }
-        other => bail!("unknown grouping '{other}': expected record or page"),
-    };
+    let grouping = parse_grouping(&a.grouping, a.unit)?;
     let tail = match (a.drop_last, a.pad) {
         (true, _) => Tail::DropLast,
         (_, true) => Tail::Pad,
@@ -153,16 +194,30 @@ pub fn run(a: Args) -> Result<()> {
         )),
         None => None,
     };
-    let stream = if mode == "two-pass" {
-        let scratch = match &a.scratch {
-            Some(s) => s.clone(),
-            None => ds.files()[0]
-                .path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."))
-                .to_path_buf(),
+    let scratch = scratch_dir(a.scratch.as_ref(), &ds);
+    let mut plan = None;
+    let mode = if mode == "auto" {
+        let (dev, probed) = device_model(&ds, a.json)?;
+        let free = riffle::probe::free_bytes(&scratch).ok();
+        let p = riffle::plan::plan(&ds, &read_opts, &dev, free)?;
+        let chosen = if p.choice == "two-pass" {
+            "two-pass"
+        } else {
+            "lirs"
         };
+        if !a.json {
+            eprintln!(
+                "auto: {chosen}{}: {}",
+                if probed { " (device just probed)" } else { "" },
+                p.reason
+            );
+        }
+        plan = Some(p);
+        chosen
+    } else {
+        mode
+    };
+    let stream = if mode == "two-pass" {
         modes::read_two_pass(Arc::new(ds), read_opts, scratch)?
     } else {
         modes::read(Arc::new(ds), read_opts)?
@@ -203,6 +258,20 @@ pub fn run(a: Args) -> Result<()> {
         v["seed"] = a.seed.into();
         v["epochs"] = a.epochs.into();
         v["emulated"] = serde_json::to_value(emulated)?;
+        if let Some(p) = &plan {
+            let c = p.chosen();
+            v["plan"] = json!({
+                "choice": p.choice,
+                "reason": p.reason,
+                "predicted_first_epoch_s": c.first_epoch_s,
+                "predicted_later_epoch_s": c.later_epoch_s,
+                "predicted_total_s": c.total_s,
+                "measured_total_s": r.seconds,
+                "predicted_over_measured": c.total_s / r.seconds.max(1e-9),
+                "page_gain": p.page_gain,
+                "candidates": p.candidates,
+            });
+        }
         println!("{v}");
     } else {
         println!(

@@ -1,0 +1,180 @@
+//! `riffle plan` and `riffle read --mode auto`: the planner's choice follows the device
+//! profile, and auto runs what the plan says.
+
+use std::path::Path;
+
+use crate::{assert_ok, gen, text, Sandbox};
+
+/// A quick, small probe of the sandbox's device, cached in the sandbox's cache.
+fn probe_small(sb: &Sandbox) {
+    let o = sb
+        .cmd()
+        .arg("probe")
+        .arg(sb.data())
+        .args([
+            "--quick",
+            "--region",
+            "64M",
+            "--point-time",
+            "0.2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+}
+
+/// Rewrites the cached quick profile's figures: random reads at `iops` (scaled down for
+/// larger blocks as a disk would be), sequential reads and writes at `bps`.
+fn fake_profile(sb: &Sandbox, iops: f64, bps: f64) {
+    let dir = sb.cache().join("riffle/profiles");
+    let path = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with("-quick.json"))
+        .expect("a cached quick profile");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v["seq_read_bps"] = bps.into();
+    v["seq_write_bps"] = bps.into();
+    for p in v["random"].as_array_mut().unwrap() {
+        let bs = p["bs"].as_f64().unwrap();
+        let i = iops.min(bps / bs);
+        p["iops"] = i.into();
+        p["bytes_per_s"] = (i * bs).into();
+    }
+    std::fs::write(&path, v.to_string()).unwrap();
+}
+
+fn plan_json(sb: &Sandbox, data: &Path, extra: &[&str]) -> serde_json::Value {
+    let o = sb
+        .cmd()
+        .arg("plan")
+        .arg(data)
+        .args(["--batch-size", "64", "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn candidate<'a>(plan: &'a serde_json::Value, mode: &str) -> &'a serde_json::Value {
+    let g = plan["grouping"].as_str().unwrap();
+    plan["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["mode"] == mode && c["grouping"] == g)
+        .unwrap_or_else(|| panic!("no {mode} candidate in {plan}"))
+}
+
+#[test]
+fn the_choice_follows_the_device_and_auto_runs_it() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("mid.jsonl");
+    gen(&sb, &data, "lines", 2000, 16_000, &[]);
+    probe_small(&sb);
+
+    // A disk: 600 random reads/s. 16 KB records are far cheaper in sequential passes.
+    fake_profile(&sb, 600.0, 150e6);
+    let p = plan_json(&sb, &data, &["--epochs", "2"]);
+    assert_eq!(p["choice"], "two-pass", "{}", p["reason"]);
+    let (lirs, two) = (candidate(&p, "lirs"), candidate(&p, "two-pass"));
+    assert!(lirs["total_s"].as_f64().unwrap() > two["total_s"].as_f64().unwrap());
+    assert!(p["reason"].as_str().unwrap().contains("two-pass"));
+    assert!(p["page_gain"].is_string(), "{p}");
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "64", "--epochs", "2", "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["mode"], "two-pass");
+    assert_eq!(r["plan"]["choice"], "two-pass");
+    assert_eq!(r["records"], 4000);
+    assert!(r["plan"]["predicted_total_s"].as_f64().unwrap() > 0.0);
+
+    // A fast device that gives its bandwidth to random reads: LIRS reads the data once,
+    // two-pass reads it twice and writes it once.
+    fake_profile(&sb, 5e6, 3e9);
+    let p = plan_json(&sb, &data, &[]);
+    assert_eq!(p["choice"], "lirs", "{}", p["reason"]);
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "64", "--mode", "auto", "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["mode"], "lirs");
+}
+
+#[test]
+fn a_budget_too_small_for_one_mode_picks_the_other_and_says_why() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("mid.jsonl");
+    gen(&sb, &data, "lines", 2000, 16_000, &[]);
+    probe_small(&sb);
+    fake_profile(&sb, 600.0, 150e6);
+    assert_eq!(plan_json(&sb, &data, &[])["choice"], "two-pass");
+    // 8 MiB holds LIRS's buffers and a few batches but not two-pass's piles as well.
+    let p = plan_json(&sb, &data, &["--memory", "8M"]);
+    let two = candidate(&p, "two-pass");
+    assert!(two["unfit"].is_string(), "{p}");
+    assert!(candidate(&p, "lirs")["unfit"].is_null(), "{p}");
+    assert_eq!(p["choice"], "lirs", "{}", p["reason"]);
+    assert!(p["reason"]
+        .as_str()
+        .unwrap()
+        .contains("two-pass cannot run"));
+    // Neither fits: a clear error, exit 1.
+    let o = sb
+        .cmd()
+        .arg("plan")
+        .arg(&data)
+        .args(["--batch-size", "64", "--memory", "2M"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("neither mode fits"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn first_use_probes_the_device_once_and_caches_it() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("tiny.jsonl");
+    gen(&sb, &data, "lines", 2000, 100, &[]);
+    let run = || {
+        sb.cmd()
+            .arg("plan")
+            .arg(&data)
+            .args(["--batch-size", "16"])
+            .output()
+            .unwrap()
+    };
+    let o = run();
+    assert_ok(&o);
+    assert!(
+        text(&o.stderr).contains("quick probe"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(text(&o.stdout).contains("auto runs"), "{}", text(&o.stdout));
+    let o = run();
+    assert_ok(&o);
+    assert!(
+        !text(&o.stderr).contains("quick probe"),
+        "probed twice: {}",
+        text(&o.stderr)
+    );
+}

@@ -1,0 +1,130 @@
+//! `riffle plan DATASET --batch-size B`: every mode's predicted epoch times, memory and
+//! scratch space on this device, the mode `auto` would run, and why.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use riffle::dataset::Dataset;
+use riffle::io::IoConfig;
+use riffle::modes::ReadOptions;
+use riffle::size::{human_bytes, parse_size};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub data: super::dataset::DatasetArgs,
+    /// Records per batch.
+    #[arg(long)]
+    pub batch_size: u64,
+    /// Epochs the job will read (two-pass pays its scatter once).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Hard ceiling on engine-owned memory.
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// record or page (see `riffle read --help`).
+    #[arg(long, default_value = "record")]
+    pub grouping: String,
+    /// The block size of page grouping.
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub unit: u64,
+    /// Reads in flight.
+    #[arg(long, default_value_t = 64)]
+    pub queue_depth: usize,
+    /// Where two-pass would put its piles (default: the directory of the first data file).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.epochs == 0 {
+        anyhow::bail!("--epochs must be at least 1");
+    }
+    let grouping = super::read::parse_grouping(&a.grouping, a.unit)?;
+    let opts = a.data.options(false, false, a.memory)?;
+    let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
+    let read_opts = ReadOptions {
+        epochs: a.epochs,
+        grouping,
+        memory: a.memory,
+        io: IoConfig {
+            depth: a.queue_depth.max(1),
+            ..IoConfig::default()
+        },
+        ..ReadOptions::new(a.batch_size)
+    };
+    let scratch = super::read::scratch_dir(a.scratch.as_ref(), &ds);
+    let (dev, _) = super::read::device_model(&ds, a.json)?;
+    let free = riffle::probe::free_bytes(&scratch).ok();
+    let plan = riffle::plan::plan(&ds, &read_opts, &dev, free)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&plan)?);
+        return Ok(());
+    }
+    let w = &plan.workload;
+    println!(
+        "dataset   {} records, {} ({} mean, {} max)",
+        w.records,
+        human_bytes(w.bytes as f64),
+        human_bytes(w.bytes as f64 / w.records.max(1) as f64),
+        human_bytes(w.max_record as f64)
+    );
+    println!(
+        "device    {}sequential read {}/s, write {}/s, 4 KiB random reads {:.0}/s at QD {}",
+        plan.device
+            .emulated
+            .as_ref()
+            .map(|c| format!("emulated {c}: "))
+            .unwrap_or_default(),
+        human_bytes(plan.device.seq_read_bps),
+        human_bytes(plan.device.seq_write_bps),
+        plan.device.iops(4096, w.queue_depth),
+        w.queue_depth
+    );
+    println!(
+        "job       batches of {}, {} epoch(s), memory {}, scratch free {}",
+        w.batch,
+        w.epochs,
+        w.memory
+            .map(|m| human_bytes(m as f64))
+            .unwrap_or_else(|| "unlimited".into()),
+        w.scratch_free
+            .map(|m| human_bytes(m as f64))
+            .unwrap_or_else(|| "unknown".into())
+    );
+    println!();
+    println!(
+        "{:<11} {:<10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}  note",
+        "mode", "grouping", "first s", "later s", "total s", "bound", "memory", "scratch"
+    );
+    for c in &plan.candidates {
+        let note = match (&c.unfit, c.contract) {
+            (Some(why), _) => format!("cannot run: {why}"),
+            (None, false) => "baseline: not the contract's order".into(),
+            (None, true) if c.mode == plan.choice && c.grouping == plan.grouping => {
+                "<- auto".into()
+            }
+            _ => String::new(),
+        };
+        println!(
+            "{:<11} {:<10} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>10} {:>10}  {note}",
+            c.mode,
+            c.grouping,
+            c.first_epoch_s,
+            c.later_epoch_s,
+            c.total_s,
+            c.bound,
+            human_bytes(c.memory_bytes as f64),
+            human_bytes(c.scratch_bytes as f64),
+        );
+    }
+    println!();
+    println!("auto runs {}: {}", plan.choice, plan.reason);
+    if let Some(g) = &plan.page_gain {
+        println!("{g}");
+    }
+    Ok(())
+}
