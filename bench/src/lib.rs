@@ -8,6 +8,7 @@
 pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
+pub mod planner;
 pub mod probe_check;
 pub mod report;
 

@@ -57,7 +57,7 @@ pub fn needs(ds: &Dataset, opts: &ReadOptions) -> Result<(u64, u64, u64)> {
     }
     let units = Units::new(ds, opts.grouping);
     let plan = PilePlan::new(ds, &units, opts)?;
-    let pile_slab = crate::io::footprint((plan.buf_size / 2).max(4096) * 2) as u64;
+    let pile_slab = plan.writer_bytes();
     let scan = crate::io::footprint(plan.scan_size as usize * 4) as u64;
     let memory = units.bytes()
         + ds.index_bytes()
@@ -70,6 +70,12 @@ pub fn needs(ds: &Dataset, opts: &ReadOptions) -> Result<(u64, u64, u64)> {
     let frames = ds.size_stats().total + units.len() * FRAME_HEAD + ds.len() * 4;
     let scratch = frames + frames / plan.piles() as u64;
     Ok((memory, scratch, plan.piles() as u64))
+}
+
+/// Writes in flight per pile writer: two when many piles share the device's queue; more
+/// when there are few, or a single pile would be written at queue depth two.
+fn writer_depth(piles: u64) -> usize {
+    (8 / piles.max(1)).clamp(2, 8) as usize
 }
 
 /// Pile count and memory shares.
@@ -110,8 +116,9 @@ impl PilePlan {
         };
         // The pile writers' slots (two per pile, direct writes) come off the top; half of
         // the rest is for the pile being ordered.
-        let writers =
-            |piles: u64, buf: usize| piles * crate::io::footprint(2 * (buf / 2).max(4096)) as u64;
+        let writers = |piles: u64, buf: usize| {
+            piles * crate::io::footprint(writer_depth(piles) * (buf / 2).max(4096)) as u64
+        };
         // Each pile's share of a quarter of the budget: whole huge pages when it is large
         // enough, otherwise kept under the huge-page threshold (which would round it up).
         let buf_for = |piles: u64| {
@@ -165,6 +172,12 @@ impl PilePlan {
         1 << self.bits
     }
 
+    /// Memory of one pile writer's slots.
+    fn writer_bytes(&self) -> u64 {
+        let slot = (self.buf_size / 2).max(4096);
+        crate::io::footprint(writer_depth(self.piles() as u64) * slot) as u64
+    }
+
     fn pile_of(&self, key: u64) -> usize {
         if self.bits == 0 {
             0
@@ -208,7 +221,7 @@ impl PileSink {
             .map_err(|e| Error::io(scratch, "create pile directory", None, e))?;
         // Piles are written with direct sequential writes: two slots each.
         let cfg = IoConfig {
-            depth: 2,
+            depth: writer_depth(plan.piles() as u64),
             slot_size: (plan.buf_size / 2).max(4096),
             ..IoConfig::default()
         };
@@ -410,7 +423,7 @@ fn run(
     r.queue_depth = scan.depth;
     r.units_bytes = units.bytes();
     r.index_bytes = ds.index_bytes();
-    let pile_slab = crate::io::footprint((plan.buf_size / 2).max(4096) * 2) as u64;
+    let pile_slab = plan.writer_bytes();
     // The scatter's reader, the pile loader's reads (same size), and one set of pile
     // writers (the next epoch's while rolling; this epoch's are closed by then).
     r.buffer_bytes = 2 * reader.buffer_bytes() as u64 + pile_slab * plan.piles() as u64;

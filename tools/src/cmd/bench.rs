@@ -11,7 +11,8 @@ use crate::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The suite to run: fio-parity, probe-check, lirs, or all.
+    /// The suite to run: fio-parity, probe-check, lirs, planner (predictions against runs
+    /// on the real device and emulated hdd), or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -38,6 +39,9 @@ pub struct Args {
     /// Keep the test file for the next run.
     #[arg(long)]
     pub keep: bool,
+    /// planner: the real device only (no emulated hdd runs).
+    #[arg(long)]
+    pub real_only: bool,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -48,13 +52,18 @@ pub fn run(args: Args) -> Result<()> {
         "fio-parity" => parity(&args),
         "probe-check" => probe_check(&args),
         "lirs" => lirs(&args),
+        "planner" => planner(&args),
         "all" => {
             parity(&args)?;
             probe_check(&args)?;
-            lirs(&args)
+            lirs(&args)?;
+            planner(&args)
         }
         other => {
-            bail!("unknown suite '{other}': the suites are fio-parity, probe-check, lirs and all")
+            bail!(
+                "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner \
+                 and all"
+            )
         }
     }
 }
@@ -101,6 +110,28 @@ fn lirs(args: &Args) -> Result<()> {
         3 + 4 * opts.repeats,
         |p| riffle_bench::lirs::run(&opts, p),
         riffle_bench::lirs::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn planner(args: &Args) -> Result<()> {
+    let mut devices = vec![None];
+    if !args.real_only {
+        devices.push(Some(riffle::emulate::DeviceClass::Hdd));
+    }
+    let opts = riffle_bench::planner::PlannerOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        devices,
+        quick: args.quick,
+        epochs: 2,
+        keep: args.keep,
+    };
+    suite(
+        args,
+        opts.devices.len() * 13,
+        |p| riffle_bench::planner::run(&opts, p),
+        riffle_bench::planner::markdown,
         |r| &r.report_dir,
     )
 }
