@@ -260,3 +260,96 @@ fn bad_arguments_are_refused_clearly() {
         );
     }
 }
+
+/// Two-pass with its piles on a real full disk: a 4 MiB tmpfs mounted for the test, a
+/// dataset more than twice that size.
+#[test]
+fn two_pass_on_a_full_scratch_disk_fails_cleanly() {
+    let sb = Sandbox::new();
+    let mnt = sb.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a small tmpfs here (needs root) to fill a disk for real");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            // Lazy: a process forked by a concurrent test may briefly hold the mount busy;
+            // -l detaches it now and frees it when that process is gone.
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let data = sb.data().join("d.jsonl");
+    make(&sb, &data, "lines", 100_000, 100);
+    let before = std::fs::read(&data).unwrap();
+    assert!(
+        before.len() > 8 << 20,
+        "the dataset must outgrow the scratch disk"
+    );
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "64", "--mode", "two-pass", "--scratch"])
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("No space left"), "{err}");
+    assert!(
+        err.contains(&mnt.display().to_string()),
+        "the error does not name the scratch path: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "piles left on the full disk: {left:?}");
+    assert_eq!(std::fs::read(&data).unwrap(), before, "the dataset changed");
+
+    // A dataset whose piles fit once, read for several epochs under a tight budget (many
+    // piles): the next epoch's piles are written while this epoch's are consumed, on the
+    // re-scatter thread. Whether the disk overflows depends on the filesystem's rounding;
+    // if it does, the failure must be just as clean.
+    let small = sb.data().join("e.jsonl");
+    make(&sb, &small, "lines", 32_000, 100);
+    let before = std::fs::read(&small).unwrap();
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&small)
+        .args(["--batch-size", "64", "--mode", "two-pass", "--epochs", "3"])
+        .args(["--memory", "2M", "--scratch"])
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    match o.status.code() {
+        Some(0) => eprintln!("rolling epochs fit on the small disk this time"),
+        Some(1) => assert!(err.contains("No space left"), "{err}"),
+        other => panic!("exit {other:?}: {err}"),
+    }
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "piles left behind"
+    );
+    assert_eq!(
+        std::fs::read(&small).unwrap(),
+        before,
+        "the dataset changed"
+    );
+}
