@@ -1,6 +1,8 @@
 //! Modes deliver the batches of the order contract. `lirs` reads every record (or every
 //! page-group) straight from the device in the epoch's order.
 
+mod buffer;
+mod emit;
 pub mod lirs;
 pub mod twopass;
 mod walk;
