@@ -353,3 +353,77 @@ fn two_pass_on_a_full_scratch_disk_fails_cleanly() {
         "the dataset changed"
     );
 }
+
+/// `--mode buffer` through the CLI: an exact permutation, not file order, deterministic,
+/// ranks that split it, resume, and a report of a sequential read with the buffer counted.
+#[test]
+fn buffer_mode_streams_a_shuffle_buffer() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.tfrecord");
+    make(&sb, &data, "tfrecord", 3000, 100);
+    let args = ["--batch-size", "100", "--mode", "buffer", "--buffer", "500"];
+    let a = read_ids(&sb, &data, &args, &[]);
+    assert_eq!(a.len(), 30);
+    let order = a.concat();
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..3000).collect::<Vec<_>>());
+    assert_ne!(order, sorted, "not shuffled");
+    assert_eq!(a, read_ids(&sb, &data, &args, &[("RIFFLE_IO", "pread")]));
+    let rest = read_ids(
+        &sb,
+        &data,
+        &[&args[..], &["--resume", "0:12"]].concat(),
+        &[],
+    );
+    assert_eq!(rest, a[12..].to_vec());
+    let mut ranks = Vec::new();
+    for rank in ["0", "1"] {
+        let r = read_ids(
+            &sb,
+            &data,
+            &[&args[..], &["--world", "2", "--rank", rank, "--drop-last"]].concat(),
+            &[],
+        );
+        assert_eq!(r.len(), 15);
+        ranks.push(r);
+    }
+    let dealt: Vec<Vec<u64>> = (0..30).map(|g| ranks[g % 2][g / 2].clone()).collect();
+    assert_eq!(dealt, a, "ranks are dealt the single-rank batches in turn");
+
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "buffer");
+    assert_eq!(v["records"], 3000);
+    assert!(v["read_ops"].as_u64().unwrap() <= 2, "{v}");
+    assert!(v["memory_bytes"].as_u64().unwrap() >= 500 * 50, "{v}");
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args([
+            "--batch-size",
+            "100",
+            "--mode",
+            "buffer",
+            "--buffer",
+            "3000",
+        ])
+        .args(["--memory", "200K"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("too small for a shuffle buffer"),
+        "{}",
+        text(&o.stderr)
+    );
+}
