@@ -281,3 +281,170 @@ fn bad_arguments_are_refused_clearly() {
         );
     }
 }
+
+/// Two-pass with its piles on a real full disk: a 4 MiB tmpfs mounted for the test, a
+/// dataset more than twice that size.
+#[test]
+fn two_pass_on_a_full_scratch_disk_fails_cleanly() {
+    let sb = Sandbox::new();
+    let mnt = sb.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: cannot mount a small tmpfs here (needs root) to fill a disk for real");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            // Lazy: a process forked by a concurrent test may briefly hold the mount busy;
+            // -l detaches it now and frees it when that process is gone.
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let data = sb.data().join("d.jsonl");
+    make(&sb, &data, "lines", 100_000, 100);
+    let before = std::fs::read(&data).unwrap();
+    assert!(
+        before.len() > 8 << 20,
+        "the dataset must outgrow the scratch disk"
+    );
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "64", "--mode", "two-pass", "--scratch"])
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("No space left"), "{err}");
+    assert!(
+        err.contains(&mnt.display().to_string()),
+        "the error does not name the scratch path: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "piles left on the full disk: {left:?}");
+    assert_eq!(std::fs::read(&data).unwrap(), before, "the dataset changed");
+
+    // A dataset whose piles fit once, read for several epochs under a tight budget (many
+    // piles): the next epoch's piles are written while this epoch's are consumed, on the
+    // re-scatter thread. Whether the disk overflows depends on the filesystem's rounding;
+    // if it does, the failure must be just as clean.
+    let small = sb.data().join("e.jsonl");
+    make(&sb, &small, "lines", 32_000, 100);
+    let before = std::fs::read(&small).unwrap();
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&small)
+        .args(["--batch-size", "64", "--mode", "two-pass", "--epochs", "3"])
+        .args(["--memory", "2M", "--scratch"])
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    match o.status.code() {
+        Some(0) => eprintln!("rolling epochs fit on the small disk this time"),
+        Some(1) => assert!(err.contains("No space left"), "{err}"),
+        other => panic!("exit {other:?}: {err}"),
+    }
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "piles left behind"
+    );
+    assert_eq!(
+        std::fs::read(&small).unwrap(),
+        before,
+        "the dataset changed"
+    );
+}
+
+/// `--mode buffer` through the CLI: an exact permutation, not file order, deterministic,
+/// ranks that split it, resume, and a report of a sequential read with the buffer counted.
+#[test]
+fn buffer_mode_streams_a_shuffle_buffer() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.tfrecord");
+    make(&sb, &data, "tfrecord", 3000, 100);
+    let args = ["--batch-size", "100", "--mode", "buffer", "--buffer", "500"];
+    let a = read_ids(&sb, &data, &args, &[]);
+    assert_eq!(a.len(), 30);
+    let order = a.concat();
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..3000).collect::<Vec<_>>());
+    assert_ne!(order, sorted, "not shuffled");
+    assert_eq!(a, read_ids(&sb, &data, &args, &[("RIFFLE_IO", "pread")]));
+    let rest = read_ids(
+        &sb,
+        &data,
+        &[&args[..], &["--resume", "0:12"]].concat(),
+        &[],
+    );
+    assert_eq!(rest, a[12..].to_vec());
+    let mut ranks = Vec::new();
+    for rank in ["0", "1"] {
+        let r = read_ids(
+            &sb,
+            &data,
+            &[&args[..], &["--world", "2", "--rank", rank, "--drop-last"]].concat(),
+            &[],
+        );
+        assert_eq!(r.len(), 15);
+        ranks.push(r);
+    }
+    let dealt: Vec<Vec<u64>> = (0..30).map(|g| ranks[g % 2][g / 2].clone()).collect();
+    assert_eq!(dealt, a, "ranks are dealt the single-rank batches in turn");
+
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "buffer");
+    assert_eq!(v["records"], 3000);
+    assert!(v["read_ops"].as_u64().unwrap() <= 2, "{v}");
+    assert!(v["memory_bytes"].as_u64().unwrap() >= 500 * 50, "{v}");
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args([
+            "--batch-size",
+            "100",
+            "--mode",
+            "buffer",
+            "--buffer",
+            "3000",
+        ])
+        .args(["--memory", "200K"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("too small for a shuffle buffer"),
+        "{}",
+        text(&o.stderr)
+    );
+}

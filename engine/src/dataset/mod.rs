@@ -186,10 +186,16 @@ impl Dataset {
 
     /// Opens the files for reading records through the I/O core.
     pub fn reader(&self, cfg: &IoConfig) -> Result<RangeReader> {
+        RangeReader::with_files(self.open_files(cfg.direct)?, cfg)
+    }
+
+    /// Opens the files (O_DIRECT when `direct` and the filesystem allows it), refusing any
+    /// whose size changed since the dataset was opened.
+    pub fn open_files(&self, direct: bool) -> Result<Vec<Arc<DataFile>>> {
         let files = self
             .files
             .iter()
-            .map(|f| DataFile::open(&f.path, Access::Read, cfg.direct).map(Arc::new))
+            .map(|f| DataFile::open(&f.path, Access::Read, direct).map(Arc::new))
             .collect::<Result<Vec<_>>>()?;
         for (f, df) in self.files.iter().zip(&files) {
             if df.size() != f.size {
@@ -204,7 +210,7 @@ impl Dataset {
                 });
             }
         }
-        RangeReader::with_files(files, cfg)
+        Ok(files)
     }
 
     /// Reads records `ids` and calls `done(position in ids, bytes)` in completion order.

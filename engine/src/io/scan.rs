@@ -20,6 +20,10 @@ pub struct ScanReport {
     pub backend: BackendKind,
     /// Whether the reads bypassed the page cache.
     pub direct: bool,
+    /// Read requests issued (re-reads of short pieces included).
+    pub read_ops: u64,
+    /// Bytes the device transferred (aligned lengths, re-reads included).
+    pub device_bytes: u64,
 }
 
 /// The I/O configuration scans use unless told otherwise: 2 MiB requests (on huge pages),
@@ -50,6 +54,7 @@ where
     let (mut next_submit, mut next_deliver) = (0u64, 0u64);
     let mut ready: HashMap<u64, (SlotId, usize)> = HashMap::new();
     let mut retries = 0u32;
+    let (mut read_ops, mut device_bytes) = (0u64, 0u64);
     let mut completions = Vec::with_capacity(depth);
     while next_deliver < chunks {
         while next_submit < chunks && backend.in_flight() + ready.len() < depth {
@@ -81,6 +86,10 @@ where
         backend.wait(1, &mut completions)?;
         for c in completions.drain(..) {
             let want = (size - c.op.offset).min(chunk) as usize;
+            read_ops += 1;
+            if let Ok(n) = c.result {
+                device_bytes += n as u64;
+            }
             match c.result {
                 Ok(n) if n >= want => {
                     retries = 0;
@@ -112,6 +121,8 @@ where
         seconds: started.elapsed().as_secs_f64(),
         backend: backend.kind(),
         direct: file.direct(),
+        read_ops,
+        device_bytes,
     })
 }
 

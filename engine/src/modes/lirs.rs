@@ -75,7 +75,8 @@ impl Drop for BatchStream {
     }
 }
 
-/// Reads `opts.epochs` epochs of `ds` in LIRS mode.
+/// Reads `opts.epochs` epochs of `ds` in LIRS mode, or in a baseline's order
+/// (`opts.baseline`; the shuffle buffer streams through its own module).
 ///
 /// ```
 /// # fn main() -> riffle::Result<()> {
@@ -100,15 +101,18 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
+    // The shuffle buffer streams the dataset sequentially: a mode of its own.
+    if let Some(Baseline::Buffer { size }) = opts.baseline {
+        return super::buffer::read(ds, opts, size);
+    }
     // Check the split now so argument errors surface before any thread starts.
     Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
     let units = match opts.baseline {
         None => Units::new(&ds, opts.grouping),
         Some(Baseline::Bmf { block }) => Units::blocks(ds.len(), block),
         // One unit of everything: the table is trivial and the walker yields file order.
-        Some(Baseline::Sequential) | Some(Baseline::Buffer { .. }) => {
-            Units::blocks(ds.len(), ds.len())
-        }
+        Some(Baseline::Sequential) => Units::blocks(ds.len(), ds.len()),
+        Some(Baseline::Buffer { .. }) => unreachable!("the buffer baseline is routed above"),
     };
     let plan = MemoryPlan::new(&ds, &units, &opts)?;
     let prefetch = plan.prefetch;
@@ -293,16 +297,7 @@ fn run(
     for epoch in epochs {
         let t = Instant::now();
         let key = EpochKey::new(opts.seed, epoch);
-        let table = match opts.baseline {
-            Some(Baseline::Sequential) | Some(Baseline::Buffer { .. }) => {
-                EpochTable::build(1, &key)
-            }
-            _ => EpochTable::build(units.len(), &key),
-        };
-        let explicit = match opts.baseline {
-            Some(Baseline::Buffer { size }) => Some(shuffle_buffer_order(ds.len(), size, &key)),
-            _ => None,
-        };
+        let table = EpochTable::build(units.len(), &key);
         r.table_seconds += t.elapsed().as_secs_f64();
         let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
         let first = match opts.resume {
@@ -312,7 +307,7 @@ fn run(
         let state = RefCell::new(EpochState {
             walker: match opts.baseline {
                 None => Walker::new(&table, units),
-                Some(_) => Walker::baseline(&table, units, explicit.as_ref()),
+                Some(_) => Walker::baseline(&table, units),
             },
             split,
             next_batch: first,
@@ -495,25 +490,4 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, format: &crate::format::For
             started: Instant::now(),
         },
     );
-}
-
-/// The order a shuffle buffer of `size` records gives over a sequential read of `n`
-/// records: fill the buffer, then for every next record emit a random slot and put the new
-/// record there; finally emit what is left in random order (tf.data's shuffle).
-fn shuffle_buffer_order(n: u64, size: u64, key: &EpochKey) -> crate::order::IdVec {
-    use rand::{RngExt, SeedableRng};
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(key.key(u64::MAX));
-    let size = size.clamp(1, n.max(1));
-    let mut out = crate::order::IdVec::with_capacity(n, n as usize);
-    let mut buf: Vec<u64> = (0..size.min(n)).collect();
-    for id in size..n {
-        let j = rng.random_range(0..buf.len());
-        out.push(buf[j]);
-        buf[j] = id;
-    }
-    while !buf.is_empty() {
-        let j = rng.random_range(0..buf.len());
-        out.push(buf.swap_remove(j));
-    }
-    out
 }

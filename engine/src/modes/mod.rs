@@ -1,6 +1,10 @@
 //! Modes deliver the batches of the order contract. `lirs` reads every record (or every
-//! page-group) straight from the device in the epoch's order.
+//! page-group) straight from the device in the epoch's order; `twopass` gives the same
+//! batches from sequential reads through scratch piles; `buffer` is the shuffle-buffer
+//! baseline, streamed sequentially. `emit` cuts batches from a mode's record sequence.
 
+mod buffer;
+mod emit;
 pub mod lirs;
 pub mod twopass;
 mod walk;
@@ -95,7 +99,8 @@ pub struct ReadOptions {
     pub prefetch: usize,
     /// Hard ceiling on engine-owned memory (tables, buffers, read-ahead), if any.
     pub memory: Option<u64>,
-    /// Read a baseline's order instead of the contract's (LIRS reader only).
+    /// Read a baseline's order instead of the contract's (through [`read`]: the LIRS
+    /// reader, or the streaming shuffle buffer for [`Baseline::Buffer`]).
     pub baseline: Option<Baseline>,
 }
 

@@ -1,11 +1,9 @@
 //! Walks an epoch's sequence of records: position -> record id, through the table and
 //! the units, forward only (restarting from the top when asked for an earlier position).
 
-use crate::order::{EpochTable, IdVec, Units};
+use crate::order::{EpochTable, Units};
 
 pub(crate) struct Walker<'a> {
-    /// An explicit sequence of record ids (the shuffle-buffer baseline), if any.
-    explicit: Option<&'a IdVec>,
     /// Whether reads may merge across units (baselines, whose units are not shuffling units).
     merge_units: bool,
     table: &'a EpochTable,
@@ -22,7 +20,6 @@ pub(crate) struct Walker<'a> {
 impl<'a> Walker<'a> {
     pub(crate) fn new(table: &'a EpochTable, units: &'a Units) -> Self {
         let mut w = Walker {
-            explicit: None,
             merge_units: false,
             table,
             units,
@@ -36,13 +33,8 @@ impl<'a> Walker<'a> {
     }
 
     /// A walker over a baseline's order: reads merge by contiguity alone.
-    pub(crate) fn baseline(
-        table: &'a EpochTable,
-        units: &'a Units,
-        explicit: Option<&'a IdVec>,
-    ) -> Self {
+    pub(crate) fn baseline(table: &'a EpochTable, units: &'a Units) -> Self {
         let mut w = Walker::new(table, units);
-        w.explicit = explicit;
         w.merge_units = true;
         w
     }
@@ -58,9 +50,6 @@ impl<'a> Walker<'a> {
     /// The record at sequence position `p` (< the number of records), and the table index
     /// of its unit.
     pub(crate) fn at(&mut self, p: u64) -> (u64, u64) {
-        if let Some(v) = self.explicit {
-            return (v.get(p as usize), 0);
-        }
         if p < self.pos {
             self.t = 0;
             self.pos = 0;

@@ -1,0 +1,350 @@
+//! The shuffle-buffer baseline (tf.data's `shuffle(N)` over a sequential read): the
+//! dataset is read in file order with large sequential reads, `N` records (ids and bytes)
+//! are held in memory, and records leave the buffer in a seeded random order.
+//!
+//! The steps, per epoch: fill the buffer with the first `N` records; then, for every next
+//! record, emit the record of a random slot and put the new record in that slot; at the
+//! end, emit what is left, each time a random slot removed with `swap_remove`. The random
+//! generator is a `SmallRng` seeded with the epoch key of `u64::MAX`, so the order depends
+//! only on (seed, epoch, N, records). Batches, ranks, tails and resume are cut from that
+//! sequence by the shared [`Emitter`]: a resumed or non-zero rank still reads and buffers
+//! the epoch from its start (the buffer's contents depend on everything before), it just
+//! does not send the batches that are not its own.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+
+use super::emit::Emitter;
+use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
+use crate::dataset::Dataset;
+use crate::io::IoConfig;
+use crate::order::{EpochKey, Split};
+use crate::{Error, Result};
+
+/// Sequential reads in flight.
+const SCAN_DEPTH: usize = 4;
+
+/// Memory of one buffer slot besides its record's bytes: the byte vector's header and the
+/// record's id.
+const SLOT_OVERHEAD: u64 = (std::mem::size_of::<Vec<u8>>() + std::mem::size_of::<u64>()) as u64;
+
+/// Reads `opts.epochs` epochs of `ds` through a shuffle buffer of `size` records.
+pub(crate) fn read(ds: Arc<Dataset>, opts: ReadOptions, size: u64) -> Result<BatchStream> {
+    if ds.is_empty() {
+        return Err(Error::Invalid("the dataset has no records".into()));
+    }
+    let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+    opts.epoch_range()?;
+    let plan = BufferPlan::new(&ds, &opts, &split, size)?;
+    BatchStream::spawn("riffle-buffer", plan.prefetch, move |tx, r| {
+        run(&ds, &opts, &plan, tx, r)
+    })
+}
+
+/// How memory is spent, decided before reading.
+#[derive(Clone, Copy, Debug)]
+struct BufferPlan {
+    /// Records the buffer holds (its capacity, at most the dataset).
+    held: u64,
+    /// Expected bytes of the held records (`held` x the mean record size).
+    record_bytes: u64,
+    /// Size of one sequential read.
+    scan_size: usize,
+    /// Bytes of the sequential reader's slab.
+    slab_bytes: u64,
+    /// Bytes of the records kept to pad the epoch's last round of batches.
+    pad_bytes: u64,
+    batch_bytes: u64,
+    /// Batches in the channel (the one being filled comes on top).
+    prefetch: usize,
+    /// Under `--memory`: the bytes of slots above which oversized ones shrink to their
+    /// record when it is replaced.
+    slot_budget: Option<u64>,
+}
+
+impl BufferPlan {
+    fn new(ds: &Dataset, opts: &ReadOptions, split: &Split, size: u64) -> Result<Self> {
+        let n = ds.len();
+        let mean = ds.size_stats().total as f64 / n as f64;
+        let held = size.clamp(1, n);
+        let record_bytes = (held as f64 * mean).ceil() as u64;
+        // Four large reads in flight, or small enough under a tight budget that the slab
+        // stays below the huge-page threshold (as the two-pass scatter does).
+        let scan_size: usize = match opts.memory {
+            Some(m) if m < (256 << 20) => 48 << 10,
+            _ => 4 << 20,
+        };
+        let slab_bytes = crate::io::footprint(scan_size * SCAN_DEPTH) as u64;
+        let pad_bytes =
+            (Emitter::pad_records(split) as f64 * (mean + SLOT_OVERHEAD as f64)).ceil() as u64;
+        let batch_bytes = (opts.batch as f64 * mean) as u64 + (opts.batch + 1) * 16;
+        let fixed = ds.index_bytes() + slab_bytes + record_bytes + held * SLOT_OVERHEAD + pad_bytes;
+        let mut prefetch = opts.prefetch.max(1);
+        let mut slot_budget = None;
+        if let Some(limit) = opts.memory {
+            // One batch being filled plus the channel.
+            let fit = (limit.saturating_sub(fixed) / batch_bytes.max(1)).saturating_sub(1);
+            if fit == 0 {
+                return Err(Error::Invalid(format!(
+                    "--memory {limit} is too small for a shuffle buffer of {held} records: the buffer \
+                     ({record_bytes} B of records averaging {mean:.0} B, {} B of slots), the sequential \
+                     reads ({slab_bytes} B), the offset index ({} B){} and two batches ({} B) need {} bytes; \
+                     lower --buffer or raise --memory",
+                    held * SLOT_OVERHEAD,
+                    ds.index_bytes(),
+                    if pad_bytes > 0 {
+                        format!(", the padding records ({pad_bytes} B)")
+                    } else {
+                        String::new()
+                    },
+                    2 * batch_bytes,
+                    fixed + 2 * batch_bytes
+                )));
+            }
+            prefetch = prefetch.min(fit as usize);
+            // Slots are shrunk only when a record is replaced, so the slots can run over
+            // their budget by a few records before they come back under it: aim below.
+            let room = limit - (fixed - record_bytes) - (prefetch as u64 + 1) * batch_bytes;
+            let headroom = 8 * ds.size_stats().max;
+            slot_budget = Some(room.saturating_sub(headroom).max(record_bytes));
+        }
+        Ok(BufferPlan {
+            held,
+            record_bytes,
+            scan_size,
+            slab_bytes,
+            pad_bytes,
+            batch_bytes,
+            prefetch,
+            slot_budget,
+        })
+    }
+}
+
+/// The buffer: `live` records in `ids[..live]` / `slots[..live]`. Slot vectors are kept
+/// (also past `live`, and from epoch to epoch) so a record is copied into memory that is
+/// already there rather than into a fresh allocation.
+struct ShuffleBuffer {
+    ids: Vec<u64>,
+    slots: Vec<Vec<u8>>,
+    live: usize,
+    capacity: usize,
+    /// Bytes the slot vectors hold (their capacities), now and at most.
+    held: u64,
+    peak: u64,
+    budget: Option<u64>,
+}
+
+impl ShuffleBuffer {
+    fn new(capacity: usize, budget: Option<u64>) -> Self {
+        ShuffleBuffer {
+            ids: vec![0; capacity],
+            slots: (0..capacity).map(|_| Vec::new()).collect(),
+            live: 0,
+            capacity,
+            held: 0,
+            peak: 0,
+            budget,
+        }
+    }
+
+    /// Takes record `id` of `len` bytes: into the next empty slot while the buffer fills,
+    /// else into a random slot whose record is emitted first. Returns the slot, empty and
+    /// with room for `len` bytes.
+    fn admit(&mut self, id: u64, len: u64, rng: &mut SmallRng, em: &mut Emitter<'_>) -> usize {
+        let j = if self.live < self.capacity {
+            self.live += 1;
+            self.live - 1
+        } else {
+            let j = rng.random_range(0..self.live);
+            em.push(self.ids[j], &self.slots[j]);
+            j
+        };
+        self.ids[j] = id;
+        let slot = &mut self.slots[j];
+        let before = slot.capacity() as u64;
+        slot.clear();
+        // Slots grow to the largest record they have held; under a budget, a slot larger
+        // than its new record gives the excess back once the slots are over it.
+        if self.budget.is_some_and(|b| self.held > b) && before > len {
+            slot.shrink_to(len as usize);
+        }
+        slot.reserve_exact(len as usize);
+        self.held = self.held - before + slot.capacity() as u64;
+        self.peak = self.peak.max(self.held);
+        j
+    }
+
+    /// Emits every record left, in the buffer's random order.
+    fn drain(&mut self, rng: &mut SmallRng, em: &mut Emitter<'_>) {
+        while self.live > 0 {
+            let j = rng.random_range(0..self.live);
+            let last = self.live - 1;
+            // `swap_remove(j)`: the last record takes slot j; the emitted one's vector
+            // stays behind for reuse.
+            self.ids.swap(j, last);
+            self.slots.swap(j, last);
+            self.live = last;
+            em.push(self.ids[last], &self.slots[last]);
+        }
+    }
+}
+
+/// The reason a scan callback stops early when the consumer has gone.
+fn consumer_gone() -> Error {
+    Error::Invalid("the consumer stopped reading".into())
+}
+
+fn run(
+    ds: &Dataset,
+    opts: &ReadOptions,
+    plan: &BufferPlan,
+    tx: &Sender<Result<Batch>>,
+    r: &mut ReadReport,
+) -> Result<()> {
+    let started = Instant::now();
+    let scan = IoConfig {
+        depth: SCAN_DEPTH,
+        slot_size: plan.scan_size,
+        ..opts.io.clone()
+    };
+    let files = ds.open_files(scan.direct)?;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+    r.mode = "buffer".into();
+    r.grouping = "record".into();
+    r.direct = files.iter().all(|f| f.direct());
+    r.queue_depth = SCAN_DEPTH;
+    r.records_per_unit = 1.0;
+    let account = |r: &mut ReadReport, slot_bytes: u64| {
+        r.index_bytes = ds.index_bytes();
+        r.buffer_bytes = plan.slab_bytes
+            + slot_bytes.max(plan.record_bytes)
+            + plan.held * SLOT_OVERHEAD
+            + plan.pad_bytes;
+        r.prefetch_bytes = (plan.prefetch as u64 + 1) * plan.batch_bytes;
+        r.memory_bytes = r.index_bytes + r.buffer_bytes + r.prefetch_bytes;
+    };
+    account(r, 0);
+    let format = ds.format();
+    let mean = ds.size_stats().total as f64 / ds.len() as f64;
+    let mut buf = ShuffleBuffer::new(plan.held as usize, plan.slot_budget);
+    let (mut read_ops, mut device_bytes) = (0u64, 0u64);
+    let mut backend = None;
+    let mut stopped = false;
+    for epoch in opts.epoch_range()? {
+        let epoch_started = Instant::now();
+        let key = EpochKey::new(opts.seed, epoch);
+        let mut rng = SmallRng::seed_from_u64(key.key(u64::MAX));
+        let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+        let first_batch = match opts.resume {
+            Some(c) if c.epoch == epoch => c.batch,
+            _ => 0,
+        };
+        let mut em = Emitter::new(split, first_batch, epoch, mean, tx, &mut hist, &mut *r);
+        let mut first_id = 0u64;
+        for (f, file) in ds.files().iter().zip(&files) {
+            let end_id = first_id + f.records;
+            let mut next = first_id;
+            // The record being copied in: its slot and its byte range in the file.
+            let mut current: Option<(usize, u64, u64)> = None;
+            let scanned = crate::io::scan_file(file, &scan, |off, bytes| {
+                let chunk_end = off + bytes.len() as u64;
+                loop {
+                    let (slot, start, stop) = match current {
+                        Some(c) => c,
+                        None => {
+                            if next == end_id {
+                                break;
+                            }
+                            let span = f.span(format, next - first_id);
+                            // A record starting in a later chunk waits for it (an empty
+                            // one at this chunk's end is taken now).
+                            if span.offset + (span.len > 0) as u64 > chunk_end {
+                                break;
+                            }
+                            let slot = buf.admit(next, span.len, &mut rng, &mut em);
+                            next += 1;
+                            (slot, span.offset, span.offset + span.len)
+                        }
+                    };
+                    let (from, to) = (start.max(off), stop.min(chunk_end));
+                    if to > from {
+                        buf.slots[slot]
+                            .extend_from_slice(&bytes[(from - off) as usize..(to - off) as usize]);
+                    }
+                    if stop > chunk_end {
+                        current = Some((slot, start, stop));
+                        break;
+                    }
+                    current = None;
+                }
+                if em.stopped {
+                    return Err(consumer_gone());
+                }
+                Ok(())
+            });
+            match scanned {
+                Ok(s) => {
+                    read_ops += s.read_ops;
+                    device_bytes += s.device_bytes;
+                    backend.get_or_insert(s.backend);
+                }
+                Err(_) if em.stopped => {
+                    stopped = true;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+            // Only empty records may lie at the very end of a file (an empty file yields
+            // no chunk at all).
+            while current.is_none() && next < end_id {
+                let span = f.span(format, next - first_id);
+                if span.len > 0 {
+                    break;
+                }
+                buf.admit(next, 0, &mut rng, &mut em);
+                next += 1;
+            }
+            if current.is_some() || next < end_id {
+                return Err(Error::BadInput {
+                    path: f.path.clone(),
+                    offset: Some(file.size()),
+                    what: format!(
+                        "the file ended inside record {} of {}; was it changed while being read?",
+                        next - first_id,
+                        f.records
+                    ),
+                });
+            }
+            first_id = end_id;
+        }
+        if stopped {
+            break;
+        }
+        buf.drain(&mut rng, &mut em);
+        em.finish();
+        if em.stopped {
+            break;
+        }
+        drop(em);
+        r.epoch_seconds.push(epoch_started.elapsed().as_secs_f64());
+    }
+    if let Some(b) = backend {
+        r.backend = b.name().into();
+    }
+    account(r, buf.peak);
+    r.read_ops = read_ops;
+    r.device_bytes = device_bytes;
+    r.units_per_batch = read_ops as f64 / r.batches.max(1) as f64;
+    r.seconds = started.elapsed().as_secs_f64();
+    r.batch_latency_us = Latency::of(&hist);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,155 @@
+//! Cuts one rank's batches out of an epoch's record sequence, given record by record in
+//! epoch order: the batch, rank, tail and resume rules of `order::Split`, applied the same
+//! way by every mode that produces its sequence itself (two-pass, the shuffle buffer)
+//! rather than planning reads per batch (LIRS).
+
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+use hdrhistogram::Histogram;
+
+use super::{Batch, ReadReport};
+use crate::order::{Split, Tail};
+use crate::Result;
+
+/// Builds the batches of one rank from the epoch's record sequence, in order.
+pub(crate) struct Emitter<'a> {
+    split: Split,
+    records: u64,
+    first_batch: u64,
+    pos: u64,
+    pad_keep: Vec<(u64, Vec<u8>)>,
+    pad_needed: u64,
+    /// The batch being filled: its index, end position, the batch, and when it started.
+    cur: Option<(u64, u64, Batch, Instant)>,
+    tx: &'a Sender<Result<Batch>>,
+    epoch: u64,
+    hist: &'a mut Histogram<u64>,
+    report: &'a mut ReadReport,
+    /// The consumer has gone: nothing more is sent.
+    pub(crate) stopped: bool,
+    /// Mean record size of the dataset, to size each batch's payload once.
+    mean_record: f64,
+}
+
+impl<'a> Emitter<'a> {
+    /// An emitter for `epoch` that sends this rank's batches from `first_batch` on (earlier
+    /// ones are cut but not sent: a resume). `mean_record` sizes the payloads.
+    pub(crate) fn new(
+        split: Split,
+        first_batch: u64,
+        epoch: u64,
+        mean_record: f64,
+        tx: &'a Sender<Result<Batch>>,
+        hist: &'a mut Histogram<u64>,
+        report: &'a mut ReadReport,
+    ) -> Self {
+        Emitter {
+            split,
+            records: split.records,
+            first_batch,
+            pos: 0,
+            pad_keep: Vec::new(),
+            pad_needed: Self::pad_records(&split),
+            cur: None,
+            tx,
+            epoch,
+            hist,
+            report,
+            stopped: false,
+            mean_record,
+        }
+    }
+
+    /// Records from the epoch's start kept in memory to pad its last round of batches.
+    pub(crate) fn pad_records(split: &Split) -> u64 {
+        match split.tail {
+            Tail::Pad => (split.global_batches * split.batch)
+                .saturating_sub(split.records)
+                .min(split.records),
+            _ => 0,
+        }
+    }
+}
+
+/// Capacity for a batch of `n` records: the mean size with some room, so that growing
+/// (and copying) the payload is rare; at least the first record's size each.
+fn payload_hint(n: usize, mean: f64, first: usize) -> usize {
+    let guess = (n as f64 * mean * 1.25) as usize + 4096;
+    guess.max(n.saturating_mul(first)).min(256 << 20)
+}
+
+impl Emitter<'_> {
+    /// Takes the next record of the epoch's sequence.
+    pub(crate) fn push(&mut self, id: u64, bytes: &[u8]) {
+        let p = self.pos;
+        self.pos += 1;
+        if p < self.pad_needed {
+            self.pad_keep.push((id, bytes.to_vec()));
+        }
+        self.place(p, id, bytes, false);
+    }
+
+    fn place(&mut self, p: u64, id: u64, bytes: &[u8], padding: bool) {
+        if self.stopped {
+            return;
+        }
+        let g = p / self.split.batch;
+        if g >= self.split.global_batches || g % self.split.world != self.split.rank {
+            return;
+        }
+        let j = g / self.split.world;
+        if j < self.first_batch {
+            return;
+        }
+        let split = self.split;
+        let epoch = self.epoch;
+        let (_, end, batch, _) = self.cur.get_or_insert_with(|| {
+            let positions = split.positions(j);
+            // Sized once for its records; the payload guess (the first record's size each) grows if short.
+            let n = (positions.end - positions.start) as usize;
+            let batch = Batch {
+                epoch,
+                index: j,
+                ids: Vec::with_capacity(n),
+                offsets: Vec::with_capacity(n + 1),
+                payload: Vec::with_capacity(payload_hint(n, self.mean_record, bytes.len())),
+                padding: 0,
+            };
+            (j, positions.end, batch, Instant::now())
+        });
+        let end = *end;
+        if batch.offsets.is_empty() {
+            batch.offsets.push(0);
+        }
+        batch.ids.push(id);
+        batch.payload.extend_from_slice(bytes);
+        batch.offsets.push(batch.payload.len() as u64);
+        if padding {
+            batch.padding += 1;
+        }
+        if p + 1 == end {
+            let (_, _, b, started) = self.cur.take().expect("current batch");
+            self.hist
+                .saturating_record(started.elapsed().as_micros().max(1) as u64);
+            self.report.records += b.ids.len() as u64;
+            self.report.bytes += b.payload.len() as u64;
+            self.report.batches += 1;
+            if self.tx.send(Ok(b)).is_err() {
+                self.stopped = true;
+            }
+        }
+    }
+
+    /// The epoch's records are all out: pad the tail from the epoch's start.
+    pub(crate) fn finish(&mut self) {
+        if self.split.tail != Tail::Pad {
+            return;
+        }
+        let keep = std::mem::take(&mut self.pad_keep);
+        for p in self.records..self.split.global_batches * self.split.batch {
+            let (id, bytes) = &keep[(p % self.records) as usize];
+            self.place(p, *id, bytes, true);
+        }
+    }
+}
