@@ -100,6 +100,8 @@ fn records_for(class: Option<DeviceClass>, record: u64, quick: bool) -> u64 {
     let n = match class {
         Some(DeviceClass::Hdd) => match record {
             r if r >= 256 << 10 => 1500,
+            r if r >= 16 << 10 => 5000,
+            r if r >= 4 << 10 => 20_000,
             _ => 5000,
         },
         Some(DeviceClass::SataSsd) => ((512u64 << 20) / record).min(400_000),

@@ -29,7 +29,11 @@ impl StreamWriter {
     pub fn create(path: &Path, cfg: &IoConfig) -> Result<StreamWriter> {
         let file = Arc::new(DataFile::open(path, Access::Write, cfg.direct)?);
         let unit = file.alignment().unit().max(512);
-        let mut backend = open_backend(cfg, unit)?;
+        let cfg = IoConfig {
+            backend: crate::emulate::write_backend(cfg.backend),
+            ..cfg.clone()
+        };
+        let mut backend = open_backend(&cfg, unit)?;
         let key = backend.add_file(file.clone())?;
         Ok(StreamWriter {
             backend,

@@ -43,7 +43,11 @@ where
     F: FnMut(u64, &mut [u8]),
 {
     let unit = file.alignment().unit().max(512);
-    let mut backend = open_backend(cfg, unit)?;
+    let cfg = IoConfig {
+        backend: crate::emulate::write_backend(cfg.backend),
+        ..cfg.clone()
+    };
+    let mut backend = open_backend(&cfg, unit)?;
     let key = backend.add_file(file.clone())?;
     let slot_size = backend.slab().slot_size() as u64;
     let depth = backend.slab().count();

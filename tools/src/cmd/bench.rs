@@ -39,9 +39,10 @@ pub struct Args {
     /// Keep the test file for the next run.
     #[arg(long)]
     pub keep: bool,
-    /// planner: the real device only (no emulated hdd runs).
-    #[arg(long)]
-    pub real_only: bool,
+    /// planner: the devices to run on, comma separated: real (no throttle) and emulated
+    /// classes (hdd, sata-ssd).
+    #[arg(long, value_delimiter = ',', default_value = "real,hdd")]
+    pub devices: Vec<String>,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -115,10 +116,17 @@ fn lirs(args: &Args) -> Result<()> {
 }
 
 fn planner(args: &Args) -> Result<()> {
-    let mut devices = vec![None];
-    if !args.real_only {
-        devices.push(Some(riffle::emulate::DeviceClass::Hdd));
-    }
+    let devices = args
+        .devices
+        .iter()
+        .map(|d| match d.as_str() {
+            "real" => Ok(None),
+            other => other
+                .parse::<riffle::emulate::DeviceClass>()
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("--devices: {e}")),
+        })
+        .collect::<Result<Vec<_>>>()?;
     let opts = riffle_bench::planner::PlannerOptions {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
