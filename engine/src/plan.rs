@@ -380,13 +380,19 @@ pub fn plan(
         ("sequential", Baseline::Sequential),
         ("buffer", Baseline::Buffer { size: 10_000 }),
     ] {
-        let memory = crate::modes::lirs::memory_needs(
-            ds,
-            &ReadOptions {
-                baseline: Some(baseline),
-                ..opts.clone()
-            },
-        );
+        let memory = match baseline {
+            // The buffer's records and slots, the index and four 4 MiB sequential reads.
+            Baseline::Buffer { size } => Ok(ds.index_bytes()
+                + size.min(w.records) * (w.bytes / w.records.max(1) + 32)
+                + (16 << 20)),
+            _ => crate::modes::lirs::memory_needs(
+                ds,
+                &ReadOptions {
+                    baseline: Some(baseline),
+                    ..opts.clone()
+                },
+            ),
+        };
         candidates.push(Candidate {
             mode: mode.into(),
             grouping: "record".into(),
