@@ -40,6 +40,7 @@ pub mod notice;
 pub mod order;
 mod pipeline;
 pub mod probe;
+pub mod serve;
 pub mod shuffle;
 pub mod size;
 
