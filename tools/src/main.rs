@@ -51,6 +51,11 @@ enum Command {
     /// Shuffle the lines of files too big for memory (in place of shuf or terashuf): the
     /// same output for the same seed whatever --memory is.
     Shuffle(cmd::shuffle::Args),
+    /// Serve batches to training processes over a Unix socket: a long-running daemon with
+    /// a shared-memory transport (see docs/protocol.md and the Python client in python/).
+    ///
+    /// SIGTERM (or SIGINT) stops it cleanly: clients are told, the socket file is removed.
+    Serve(cmd::serve::Args),
     /// Run a benchmark suite and write a report (JSON + Markdown).
     Bench(cmd::bench::Args),
 }
@@ -65,6 +70,7 @@ fn main() -> ExitCode {
         Command::Cat(a) => cmd::cat::run(a),
         Command::Read(a) => cmd::read::run(a),
         Command::Shuffle(a) => cmd::shuffle::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     };
     match result {

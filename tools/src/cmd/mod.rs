@@ -6,4 +6,5 @@ pub mod gen;
 pub mod index;
 pub mod probe;
 pub mod read;
+pub mod serve;
 pub mod shuffle;
