@@ -8,6 +8,7 @@ use serde_json::Value;
 
 mod datasets;
 mod read;
+mod serve;
 mod shuffle;
 
 fn riffle() -> Command {

@@ -80,6 +80,11 @@ impl Client {
         }
     }
 
+    /// Gives up reads after `t` (`None`: wait for ever).
+    pub fn set_read_timeout(&mut self, t: Option<std::time::Duration>) -> Result<()> {
+        self.sock.set_read_timeout(t).map_err(gone)
+    }
+
     /// Sends raw bytes (tests use it to misbehave).
     pub fn send(&mut self, bytes: &[u8]) -> Result<()> {
         self.sock.write_all(bytes).map_err(gone)
