@@ -804,8 +804,14 @@ impl Conn {
         if req.epochs == 0 {
             return Err(bad("epochs must be at least 1".into()));
         }
-        let split = Split::new(ds.len(), req.batch_size, req.rank, req.world, tail)
-            .map_err(|e| bad(e.to_string()))?;
+        let split =
+            Split::new(ds.len(), req.batch_size, req.rank, req.world, tail).map_err(|e| {
+                // The engine speaks in CLI flags; a client sets the `tail` field.
+                bad(e.to_string().replace(
+                    "choose --drop-last or --pad",
+                    "set tail to drop_last or pad",
+                ))
+            })?;
         let opts = ReadOptions {
             seed: req.seed,
             first_epoch: req.epoch,
