@@ -411,9 +411,10 @@ class Stream:
         if self.opened["transport"] == "shm":
             fd = c._take_fd()
             try:
-                self._mm = mmap.mmap(
-                    fd, self.opened["ring_bytes"], flags=mmap.MAP_SHARED, prot=mmap.PROT_READ
-                )
+                # Populated up front where Python offers it (3.10+): no page faults
+                # when a batch's arrays are first read.
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                self._mm = mmap.mmap(fd, self.opened["ring_bytes"], flags=flags, prot=mmap.PROT_READ)
             finally:
                 os.close(fd)
         self._open = True

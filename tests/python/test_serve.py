@@ -247,3 +247,12 @@ def test_explicit_release_and_stats(daemon):
     for k in ("read_ops", "iops", "bytes", "batch_latency_us", "ring_bytes"):
         assert k in st
     assert st["batch_latency_us"]["p99"] >= st["batch_latency_us"]["p50"] > 0
+
+
+def test_the_readme_example_runs(daemon):
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(import riffle\n.*?)```", readme, re.S).group(1)
+    assert '"/tmp/riffle.sock"' in code
+    exec(compile(code.replace('"/tmp/riffle.sock"', repr(daemon.socket)), "README.md", "exec"), {})

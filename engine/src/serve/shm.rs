@@ -58,7 +58,9 @@ impl Ring {
                 None,
                 size,
                 ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
+                // Populated now: no page faults when batches are written later, and the
+                // ring's memory is all accounted for from the start.
+                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
                 &fd,
                 0,
             )
@@ -163,7 +165,7 @@ impl Mapping {
                 None,
                 size,
                 ProtFlags::PROT_READ,
-                MapFlags::MAP_SHARED,
+                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
                 fd,
                 0,
             )
