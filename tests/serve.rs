@@ -345,6 +345,13 @@ fn an_unknown_dataset_is_a_clear_error_and_the_connection_stays_usable() {
     bad.world = 4;
     let e = c.open(bad).err().unwrap().to_string();
     assert!(e.contains("rank 4"), "{e}");
+    // A batch that could not fit a client's share of memory is refused up front.
+    let e = c
+        .open(OpenRequest::new("train", u64::MAX))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("ring share") && e.contains("(too_large)"), "{e}");
     assert_eq!(read_all(&mut c, OpenRequest::new("val", 100)).len(), 5);
 }
 

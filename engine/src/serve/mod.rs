@@ -4,10 +4,12 @@
 //! - `ring.rs`: which bytes of a stream's shared-memory ring are live (pure bookkeeping);
 //! - `shm.rs`: memfd rings, read-only client mappings and descriptor passing (the only
 //!   unsafe code here);
-//! - `server.rs`: the daemon: a thread per connection, an engine stream per open stream;
+//! - `server.rs`: the daemon: the socket, the accept loop, shutdown, the counters;
+//! - `conn.rs`: one connection's thread: handshake, streams, flow control;
 //! - `client.rs`: a Rust client (tests and benches use it).
 
 pub mod client;
+mod conn;
 pub mod proto;
 pub mod ring;
 pub mod server;

@@ -435,6 +435,47 @@ mod tests {
         assert_eq!(fb.next(MAX_FRAME).unwrap_err(), 0);
     }
 
+    proptest::proptest! {
+        /// Whatever bytes arrive, in whatever pieces, the parser hands out exactly the
+        /// frames that were encoded, or reports a bad length; it never panics.
+        #[test]
+        fn arbitrary_bytes_never_panic_the_parser(
+            frames in proptest::collection::vec(
+                (0u8..20, proptest::collection::vec(proptest::num::u8::ANY, 0..300)), 0..8),
+            garbage in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            piece in 1usize..97,
+        ) {
+            let mut bytes = Vec::new();
+            for (k, body) in &frames {
+                bytes.extend(frame_raw(*k, body));
+            }
+            bytes.extend(&garbage);
+            let mut fb = FrameBuf::default();
+            let mut got = Vec::new();
+            'feed: for chunk in bytes.chunks(piece) {
+                fb.spare(chunk.len()).copy_from_slice(chunk);
+                loop {
+                    match fb.next(256) {
+                        Ok(Some((k, body))) => got.push((k, body.to_vec())),
+                        Ok(None) => break,
+                        Err(_) => break 'feed,
+                    }
+                }
+            }
+            // Every frame within the limit and before the first oversized one came out.
+            let fitting: Vec<_> = frames.iter().take_while(|(_, b)| b.len() < 256).cloned().collect();
+            proptest::prop_assert_eq!(&got[..fitting.len().min(got.len())], &fitting[..fitting.len().min(got.len())]);
+            proptest::prop_assert!(got.len() >= fitting.len());
+        }
+    }
+
+    fn frame_raw(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = ((body.len() + 1) as u32).to_le_bytes().to_vec();
+        v.push(kind);
+        v.extend_from_slice(body);
+        v
+    }
+
     #[test]
     fn acks_need_whole_u32s() {
         assert!(decode_acks(&[]).is_none());
