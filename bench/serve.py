@@ -67,7 +67,13 @@ def in_process(a, data):
     }
 
 
-def through_daemon(a, sock):
+def busy(us):
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+def through_daemon(a, sock, compute_us=0):
     added_us, wait_us, age_us = [], [], []
     records = 0
     nbytes = 0
@@ -92,6 +98,8 @@ def through_daemon(a, sock):
             nbytes += len(b.data)
             if a.touch:
                 int(b.data[::4096].sum())
+            if compute_us:
+                busy(compute_us)  # a training step on the CPU
         secs = time.perf_counter() - t0
         st = c.stats()
     return {
@@ -120,6 +128,9 @@ def main():
     p.add_argument("--runs", type=int, default=3, help="runs per side and cache state")
     p.add_argument("--cache", default="warm,cold", help="warm, cold or both")
     p.add_argument("--touch", action="store_true", help="read one byte per page of each batch")
+    p.add_argument("--compute-us", type=float, default=0,
+                   help="also run the daemon side with this much busy CPU work per batch "
+                        "(a training step): the batch is then waiting in the ring when asked for")
     p.add_argument("--out", help="report directory (default results/<date>-<host>)")
     a = p.parse_args()
 
@@ -185,6 +196,11 @@ def main():
             report["results"][cache] = summary
             print(f"{cache}: ratio {dm / ip:.3f} (daemon {dm:,.0f} / in-process {ip:,.0f} records/s), "
                   f"added p99 {summary['added_p99_us_median']:.1f} us (worst {max(added):.1f})")
+        if a.compute_us:
+            r = through_daemon(a, sock, a.compute_us)
+            report["results"]["compute_bound"] = {"compute_us": a.compute_us, **r}
+            print(f"compute-bound ({a.compute_us:.0f} us per batch): {r['records_per_s']:,.0f} records/s, "
+                  f"added p50 {r['added_latency_us']['p50']:.1f} us, p99 {r['added_latency_us']['p99']:.1f} us")
     finally:
         daemon.terminate()
         daemon.wait(timeout=10)
@@ -198,6 +214,10 @@ def main():
              "| cache | in-process records/s | daemon + Python records/s | ratio | added p50 us | added p99 us |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for cache, s in report["results"].items():
+        if cache == "compute_bound":
+            lines.append(f"| compute-bound ({s['compute_us']:.0f} us/batch) | | {s['records_per_s']:,.0f} | "
+                         f"| {s['added_latency_us']['p50']:.1f} | {s['added_latency_us']['p99']:.1f} |")
+            continue
         lines.append(f"| {cache} | {s['in_process_records_per_s']:,.0f} | {s['daemon_records_per_s']:,.0f} "
                      f"| {s['throughput_ratio']:.3f} | {s['added_p50_us_median']:.1f} "
                      f"| {s['added_p99_us_median']:.1f} |")

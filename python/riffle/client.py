@@ -22,7 +22,6 @@ ERROR = 15
 
 _U32 = struct.Struct("<I")
 _HEAD = struct.Struct("<IB")
-_ACK = struct.Struct("<IBI")
 # slot, flags, epoch, index, records, padding, data_len, ids_at, offsets_at, data_at, sent_ns
 _BATCH = struct.Struct("<IIQQQQQQQQQ")
 _CHUNK = 1 << 16
@@ -72,6 +71,7 @@ class Client:
         self._buf = bytearray()
         self._start = 0
         self._fds = []
+        self._acks = []
         self._stream = None
         self._send_json(HELLO, {"version": PROTOCOL_VERSION, "agent": "riffle-python 0.1.0"})
         kind, body = self._frame()
@@ -180,6 +180,9 @@ class Client:
     def _fill(self):
         if self._sock is None:
             raise RiffleConnectionError("the client is closed")
+        # About to wait for the daemon: the acks held back go out first (they may be what
+        # it waits for).
+        self._flush_acks()
         try:
             data, anc, _flags, _addr = self._sock.recvmsg(
                 _CHUNK, socket.CMSG_SPACE(_MAX_FDS * 4)
@@ -239,6 +242,21 @@ class Client:
                 raise RiffleConnectionError(f"{self.path}: the daemon closed the connection")
             got += k
         return kind, body
+
+    def _queue_ack(self, slot, limit):
+        """Holds an ack back until the client would wait anyway (or `limit` are held), so
+        a consumer whose batches are already waiting does no syscall per batch and does not
+        wake the daemon for each one."""
+        self._acks.append(slot)
+        if len(self._acks) >= limit:
+            self._flush_acks()
+
+    def _flush_acks(self):
+        if self._acks:
+            n = len(self._acks)
+            body = struct.pack(f"<{n}I", *self._acks)
+            self._acks = []
+            self._send(_HEAD.pack(len(body) + 1, ACK) + body)
 
     def _take_fd(self):
         if not self._fds:
@@ -423,9 +441,10 @@ class Stream:
     def _ack(self, slot):
         # Acks for a stream that is over are moot: the daemon dropped its ring.
         if self._open and self._client._sock is not None:
-            self._client._send(_ACK.pack(5, ACK, slot))
+            self._client._queue_ack(slot, max(1, self.opened["credits"] // 2))
 
     def _finish(self):
+        self._client._acks = []
         self._open = False
         self._ended = True
         self._held = None
@@ -448,6 +467,7 @@ class Stream:
             return
         c = self._client
         self._held = None
+        c._acks = []
         try:
             if c._sock is not None:
                 c._send_json(CLOSE, {})
