@@ -635,3 +635,31 @@ fn sigterm_tells_clients_and_removes_the_socket() {
         assert_eq!(e["code"], "shutdown", "{e}");
     }
 }
+
+#[test]
+fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 100);
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()],
+    );
+    let mut req = OpenRequest::new("train", 100);
+    req.seed = 2;
+    req.epochs = 2;
+    let want = in_process(&data, &req);
+    let mut c = d.client();
+    same_batches(&read_all(&mut c, req.clone()), &want);
+    // A stream closed half-way leaves no piles behind.
+    let mut s = c.open(req).unwrap();
+    for _ in 0..5 {
+        s.next_batch().unwrap().unwrap();
+    }
+    s.close().unwrap();
+    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+}
