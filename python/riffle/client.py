@@ -276,9 +276,10 @@ class Batch:
     """One batch. `ids` (uint64), `offsets` (uint64, len(ids) + 1) and `data` (uint8) are
     numpy views into the shared ring, valid until the batch is released."""
 
-    __slots__ = ("ids", "offsets", "data", "epoch", "index", "padding", "sent_ns", "_slot", "_stream")
+    __slots__ = ("ids", "offsets", "data", "epoch", "index", "padding", "sent_ns", "_slot", "_stream",
+                 "_gen")
 
-    def __init__(self, ids, offsets, data, epoch, index, padding, sent_ns, slot, stream):
+    def __init__(self, ids, offsets, data, epoch, index, padding, sent_ns, slot, stream, gen):
         self.ids = ids
         self.offsets = offsets
         self.data = data
@@ -288,6 +289,7 @@ class Batch:
         self.sent_ns = sent_ns
         self._slot = slot
         self._stream = stream
+        self._gen = gen
 
     def __len__(self):
         return len(self.ids)
@@ -299,7 +301,7 @@ class Batch:
     def release(self):
         """Gives the batch's memory back to the daemon; its arrays must not be used after."""
         if self._stream is not None:
-            self._stream._ack(self._slot)
+            self._stream._ack(self._slot, self._gen)
             self._stream = None
 
     def __repr__(self):
@@ -330,6 +332,7 @@ class Stream:
         self._ended = False
         self._held = None
         self._mm = None
+        self._gen = 0  # which opening of the stream; slots of an earlier one are moot
         self.opened = None
 
     # Resume.
@@ -385,7 +388,7 @@ class Stream:
         ids = np.frombuffer(src, _U64, n, ids_at)
         offsets = np.frombuffer(src, _U64, n + 1, off_at)
         data = np.frombuffer(src, np.uint8, dlen, data_at)
-        b = Batch(ids, offsets, data, epoch, index, padding, sent_ns, slot, self)
+        b = Batch(ids, offsets, data, epoch, index, padding, sent_ns, slot, self, self._gen)
         self.cursor = {"epoch": epoch, "batch": index + 1}
         if self.auto_release:
             self._held = b
@@ -436,11 +439,13 @@ class Stream:
             finally:
                 os.close(fd)
         self._open = True
+        self._gen += 1
         c._stream = self
 
-    def _ack(self, slot):
-        # Acks for a stream that is over are moot: the daemon dropped its ring.
-        if self._open and self._client._sock is not None:
+    def _ack(self, slot, gen):
+        # Acks for a stream that is over (or was reopened since) are moot: the daemon
+        # dropped that ring.
+        if self._open and gen == self._gen and self._client._sock is not None:
             self._client._queue_ack(slot, max(1, self.opened["credits"] // 2))
 
     def _finish(self):

@@ -256,3 +256,16 @@ def test_the_readme_example_runs(daemon):
     code = re.search(r"```python\n(import riffle\n.*?)```", readme, re.S).group(1)
     assert '"/tmp/riffle.sock"' in code
     exec(compile(code.replace('"/tmp/riffle.sock"', repr(daemon.socket)), "README.md", "exec"), {})
+
+
+def test_a_batch_released_after_its_stream_was_reopened_is_harmless(daemon):
+    with riffle.Client(daemon.socket) as c:
+        s = c.stream("train", 100, auto_release=False)
+        old = next(s)
+        state = s.state_dict()
+        s.load_state_dict(state)  # reopens from batch 1
+        b = next(s)
+        assert b.index == 1
+        old.release()  # a slot of the old ring: not sent to the daemon
+        b.release()
+        assert sum(1 for x in s if x.release() is None) == 28
