@@ -73,11 +73,11 @@ def busy(us):
         pass
 
 
-def through_daemon(a, sock, compute_us=0):
+def through_daemon(a, sock, compute_us=0, spin_us=0):
     added_us, wait_us, age_us = [], [], []
     records = 0
     nbytes = 0
-    with riffle.Client(sock) as c:
+    with riffle.Client(sock, spin_us=spin_us) as c:
         stream = c.stream("bench", batch_size=a.batch_size, seed=1)
         it = iter(stream)
         t0 = time.perf_counter()
@@ -131,6 +131,9 @@ def main():
     p.add_argument("--compute-us", type=float, default=0,
                    help="also run the daemon side with this much busy CPU work per batch "
                         "(a training step): the batch is then waiting in the ring when asked for")
+    p.add_argument("--spin-us", type=float, default=0,
+                   help="also run the daemon side with a client that busy-polls this long "
+                        "before sleeping (riffle.Client(spin_us=...))")
     p.add_argument("--out", help="report directory (default results/<date>-<host>)")
     a = p.parse_args()
 
@@ -168,16 +171,21 @@ def main():
             if cache == "cold" and os.geteuid() != 0:
                 print("cold: skipped (dropping the page cache needs root)")
                 continue
-            rows = {"in_process": [], "daemon": []}
+            sides = ["in_process", "daemon"] + (["daemon_spin"] if a.spin_us else [])
+            rows = {side: [] for side in sides}
             for i in range(a.runs):
-                for side in ("in_process", "daemon"):
+                for side in sides:
                     if cache == "cold":
                         drop_caches()
-                    r = in_process(a, data) if side == "in_process" else through_daemon(a, sock)
+                    if side == "in_process":
+                        r = in_process(a, data)
+                    else:
+                        r = through_daemon(a, sock, spin_us=a.spin_us if side == "daemon_spin" else 0)
                     rows[side].append(r)
-                    print(f"{cache} run {i} {side:10}: {r['records_per_s']:,.0f} records/s"
-                          + (f", added p99 {r['added_latency_us']['p99']:.1f} us"
-                             if side == "daemon" else ""), flush=True)
+                    print(f"{cache} run {i} {side:11}: {r['records_per_s']:,.0f} records/s"
+                          + (f", added p50 {r['added_latency_us']['p50']:.1f} us, "
+                             f"p99 {r['added_latency_us']['p99']:.1f} us"
+                             if side != "in_process" else ""), flush=True)
             ip = statistics.median(r["records_per_s"] for r in rows["in_process"])
             dm = statistics.median(r["records_per_s"] for r in rows["daemon"])
             added = [r["added_latency_us"]["p99"] for r in rows["daemon"]]
@@ -193,6 +201,16 @@ def main():
                     r["batch_latency_us"]["p99"] for r in rows["in_process"]),
                 "runs": rows,
             }
+            if a.spin_us:
+                sp = rows["daemon_spin"]
+                summary["spin"] = {
+                    "spin_us": a.spin_us,
+                    "daemon_records_per_s": statistics.median(r["records_per_s"] for r in sp),
+                    "throughput_ratio": statistics.median(r["records_per_s"] for r in sp) / ip,
+                    "added_p50_us_median": statistics.median(r["added_latency_us"]["p50"] for r in sp),
+                    "added_p99_us_median": statistics.median(r["added_latency_us"]["p99"] for r in sp),
+                    "added_p99_us_worst": max(r["added_latency_us"]["p99"] for r in sp),
+                }
             report["results"][cache] = summary
             print(f"{cache}: ratio {dm / ip:.3f} (daemon {dm:,.0f} / in-process {ip:,.0f} records/s), "
                   f"added p99 {summary['added_p99_us_median']:.1f} us (worst {max(added):.1f})")
@@ -221,6 +239,11 @@ def main():
         lines.append(f"| {cache} | {s['in_process_records_per_s']:,.0f} | {s['daemon_records_per_s']:,.0f} "
                      f"| {s['throughput_ratio']:.3f} | {s['added_p50_us_median']:.1f} "
                      f"| {s['added_p99_us_median']:.1f} |")
+        if "spin" in s:
+            sp = s["spin"]
+            lines.append(f"| {cache}, client spin {sp['spin_us']:.0f} us | | {sp['daemon_records_per_s']:,.0f} "
+                         f"| {sp['throughput_ratio']:.3f} | {sp['added_p50_us_median']:.1f} "
+                         f"| {sp['added_p99_us_median']:.1f} |")
     (out / "serve.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'serve.json'} and serve.md")
 

@@ -51,11 +51,14 @@ class Client:
     """A connection to `riffle serve` at the Unix socket `path`.
 
     `connect_timeout` (seconds) keeps retrying while the daemon is not (yet) there, which is
-    what a training job wants while its daemon restarts.
+    what a training job wants while its daemon restarts. `spin_us` > 0 busy-polls the socket
+    for up to that long before sleeping when waiting for a batch: lower latency (no wake-up)
+    for a core's worth of CPU while waiting.
     """
 
-    def __init__(self, path, connect_timeout=0.0):
+    def __init__(self, path, connect_timeout=0.0, spin_us=0):
         self.path = os.fspath(path)
+        self.spin_us = spin_us
         deadline = time.monotonic() + connect_timeout
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -183,12 +186,16 @@ class Client:
         # About to wait for the daemon: the acks held back go out first (they may be what
         # it waits for).
         self._flush_acks()
-        try:
-            data, anc, _flags, _addr = self._sock.recvmsg(
-                _CHUNK, socket.CMSG_SPACE(_MAX_FDS * 4)
-            )
-        except OSError as e:
-            raise RiffleConnectionError(f"{self.path}: receive failed: {e}") from e
+        got = None
+        if self.spin_us:
+            # Busy-poll for a while before sleeping: no wake-up latency when the batch
+            # comes within the window, at the price of a core while waiting.
+            deadline = time.perf_counter() + self.spin_us / 1e6
+            while got is None and time.perf_counter() < deadline:
+                got = self._recv(socket.MSG_DONTWAIT)
+        if got is None:
+            got = self._recv(0)
+        data, anc = got
         for level, typ, cdata in anc:
             if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
                 fds = array.array("i")
@@ -203,6 +210,20 @@ class Client:
             del self._buf[: self._start]
             self._start = 0
         self._buf += data
+
+    def _recv(self, flags):
+        """One recvmsg: (data, ancillary), or None when MSG_DONTWAIT finds nothing."""
+        try:
+            data, anc, _flags, _addr = self._sock.recvmsg(
+                _CHUNK, socket.CMSG_SPACE(_MAX_FDS * 4), flags
+            )
+        except BlockingIOError:
+            if flags:
+                return None
+            raise RiffleConnectionError(f"{self.path}: receive timed out") from None
+        except OSError as e:
+            raise RiffleConnectionError(f"{self.path}: receive failed: {e}") from e
+        return data, anc
 
     def _frame(self):
         """The next frame: (kind, body as bytes)."""

@@ -127,6 +127,9 @@ def test_inline_transport_gives_the_same_batches(daemon):
             for b in c.stream("train", 100, seed=1, transport="inline")
         ]
     assert shm == inline
+    with riffle.Client(daemon.socket, spin_us=500) as c:  # busy-polls before sleeping
+        spun = [(b.ids.tolist(), b.data.tobytes()) for b in c.stream("train", 100, seed=1)]
+    assert spun == shm
 
 
 def test_state_dict_resumes_with_nothing_lost_or_repeated(daemon):
