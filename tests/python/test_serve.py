@@ -127,6 +127,11 @@ def test_inline_transport_gives_the_same_batches(daemon):
             for b in c.stream("train", 100, seed=1, transport="inline")
         ]
     assert shm == inline
+    # Inline batches longer than the client's read chunk are read in place.
+    with riffle.Client(daemon.socket) as c:
+        big = [(b.ids.tolist(), b.data.tobytes()) for b in c.stream("train", 2000, transport="inline")]
+        ref = [(b.ids.tolist(), b.data.tobytes()) for b in c.stream("train", 2000)]
+    assert big == ref and len(big[0][1]) == 2000 * 200
     with riffle.Client(daemon.socket, spin_us=500) as c:  # busy-polls before sleeping
         spun = [(b.ids.tolist(), b.data.tobytes()) for b in c.stream("train", 100, seed=1)]
     assert spun == shm
