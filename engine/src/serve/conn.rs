@@ -602,6 +602,7 @@ impl Conn {
             transport: req.transport,
             ring_bytes,
             credits,
+            max_batch_bytes: largest,
             mode: match cfg.mode {
                 ServeMode::Lirs => "lirs".into(),
                 ServeMode::TwoPass => "two-pass".into(),

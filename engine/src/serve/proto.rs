@@ -161,6 +161,10 @@ pub struct Opened {
     pub ring_bytes: u64,
     /// Most batches the daemon sends before it needs an `ACK`.
     pub credits: u32,
+    /// An upper bound on a batch's bytes (ids, offsets and payload): the batch size times
+    /// the longest record, plus the arrays.
+    #[serde(default)]
+    pub max_batch_bytes: u64,
     /// The mode reading the dataset.
     pub mode: String,
 }
