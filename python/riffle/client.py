@@ -354,6 +354,7 @@ class Stream:
         self._held = None
         self._mm = None
         self._gen = 0  # which opening of the stream; slots of an earlier one are moot
+        self._superseded = False
         self.opened = None
 
     # Resume.
@@ -373,6 +374,7 @@ class Stream:
         if self._open:
             self._drop()
         self._ended = False
+        self._superseded = False
         self.cursor = {"epoch": int(c["epoch"]), "batch": int(c["batch"])}
         self._resume = dict(self.cursor)
 
@@ -381,6 +383,11 @@ class Stream:
         return self
 
     def __next__(self):
+        if self._superseded:
+            raise RiffleError(
+                "this stream was closed when another stream was opened on its Client; "
+                "use one Client per concurrent stream"
+            )
         if self._ended:
             raise StopIteration
         if not self._open:
@@ -434,9 +441,12 @@ class Stream:
     def _start(self):
         c = self._client
         if c._stream is not None and c._stream is not self and c._stream._open:
-            raise RiffleError(
-                "this client already has an open stream: close it, or use another Client"
-            )
+            # One stream at a time per connection: the older one is closed (and says so if
+            # it is used again). Use another Client to read two streams at once.
+            old = c._stream
+            old._drop()
+            old._ended = True
+            old._superseded = True
         req = dict(self.params, transport=self.transport)
         if self._resume is not None:
             req["resume"] = self._resume

@@ -277,3 +277,15 @@ def test_a_batch_released_after_its_stream_was_reopened_is_harmless(daemon):
         old.release()  # a slot of the old ring: not sent to the daemon
         b.release()
         assert sum(1 for x in s if x.release() is None) == 28
+
+
+def test_a_new_stream_on_a_client_closes_the_old_one(daemon):
+    with riffle.Client(daemon.socket) as c:
+        for b in c.stream("train", 100):
+            break  # abandoned mid-way
+        old = c.stream("train", 100, seed=1)
+        next(old)
+        new = c.stream("train", 100, seed=2)
+        assert sum(len(b) for b in new) == 3000
+        with pytest.raises(riffle.RiffleError, match="another stream was opened"):
+            next(old)
