@@ -181,6 +181,7 @@ def main():
                         r = in_process(a, data)
                     else:
                         r = through_daemon(a, sock, spin_us=a.spin_us if side == "daemon_spin" else 0)
+                    r["loadavg_1m"] = os.getloadavg()[0]  # other work on the machine
                     rows[side].append(r)
                     print(f"{cache} run {i} {side:11}: {r['records_per_s']:,.0f} records/s"
                           + (f", added p50 {r['added_latency_us']['p50']:.1f} us, "
@@ -227,8 +228,11 @@ def main():
         ROOT / "results" / f"{datetime.date.today()}-{socket.gethostname()}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "serve.json").write_text(json.dumps(report, indent=2))
+    loads = [r["loadavg_1m"] for c in report["results"].values() for side in c.get("runs", {}).values()
+             for r in side] or [os.getloadavg()[0]]
     lines = ["# riffle serve vs in-process read", "",
-             f"{data}, batch {a.batch_size}, QD {a.queue_depth}, {a.runs} runs per side (median)", "",
+             f"{data}, batch {a.batch_size}, QD {a.queue_depth}, {a.runs} runs per side (median); "
+             f"1-minute load average during the runs {min(loads):.1f} to {max(loads):.1f}", "",
              "| cache | in-process records/s | daemon + Python records/s | ratio | added p50 us | added p99 us |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for cache, s in report["results"].items():
