@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import pathlib
+import shutil
 import socket
 import statistics
 import subprocess
@@ -223,6 +224,7 @@ def main():
     finally:
         daemon.terminate()
         daemon.wait(timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
 
     out = pathlib.Path(a.out) if a.out else (
         ROOT / "results" / f"{datetime.date.today()}-{socket.gethostname()}")
