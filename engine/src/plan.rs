@@ -262,8 +262,7 @@ fn two_pass_epochs(dev: &DeviceModel, w: &Workload, units: f64) -> (f64, f64, f6
         }
     };
     let scatter = both(scan, write).max(cpu) + TWO_PASS_FIRST_FIXED;
-    let rolling =
-        both(read, write).max(frames / ROLLING_PASS_BPS).max(cpu) + TWO_PASS_EPOCH_FIXED;
+    let rolling = both(read, write).max(frames / ROLLING_PASS_BPS).max(cpu) + TWO_PASS_EPOCH_FIXED;
     let last = read.max(frames / LAST_PASS_BPS).max(cpu) + TWO_PASS_EPOCH_FIXED;
     let bound = if cpu >= rolling { "cpu" } else { "bandwidth" };
     (

@@ -75,6 +75,11 @@ enum Command {
     /// Shuffle the lines of files too big for memory (in place of shuf or terashuf): the
     /// same output for the same seed whatever --memory is.
     Shuffle(cmd::shuffle::Args),
+    /// Serve batches to training processes over a Unix socket: a long-running daemon with
+    /// a shared-memory transport (see docs/protocol.md and the Python client in python/).
+    ///
+    /// SIGTERM (or SIGINT) stops it cleanly: clients are told, the socket file is removed.
+    Serve(cmd::serve::Args),
     /// Run a benchmark suite and write a report (JSON + Markdown).
     Bench(cmd::bench::Args),
 }
@@ -96,6 +101,11 @@ impl Command {
                 .clone()
                 .or_else(|| given(&a.output))
                 .or_else(|| given(&a.inputs[0]))
+                .unwrap_or_else(|| PathBuf::from(".")),
+            Command::Serve(a) => a
+                .datasets
+                .first()
+                .map(|d| d.path.clone())
                 .unwrap_or_else(|| PathBuf::from(".")),
             Command::Bench(a) => a.data_dir.clone(),
         }
@@ -133,6 +143,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Read(a) => cmd::read::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Shuffle(a) => cmd::shuffle::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),
     }
 }

@@ -61,10 +61,15 @@ impl BatchStream {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
-}
 
-impl Drop for BatchStream {
-    fn drop(&mut self) {
+    /// Stops the stream where it is (reads in flight are waited for) and returns what it
+    /// did up to there.
+    pub fn finish(mut self) -> ReadReport {
+        self.stop();
+        self.report()
+    }
+
+    fn stop(&mut self) {
         // Dropping the receiver makes the I/O thread's next send fail; it then stops
         // issuing reads, waits for those in flight, and exits.
         let (_, dead) = crossbeam_channel::bounded(0);
@@ -72,6 +77,12 @@ impl Drop for BatchStream {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for BatchStream {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -7,4 +7,5 @@ pub mod index;
 pub mod plan;
 pub mod probe;
 pub mod read;
+pub mod serve;
 pub mod shuffle;

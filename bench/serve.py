@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Acceptance measurement for `riffle serve`: the same job read in process (`riffle read
+--json`) and through the daemon by the Python client over shared memory, alternately.
+
+Reports, per cache state (warm: nothing dropped; cold: `echo 3 > drop_caches` before
+every run, root only):
+
+- throughput: records/s of the daemon + Python client over records/s of `riffle read`
+  (median of the runs), target >= 0.9;
+- added latency per batch: CLOCK_MONOTONIC when the Python client holds the batch's
+  views, minus the later of (the daemon starting to write it into the ring: `sent_ns` in
+  the BATCH header; the client calling `next()`): what the daemon path adds on top of the
+  engine. p50/p99/max, target p99 <= 100 us. Also reported: the batch's age (receipt minus
+  `sent_ns`, which includes time spent waiting for a busy client) and the client's wait per
+  `next()`, beside `riffle read`'s own batch latency.
+
+    python3 bench/serve.py --riffle target/release/riffle --records 400000 --record-size 1K
+
+Writes results/<date>-<host>/serve.{json,md} (or --out DIR).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+import numpy as np  # noqa: E402
+
+import riffle  # noqa: E402
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def pct(xs, q):
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else 0.0
+
+
+def in_process(a, data):
+    out = subprocess.run(
+        [a.riffle, "read", str(data), "--batch-size", str(a.batch_size), "--seed", "1",
+         "--queue-depth", str(a.queue_depth), "--json"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    r = json.loads(out)
+    return {
+        "records_per_s": r["records_per_s"],
+        "bytes_per_s": r["bytes_per_s"],
+        "seconds": r["seconds"],
+        "records": r["records"],
+        "batch_latency_us": r["batch_latency_us"],
+        "backend": r["backend"],
+        "direct": r["direct"],
+    }
+
+
+def busy(us):
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+
+
+def through_daemon(a, sock, compute_us=0, spin_us=0):
+    added_us, wait_us, age_us = [], [], []
+    records = 0
+    nbytes = 0
+    with riffle.Client(sock, spin_us=spin_us) as c:
+        stream = c.stream("bench", batch_size=a.batch_size, seed=1)
+        it = iter(stream)
+        t0 = time.perf_counter()
+        while True:
+            asked_ns = time.monotonic_ns()
+            try:
+                b = next(it)
+            except StopIteration:
+                break
+            now_ns = time.monotonic_ns()
+            # From when both the batch was written out and the client was asking for it,
+            # to when the client holds its views: what the daemon path adds. A batch that
+            # waited in the ring for a busy client waited for the client, not the daemon.
+            added_us.append((now_ns - max(b.sent_ns, asked_ns)) / 1000.0)
+            age_us.append((now_ns - b.sent_ns) / 1000.0)
+            wait_us.append((now_ns - asked_ns) / 1000.0)
+            records += len(b.ids)
+            nbytes += len(b.data)
+            if a.touch:
+                int(b.data[::4096].sum())
+            if compute_us:
+                busy(compute_us)  # a training step on the CPU
+        secs = time.perf_counter() - t0
+        st = c.stats()
+    return {
+        "records_per_s": records / secs,
+        "bytes_per_s": nbytes / secs,
+        "seconds": secs,
+        "records": records,
+        "added_latency_us": {"p50": pct(added_us, 50), "p99": pct(added_us, 99),
+                             "max": max(added_us)},
+        "batch_age_us": {"p50": pct(age_us, 50), "p99": pct(age_us, 99), "max": max(age_us)},
+        "next_wait_us": {"p50": pct(wait_us, 50), "p99": pct(wait_us, 99), "max": max(wait_us)},
+        "daemon_send_latency_us": st["send_latency_us"],
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--riffle", default=str(ROOT / "target" / "release" / "riffle"))
+    p.add_argument("--data", help="an existing dataset (default: generate one)")
+    p.add_argument("--dir", default=str(ROOT / "target" / "bench-serve"),
+                   help="where a generated dataset goes (a real disk)")
+    p.add_argument("--records", type=int, default=400_000)
+    p.add_argument("--record-size", default="1K")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--queue-depth", type=int, default=64)
+    p.add_argument("--runs", type=int, default=3, help="runs per side and cache state")
+    p.add_argument("--cache", default="warm,cold", help="warm, cold or both")
+    p.add_argument("--touch", action="store_true", help="read one byte per page of each batch")
+    p.add_argument("--compute-us", type=float, default=0,
+                   help="also run the daemon side with this much busy CPU work per batch "
+                        "(a training step): the batch is then waiting in the ring when asked for")
+    p.add_argument("--spin-us", type=float, default=0,
+                   help="also run the daemon side with a client that busy-polls this long "
+                        "before sleeping (riffle.Client(spin_us=...))")
+    p.add_argument("--out", help="report directory (default results/<date>-<host>)")
+    a = p.parse_args()
+
+    if a.data:
+        data = pathlib.Path(a.data)
+    else:
+        d = pathlib.Path(a.dir)
+        d.mkdir(parents=True, exist_ok=True)
+        data = d / f"bench-{a.records}-{a.record_size}.npy"
+        if not data.exists():
+            subprocess.run([a.riffle, "gen", str(data), "--format", "npy", "--records",
+                            str(a.records), "--record-size", a.record_size], check=True)
+
+    tmp = tempfile.mkdtemp(prefix="rsb")
+    sock = os.path.join(tmp, "s.sock")
+    daemon = subprocess.Popen(
+        [a.riffle, "serve", "--socket", sock, "--dataset", f"bench={data}",
+         "--queue-depth", str(a.queue_depth)],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                riffle.Client(sock).close()
+                break
+            except riffle.RiffleConnectionError:
+                if time.time() > deadline or daemon.poll() is not None:
+                    raise SystemExit("riffle serve did not come up")
+                time.sleep(0.05)
+        report = {"data": str(data), "records": a.records, "record_size": a.record_size,
+                  "batch_size": a.batch_size, "queue_depth": a.queue_depth, "runs": a.runs,
+                  "host": socket.gethostname(), "touch": a.touch, "results": {}}
+        for cache in [c for c in a.cache.split(",") if c]:
+            if cache == "cold" and os.geteuid() != 0:
+                print("cold: skipped (dropping the page cache needs root)")
+                continue
+            sides = ["in_process", "daemon"] + (["daemon_spin"] if a.spin_us else [])
+            rows = {side: [] for side in sides}
+            for i in range(a.runs):
+                for side in sides:
+                    if cache == "cold":
+                        drop_caches()
+                    if side == "in_process":
+                        r = in_process(a, data)
+                    else:
+                        r = through_daemon(a, sock, spin_us=a.spin_us if side == "daemon_spin" else 0)
+                    r["loadavg_1m"] = os.getloadavg()[0]  # other work on the machine
+                    rows[side].append(r)
+                    print(f"{cache} run {i} {side:11}: {r['records_per_s']:,.0f} records/s"
+                          + (f", added p50 {r['added_latency_us']['p50']:.1f} us, "
+                             f"p99 {r['added_latency_us']['p99']:.1f} us"
+                             if side != "in_process" else ""), flush=True)
+            ip = statistics.median(r["records_per_s"] for r in rows["in_process"])
+            dm = statistics.median(r["records_per_s"] for r in rows["daemon"])
+            added = [r["added_latency_us"]["p99"] for r in rows["daemon"]]
+            summary = {
+                "in_process_records_per_s": ip,
+                "daemon_records_per_s": dm,
+                "throughput_ratio": dm / ip,
+                "added_p99_us_median": statistics.median(added),
+                "added_p99_us_worst": max(added),
+                "added_p50_us_median": statistics.median(
+                    r["added_latency_us"]["p50"] for r in rows["daemon"]),
+                "in_process_batch_p99_us": statistics.median(
+                    r["batch_latency_us"]["p99"] for r in rows["in_process"]),
+                "runs": rows,
+            }
+            if a.spin_us:
+                sp = rows["daemon_spin"]
+                summary["spin"] = {
+                    "spin_us": a.spin_us,
+                    "daemon_records_per_s": statistics.median(r["records_per_s"] for r in sp),
+                    "throughput_ratio": statistics.median(r["records_per_s"] for r in sp) / ip,
+                    "added_p50_us_median": statistics.median(r["added_latency_us"]["p50"] for r in sp),
+                    "added_p99_us_median": statistics.median(r["added_latency_us"]["p99"] for r in sp),
+                    "added_p99_us_worst": max(r["added_latency_us"]["p99"] for r in sp),
+                }
+            report["results"][cache] = summary
+            print(f"{cache}: ratio {dm / ip:.3f} (daemon {dm:,.0f} / in-process {ip:,.0f} records/s), "
+                  f"added p99 {summary['added_p99_us_median']:.1f} us (worst {max(added):.1f})")
+        if a.compute_us:
+            r = through_daemon(a, sock, a.compute_us)
+            report["results"]["compute_bound"] = {"compute_us": a.compute_us, **r}
+            print(f"compute-bound ({a.compute_us:.0f} us per batch): {r['records_per_s']:,.0f} records/s, "
+                  f"added p50 {r['added_latency_us']['p50']:.1f} us, p99 {r['added_latency_us']['p99']:.1f} us")
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    out = pathlib.Path(a.out) if a.out else (
+        ROOT / "results" / f"{datetime.date.today()}-{socket.gethostname()}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps(report, indent=2))
+    loads = [r["loadavg_1m"] for c in report["results"].values() for side in c.get("runs", {}).values()
+             for r in side] or [os.getloadavg()[0]]
+    lines = ["# riffle serve vs in-process read", "",
+             f"{data}, batch {a.batch_size}, QD {a.queue_depth}, {a.runs} runs per side (median); "
+             f"1-minute load average during the runs {min(loads):.1f} to {max(loads):.1f}", "",
+             "| cache | in-process records/s | daemon + Python records/s | ratio | added p50 us | added p99 us |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for cache, s in report["results"].items():
+        if cache == "compute_bound":
+            lines.append(f"| compute-bound ({s['compute_us']:.0f} us/batch) | | {s['records_per_s']:,.0f} | "
+                         f"| {s['added_latency_us']['p50']:.1f} | {s['added_latency_us']['p99']:.1f} |")
+            continue
+        lines.append(f"| {cache} | {s['in_process_records_per_s']:,.0f} | {s['daemon_records_per_s']:,.0f} "
+                     f"| {s['throughput_ratio']:.3f} | {s['added_p50_us_median']:.1f} "
+                     f"| {s['added_p99_us_median']:.1f} |")
+        if "spin" in s:
+            sp = s["spin"]
+            lines.append(f"| {cache}, client spin {sp['spin_us']:.0f} us | | {sp['daemon_records_per_s']:,.0f} "
+                         f"| {sp['throughput_ratio']:.3f} | {sp['added_p50_us_median']:.1f} "
+                         f"| {sp['added_p99_us_median']:.1f} |")
+    (out / "serve.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'serve.json'} and serve.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+//! A Rust client of `riffle serve`.
+//!
+//! ```no_run
+//! # fn main() -> riffle::Result<()> {
+//! use riffle::serve::{Client, OpenRequest};
+//!
+//! let mut client = Client::connect("/run/riffle.sock")?;
+//! let mut stream = client.open(OpenRequest::new("train", 256))?;
+//! while let Some(batch) = stream.next_batch()? {
+//!     let (ids, data) = (batch.ids(), batch.data()); // views into shared memory
+//!     # let _ = (ids, data);
+//! }
+//! let resume_here = stream.cursor(); // pass as `resume` to a later open
+//! # let _ = resume_here;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::borrow::Cow;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use super::proto::{self, BatchHeader, FrameBuf, Kind, OpenRequest, Opened, Transport, WireCursor};
+use super::shm::{self, Mapping};
+use crate::{Error, Result};
+
+/// The daemon's answer was an `ERROR` frame, or the connection failed.
+fn daemon_error(body: &[u8]) -> Error {
+    match serde_json::from_slice::<proto::ErrorMsg>(body) {
+        Ok(e) => Error::Invalid(format!("riffle serve: {} ({})", e.message, e.code)),
+        Err(_) => Error::Invalid("riffle serve sent an unreadable error".into()),
+    }
+}
+
+fn gone(e: std::io::Error) -> Error {
+    Error::Invalid(format!("the connection to riffle serve failed: {e}"))
+}
+
+/// A connection to the daemon.
+pub struct Client {
+    sock: UnixStream,
+    buf: FrameBuf,
+    fds: Vec<OwnedFd>,
+    /// The datasets the daemon serves.
+    pub datasets: Vec<String>,
+}
+
+impl Client {
+    /// Connects and says hello.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Client> {
+        let path = path.as_ref();
+        let sock = UnixStream::connect(path).map_err(|e| Error::io(path, "connect", None, e))?;
+        let mut c = Client {
+            sock,
+            buf: FrameBuf::default(),
+            fds: Vec::new(),
+            datasets: Vec::new(),
+        };
+        c.send(&proto::json_frame(
+            Kind::Hello,
+            &proto::Hello {
+                version: proto::VERSION,
+                agent: format!("riffle-rust {}", env!("CARGO_PKG_VERSION")),
+                datasets: vec![],
+                max_frame: 0,
+            },
+        ))?;
+        let (k, body) = c.frame()?;
+        match k {
+            Kind::Hello => {
+                let h: proto::Hello = serde_json::from_slice(&body)
+                    .map_err(|e| Error::Invalid(format!("bad HELLO from the daemon: {e}")))?;
+                c.datasets = h.datasets;
+                Ok(c)
+            }
+            Kind::Error => Err(daemon_error(&body)),
+            k => Err(Error::Invalid(format!("expected HELLO, got {k:?}"))),
+        }
+    }
+
+    /// Gives up reads after `t` (`None`: wait for ever).
+    pub fn set_read_timeout(&mut self, t: Option<std::time::Duration>) -> Result<()> {
+        self.sock.set_read_timeout(t).map_err(gone)
+    }
+
+    /// Sends raw bytes (tests use it to misbehave).
+    pub fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        self.sock.write_all(bytes).map_err(gone)
+    }
+
+    /// The next frame from the daemon.
+    pub fn frame(&mut self) -> Result<(Kind, Vec<u8>)> {
+        loop {
+            match self.buf.next(u32::MAX as usize) {
+                Ok(Some((k, body))) => {
+                    let kind = Kind::from_u8(k)
+                        .ok_or_else(|| Error::Invalid(format!("unknown frame kind {k}")))?;
+                    return Ok((kind, body.to_vec()));
+                }
+                Ok(None) => {}
+                Err(n) => return Err(Error::Invalid(format!("bad frame length {n}"))),
+            }
+            const CHUNK: usize = 64 * 1024;
+            let spare = self.buf.spare(CHUNK);
+            let got = shm::recv_with_fds(&self.sock, spare, &mut self.fds);
+            let got = match got {
+                Ok(n) => n,
+                Err(e) => {
+                    self.buf.filled(CHUNK, 0);
+                    return Err(gone(e));
+                }
+            };
+            self.buf.filled(CHUNK, got);
+            if got == 0 {
+                return Err(Error::Invalid("riffle serve closed the connection".into()));
+            }
+        }
+    }
+
+    /// The daemon's counters.
+    pub fn stats(&mut self) -> Result<serde_json::Value> {
+        self.send(&proto::json_frame(Kind::Stats, &serde_json::json!({})))?;
+        loop {
+            let (k, body) = self.frame()?;
+            match k {
+                Kind::StatsReply => {
+                    return serde_json::from_slice(&body)
+                        .map_err(|e| Error::Invalid(format!("bad stats: {e}")))
+                }
+                Kind::Error => return Err(daemon_error(&body)),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Opens a stream; batches are read from it until it ends or is dropped.
+    pub fn open(&mut self, req: OpenRequest) -> Result<Stream<'_>> {
+        self.fds.clear();
+        self.send(&proto::json_frame(Kind::Open, &req))?;
+        let (k, body) = self.frame()?;
+        let opened: Opened = match k {
+            Kind::Opened => serde_json::from_slice(&body)
+                .map_err(|e| Error::Invalid(format!("bad OPENED: {e}")))?,
+            Kind::Error => return Err(daemon_error(&body)),
+            k => return Err(Error::Invalid(format!("expected OPENED, got {k:?}"))),
+        };
+        let map = match opened.transport {
+            Transport::Shm => {
+                let fd = self.fds.pop().ok_or_else(|| {
+                    Error::Invalid("OPENED came without the ring's descriptor".into())
+                })?;
+                Some(Mapping::new(&fd, opened.ring_bytes as usize)?)
+            }
+            Transport::Inline => None,
+        };
+        let cursor = req.resume.unwrap_or(WireCursor {
+            epoch: req.epoch,
+            batch: 0,
+        });
+        Ok(Stream {
+            client: self,
+            opened,
+            map,
+            cursor,
+            held: None,
+            inline: Vec::new(),
+            ended: false,
+        })
+    }
+}
+
+/// An open stream. Batches are lent one at a time: the previous one is acknowledged when
+/// the next is asked for.
+pub struct Stream<'c> {
+    client: &'c mut Client,
+    /// What the daemon said about the stream.
+    pub opened: Opened,
+    map: Option<Mapping>,
+    cursor: WireCursor,
+    held: Option<u32>,
+    inline: Vec<u8>,
+    ended: bool,
+}
+
+/// A batch, borrowed from its [`Stream`].
+pub struct BatchRef<'s> {
+    /// Its header: epoch, index, records, padding.
+    pub header: BatchHeader,
+    ids: Cow<'s, [u64]>,
+    offsets: Cow<'s, [u64]>,
+    data: &'s [u8],
+}
+
+impl BatchRef<'_> {
+    /// Global record ids.
+    pub fn ids(&self) -> &[u64] {
+        &self.ids
+    }
+    /// `ids().len() + 1` offsets into [`BatchRef::data`].
+    pub fn offsets(&self) -> &[u64] {
+        &self.offsets
+    }
+    /// The payload (in shared memory for the shm transport).
+    pub fn data(&self) -> &[u8] {
+        self.data
+    }
+    /// Record `i`'s bytes.
+    pub fn record(&self, i: usize) -> &[u8] {
+        &self.data[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+}
+
+impl Stream<'_> {
+    /// Where to resume to get the batches not yet consumed (a batch counts as consumed
+    /// once returned).
+    pub fn cursor(&self) -> WireCursor {
+        self.cursor
+    }
+
+    /// Whether the daemon said the stream ended.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Acknowledges the batch held, if any.
+    fn release(&mut self) -> Result<()> {
+        if let Some(slot) = self.held.take() {
+            self.client
+                .send(&proto::frame(Kind::Ack, &slot.to_le_bytes()))?;
+        }
+        Ok(())
+    }
+
+    /// The next batch; `None` at the end of the stream.
+    pub fn next_batch(&mut self) -> Result<Option<BatchRef<'_>>> {
+        if self.ended {
+            return Ok(None);
+        }
+        self.release()?;
+        let (k, body) = self.client.frame()?;
+        match k {
+            Kind::End => {
+                self.ended = true;
+                Ok(None)
+            }
+            Kind::Error => {
+                self.ended = true;
+                Err(daemon_error(&body))
+            }
+            Kind::Batch | Kind::BatchInline => {
+                let h = BatchHeader::decode(&body)
+                    .ok_or_else(|| Error::Invalid("short BATCH header".into()))?;
+                self.held = Some(h.slot);
+                self.cursor = WireCursor {
+                    epoch: h.epoch,
+                    batch: h.index + 1,
+                };
+                let bad = || Error::Invalid(format!("batch {} lies outside its buffer", h.index));
+                if k == Kind::Batch {
+                    let m = self.map.as_ref().ok_or_else(bad)?;
+                    let ids = m.u64s(h.ids_at, h.records).ok_or_else(bad)?;
+                    let offsets = m.u64s(h.offsets_at, h.records + 1).ok_or_else(bad)?;
+                    let data = m.bytes(h.data_at, h.data_len).ok_or_else(bad)?;
+                    Ok(Some(BatchRef {
+                        header: h,
+                        ids: Cow::Borrowed(ids),
+                        offsets: Cow::Borrowed(offsets),
+                        data,
+                    }))
+                } else {
+                    self.inline = body;
+                    let b = &self.inline;
+                    let u64s = |at: u64, n: u64| -> Option<Vec<u64>> {
+                        let s = b.get(at as usize..(at + 8 * n) as usize)?;
+                        Some(
+                            s.chunks_exact(8)
+                                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                                .collect(),
+                        )
+                    };
+                    let ids = u64s(h.ids_at, h.records).ok_or_else(bad)?;
+                    let offsets = u64s(h.offsets_at, h.records + 1).ok_or_else(bad)?;
+                    let data = b
+                        .get(h.data_at as usize..(h.data_at + h.data_len) as usize)
+                        .ok_or_else(bad)?;
+                    Ok(Some(BatchRef {
+                        header: h,
+                        ids: Cow::Owned(ids),
+                        offsets: Cow::Owned(offsets),
+                        data,
+                    }))
+                }
+            }
+            k => Err(Error::Invalid(format!("unexpected {k:?} in a stream"))),
+        }
+    }
+
+    /// Asks the daemon to stop the stream and waits for its `END`.
+    pub fn close(mut self) -> Result<()> {
+        self.close_inner()
+    }
+
+    fn close_inner(&mut self) -> Result<()> {
+        if self.ended {
+            return Ok(());
+        }
+        self.release()?;
+        self.client
+            .send(&proto::json_frame(Kind::Close, &serde_json::json!({})))?;
+        loop {
+            let (k, body) = self.client.frame()?;
+            match k {
+                Kind::End => break,
+                Kind::Error => return Err(daemon_error(&body)),
+                _ => {}
+            }
+        }
+        self.ended = true;
+        Ok(())
+    }
+}
+
+impl Drop for Stream<'_> {
+    fn drop(&mut self) {
+        let _ = self.close_inner();
+    }
+}
+
+impl OpenRequest {
+    /// One epoch of `batch_size` batches of `dataset`, seed 0, one rank, over shared memory.
+    pub fn new(dataset: &str, batch_size: u64) -> OpenRequest {
+        OpenRequest {
+            dataset: dataset.into(),
+            batch_size,
+            seed: 0,
+            epoch: 0,
+            epochs: 1,
+            rank: 0,
+            world: 1,
+            tail: "partial".into(),
+            grouping: "record".into(),
+            resume: None,
+            transport: Transport::Shm,
+            ring_bytes: None,
+        }
+    }
+}

@@ -1,0 +1,667 @@
+//! One connection of the daemon: the handshake, then streams one at a time. An open
+//! stream is an engine `BatchStream` whose batches are copied into the stream's ring and
+//! announced; acks, close and stats requests are taken between batches, and the thread
+//! waits on the socket only when the ring or the credits are full.
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::os::unix::net::UnixStream;
+
+use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Transport};
+use super::ring::{Slots, ALIGN};
+use super::server::{monotonic_ns, ServeMode, Shared};
+use super::shm::{self, Ring};
+use crate::io::IoConfig;
+use crate::modes::{self, Batch, BatchStream, Cursor, ReadOptions};
+use crate::order::{Grouping, Split, Tail};
+
+/// Most batches a stream sends before it needs an ack.
+const MAX_CREDITS: u32 = 16;
+
+/// How long a new connection has to say HELLO (an idle connection holds a client slot).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(super) fn error_frame(code: &str, message: &str, fatal: bool) -> Vec<u8> {
+    proto::json_frame(
+        Kind::Error,
+        &ErrorMsg {
+            code: code.into(),
+            message: message.into(),
+            fatal,
+        },
+    )
+}
+
+/// Why a connection ends.
+enum Leave {
+    /// The client went away (end of input, reset, broken pipe).
+    Gone,
+    /// A fatal error frame to send, then close.
+    Fatal(&'static str, String),
+}
+
+impl From<std::io::Error> for Leave {
+    fn from(_: std::io::Error) -> Leave {
+        Leave::Gone
+    }
+}
+
+/// One open stream.
+struct Stream {
+    // Field order is drop order: the engine stops before its scratch directory goes.
+    batches: BatchStream,
+    _scratch: Option<tempfile::TempDir>,
+    transport: Transport,
+    ring: Option<(Ring, Slots)>,
+    /// Inline: batches sent and not yet acknowledged (slot ids).
+    inline_outstanding: Vec<u32>,
+    inline_next: u32,
+    credits: u32,
+    /// A batch taken from the engine that did not fit the ring yet.
+    pending: Option<(Batch, Instant)>,
+    sent: u64,
+}
+
+impl Stream {
+    fn outstanding(&self) -> usize {
+        match &self.ring {
+            Some((_, slots)) => slots.outstanding(),
+            None => self.inline_outstanding.len(),
+        }
+    }
+}
+
+pub(super) struct Conn {
+    sock: UnixStream,
+    shared: Arc<Shared>,
+    buf: FrameBuf,
+    stream: Option<Stream>,
+    out: Vec<u8>,
+}
+
+impl Conn {
+    pub(super) fn new(sock: UnixStream, shared: Arc<Shared>) -> Conn {
+        Conn {
+            sock,
+            shared,
+            buf: FrameBuf::default(),
+            stream: None,
+            out: Vec::new(),
+        }
+    }
+
+    pub(super) fn serve(&mut self) {
+        let outcome = self.handshake().and_then(|()| self.main_loop());
+        let leave = match outcome {
+            Ok(()) => return,
+            Err(l) => l,
+        };
+        let (code, msg) = match leave {
+            Leave::Fatal(code, msg) => (code, msg),
+            Leave::Gone if self.shared.stopping.load(Ordering::SeqCst) => {
+                ("shutdown", "the daemon is shutting down".to_string())
+            }
+            Leave::Gone => {
+                self.close_stream();
+                return;
+            }
+        };
+        *self.shared.stats().errors.entry(code.into()).or_default() += 1;
+        self.close_stream();
+        let _ = (&self.sock).write_all(&error_frame(code, &msg, true));
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Reads once from the socket: blocking, or only if something is there.
+    fn fill(&mut self, block: bool) -> Result<bool, Leave> {
+        if !block {
+            let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::ZERO) {
+                Ok(0) => return Ok(false),
+                Ok(_) => {}
+                Err(nix::Error::EINTR) => return Ok(false),
+                Err(_) => return Err(Leave::Gone),
+            }
+        }
+        const CHUNK: usize = 64 * 1024;
+        let spare = self.buf.spare(CHUNK);
+        let got = loop {
+            match self.sock.read(spare) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.buf.filled(CHUNK, 0);
+                    return Err(Leave::Gone);
+                }
+            }
+        };
+        self.buf.filled(CHUNK, got);
+        if got == 0 {
+            return Err(Leave::Gone);
+        }
+        Ok(true)
+    }
+
+    /// The next whole frame, reading as needed (or only what is there when `block` is
+    /// false). Oversized or zero lengths end the connection.
+    fn frame(&mut self, block: bool) -> Result<Option<(u8, Vec<u8>)>, Leave> {
+        loop {
+            match self.buf.next(proto::MAX_FRAME) {
+                Ok(Some((k, body))) => return Ok(Some((k, body.to_vec()))),
+                Ok(None) => {}
+                Err(0) => {
+                    return Err(Leave::Fatal(
+                        "protocol",
+                        "a frame of length 0 (every frame has a kind byte)".into(),
+                    ))
+                }
+                Err(n) => {
+                    return Err(Leave::Fatal(
+                        "oversize",
+                        format!(
+                            "a frame of {n} bytes is over the limit of {} bytes",
+                            proto::MAX_FRAME
+                        ),
+                    ))
+                }
+            }
+            if !self.fill(block)? {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> Result<(), Leave> {
+        (&self.sock).write_all(bytes)?;
+        Ok(())
+    }
+
+    fn handshake(&mut self) -> Result<(), Leave> {
+        // A connection that never says HELLO would hold a client slot for ever. (A read
+        // that times out ends the connection like any failed read.)
+        let _ = self.sock.set_read_timeout(Some(HELLO_TIMEOUT));
+        let (kind, body) = self.frame(true)?.expect("a blocking read returns a frame");
+        let _ = self.sock.set_read_timeout(None);
+        if kind != Kind::Hello as u8 {
+            return Err(Leave::Fatal(
+                "protocol",
+                format!("expected HELLO (kind 1) first, got kind {kind}"),
+            ));
+        }
+        let hello: proto::Hello = serde_json::from_slice(&body)
+            .map_err(|e| Leave::Fatal("protocol", format!("HELLO is not valid JSON: {e}")))?;
+        if hello.version != proto::VERSION {
+            return Err(Leave::Fatal(
+                "version",
+                format!(
+                    "protocol version {} is not supported: this daemon speaks version {}",
+                    hello.version,
+                    proto::VERSION
+                ),
+            ));
+        }
+        let reply = proto::Hello {
+            version: proto::VERSION,
+            agent: format!("riffle {}", env!("CARGO_PKG_VERSION")),
+            datasets: self
+                .shared
+                .cfg
+                .datasets
+                .iter()
+                .map(|(n, _)| n.clone())
+                .collect(),
+            max_frame: proto::MAX_FRAME,
+        };
+        self.send(&proto::json_frame(Kind::Hello, &reply))
+    }
+
+    fn main_loop(&mut self) -> Result<(), Leave> {
+        loop {
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                return Err(Leave::Gone);
+            }
+            if self.stream.is_none() {
+                let (k, body) = self.frame(true)?.expect("blocking");
+                self.handle(k, &body)?;
+                continue;
+            }
+            // Take in whatever the client sent (acks, close, stats) without waiting.
+            while let Some((k, body)) = self.frame(false)? {
+                self.handle(k, &body)?;
+            }
+            let Some(st) = self.stream.as_mut() else {
+                continue;
+            };
+            if st.outstanding() >= st.credits as usize {
+                let (k, body) = self.frame(true)?.expect("blocking");
+                self.handle(k, &body)?;
+                continue;
+            }
+            if st.pending.is_none() {
+                let asked = Instant::now();
+                match st.batches.next() {
+                    None => {
+                        let sent = st.sent;
+                        self.close_stream();
+                        self.send(&proto::json_frame(
+                            Kind::End,
+                            &proto::End {
+                                reason: "done".into(),
+                                batches: sent,
+                            },
+                        ))?;
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        self.close_stream();
+                        *self
+                            .shared
+                            .stats()
+                            .errors
+                            .entry("engine".into())
+                            .or_default() += 1;
+                        self.send(&error_frame("engine", &e.to_string(), false))?;
+                        continue;
+                    }
+                    Some(Ok(b)) => st.pending = Some((b, asked)),
+                }
+            }
+            if !self.deliver()? {
+                // No room in the ring until the client acknowledges something.
+                let (k, body) = self.frame(true)?.expect("blocking");
+                self.handle(k, &body)?;
+            }
+        }
+    }
+
+    /// Writes the pending batch out. False when the ring has no room for it yet.
+    fn deliver(&mut self) -> Result<bool, Leave> {
+        let st = self.stream.as_mut().expect("a stream");
+        let (b, asked) = st.pending.take().expect("a pending batch");
+        let n = b.ids.len() as u64;
+        let arrays = 16 * n + 8;
+        let started = Instant::now();
+        let sent_ns = monotonic_ns();
+        let mut h = BatchHeader {
+            slot: 0,
+            flags: 0,
+            epoch: b.epoch,
+            index: b.index,
+            records: n,
+            padding: b.padding as u64,
+            data_len: b.payload.len() as u64,
+            ids_at: 0,
+            offsets_at: 0,
+            data_at: 0,
+            sent_ns,
+        };
+        self.out.clear();
+        match st.ring.as_mut() {
+            Some((ring, slots)) => {
+                let data_off = arrays.div_ceil(ALIGN) * ALIGN;
+                let total = data_off + b.payload.len() as u64;
+                if !slots.fits_empty(total) {
+                    let msg = format!(
+                        "batch {} of epoch {} needs {total} bytes, more than the stream's ring of {} bytes: \
+                         ask for a smaller batch, or start the daemon with more --memory",
+                        b.index,
+                        b.epoch,
+                        ring.len()
+                    );
+                    self.close_stream();
+                    *self
+                        .shared
+                        .stats()
+                        .errors
+                        .entry("too_large".into())
+                        .or_default() += 1;
+                    self.send(&error_frame("too_large", &msg, false))?;
+                    return Ok(true);
+                }
+                let Some((slot, at)) = slots.alloc(total) else {
+                    st.pending = Some((b, asked));
+                    return Ok(false);
+                };
+                ring.write_u64s(at as usize, &b.ids);
+                ring.write_u64s((at + 8 * n) as usize, &b.offsets);
+                ring.write((at + data_off) as usize, &b.payload);
+                h.slot = slot;
+                h.ids_at = at;
+                h.offsets_at = at + 8 * n;
+                h.data_at = at + data_off;
+                proto::frame_into(&mut self.out, Kind::Batch, BatchHeader::LEN);
+                h.encode(&mut self.out);
+            }
+            None => {
+                h.slot = st.inline_next;
+                st.inline_next = st.inline_next.wrapping_add(1);
+                st.inline_outstanding.push(h.slot);
+                let hl = BatchHeader::LEN as u64;
+                h.ids_at = hl;
+                h.offsets_at = hl + 8 * n;
+                h.data_at = hl + arrays;
+                let body = hl + arrays + b.payload.len() as u64;
+                if body + 1 > u32::MAX as u64 {
+                    let msg = format!(
+                        "batch {} of epoch {} is {body} bytes, more than one inline frame can carry: \
+                         use the shared-memory transport or a smaller batch",
+                        b.index, b.epoch
+                    );
+                    self.close_stream();
+                    self.send(&error_frame("too_large", &msg, false))?;
+                    return Ok(true);
+                }
+                proto::frame_into(&mut self.out, Kind::BatchInline, body as usize);
+                h.encode(&mut self.out);
+                for v in b.ids.iter().chain(b.offsets.iter()) {
+                    self.out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        st.sent += 1;
+        let inline = st.ring.is_none();
+        (&self.sock).write_all(&self.out)?;
+        if inline {
+            (&self.sock).write_all(&b.payload)?;
+        }
+        let done = Instant::now();
+        let mut s = self.shared.stats();
+        s.batches += 1;
+        s.records += n;
+        s.bytes += b.payload.len() as u64;
+        s.batch_us
+            .saturating_record(done.duration_since(asked).as_micros().max(1) as u64);
+        s.send_us
+            .saturating_record(done.duration_since(started).as_micros().max(1) as u64);
+        Ok(true)
+    }
+
+    fn handle(&mut self, kind: u8, body: &[u8]) -> Result<(), Leave> {
+        match Kind::from_u8(kind) {
+            Some(Kind::Ack) => {
+                let acks = proto::decode_acks(body).ok_or_else(|| {
+                    Leave::Fatal(
+                        "protocol",
+                        format!("ACK of {} bytes: expected a multiple of 4", body.len()),
+                    )
+                })?;
+                // Acks after a stream ended are for its last batches: nothing to do.
+                let Some(st) = self.stream.as_mut() else {
+                    return Ok(());
+                };
+                for slot in acks {
+                    let ok = match st.ring.as_mut() {
+                        Some((_, slots)) => slots.release(slot),
+                        None => match st.inline_outstanding.iter().position(|&s| s == slot) {
+                            Some(i) => {
+                                st.inline_outstanding.remove(i);
+                                true
+                            }
+                            None => false,
+                        },
+                    };
+                    if !ok {
+                        return Err(Leave::Fatal(
+                            "protocol",
+                            format!("ACK of slot {slot}, which is not outstanding"),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Some(Kind::Open) => {
+                if self.stream.is_some() {
+                    return Err(Leave::Fatal(
+                        "protocol",
+                        "OPEN while a stream is open: send CLOSE and wait for END first".into(),
+                    ));
+                }
+                let req: OpenRequest = serde_json::from_slice(body).map_err(|e| {
+                    Leave::Fatal("protocol", format!("OPEN is not a valid request: {e}"))
+                })?;
+                match self.open(&req) {
+                    Ok(()) => Ok(()),
+                    Err((code, msg)) => {
+                        *self.shared.stats().errors.entry(code.into()).or_default() += 1;
+                        self.send(&error_frame(code, &msg, false))
+                    }
+                }
+            }
+            Some(Kind::Close) => {
+                if let Some(st) = self.stream.as_ref() {
+                    let sent = st.sent;
+                    self.close_stream();
+                    self.send(&proto::json_frame(
+                        Kind::End,
+                        &proto::End {
+                            reason: "closed".into(),
+                            batches: sent,
+                        },
+                    ))?;
+                } else {
+                    self.send(&proto::json_frame(
+                        Kind::End,
+                        &proto::End {
+                            reason: "closed".into(),
+                            batches: 0,
+                        },
+                    ))?;
+                }
+                Ok(())
+            }
+            Some(Kind::Stats) => {
+                let v = self.shared.stats_json();
+                self.send(&proto::json_frame(Kind::StatsReply, &v))
+            }
+            Some(k) => Err(Leave::Fatal(
+                "protocol",
+                format!("a client does not send {k:?} frames"),
+            )),
+            None => Err(Leave::Fatal(
+                "protocol",
+                format!("unknown frame kind {kind}"),
+            )),
+        }
+    }
+
+    fn open(&mut self, req: &OpenRequest) -> Result<(), (&'static str, String)> {
+        let cfg = &self.shared.cfg;
+        let Some((_, ds)) = cfg.datasets.iter().find(|(n, _)| *n == req.dataset) else {
+            let names: Vec<&str> = cfg.datasets.iter().map(|(n, _)| n.as_str()).collect();
+            return Err((
+                "unknown_dataset",
+                format!(
+                    "unknown dataset '{}': this daemon serves {}",
+                    req.dataset,
+                    names.join(", ")
+                ),
+            ));
+        };
+        let bad = |m: String| ("bad_request", m);
+        let tail = match req.tail.as_str() {
+            "partial" => Tail::Partial,
+            "drop_last" => Tail::DropLast,
+            "pad" => Tail::Pad,
+            t => {
+                return Err(bad(format!(
+                    "unknown tail '{t}': expected partial, drop_last or pad"
+                )))
+            }
+        };
+        let grouping = match req.grouping.as_str() {
+            "record" => Grouping::Record,
+            "page" => Grouping::Page { unit: 4096 },
+            g => {
+                return Err(bad(format!(
+                    "unknown grouping '{g}': expected record or page"
+                )))
+            }
+        };
+        if req.epochs == 0 {
+            return Err(bad("epochs must be at least 1".into()));
+        }
+        let split =
+            Split::new(ds.len(), req.batch_size, req.rank, req.world, tail).map_err(|e| {
+                // The engine speaks in CLI flags; a client sets the `tail` field.
+                bad(e.to_string().replace(
+                    "choose --drop-last or --pad",
+                    "set tail to drop_last or pad",
+                ))
+            })?;
+        let opts = ReadOptions {
+            seed: req.seed,
+            first_epoch: req.epoch,
+            epochs: req.epochs,
+            batch: req.batch_size,
+            rank: req.rank,
+            world: req.world,
+            tail,
+            grouping,
+            resume: req.resume.map(|c| Cursor {
+                epoch: c.epoch,
+                batch: c.batch,
+            }),
+            io: IoConfig {
+                depth: cfg.queue_depth.max(1),
+                ..IoConfig::default()
+            },
+            // The ring is the read-ahead the client sees; the engine keeps two more.
+            prefetch: 2,
+            memory: None,
+            baseline: None,
+        };
+        opts.epoch_range().map_err(|e| bad(e.to_string()))?;
+        // The ring: room for several of the largest possible batches, within the share.
+        let max_record = ds.size_stats().max;
+        let largest = req
+            .batch_size
+            .saturating_mul(max_record)
+            .saturating_add(req.batch_size.saturating_mul(16))
+            .saturating_add(8 + 2 * ALIGN);
+        let share = self.shared.ring_share();
+        // Refused up front rather than failing mid-stream, and so a request can never make
+        // the daemon assemble batches larger than a client's share of the memory.
+        if largest > share {
+            return Err((
+                "too_large",
+                format!(
+                    "batches of {} records may need {largest} bytes (the longest record is {max_record} bytes), \
+                     more than each client's ring share of {share} bytes (--memory / --max-clients): \
+                     ask for smaller batches, or start the daemon with more --memory",
+                    req.batch_size
+                ),
+            ));
+        }
+        let (ring, credits) = match req.transport {
+            Transport::Shm => {
+                let want = req
+                    .ring_bytes
+                    .unwrap_or_else(|| largest.saturating_mul(4).max(4 << 20));
+                let size = want.min(share).max(largest);
+                let size = size.div_ceil(4096) * 4096;
+                let ring = Ring::new(&format!("riffle-{}", req.dataset), size as usize)
+                    .map_err(|e| ("shm", e.to_string()))?;
+                (Some((ring, Slots::new(size))), MAX_CREDITS)
+            }
+            Transport::Inline => (None, 4),
+        };
+        let mut scratch = None;
+        let batches = match cfg.mode {
+            ServeMode::Lirs => modes::read(ds.clone(), opts),
+            ServeMode::TwoPass => {
+                let root = cfg
+                    .scratch
+                    .clone()
+                    .or_else(|| ds.files()[0].path.parent().map(Path::to_path_buf))
+                    .unwrap_or_else(std::env::temp_dir);
+                let dir = tempfile::Builder::new()
+                    .prefix(".riffle-serve-")
+                    .tempdir_in(&root)
+                    .map_err(|e| {
+                        (
+                            "engine",
+                            format!("{}: cannot make scratch: {e}", root.display()),
+                        )
+                    })?;
+                let path = dir.path().to_path_buf();
+                scratch = Some(dir);
+                modes::read_two_pass(ds.clone(), opts, path)
+            }
+        }
+        .map_err(|e| ("engine", e.to_string()))?;
+        let ring_bytes = ring.as_ref().map_or(0, |(r, _)| r.len() as u64);
+        let opened = proto::Opened {
+            records: ds.len(),
+            batches_per_epoch: split.batches(),
+            transport: req.transport,
+            ring_bytes,
+            credits,
+            max_batch_bytes: largest,
+            mode: match cfg.mode {
+                ServeMode::Lirs => "lirs".into(),
+                ServeMode::TwoPass => "two-pass".into(),
+            },
+        };
+        let frame = proto::json_frame(Kind::Opened, &opened);
+        let sent = match &ring {
+            Some((r, _)) => {
+                let fd = r.client_fd().map_err(|e| ("shm", e.to_string()))?;
+                shm::send_with_fd(&self.sock, &frame, &fd)
+            }
+            None => (&self.sock).write_all(&frame),
+        };
+        // A failed send shows up as the client being gone at the next read.
+        let _ = sent;
+        self.shared
+            .ring_bytes_now
+            .fetch_add(ring_bytes, Ordering::Relaxed);
+        {
+            let mut s = self.shared.stats();
+            s.streams_total += 1;
+            s.streams_now += 1;
+        }
+        self.stream = Some(Stream {
+            batches,
+            _scratch: scratch,
+            transport: req.transport,
+            ring,
+            inline_outstanding: Vec::new(),
+            inline_next: 0,
+            credits,
+            pending: None,
+            sent: 0,
+        });
+        Ok(())
+    }
+
+    fn close_stream(&mut self) {
+        let Some(st) = self.stream.take() else {
+            return;
+        };
+        let ring_bytes = st.ring.as_ref().map_or(0, |(r, _)| r.len() as u64);
+        let _ = st.transport;
+        let Stream {
+            batches, _scratch, ..
+        } = st;
+        let report = batches.finish();
+        drop(_scratch);
+        self.shared
+            .ring_bytes_now
+            .fetch_sub(ring_bytes, Ordering::Relaxed);
+        let mut s = self.shared.stats();
+        s.streams_now -= 1;
+        s.read_ops += report.read_ops;
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.close_stream();
+    }
+}

@@ -1,0 +1,20 @@
+//! `riffle serve`: a batch-feeder daemon on a Unix socket, and its Rust client.
+//!
+//! - `proto.rs`: the versioned, length-prefixed wire protocol (no I/O);
+//! - `ring.rs`: which bytes of a stream's shared-memory ring are live (pure bookkeeping);
+//! - `shm.rs`: memfd rings, read-only client mappings and descriptor passing (the only
+//!   unsafe code here);
+//! - `server.rs`: the daemon: the socket, the accept loop, shutdown, the counters;
+//! - `conn.rs`: one connection's thread: handshake, streams, flow control;
+//! - `client.rs`: a Rust client (tests and benches use it).
+
+pub mod client;
+mod conn;
+pub mod proto;
+pub mod ring;
+pub mod server;
+pub mod shm;
+
+pub use client::{BatchRef, Client, Stream};
+pub use proto::{OpenRequest, Transport, WireCursor};
+pub use server::{monotonic_ns, ServeConfig, ServeMode, Server, Shutdown};

@@ -1,0 +1,499 @@
+//! The wire protocol of `riffle serve` (documented byte by byte in `docs/protocol.md`).
+//!
+//! A frame is a little-endian `u32` length, then that many bytes: a one-byte kind and the
+//! body. Control messages carry JSON bodies; the per-batch messages (`BATCH`,
+//! `BATCH_INLINE`, `ACK`) are small fixed binary structs, so a client pays no parsing for
+//! them. No I/O here: encoding, decoding and an incremental frame parser over bytes.
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol version this build speaks.
+pub const VERSION: u32 = 1;
+
+/// The largest frame (kind byte + body) the daemon accepts from a client. Larger lengths
+/// are answered with an error and the connection is closed without reading the body.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// Frame kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Both ways, first frame of a connection: JSON [`Hello`].
+    Hello = 1,
+    /// Client: open a stream, JSON [`OpenRequest`].
+    Open = 2,
+    /// Daemon: the stream is open, JSON [`Opened`]; the ring's memfd rides along (SCM_RIGHTS).
+    Opened = 3,
+    /// Daemon: a batch is in the ring, binary [`BatchHeader`].
+    Batch = 4,
+    /// Daemon: a batch inline, [`BatchHeader`] then ids, offsets and payload.
+    BatchInline = 5,
+    /// Client: slots it is done with, one or more little-endian `u32`.
+    Ack = 6,
+    /// Daemon: the stream ended (all epochs delivered, or closed), JSON [`End`].
+    End = 7,
+    /// Client: stop the current stream (the daemon answers `END`).
+    Close = 8,
+    /// Client: ask for the daemon's counters (JSON `{}`).
+    Stats = 9,
+    /// Daemon: the counters, JSON.
+    StatsReply = 10,
+    /// Daemon: something went wrong, JSON [`ErrorMsg`].
+    Error = 15,
+}
+
+impl Kind {
+    /// The kind of a byte, if it is one.
+    pub fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Hello,
+            2 => Kind::Open,
+            3 => Kind::Opened,
+            4 => Kind::Batch,
+            5 => Kind::BatchInline,
+            6 => Kind::Ack,
+            7 => Kind::End,
+            8 => Kind::Close,
+            9 => Kind::Stats,
+            10 => Kind::StatsReply,
+            15 => Kind::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// `HELLO`: the version, and who is talking.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Hello {
+    /// Protocol version.
+    pub version: u32,
+    /// Free text: "riffle-python 0.1.0", "riffle 0.1.0".
+    #[serde(default)]
+    pub agent: String,
+    /// Daemon only: the datasets it serves.
+    #[serde(default)]
+    pub datasets: Vec<String>,
+    /// Daemon only: the largest frame it accepts.
+    #[serde(default)]
+    pub max_frame: usize,
+}
+
+/// How batches travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Through a shared-memory ring (memfd) the client maps.
+    #[default]
+    Shm,
+    /// In the socket, for clients that cannot map memory.
+    Inline,
+}
+
+/// The resume cursor on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireCursor {
+    /// Epoch.
+    pub epoch: u64,
+    /// The first batch of that epoch (this rank's numbering) not yet consumed.
+    pub batch: u64,
+}
+
+/// `OPEN`: what to stream.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenRequest {
+    /// A dataset name the daemon was started with.
+    pub dataset: String,
+    /// Records per batch.
+    pub batch_size: u64,
+    /// Seed of the order.
+    #[serde(default)]
+    pub seed: u64,
+    /// First epoch.
+    #[serde(default)]
+    pub epoch: u64,
+    /// Epochs to stream.
+    #[serde(default = "one")]
+    pub epochs: u64,
+    /// This rank.
+    #[serde(default)]
+    pub rank: u64,
+    /// Ranks in all.
+    #[serde(default = "one")]
+    pub world: u64,
+    /// `partial`, `drop_last` or `pad`.
+    #[serde(default = "partial")]
+    pub tail: String,
+    /// `record` or `page`.
+    #[serde(default = "record")]
+    pub grouping: String,
+    /// Resume here.
+    #[serde(default)]
+    pub resume: Option<WireCursor>,
+    /// `shm` (default) or `inline`.
+    #[serde(default)]
+    pub transport: Transport,
+    /// Ring bytes wanted (capped by the daemon's per-client share).
+    #[serde(default)]
+    pub ring_bytes: Option<u64>,
+}
+
+fn one() -> u64 {
+    1
+}
+fn partial() -> String {
+    "partial".into()
+}
+fn record() -> String {
+    "record".into()
+}
+
+/// `OPENED`: the stream's shape.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Opened {
+    /// Records in the dataset.
+    pub records: u64,
+    /// This rank's batches per epoch.
+    pub batches_per_epoch: u64,
+    /// `shm` or `inline`.
+    pub transport: Transport,
+    /// Size of the ring the attached memfd holds (0 inline).
+    pub ring_bytes: u64,
+    /// Most batches the daemon sends before it needs an `ACK`.
+    pub credits: u32,
+    /// An upper bound on a batch's bytes (ids, offsets and payload): the batch size times
+    /// the longest record, plus the arrays.
+    #[serde(default)]
+    pub max_batch_bytes: u64,
+    /// The mode reading the dataset.
+    pub mode: String,
+}
+
+/// `END`: why the stream stopped and where it stopped.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct End {
+    /// `done` (every epoch delivered) or `closed` (the client asked).
+    pub reason: String,
+    /// Batches sent on this stream.
+    pub batches: u64,
+}
+
+/// `ERROR`: a code for programs, a message for people.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorMsg {
+    /// `version`, `protocol`, `oversize`, `unknown_dataset`, `bad_request`, `engine`,
+    /// `too_large`, `busy`, `shutdown`.
+    pub code: String,
+    /// What happened, naming the thing.
+    pub message: String,
+    /// Whether the daemon closes the connection after this frame.
+    pub fatal: bool,
+}
+
+/// The fixed part of `BATCH` and `BATCH_INLINE`: 80 bytes, little-endian.
+///
+/// For `BATCH`, `ids_at`, `offsets_at` and `data_at` are byte offsets in the ring; for
+/// `BATCH_INLINE` they are offsets in the frame body (ids right after this header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BatchHeader {
+    /// The slot to acknowledge.
+    pub slot: u32,
+    /// Reserved, 0.
+    pub flags: u32,
+    /// Epoch.
+    pub epoch: u64,
+    /// Index of the batch in this rank's epoch.
+    pub index: u64,
+    /// Records (padding included).
+    pub records: u64,
+    /// Padding records at the end.
+    pub padding: u64,
+    /// Payload bytes.
+    pub data_len: u64,
+    /// Where the `records` u64 ids start.
+    pub ids_at: u64,
+    /// Where the `records + 1` u64 offsets start.
+    pub offsets_at: u64,
+    /// Where the payload starts.
+    pub data_at: u64,
+    /// CLOCK_MONOTONIC nanoseconds when the daemon started writing the batch out.
+    pub sent_ns: u64,
+}
+
+impl BatchHeader {
+    /// Encoded size.
+    pub const LEN: usize = 8 + 8 * 9;
+
+    /// Appends the encoding.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.slot.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        for v in [
+            self.epoch,
+            self.index,
+            self.records,
+            self.padding,
+            self.data_len,
+            self.ids_at,
+            self.offsets_at,
+            self.data_at,
+            self.sent_ns,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    /// Decodes the first [`BatchHeader::LEN`] bytes.
+    pub fn decode(b: &[u8]) -> Option<BatchHeader> {
+        if b.len() < Self::LEN {
+            return None;
+        }
+        let u = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+        Some(BatchHeader {
+            slot: u32::from_le_bytes(b[0..4].try_into().unwrap()),
+            flags: u32::from_le_bytes(b[4..8].try_into().unwrap()),
+            epoch: u(0),
+            index: u(1),
+            records: u(2),
+            padding: u(3),
+            data_len: u(4),
+            ids_at: u(5),
+            offsets_at: u(6),
+            data_at: u(7),
+            sent_ns: u(8),
+        })
+    }
+}
+
+/// One frame: the length prefix, the kind and the body, ready to write.
+pub fn frame(kind: Kind, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + body.len());
+    frame_into(&mut out, kind, body.len());
+    out.extend_from_slice(body);
+    out
+}
+
+/// Appends a frame header for a body of `body_len` bytes that the caller appends next.
+pub fn frame_into(out: &mut Vec<u8>, kind: Kind, body_len: usize) {
+    out.extend_from_slice(&((body_len + 1) as u32).to_le_bytes());
+    out.push(kind as u8);
+}
+
+/// A JSON frame.
+pub fn json_frame<T: Serialize>(kind: Kind, msg: &T) -> Vec<u8> {
+    frame(
+        kind,
+        &serde_json::to_vec(msg).expect("JSON of a plain struct"),
+    )
+}
+
+/// What the parser found at the front of its buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// Not a whole frame yet.
+    Incomplete,
+    /// A frame: its kind byte and the body's range in the buffer; `len` bytes to consume.
+    Frame {
+        /// The kind byte (not yet checked against [`Kind`]).
+        kind: u8,
+        /// Bytes of the whole frame, prefix included.
+        len: usize,
+    },
+    /// The length prefix says more than `max` or is zero: not a frame anyone should read.
+    Bad {
+        /// The announced length.
+        announced: u64,
+    },
+}
+
+/// Looks at the front of `buf` for one frame no longer than `max` (kind + body).
+pub fn parse(buf: &[u8], max: usize) -> Parsed {
+    if buf.len() < 4 {
+        return Parsed::Incomplete;
+    }
+    let n = u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize;
+    if n == 0 || n > max {
+        return Parsed::Bad {
+            announced: n as u64,
+        };
+    }
+    if buf.len() < 4 + n {
+        return Parsed::Incomplete;
+    }
+    Parsed::Frame {
+        kind: buf[4],
+        len: 4 + n,
+    }
+}
+
+/// A buffer that collects bytes and hands out whole frames.
+#[derive(Default)]
+pub struct FrameBuf {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl FrameBuf {
+    /// Room for reading at least `want` more bytes; call [`FrameBuf::filled`] after.
+    pub fn spare(&mut self, want: usize) -> &mut [u8] {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 64 * 1024 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let len = self.buf.len();
+        self.buf.resize(len + want, 0);
+        &mut self.buf[len..]
+    }
+
+    /// After [`FrameBuf::spare`] of `want`: `got` of those bytes are real.
+    pub fn filled(&mut self, want: usize, got: usize) {
+        let len = self.buf.len();
+        self.buf.truncate(len - want + got);
+    }
+
+    /// The next frame, if whole: `(kind byte, body)`, consumed. `Err(announced)` for a bad
+    /// length prefix.
+    pub fn next(&mut self, max: usize) -> Result<Option<(u8, &[u8])>, u64> {
+        match parse(&self.buf[self.start..], max) {
+            Parsed::Incomplete => Ok(None),
+            Parsed::Bad { announced } => Err(announced),
+            Parsed::Frame { kind, len } => {
+                let at = self.start;
+                self.start += len;
+                Ok(Some((kind, &self.buf[at + 5..at + len])))
+            }
+        }
+    }
+
+    /// Bytes of a partial frame.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+/// Decodes an `ACK` body: one or more u32 slots.
+pub fn decode_acks(body: &[u8]) -> Option<impl Iterator<Item = u32> + '_> {
+    if body.is_empty() || !body.len().is_multiple_of(4) {
+        return None;
+    }
+    Some(
+        body.chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap())),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = BatchHeader {
+            slot: 7,
+            flags: 0,
+            epoch: 3,
+            index: 99,
+            records: 256,
+            padding: 2,
+            data_len: 1 << 40,
+            ids_at: 64,
+            offsets_at: 64 + 2048,
+            data_at: 4160,
+            sent_ns: 123456789,
+        };
+        let mut v = Vec::new();
+        h.encode(&mut v);
+        assert_eq!(v.len(), BatchHeader::LEN);
+        assert_eq!(BatchHeader::decode(&v), Some(h));
+        assert_eq!(BatchHeader::decode(&v[..79]), None);
+    }
+
+    #[test]
+    fn frames_are_split_and_bad_lengths_reported() {
+        let mut fb = FrameBuf::default();
+        let mut bytes = frame(Kind::Ack, &5u32.to_le_bytes());
+        bytes.extend(json_frame(Kind::Stats, &serde_json::json!({})));
+        // Feed one byte at a time: a frame appears only when whole.
+        let mut got = Vec::new();
+        for b in &bytes {
+            fb.spare(1)[0] = *b;
+            fb.filled(1, 1);
+            while let Some((k, body)) = fb.next(MAX_FRAME).unwrap() {
+                got.push((k, body.to_vec()));
+            }
+        }
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0], (Kind::Ack as u8, 5u32.to_le_bytes().to_vec()));
+        assert_eq!(got[1].0, Kind::Stats as u8);
+        assert_eq!(fb.pending(), 0);
+
+        let mut fb = FrameBuf::default();
+        fb.spare(4)
+            .copy_from_slice(&(MAX_FRAME as u32 + 1).to_le_bytes());
+        assert_eq!(fb.next(MAX_FRAME).unwrap_err(), MAX_FRAME as u64 + 1);
+        let mut fb = FrameBuf::default();
+        fb.spare(4).copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(fb.next(MAX_FRAME).unwrap_err(), 0);
+    }
+
+    proptest::proptest! {
+        /// Whatever bytes arrive, in whatever pieces, the parser hands out exactly the
+        /// frames that were encoded, or reports a bad length; it never panics.
+        #[test]
+        fn arbitrary_bytes_never_panic_the_parser(
+            frames in proptest::collection::vec(
+                (0u8..20, proptest::collection::vec(proptest::num::u8::ANY, 0..300)), 0..8),
+            garbage in proptest::collection::vec(proptest::num::u8::ANY, 0..64),
+            piece in 1usize..97,
+        ) {
+            let mut bytes = Vec::new();
+            for (k, body) in &frames {
+                bytes.extend(frame_raw(*k, body));
+            }
+            bytes.extend(&garbage);
+            let mut fb = FrameBuf::default();
+            let mut got = Vec::new();
+            'feed: for chunk in bytes.chunks(piece) {
+                fb.spare(chunk.len()).copy_from_slice(chunk);
+                loop {
+                    match fb.next(256) {
+                        Ok(Some((k, body))) => got.push((k, body.to_vec())),
+                        Ok(None) => break,
+                        Err(_) => break 'feed,
+                    }
+                }
+            }
+            // Every frame within the limit and before the first oversized one came out.
+            let fitting: Vec<_> = frames.iter().take_while(|(_, b)| b.len() < 256).cloned().collect();
+            proptest::prop_assert_eq!(&got[..fitting.len().min(got.len())], &fitting[..fitting.len().min(got.len())]);
+            proptest::prop_assert!(got.len() >= fitting.len());
+        }
+    }
+
+    fn frame_raw(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = ((body.len() + 1) as u32).to_le_bytes().to_vec();
+        v.push(kind);
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn acks_need_whole_u32s() {
+        assert!(decode_acks(&[]).is_none());
+        assert!(decode_acks(&[1, 2, 3]).is_none());
+        let v: Vec<u32> = decode_acks(&[1, 0, 0, 0, 2, 0, 0, 0]).unwrap().collect();
+        assert_eq!(v, vec![1, 2]);
+    }
+
+    #[test]
+    fn open_requests_take_defaults_and_refuse_unknown_fields() {
+        let r: OpenRequest = serde_json::from_str(r#"{"dataset":"train","batch_size":4}"#).unwrap();
+        assert_eq!((r.epochs, r.world, r.transport), (1, 1, Transport::Shm));
+        assert!(
+            serde_json::from_str::<OpenRequest>(r#"{"dataset":"t","batch_size":4,"x":1}"#).is_err()
+        );
+    }
+}

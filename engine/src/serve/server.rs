@@ -1,0 +1,328 @@
+//! The daemon: a Unix socket, one thread per connection (`conn.rs`), one engine stream
+//! and one shared-memory ring per open stream.
+//!
+//! Memory is bounded whatever clients do: at most `max_clients` connections, each with at
+//! most one stream, whose ring is at most `memory / max_clients` bytes, and whose engine
+//! read-ahead is two batches. A client that stops acknowledging only stalls its own
+//! stream: the daemon writes a batch only into ring space no unacknowledged slot covers.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+use super::conn::{error_frame, Conn};
+use crate::dataset::Dataset;
+use crate::{Error, Result};
+
+/// How the daemon reads datasets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServeMode {
+    /// Random reads (LIRS).
+    Lirs,
+    /// Sequential two-pass (scratch piles per stream).
+    TwoPass,
+}
+
+/// What `riffle serve` was started with.
+pub struct ServeConfig {
+    /// The socket's path.
+    pub socket: PathBuf,
+    /// Permission bits of the socket file (0o600 by default).
+    pub socket_mode: u32,
+    /// The datasets clients may ask for, by name.
+    pub datasets: Vec<(String, Arc<Dataset>)>,
+    /// Shared memory for all rings together; each client's share is this / `max_clients`.
+    pub memory: u64,
+    /// Connections served at once; more are refused with a `busy` error.
+    pub max_clients: usize,
+    /// The read mode.
+    pub mode: ServeMode,
+    /// Two-pass: where the piles go.
+    pub scratch: Option<PathBuf>,
+    /// Reads in flight per stream.
+    pub queue_depth: usize,
+}
+
+/// A bound socket, ready to [`Server::run`].
+pub struct Server {
+    listener: UnixListener,
+    shared: Arc<Shared>,
+}
+
+/// Stops a running [`Server`] from another thread (a signal handler thread).
+#[derive(Clone)]
+pub struct Shutdown {
+    shared: Arc<Shared>,
+}
+
+impl Shutdown {
+    /// Asks the server to stop: no new connections; open ones are told and closed.
+    pub fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
+        let _ = UnixStream::connect(&self.shared.cfg.socket);
+    }
+}
+
+pub(super) struct Shared {
+    pub(super) cfg: ServeConfig,
+    pub(super) stopping: AtomicBool,
+    /// A clone of every live connection's socket, to end them at shutdown.
+    pub(super) conns: Mutex<HashMap<u64, UnixStream>>,
+    stats: Mutex<Stats>,
+    pub(super) ring_bytes_now: AtomicU64,
+}
+
+pub(super) struct Stats {
+    pub(super) started: Instant,
+    pub(super) connections_total: u64,
+    pub(super) refused_busy: u64,
+    pub(super) streams_total: u64,
+    pub(super) streams_now: u64,
+    pub(super) batches: u64,
+    pub(super) records: u64,
+    pub(super) bytes: u64,
+    pub(super) read_ops: u64,
+    pub(super) errors: HashMap<String, u64>,
+    /// Per batch: from asking the engine for it to its notification written (us).
+    pub(super) batch_us: Histogram<u64>,
+    /// Per batch: from the ring write's start to the notification written (us).
+    pub(super) send_us: Histogram<u64>,
+}
+
+impl Server {
+    /// Binds the socket (removing a stale one nobody listens on) with `socket_mode`.
+    pub fn bind(cfg: ServeConfig) -> Result<Server> {
+        if cfg.datasets.is_empty() {
+            return Err(Error::Invalid("no dataset to serve".into()));
+        }
+        if cfg.max_clients == 0 {
+            return Err(Error::Invalid("--max-clients must be at least 1".into()));
+        }
+        let path = &cfg.socket;
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if !meta.file_type().is_socket() {
+                return Err(Error::Invalid(format!(
+                    "{}: exists and is not a socket; not replacing it",
+                    path.display()
+                )));
+            }
+            if UnixStream::connect(path).is_ok() {
+                return Err(Error::Invalid(format!(
+                    "{}: a daemon is already listening there",
+                    path.display()
+                )));
+            }
+            // Left behind by a daemon that died: nobody listens.
+            std::fs::remove_file(path)
+                .map_err(|e| Error::io(path, "remove stale socket", None, e))?;
+        }
+        // Created with no access for group and others, then set to the mode asked for, so
+        // the socket is never more open than requested.
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+        let bound = UnixListener::bind(path);
+        nix::sys::stat::umask(old);
+        let listener = bound.map_err(|e| Error::io(path, "bind", None, e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.socket_mode))
+            .map_err(|e| Error::io(path, "chmod", None, e))?;
+        let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+        Ok(Server {
+            listener,
+            shared: Arc::new(Shared {
+                cfg,
+                stopping: AtomicBool::new(false),
+                conns: Mutex::new(HashMap::new()),
+                stats: Mutex::new(Stats {
+                    started: Instant::now(),
+                    connections_total: 0,
+                    refused_busy: 0,
+                    streams_total: 0,
+                    streams_now: 0,
+                    batches: 0,
+                    records: 0,
+                    bytes: 0,
+                    read_ops: 0,
+                    errors: HashMap::new(),
+                    batch_us: hist(),
+                    send_us: hist(),
+                }),
+                ring_bytes_now: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// A handle that stops [`Server::run`].
+    pub fn shutdown_handle(&self) -> Shutdown {
+        Shutdown {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Each client's share of the ring memory.
+    pub fn ring_share(&self) -> u64 {
+        self.shared.ring_share()
+    }
+
+    /// Serves until [`Shutdown::shutdown`]; then tells every client, waits briefly for
+    /// their threads, and removes the socket file.
+    pub fn run(self) -> Result<()> {
+        let mut threads: Vec<(u64, JoinHandle<()>)> = Vec::new();
+        let mut next_id = 0u64;
+        loop {
+            let accepted = self.listener.accept();
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                break;
+            }
+            let sock = match accepted {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    crate::notice::once("serve-accept", &format!("accept failed: {e}"));
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            threads.retain(|(_, t)| !t.is_finished());
+            let live = self
+                .shared
+                .conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len();
+            if live >= self.shared.cfg.max_clients {
+                self.shared.stats().refused_busy += 1;
+                let mut s = &sock;
+                let _ = s.write_all(&error_frame(
+                    "busy",
+                    &format!(
+                        "the daemon serves {} clients at once (--max-clients); try again later",
+                        self.shared.cfg.max_clients
+                    ),
+                    true,
+                ));
+                continue;
+            }
+            let id = next_id;
+            next_id += 1;
+            if let Ok(clone) = sock.try_clone() {
+                self.shared
+                    .conns
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, clone);
+            }
+            self.shared.stats().connections_total += 1;
+            let shared = self.shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("riffle-conn-{id}"))
+                .spawn(move || {
+                    let mut c = Conn::new(sock, shared.clone());
+                    c.serve();
+                    drop(c);
+                    shared
+                        .conns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                });
+            match t {
+                Ok(t) => threads.push((id, t)),
+                Err(e) => {
+                    crate::notice::once("serve-spawn", &format!("cannot start a thread: {e}"));
+                    self.shared
+                        .conns
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                }
+            }
+        }
+        // Shutdown: stop reading from every client (their threads see the end of input,
+        // send a `shutdown` error and leave), then force whatever is stuck in a write.
+        let conns: Vec<UnixStream> = self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(|s| s.try_clone().ok())
+            .collect();
+        for s in &conns {
+            let _ = s.shutdown(std::net::Shutdown::Read);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while threads.iter().any(|(_, t)| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for s in &conns {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for (_, t) in threads {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.shared.cfg.socket);
+        Ok(())
+    }
+}
+
+impl Shared {
+    pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn ring_share(&self) -> u64 {
+        (self.cfg.memory / self.cfg.max_clients as u64).max(64 * 1024)
+    }
+
+    pub(super) fn stats_json(&self) -> serde_json::Value {
+        let s = self.stats();
+        let secs = s.started.elapsed().as_secs_f64();
+        let pct = |h: &Histogram<u64>| {
+            json!({
+                "p50": h.value_at_quantile(0.5),
+                "p99": h.value_at_quantile(0.99),
+                "max": h.max(),
+            })
+        };
+        json!({
+            "uptime_s": secs,
+            "clients": self.conns.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            "connections_total": s.connections_total,
+            "refused_busy": s.refused_busy,
+            "streams_now": s.streams_now,
+            "streams_total": s.streams_total,
+            "batches": s.batches,
+            "records": s.records,
+            "bytes": s.bytes,
+            "read_ops": s.read_ops,
+            "iops": s.read_ops as f64 / secs.max(1e-9),
+            "records_per_s": s.records as f64 / secs.max(1e-9),
+            "bytes_per_s": s.bytes as f64 / secs.max(1e-9),
+            "batch_latency_us": pct(&s.batch_us),
+            "send_latency_us": pct(&s.send_us),
+            "ring_bytes": self.ring_bytes_now.load(Ordering::Relaxed),
+            "ring_bytes_limit": self.ring_share() * self.cfg.max_clients as u64,
+            "ring_share": self.ring_share(),
+            "errors": s.errors,
+            "datasets": self.cfg.datasets.iter().map(|(n, d)| json!({"name": n, "records": d.len()})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (what Python's `time.monotonic_ns()` reads).
+pub fn monotonic_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(t) => t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64,
+        Err(_) => 0,
+    }
+}

@@ -1,0 +1,28 @@
+"""Client of the riffle batch-feeder daemon (`riffle serve`).
+
+    import riffle
+    with riffle.Client("/run/riffle.sock") as client:
+        for batch in client.stream("train", batch_size=256, seed=0, epoch=0):
+            batch.ids, batch.offsets, batch.data   # numpy views into shared memory
+
+`riffle.torch` adapts a stream to a PyTorch IterableDataset (when torch is installed).
+"""
+
+from .client import (
+    PROTOCOL_VERSION,
+    Batch,
+    Client,
+    RiffleConnectionError,
+    RiffleError,
+    Stream,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Batch",
+    "Client",
+    "RiffleConnectionError",
+    "RiffleError",
+    "Stream",
+]
+__version__ = "0.1.0"

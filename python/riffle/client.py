@@ -1,0 +1,522 @@
+"""The client side of the `riffle serve` protocol (docs/protocol.md), in pure Python.
+
+A frame is a little-endian u32 length, then a one-byte kind and the body. Control frames
+carry JSON; batch notifications carry an 80-byte binary header that locates the batch's
+ids, offsets and payload in a shared-memory ring the daemon passed with SCM_RIGHTS.
+"""
+
+import array
+import json
+import mmap
+import os
+import socket
+import struct
+import time
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+HELLO, OPEN, OPENED, BATCH, BATCH_INLINE, ACK, END, CLOSE, STATS, STATS_REPLY = range(1, 11)
+ERROR = 15
+
+_U32 = struct.Struct("<I")
+_HEAD = struct.Struct("<IB")
+# slot, flags, epoch, index, records, padding, data_len, ids_at, offsets_at, data_at, sent_ns
+_BATCH = struct.Struct("<IIQQQQQQQQQ")
+_CHUNK = 1 << 16
+_MAX_FDS = 4
+_U64 = np.dtype("<u8")
+
+
+class RiffleError(Exception):
+    """An error the daemon reported (`code` says which kind), or a protocol failure."""
+
+    def __init__(self, message, code="client", fatal=False):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fatal = fatal
+
+
+class RiffleConnectionError(RiffleError, ConnectionError):
+    """The connection to the daemon failed or was closed: resume from `state_dict()` on a
+    new `Client`."""
+
+    def __init__(self, message):
+        super().__init__(message, code="connection", fatal=True)
+
+
+class Client:
+    """A connection to `riffle serve` at the Unix socket `path`.
+
+    `connect_timeout` (seconds) keeps retrying while the daemon is not (yet) there, which is
+    what a training job wants while its daemon restarts. `spin_us` > 0 busy-polls the socket
+    for up to that long before sleeping when waiting for a batch: lower latency (no wake-up)
+    for a core's worth of CPU while waiting.
+    """
+
+    def __init__(self, path, connect_timeout=0.0, spin_us=0):
+        self.path = os.fspath(path)
+        self.spin_us = spin_us
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.path)
+                break
+            except OSError as e:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    raise RiffleConnectionError(f"{self.path}: cannot connect: {e}") from e
+                time.sleep(0.05)
+        self._sock = sock
+        self._buf = bytearray()
+        self._start = 0
+        self._fds = []
+        self._acks = []
+        self._stream = None
+        self._send_json(HELLO, {"version": PROTOCOL_VERSION, "agent": "riffle-python 0.1.0"})
+        kind, body = self._frame()
+        if kind == ERROR:
+            raise _error(body)
+        if kind != HELLO:
+            raise RiffleError(f"expected HELLO from the daemon, got kind {kind}", "protocol")
+        hello = json.loads(body)
+        self.datasets = hello.get("datasets", [])
+        self.max_frame = hello.get("max_frame", 0)
+
+    # Context manager and cleanup.
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Closes the connection (and the open stream, if any)."""
+        if self._stream is not None:
+            self._stream._drop()
+            self._stream = None
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+    def stream(
+        self,
+        dataset,
+        batch_size,
+        seed=0,
+        epoch=0,
+        epochs=1,
+        rank=0,
+        world=1,
+        tail="partial",
+        grouping="record",
+        transport="shm",
+        state=None,
+        auto_release=True,
+        ring_bytes=None,
+    ):
+        """A stream of batches of `dataset`; it opens when iteration starts.
+
+        `state` (from `Stream.state_dict()`) resumes where that stream left off.
+        `transport="inline"` carries batches in the socket (copies) for clients that
+        cannot map shared memory. With `auto_release=False`, call `batch.release()`
+        yourself; the daemon sends nothing more once the ring is full of unreleased
+        batches.
+        """
+        s = Stream(
+            self,
+            dict(
+                dataset=dataset,
+                batch_size=int(batch_size),
+                seed=int(seed),
+                epoch=int(epoch),
+                epochs=int(epochs),
+                rank=int(rank),
+                world=int(world),
+                tail=tail,
+                grouping=grouping,
+            ),
+            transport,
+            auto_release,
+            ring_bytes,
+        )
+        if state is not None:
+            s.load_state_dict(state)
+        return s
+
+    def stats(self):
+        """The daemon's counters: batches, records, bytes, read_ops, iops, latency
+        percentiles (us), ring memory. Asked on a connection of its own while a stream is
+        open here."""
+        if self._stream is not None and self._stream._open:
+            with Client(self.path) as other:
+                return other.stats()
+        self._send_json(STATS, {})
+        while True:
+            kind, body = self._frame()
+            if kind == STATS_REPLY:
+                return json.loads(body)
+            if kind == ERROR:
+                raise _error(body)
+
+    # Wire helpers.
+    def _send(self, data):
+        if self._sock is None:
+            raise RiffleConnectionError("the client is closed")
+        try:
+            self._sock.sendall(data)
+        except OSError as e:
+            raise RiffleConnectionError(f"{self.path}: send failed: {e}") from e
+
+    def _send_json(self, kind, obj):
+        body = json.dumps(obj).encode()
+        self._send(_HEAD.pack(len(body) + 1, kind) + body)
+
+    def _fill(self):
+        if self._sock is None:
+            raise RiffleConnectionError("the client is closed")
+        # About to wait for the daemon: the acks held back go out first (they may be what
+        # it waits for).
+        self._flush_acks()
+        got = None
+        if self.spin_us:
+            # Busy-poll for a while before sleeping: no wake-up latency when the batch
+            # comes within the window, at the price of a core while waiting.
+            deadline = time.perf_counter() + self.spin_us / 1e6
+            while got is None and time.perf_counter() < deadline:
+                got = self._recv(socket.MSG_DONTWAIT)
+        if got is None:
+            got = self._recv(0)
+        data, anc = got
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(cdata[: len(cdata) - len(cdata) % fds.itemsize])
+                self._fds.extend(fds)
+        if not data:
+            raise RiffleConnectionError(f"{self.path}: the daemon closed the connection")
+        if self._start and self._start == len(self._buf):
+            self._buf.clear()
+            self._start = 0
+        elif self._start > _CHUNK:
+            del self._buf[: self._start]
+            self._start = 0
+        self._buf += data
+
+    def _recv(self, flags):
+        """One recvmsg: (data, ancillary), or None when MSG_DONTWAIT finds nothing."""
+        try:
+            data, anc, _flags, _addr = self._sock.recvmsg(
+                _CHUNK, socket.CMSG_SPACE(_MAX_FDS * 4), flags
+            )
+        except BlockingIOError:
+            if flags:
+                return None
+            raise RiffleConnectionError(f"{self.path}: receive timed out") from None
+        except OSError as e:
+            raise RiffleConnectionError(f"{self.path}: receive failed: {e}") from e
+        return data, anc
+
+    def _frame(self):
+        """The next frame: (kind, body as bytes)."""
+        while True:
+            avail = len(self._buf) - self._start
+            if avail >= 5:
+                (n,) = _U32.unpack_from(self._buf, self._start)
+                if n == 0:
+                    raise RiffleError("the daemon sent a frame of length 0", "protocol")
+                if avail >= 4 + n:
+                    s = self._start
+                    kind = self._buf[s + 4]
+                    body = bytes(self._buf[s + 5 : s + 4 + n])
+                    self._start = s + 4 + n
+                    return kind, body
+                if n > 4 * _CHUNK:
+                    return self._big_frame(n)
+            self._fill()
+
+    def _big_frame(self, n):
+        """A frame too long to gather chunk by chunk: read its body in place."""
+        s = self._start
+        kind = self._buf[s + 4]
+        body = bytearray(n - 1)
+        have = bytes(self._buf[s + 5 :])
+        body[: len(have)] = have
+        self._buf.clear()
+        self._start = 0
+        view = memoryview(body)
+        got = len(have)
+        while got < len(body):
+            try:
+                k = self._sock.recv_into(view[got:])
+            except OSError as e:
+                raise RiffleConnectionError(f"{self.path}: receive failed: {e}") from e
+            if k == 0:
+                raise RiffleConnectionError(f"{self.path}: the daemon closed the connection")
+            got += k
+        return kind, body
+
+    def _queue_ack(self, slot, limit):
+        """Holds an ack back until the client would wait anyway (or `limit` are held), so
+        a consumer whose batches are already waiting does no syscall per batch and does not
+        wake the daemon for each one."""
+        self._acks.append(slot)
+        if len(self._acks) >= limit:
+            self._flush_acks()
+
+    def _flush_acks(self):
+        if self._acks:
+            n = len(self._acks)
+            body = struct.pack(f"<{n}I", *self._acks)
+            self._acks = []
+            self._send(_HEAD.pack(len(body) + 1, ACK) + body)
+
+    def _take_fd(self):
+        if not self._fds:
+            raise RiffleError("OPENED came without the ring's descriptor", "protocol")
+        return self._fds.pop(0)
+
+
+def _error(body):
+    try:
+        e = json.loads(body)
+        return RiffleError(e["message"], e.get("code", "daemon"), e.get("fatal", False))
+    except (ValueError, KeyError):
+        return RiffleError("the daemon sent an unreadable error", "protocol")
+
+
+class Batch:
+    """One batch. `ids` (uint64), `offsets` (uint64, len(ids) + 1) and `data` (uint8) are
+    numpy views into the shared ring, valid until the batch is released."""
+
+    __slots__ = ("ids", "offsets", "data", "epoch", "index", "padding", "sent_ns", "_slot", "_stream",
+                 "_gen")
+
+    def __init__(self, ids, offsets, data, epoch, index, padding, sent_ns, slot, stream, gen):
+        self.ids = ids
+        self.offsets = offsets
+        self.data = data
+        self.epoch = epoch
+        self.index = index
+        self.padding = padding
+        self.sent_ns = sent_ns
+        self._slot = slot
+        self._stream = stream
+        self._gen = gen
+
+    def __len__(self):
+        return len(self.ids)
+
+    def record(self, i):
+        """Record i's bytes (a view)."""
+        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def release(self):
+        """Gives the batch's memory back to the daemon; its arrays must not be used after."""
+        if self._stream is not None:
+            self._stream._ack(self._slot, self._gen)
+            self._stream = None
+
+    def __repr__(self):
+        return f"<riffle.Batch epoch={self.epoch} index={self.index} records={len(self.ids)} bytes={len(self.data)}>"
+
+
+_PARAMS = ("dataset", "batch_size", "seed", "epoch", "epochs", "rank", "world", "tail", "grouping")
+
+
+class Stream:
+    """Batches of one (dataset, seed, epochs, batch size, rank, world), in order.
+
+    `state_dict()` says where to resume: the first batch not yet handed out (a batch counts
+    as consumed once the iterator has returned it).
+    """
+
+    def __init__(self, client, params, transport, auto_release, ring_bytes):
+        if transport not in ("shm", "inline"):
+            raise ValueError(f"transport {transport!r}: expected 'shm' or 'inline'")
+        self._client = client
+        self.params = params
+        self.transport = transport
+        self.auto_release = auto_release
+        self.ring_bytes = ring_bytes
+        self.cursor = {"epoch": params["epoch"], "batch": 0}
+        self._resume = None
+        self._open = False
+        self._ended = False
+        self._held = None
+        self._mm = None
+        self._gen = 0  # which opening of the stream; slots of an earlier one are moot
+        self._superseded = False
+        self.opened = None
+
+    # Resume.
+    def state_dict(self):
+        """A small dict (JSON-friendly) that `load_state_dict` or `Client.stream(state=)`
+        resumes from, on this daemon or a restarted one."""
+        return {"version": 1, **self.params, "cursor": dict(self.cursor)}
+
+    def load_state_dict(self, state):
+        """Resumes from `state`: the stream parameters must match."""
+        for k in _PARAMS:
+            if k in state and state[k] != self.params[k]:
+                raise ValueError(
+                    f"the state is for {k}={state[k]!r}, this stream has {k}={self.params[k]!r}"
+                )
+        c = state["cursor"]
+        if self._open:
+            self._drop()
+        self._ended = False
+        self._superseded = False
+        self.cursor = {"epoch": int(c["epoch"]), "batch": int(c["batch"])}
+        self._resume = dict(self.cursor)
+
+    # Iteration.
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._superseded:
+            raise RiffleError(
+                "this stream was closed when another stream was opened on its Client; "
+                "use one Client per concurrent stream"
+            )
+        if self._ended:
+            raise StopIteration
+        if not self._open:
+            self._start()
+        if self.auto_release and self._held is not None:
+            self._held.release()
+            self._held = None
+        c = self._client
+        while True:
+            kind, body = c._frame()
+            if kind == BATCH or kind == BATCH_INLINE:
+                break
+            if kind == END:
+                self._finish()
+                raise StopIteration
+            if kind == ERROR:
+                self._finish()
+                raise _error(body)
+            if kind == STATS_REPLY:
+                continue
+            raise RiffleError(f"unexpected frame kind {kind} in a stream", "protocol")
+        slot, _flags, epoch, index, n, padding, dlen, ids_at, off_at, data_at, sent_ns = (
+            _BATCH.unpack_from(body)
+        )
+        src = self._mm if kind == BATCH else body
+        ids = np.frombuffer(src, _U64, n, ids_at)
+        offsets = np.frombuffer(src, _U64, n + 1, off_at)
+        data = np.frombuffer(src, np.uint8, dlen, data_at)
+        b = Batch(ids, offsets, data, epoch, index, padding, sent_ns, slot, self, self._gen)
+        self.cursor = {"epoch": epoch, "batch": index + 1}
+        if self.auto_release:
+            self._held = b
+        return b
+
+    def release(self, batch):
+        """Same as `batch.release()`."""
+        batch.release()
+
+    def close(self):
+        """Stops the stream early (the daemon stops reading for it)."""
+        self._drop()
+        self._ended = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # Internals.
+    def _start(self):
+        c = self._client
+        if c._stream is not None and c._stream is not self and c._stream._open:
+            # One stream at a time per connection: the older one is closed (and says so if
+            # it is used again). Use another Client to read two streams at once.
+            old = c._stream
+            old._drop()
+            old._ended = True
+            old._superseded = True
+        req = dict(self.params, transport=self.transport)
+        if self._resume is not None:
+            req["resume"] = self._resume
+        if self.ring_bytes is not None:
+            req["ring_bytes"] = int(self.ring_bytes)
+        c._send_json(OPEN, req)
+        kind, body = c._frame()
+        if kind == ERROR:
+            self._ended = True
+            raise _error(body)
+        if kind != OPENED:
+            raise RiffleError(f"expected OPENED, got kind {kind}", "protocol")
+        self.opened = json.loads(body)
+        if self.opened["transport"] == "shm":
+            fd = c._take_fd()
+            try:
+                # Populated up front where Python offers it (3.10+): no page faults
+                # when a batch's arrays are first read.
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                self._mm = mmap.mmap(fd, self.opened["ring_bytes"], flags=flags, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        self._open = True
+        self._gen += 1
+        c._stream = self
+
+    def _ack(self, slot, gen):
+        # Acks for a stream that is over (or was reopened since) are moot: the daemon
+        # dropped that ring.
+        if self._open and gen == self._gen and self._client._sock is not None:
+            self._client._queue_ack(slot, max(1, self.opened["credits"] // 2))
+
+    def _finish(self):
+        self._client._acks = []
+        self._open = False
+        self._ended = True
+        self._held = None
+        self._unmap()
+        if self._client._stream is self:
+            self._client._stream = None
+
+    def _unmap(self):
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                # numpy views of it are still alive; the mapping goes with the last one.
+                pass
+
+    def _drop(self):
+        """Closes the stream on the daemon's side, if open, and waits for its END."""
+        if not self._open:
+            return
+        c = self._client
+        self._held = None
+        c._acks = []
+        try:
+            if c._sock is not None:
+                c._send_json(CLOSE, {})
+                while True:
+                    kind, body = c._frame()
+                    if kind == END:
+                        break
+                    if kind == ERROR:
+                        break
+        except RiffleConnectionError:
+            pass
+        finally:
+            self._open = False
+            self._unmap()
+            if c._stream is self:
+                c._stream = None

@@ -1,0 +1,291 @@
+"""The Python client (`pip install ./python`) against the real `riffle serve`: the same
+batches as `riffle read`, numpy views into shared memory, resume through state_dict (also
+across a daemon killed with SIGKILL), ranks, a client killed mid-stream, errors."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import riffle
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RIFFLE = os.environ.get("RIFFLE_BIN", str(ROOT / "target" / "debug" / "riffle"))
+
+
+def run(*args):
+    p = subprocess.run([RIFFLE, *map(str, args)], capture_output=True)
+    if p.returncode != 0:
+        raise AssertionError(f"riffle {args} failed ({p.returncode}): {p.stderr.decode()}")
+    return p
+
+
+class Daemon:
+    """`riffle serve` on a short socket path (sun_path holds 108 bytes)."""
+
+    def __init__(self, datasets, *extra):
+        self.dir = tempfile.mkdtemp(prefix="rs")
+        self.socket = os.path.join(self.dir, "s.sock")
+        self.datasets = datasets
+        self.extra = extra
+        self.proc = None
+        self.start()
+
+    def start(self):
+        args = [RIFFLE, "serve", "--socket", self.socket, *self.extra]
+        for name, path in self.datasets.items():
+            args += ["--dataset", f"{name}={path}"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"riffle serve exited: {self.proc.stderr.read().decode()}")
+            try:
+                riffle.Client(self.socket).close()
+                return
+            except riffle.RiffleConnectionError:
+                time.sleep(0.02)
+        raise AssertionError("riffle serve did not come up")
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            assert self.proc.wait(timeout=10) == 0
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stats(self):
+        with riffle.Client(self.socket) as c:
+            return c.stats()
+
+
+@pytest.fixture
+def data(tmp_path):
+    p = tmp_path / "d.npy"
+    run("gen", p, "--format", "npy", "--records", 3000, "--record-size", 200)
+    return p
+
+
+@pytest.fixture
+def daemon(data):
+    d = Daemon({"train": data})
+    yield d
+    d.stop()
+
+
+def read_ids(data, tmp_path, *args):
+    out = tmp_path / "ids.txt"
+    run("read", data, "--ids-out", out, *args)
+    return [list(map(int, line.split())) for line in out.read_text().splitlines()]
+
+
+def framed_records(data):
+    out = run("cat", "--framed", data).stdout
+    recs, i = [], 0
+    while i < len(out):
+        n = int.from_bytes(out[i : i + 8], "little")
+        recs.append(out[i + 8 : i + 8 + n])
+        i += 8 + n
+    return recs
+
+
+def test_batches_equal_riffle_read_and_are_views_into_shared_memory(daemon, data, tmp_path):
+    want = read_ids(data, tmp_path, "--batch-size", 128, "--seed", 3, "--epochs", 2)
+    records = framed_records(data)
+    got = []
+    with riffle.Client(daemon.socket) as c:
+        assert c.datasets == ["train"]
+        for b in c.stream("train", batch_size=128, seed=3, epochs=2):
+            assert b.ids.dtype == np.uint64 and b.offsets.dtype == np.uint64
+            assert len(b.offsets) == len(b.ids) + 1 and b.offsets[-1] == len(b.data)
+            # No copy: read-only views whose memory belongs to the mapped ring.
+            assert not b.data.flags.owndata and not b.data.flags.writeable
+            assert not b.ids.flags.owndata
+            for i in (0, len(b) - 1):
+                assert b.record(i).tobytes() == records[int(b.ids[i])]
+            got.append(b.ids.tolist())
+    assert got == want
+
+
+def test_inline_transport_gives_the_same_batches(daemon):
+    with riffle.Client(daemon.socket) as c:
+        shm = [(b.ids.tolist(), b.data.tobytes()) for b in c.stream("train", 100, seed=1)]
+        inline = [
+            (b.ids.tolist(), b.data.tobytes())
+            for b in c.stream("train", 100, seed=1, transport="inline")
+        ]
+    assert shm == inline
+    # Inline batches longer than the client's read chunk are read in place.
+    with riffle.Client(daemon.socket) as c:
+        big = [(b.ids.tolist(), b.data.tobytes()) for b in c.stream("train", 2000, transport="inline")]
+        ref = [(b.ids.tolist(), b.data.tobytes()) for b in c.stream("train", 2000)]
+    assert big == ref and len(big[0][1]) == 2000 * 200
+    with riffle.Client(daemon.socket, spin_us=500) as c:  # busy-polls before sleeping
+        spun = [(b.ids.tolist(), b.data.tobytes()) for b in c.stream("train", 100, seed=1)]
+    assert spun == shm
+
+
+def test_state_dict_resumes_with_nothing_lost_or_repeated(daemon):
+    with riffle.Client(daemon.socket) as c:
+        full = [b.ids.tolist() for b in c.stream("train", 64, seed=2, epochs=2)]
+        s = c.stream("train", 64, seed=2, epochs=2)
+        first = []
+        for b in s:
+            first.append(b.ids.tolist())
+            if len(first) == 50:  # past the end of epoch 0 (47 batches)
+                break
+        state = json.loads(json.dumps(s.state_dict()))
+        assert state["cursor"] == {"epoch": 1, "batch": 3}
+        s.close()
+    with riffle.Client(daemon.socket) as c:
+        rest = [b.ids.tolist() for b in c.stream("train", 64, seed=2, epochs=2, state=state)]
+        with pytest.raises(ValueError, match="seed"):
+            c.stream("train", 64, seed=3, epochs=2, state=state)
+    assert first + rest == full
+
+
+def test_four_ranks_receive_an_exact_permutation_of_the_epoch(daemon):
+    out = {}
+
+    def reader(rank):
+        with riffle.Client(daemon.socket) as c:
+            out[rank] = [
+                b.ids.copy() for b in c.stream("train", 50, seed=4, epoch=1, rank=rank, world=4,
+                                                  tail="drop_last")
+            ]
+
+    threads = [threading.Thread(target=reader, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({len(v) for v in out.values()}) == 1, "every rank gets as many batches"
+    ids = np.concatenate([np.concatenate(v) for v in out.values()])
+    assert np.array_equal(np.sort(ids), np.arange(3000))
+
+
+def test_a_daemon_killed_and_restarted_is_resumed_from_the_cursor(data):
+    d = Daemon({"train": data})
+    try:
+        with riffle.Client(d.socket) as c:
+            full = [b.ids.tolist() for b in c.stream("train", 100, seed=5, epochs=2)]
+        got = []
+        state = None
+        for kill_after in (7, 25, None):
+            with riffle.Client(d.socket, connect_timeout=10) as c:
+                s = c.stream("train", 100, seed=5, epochs=2, state=state)
+                try:
+                    for b in s:
+                        got.append(b.ids.tolist())
+                        if kill_after is not None and len(got) == kill_after:
+                            d.kill()
+                except riffle.RiffleConnectionError:
+                    pass
+                state = s.state_dict()
+            if kill_after is not None:
+                d.start()  # replaces the socket the killed daemon left behind
+        assert got == full
+    finally:
+        d.stop()
+
+
+CHILD = """
+import sys, time, riffle
+c = riffle.Client(sys.argv[1])
+for i, b in enumerate(c.stream("train", 16, epochs=100)):
+    if i == 3:
+        print("reading", flush=True)
+    time.sleep(0.01)
+"""
+
+
+def test_a_client_killed_mid_stream_leaves_the_daemon_serving(daemon):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, daemon.socket], stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"reading\n"
+    assert daemon.stats()["streams_now"] == 1
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 10
+    while daemon.stats()["streams_now"] != 0:
+        assert time.monotonic() < deadline, "the killed client's stream was not released"
+        time.sleep(0.02)
+    assert daemon.stats()["ring_bytes"] == 0
+    with riffle.Client(daemon.socket) as c:
+        assert sum(len(b) for b in c.stream("train", 1000)) == 3000
+
+
+def test_unknown_dataset_and_bad_requests_are_clear_errors(daemon):
+    with riffle.Client(daemon.socket) as c:
+        with pytest.raises(riffle.RiffleError, match="unknown dataset 'nope'.*serves train") as e:
+            next(iter(c.stream("nope", 10)))
+        assert e.value.code == "unknown_dataset"
+        with pytest.raises(riffle.RiffleError, match="drop_last or pad"):
+            next(iter(c.stream("train", 7, world=2)))
+        # The connection is still good.
+        assert sum(len(b) for b in c.stream("train", 500)) == 3000
+
+
+def test_explicit_release_and_stats(daemon):
+    with riffle.Client(daemon.socket) as c:
+        s = c.stream("train", 100, auto_release=False)
+        held = [next(s) for _ in range(5)]
+        snapshot = [b.ids.copy() for b in held]
+        for b, ids in zip(held, snapshot):
+            assert np.array_equal(b.ids, ids), "held batches are not overwritten"
+            b.release()
+        rest = 0
+        for b in s:  # unreleased batches would stall the stream once its credits run out
+            rest += 1
+            b.release()
+        assert len(held) + rest == 30
+        st = c.stats()
+    assert st["records"] >= 3000 and st["batches"] >= 30
+    for k in ("read_ops", "iops", "bytes", "batch_latency_us", "ring_bytes"):
+        assert k in st
+    assert st["batch_latency_us"]["p99"] >= st["batch_latency_us"]["p50"] > 0
+
+
+def test_the_readme_example_runs(daemon):
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n(import riffle\n.*?)```", readme, re.S).group(1)
+    assert '"/tmp/riffle.sock"' in code
+    exec(compile(code.replace('"/tmp/riffle.sock"', repr(daemon.socket)), "README.md", "exec"), {})
+
+
+def test_a_batch_released_after_its_stream_was_reopened_is_harmless(daemon):
+    with riffle.Client(daemon.socket) as c:
+        s = c.stream("train", 100, auto_release=False)
+        old = next(s)
+        state = s.state_dict()
+        s.load_state_dict(state)  # reopens from batch 1
+        b = next(s)
+        assert b.index == 1
+        old.release()  # a slot of the old ring: not sent to the daemon
+        b.release()
+        assert sum(1 for x in s if x.release() is None) == 28
+
+
+def test_a_new_stream_on_a_client_closes_the_old_one(daemon):
+    with riffle.Client(daemon.socket) as c:
+        for b in c.stream("train", 100):
+            break  # abandoned mid-way
+        old = c.stream("train", 100, seed=1)
+        next(old)
+        new = c.stream("train", 100, seed=2)
+        assert sum(len(b) for b in new) == 3000
+        with pytest.raises(riffle.RiffleError, match="another stream was opened"):
+            next(old)

@@ -1,0 +1,665 @@
+//! `riffle serve` as users (and misbehaving clients) meet it: the real daemon on a real
+//! socket, the Rust client of the engine crate, raw frames for the faults.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use riffle::serve::proto::{self, Kind, OpenRequest, WireCursor};
+use riffle::serve::Client;
+use serde_json::Value;
+
+use crate::{assert_ok, gen, text, Sandbox};
+
+/// A running daemon, killed when dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(sb: &Sandbox, socket: &Path, datasets: &[(&str, &Path)], extra: &[&str]) -> Daemon {
+        let mut c = sb.cmd();
+        c.arg("serve").arg("--socket").arg(socket);
+        for (name, path) in datasets {
+            c.arg("--dataset").arg(format!("{name}={}", path.display()));
+        }
+        c.args(extra).stdout(Stdio::null()).stderr(Stdio::piped());
+        let child = c.spawn().unwrap();
+        let mut d = Daemon {
+            child,
+            socket: socket.to_path_buf(),
+        };
+        d.wait_ready();
+        d
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(st) = self.child.try_wait().unwrap() {
+                let mut err = String::new();
+                use std::io::Read;
+                self.child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut err)
+                    .unwrap();
+                panic!("riffle serve exited with {st}: {err}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("riffle serve did not listen on {}", self.socket.display());
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket).unwrap()
+    }
+
+    fn stats(&self) -> Value {
+        self.client().stats().unwrap()
+    }
+
+    fn rss_bytes(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kb * 1024
+    }
+
+    /// Polls the stats until `pred` holds (the daemon notices departures asynchronously).
+    fn wait_stats(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.stats();
+            if pred(&s) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "{what}: stats stay {s}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A generated `.npy` dataset (records carry their id and label) in the sandbox.
+fn dataset(sb: &Sandbox, name: &str, records: u64, size: u64) -> PathBuf {
+    let p = sb.data().join(name);
+    gen(sb, &p, "npy", records, size, &[]);
+    p
+}
+
+/// The batches of a job read in process (the reference the daemon must equal).
+fn in_process(path: &Path, req: &OpenRequest) -> Vec<riffle::modes::Batch> {
+    use riffle::dataset::{Dataset, OpenOptions};
+    let ds = Dataset::open(&[path], &OpenOptions::default(), &mut |_, _, _| {}).unwrap();
+    let mut o = riffle::modes::ReadOptions::new(req.batch_size);
+    o.seed = req.seed;
+    o.first_epoch = req.epoch;
+    o.epochs = req.epochs;
+    o.rank = req.rank;
+    o.world = req.world;
+    o.resume = req.resume.map(|c| riffle::modes::Cursor {
+        epoch: c.epoch,
+        batch: c.batch,
+    });
+    riffle::modes::read(ds.into(), o)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
+}
+
+/// What a stream delivered: (epoch, index, ids, offsets, payload) per batch.
+type Got = Vec<(u64, u64, Vec<u64>, Vec<u64>, Vec<u8>)>;
+
+fn read_all(client: &mut Client, req: OpenRequest) -> Got {
+    let mut s = client.open(req).unwrap();
+    let mut out = Vec::new();
+    while let Some(b) = s.next_batch().unwrap() {
+        out.push((
+            b.header.epoch,
+            b.header.index,
+            b.ids().to_vec(),
+            b.offsets().to_vec(),
+            b.data().to_vec(),
+        ));
+    }
+    out
+}
+
+fn same_batches(got: &Got, want: &[riffle::modes::Batch]) {
+    assert_eq!(got.len(), want.len(), "batch count");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!((g.0, g.1), (w.epoch, w.index));
+        assert_eq!(g.2, w.ids, "ids of batch {}", w.index);
+        assert_eq!(g.3, w.offsets, "offsets of batch {}", w.index);
+        assert!(g.4 == w.payload, "payload of batch {}", w.index);
+    }
+}
+
+fn frame_raw(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = ((body.len() + 1) as u32).to_le_bytes().to_vec();
+    v.push(kind);
+    v.extend_from_slice(body);
+    v
+}
+
+/// Reads frames from a raw socket until an ERROR; returns its JSON and checks the daemon
+/// then closes the connection.
+fn expect_fatal_error(sock: &mut UnixStream) -> Value {
+    use std::io::Read;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Read to the end; a reset after the last frame (unread input at the daemon's close)
+    // counts as the end too.
+    let mut all = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while let Ok(n) = sock.read(&mut chunk) {
+        if n == 0 {
+            break;
+        }
+        all.extend_from_slice(&chunk[..n]);
+    }
+    let mut i = 0;
+    while i + 5 <= all.len() {
+        let n = u32::from_le_bytes(all[i..i + 4].try_into().unwrap()) as usize;
+        if all[i + 4] == Kind::Error as u8 {
+            let v: Value = serde_json::from_slice(&all[i + 5..i + 4 + n]).unwrap();
+            assert_eq!(v["fatal"], true, "{v}");
+            return v;
+        }
+        i += 4 + n;
+    }
+    panic!(
+        "no ERROR frame before the daemon closed: {} bytes",
+        all.len()
+    );
+}
+
+fn hello() -> Vec<u8> {
+    proto::json_frame(Kind::Hello, &serde_json::json!({"version": proto::VERSION}))
+}
+
+#[test]
+fn serve_delivers_the_same_batches_as_an_in_process_read_over_shm_and_inline() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 200);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket is private by default");
+
+    let mut req = OpenRequest::new("train", 128);
+    req.seed = 5;
+    req.epochs = 2;
+    let want = in_process(&data, &req);
+    let mut c = d.client();
+    assert_eq!(c.datasets, vec!["train".to_string()]);
+    same_batches(&read_all(&mut c, req.clone()), &want);
+    req.transport = riffle::serve::Transport::Inline;
+    same_batches(&read_all(&mut c, req.clone()), &want);
+
+    // The stats count what went out.
+    let s = c.stats().unwrap();
+    let records: u64 = want.iter().map(|b| b.ids.len() as u64).sum();
+    assert_eq!(s["records"], 2 * records, "{s}");
+    assert_eq!(s["batches"], 2 * want.len() as u64);
+    assert!(s["read_ops"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["batch_latency_us"]["p99"].as_u64().unwrap() > 0, "{s}");
+
+    // A second daemon on the same socket is refused.
+    let o = sb
+        .cmd()
+        .args(["serve", "--socket"])
+        .arg(&sock)
+        .arg("--dataset")
+        .arg(format!("x={}", data.display()))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("already listening"),
+        "{}",
+        text(&o.stderr)
+    );
+}
+
+#[test]
+fn four_ranks_together_receive_an_exact_permutation() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 4000, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let all: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|rank| {
+                let d = &d;
+                s.spawn(move || {
+                    let mut req = OpenRequest::new("train", 100);
+                    req.seed = 11;
+                    req.epoch = 3;
+                    req.rank = rank;
+                    req.world = 4;
+                    let got = read_all(&mut d.client(), req);
+                    assert_eq!(got.len(), 10, "every rank gets the same number of batches");
+                    got.into_iter().flat_map(|b| b.2).collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut ids: Vec<u64> = all.concat();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..4000).collect::<Vec<_>>());
+}
+
+#[test]
+fn sixty_four_clients_at_once() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 2000, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &["--memory", "64M", "--queue-depth", "8"],
+    );
+    let barrier = std::sync::Barrier::new(64);
+    std::thread::scope(|s| {
+        for i in 0..64u64 {
+            let (d, barrier) = (&d, &barrier);
+            s.spawn(move || {
+                let mut c = d.client();
+                barrier.wait(); // all 64 connected before any reads
+                let mut req = OpenRequest::new("train", 50);
+                req.seed = i;
+                let mut ids: Vec<u64> = read_all(&mut c, req)
+                    .into_iter()
+                    .flat_map(|b| b.2)
+                    .collect();
+                ids.sort_unstable();
+                assert_eq!(ids, (0..2000).collect::<Vec<_>>(), "client {i}");
+            });
+        }
+    });
+    let s = d.stats();
+    assert!(s["connections_total"].as_u64().unwrap() >= 64, "{s}");
+    assert_eq!(s["streams_total"], 64);
+    assert_eq!(s["records"], 64 * 2000);
+    // One more than --max-clients is refused, with a reason.
+    // (The readers' and the stats' connections end asynchronously: retry while busy.)
+    let many: Vec<Client> = (0..64)
+        .map(|_| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match Client::connect(&sock) {
+                    Ok(c) => break c,
+                    Err(e) if Instant::now() < deadline && e.to_string().contains("busy") => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        })
+        .collect();
+    let mut extra = UnixStream::connect(&sock).unwrap();
+    // The daemon may have answered and closed already.
+    let _ = extra.write_all(&hello());
+    let e = expect_fatal_error(&mut extra);
+    assert_eq!(e["code"], "busy", "{e}");
+    drop(many);
+}
+
+#[test]
+fn an_unknown_dataset_is_a_clear_error_and_the_connection_stays_usable() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 500, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data), ("val", &data)], &[]);
+    let mut c = d.client();
+    let e = c
+        .open(OpenRequest::new("/etc/passwd", 10))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("unknown dataset '/etc/passwd'") && e.contains("train, val"),
+        "{e}"
+    );
+    // Bad parameters are errors too, not crashes.
+    let mut bad = OpenRequest::new("train", 10);
+    bad.rank = 4;
+    bad.world = 4;
+    let e = c.open(bad).err().unwrap().to_string();
+    assert!(e.contains("rank 4"), "{e}");
+    // A batch that could not fit a client's share of memory is refused up front.
+    let e = c
+        .open(OpenRequest::new("train", u64::MAX))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("ring share") && e.contains("(too_large)"), "{e}");
+    assert_eq!(read_all(&mut c, OpenRequest::new("val", 100)).len(), 5);
+}
+
+#[test]
+fn garbage_oversized_frames_and_bad_acks_get_an_error_and_leave_others_alone() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 256);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    // A well-behaved client streams throughout.
+    std::thread::scope(|s| {
+        let good = s.spawn(|| {
+            let mut req = OpenRequest::new("train", 64);
+            req.epochs = 2;
+            let got = read_all(&mut d.client(), req);
+            assert_eq!(got.len(), 2 * 20_000usize.div_ceil(64));
+        });
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            (
+                "random bytes",
+                b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+                "oversize",
+            ),
+            ("zero length", vec![0, 0, 0, 0, 1], "protocol"),
+            (
+                "oversized frame",
+                {
+                    let mut v = ((2u32 << 20) + 1).to_le_bytes().to_vec();
+                    v.push(1);
+                    v.extend(vec![b'x'; 4096]);
+                    v
+                },
+                "oversize",
+            ),
+            (
+                "unknown kind",
+                [hello(), frame_raw(99, b"{}")].concat(),
+                "protocol",
+            ),
+            (
+                "not JSON",
+                frame_raw(Kind::Hello as u8, b"\xff\xfe{{"),
+                "protocol",
+            ),
+            (
+                "wrong version",
+                proto::json_frame(Kind::Hello, &serde_json::json!({"version": 999})),
+                "version",
+            ),
+            (
+                "open before hello",
+                proto::json_frame(Kind::Open, &OpenRequest::new("train", 8)),
+                "protocol",
+            ),
+            (
+                "bad open",
+                [hello(), frame_raw(Kind::Open as u8, b"{\"dataset\": 3}")].concat(),
+                "protocol",
+            ),
+            (
+                "ack of a slot never sent",
+                [
+                    hello(),
+                    proto::json_frame(Kind::Open, &OpenRequest::new("train", 8)),
+                    frame_raw(Kind::Ack as u8, &12345u32.to_le_bytes()),
+                ]
+                .concat(),
+                "protocol",
+            ),
+            (
+                "ragged ack",
+                [hello(), frame_raw(Kind::Ack as u8, &[1, 2, 3])].concat(),
+                "protocol",
+            ),
+        ];
+        for (what, bytes, code) in cases {
+            let mut sock = UnixStream::connect(&d.socket).unwrap();
+            sock.write_all(&bytes).unwrap();
+            let e = expect_fatal_error(&mut sock);
+            assert_eq!(e["code"], code, "{what}: {e}");
+        }
+        good.join().unwrap();
+    });
+    let s = d.stats();
+    assert!(s["errors"]["protocol"].as_u64().unwrap() >= 6, "{s}");
+    // Everything those clients held is released.
+    d.wait_stats("streams released", |s| {
+        s["streams_now"] == 0 && s["ring_bytes"] == 0
+    });
+}
+
+#[test]
+fn clients_that_never_ack_stall_only_themselves_and_memory_stays_bounded() {
+    let sb = Sandbox::new();
+    // 40 MB of records; each stalled stream may hold at most its ring (1 MiB here).
+    let data = dataset(&sb, "d.npy", 40_000, 1000);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &["--memory", "16M", "--max-clients", "16"],
+    );
+    let before = d.rss_bytes();
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        let mut c = d.client();
+        let mut req = OpenRequest::new("train", 64);
+        req.epochs = 5;
+        c.send(&proto::json_frame(Kind::Open, &req)).unwrap();
+        stalled.push(c);
+    }
+    // Each gets what fits its ring and its credits, then nothing more.
+    let mut counts = Vec::new();
+    for c in &mut stalled {
+        let (k, _) = c.frame().unwrap();
+        assert_eq!(k, Kind::Opened);
+        let mut n = 0;
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        while let Ok((k, _)) = c.frame() {
+            assert_eq!(k, Kind::Batch);
+            n += 1;
+        }
+        counts.push(n);
+    }
+    let ring = d.stats()["ring_share"].as_u64().unwrap();
+    let per_batch = 64 * 1000 + 64 * 16;
+    for n in &counts {
+        assert!(
+            *n >= 1 && *n as u64 <= ring / per_batch as u64 + 1,
+            "{counts:?}"
+        );
+    }
+    // Meanwhile another client reads a whole epoch.
+    let got = read_all(&mut d.client(), OpenRequest::new("train", 64));
+    assert_eq!(got.len(), 40_000usize.div_ceil(64));
+    let s = d.stats();
+    assert!(s["ring_bytes"].as_u64().unwrap() <= s["ring_bytes_limit"].as_u64().unwrap());
+    let grown = d.rss_bytes().saturating_sub(before);
+    assert!(
+        grown < 64 << 20,
+        "the daemon grew by {grown} bytes with 8 stalled clients"
+    );
+    drop(stalled);
+    d.wait_stats("stalled streams released", |s| {
+        s["streams_now"] == 0 && s["ring_bytes"] == 0
+    });
+}
+
+#[test]
+fn a_client_vanishing_mid_stream_or_mid_frame_is_cleaned_up() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 512);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    for half_frame in [false, true] {
+        let mut c = d.client();
+        c.send(&proto::json_frame(
+            Kind::Open,
+            &OpenRequest::new("train", 32),
+        ))
+        .unwrap();
+        let (k, _) = c.frame().unwrap();
+        assert_eq!(k, Kind::Opened);
+        let (k, _) = c.frame().unwrap();
+        assert_eq!(k, Kind::Batch);
+        if half_frame {
+            // Half an ACK, then gone.
+            c.send(&frame_raw(Kind::Ack as u8, &0u32.to_le_bytes())[..6])
+                .unwrap();
+        }
+        drop(c);
+    }
+    d.wait_stats("vanished clients released", |s| {
+        s["streams_now"] == 0 && s["ring_bytes"] == 0 && s["clients"] == 1
+    });
+    assert_eq!(
+        read_all(&mut d.client(), OpenRequest::new("train", 1000)).len(),
+        20
+    );
+}
+
+#[test]
+fn a_daemon_killed_and_restarted_resumes_clients_with_nothing_lost_or_repeated() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 5000, 128);
+    let sock = sb.path().join("s.sock");
+    let mut req = OpenRequest::new("train", 100);
+    req.seed = 9;
+    req.epochs = 2;
+    let want = in_process(&data, &req);
+    let mut got: Vec<(u64, u64, Vec<u64>)> = Vec::new();
+    let mut cursor: Option<WireCursor> = None;
+    // Kill the daemon three times along the way.
+    for kill_after in [17usize, 40, 30, usize::MAX] {
+        let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+        let mut c = d.client();
+        let mut r = req.clone();
+        r.resume = cursor;
+        let mut s = c.open(r).unwrap();
+        let mut n = 0;
+        loop {
+            if n == kill_after {
+                d.child.kill().unwrap();
+                d.child.wait().unwrap();
+            }
+            match s.next_batch() {
+                Ok(Some(b)) => {
+                    got.push((b.header.epoch, b.header.index, b.ids().to_vec()));
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    assert!(n >= kill_after, "an error before the kill");
+                    break;
+                }
+            }
+        }
+        cursor = Some(s.cursor());
+        let finished = s.ended() && n < kill_after;
+        drop(s);
+        if finished {
+            break;
+        }
+        assert!(
+            sock.exists(),
+            "SIGKILL leaves the socket file; the next start replaces it"
+        );
+    }
+    let want: Vec<(u64, u64, Vec<u64>)> = want
+        .into_iter()
+        .map(|b| (b.epoch, b.index, b.ids))
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn sigterm_tells_clients_and_removes_the_socket() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 512);
+    let sock = sb.path().join("s.sock");
+    let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &["--socket-mode", "660"]);
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+    // One client mid-stream (not acking), one idle.
+    let mut busy = d.client();
+    busy.send(&proto::json_frame(
+        Kind::Open,
+        &OpenRequest::new("train", 16),
+    ))
+    .unwrap();
+    assert_eq!(busy.frame().unwrap().0, Kind::Opened);
+    let mut idle = d.client();
+    let o = std::process::Command::new("kill")
+        .args(["-TERM", &d.child.id().to_string()])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = d.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    assert!(!sock.exists(), "the socket file is removed");
+    for c in [&mut busy, &mut idle] {
+        let e = loop {
+            match c.frame() {
+                Ok((Kind::Error, body)) => break serde_json::from_slice::<Value>(&body).unwrap(),
+                Ok(_) => continue,
+                Err(e) => panic!("closed without saying why: {e}"),
+            }
+        };
+        assert_eq!(e["code"], "shutdown", "{e}");
+    }
+}
+
+#[test]
+fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 100);
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()],
+    );
+    let mut req = OpenRequest::new("train", 100);
+    req.seed = 2;
+    req.epochs = 2;
+    let want = in_process(&data, &req);
+    let mut c = d.client();
+    same_batches(&read_all(&mut c, req.clone()), &want);
+    // A stream closed half-way leaves no piles behind.
+    let mut s = c.open(req).unwrap();
+    for _ in 0..5 {
+        s.next_batch().unwrap().unwrap();
+    }
+    s.close().unwrap();
+    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+}

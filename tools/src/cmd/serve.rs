@@ -1,0 +1,171 @@
+//! `riffle serve --socket PATH --dataset NAME=PATH[:FORMAT] ...`: the batch-feeder daemon.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{SigSet, Signal};
+use riffle::dataset::{Dataset, OpenOptions};
+use riffle::format::Format;
+use riffle::serve::{ServeConfig, ServeMode, Server};
+use riffle::size::{human_bytes, parse_size};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The Unix socket to listen on (a stale socket nobody listens on is replaced).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// A dataset clients may ask for: NAME=PATH[:FORMAT] (PATH a file, directory or glob;
+    /// FORMAT as in `riffle read --format`). Repeat for several.
+    #[arg(long = "dataset", required = true, value_parser = parse_dataset)]
+    pub datasets: Vec<DatasetSpec>,
+    /// Shared memory for all clients' rings together; each client gets this divided by
+    /// --max-clients.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub memory: u64,
+    /// Connections served at once; more are refused with a "busy" error.
+    #[arg(long, default_value_t = 64)]
+    pub max_clients: usize,
+    /// lirs (random reads), two-pass (sequential, scratch piles per stream) or auto (lirs).
+    #[arg(long, default_value = "auto")]
+    pub mode: String,
+    /// two-pass: where the piles go (default: beside the data).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+    /// Reads in flight per stream.
+    #[arg(long, default_value_t = 64)]
+    pub queue_depth: usize,
+    /// Permission bits of the socket, in octal.
+    #[arg(long, default_value = "600", value_parser = parse_mode)]
+    pub socket_mode: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct DatasetSpec {
+    name: String,
+    /// Where the dataset is (the device `--emulate` throttles).
+    pub path: PathBuf,
+    format: Option<Format>,
+}
+
+/// `NAME=PATH[:FORMAT]`: the format is the part after the first colon that parses as one
+/// (formats themselves contain colons: `fixed:4K:16`).
+fn parse_dataset(s: &str) -> Result<DatasetSpec, String> {
+    let (name, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}': expected NAME=PATH[:FORMAT]"))?;
+    if name.is_empty() || rest.is_empty() {
+        return Err(format!("'{s}': expected NAME=PATH[:FORMAT]"));
+    }
+    for (i, _) in rest.match_indices(':') {
+        if i == 0 {
+            continue;
+        }
+        if let Ok(f) = rest[i + 1..].parse::<Format>() {
+            return Ok(DatasetSpec {
+                name: name.into(),
+                path: rest[..i].into(),
+                format: Some(f),
+            });
+        }
+    }
+    Ok(DatasetSpec {
+        name: name.into(),
+        path: rest.into(),
+        format: None,
+    })
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("'{s}': expected octal permission bits like 600 or 660"))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    // Block the stop signals in this thread before any other starts, so every thread
+    // inherits the mask and only the waiter below ever takes them.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().context("blocking SIGTERM")?;
+
+    let mode = match a.mode.as_str() {
+        "auto" | "lirs" => ServeMode::Lirs,
+        "two-pass" => ServeMode::TwoPass,
+        other => bail!("unknown mode '{other}': expected auto, lirs or two-pass"),
+    };
+    let mut datasets = Vec::new();
+    for d in &a.datasets {
+        if datasets.iter().any(|(n, _)| n == &d.name) {
+            bail!("dataset '{}' is configured twice", d.name);
+        }
+        let opts = OpenOptions {
+            format: d.format.clone(),
+            ..OpenOptions::default()
+        };
+        let ds = Dataset::open(&[&d.path], &opts, &mut |_, _, _| {})
+            .with_context(|| format!("dataset '{}'", d.name))?;
+        // Worked out now rather than on the first client's open.
+        let _ = ds.size_stats();
+        datasets.push((d.name.clone(), Arc::new(ds)));
+    }
+    let names: Vec<String> = datasets
+        .iter()
+        .map(|(n, d)| format!("{n} ({} records)", d.len()))
+        .collect();
+    let server = Server::bind(ServeConfig {
+        socket: a.socket.clone(),
+        socket_mode: a.socket_mode,
+        datasets,
+        memory: a.memory,
+        max_clients: a.max_clients,
+        mode,
+        scratch: a.scratch,
+        queue_depth: a.queue_depth,
+    })?;
+    let stop = server.shutdown_handle();
+    std::thread::Builder::new()
+        .name("riffle-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                eprintln!("riffle serve: {sig}, shutting down");
+                stop.shutdown();
+            }
+        })
+        .context("starting the signal thread")?;
+    eprintln!(
+        "riffle serve: listening on {} (mode {:o}), {} ring memory per client; serving {}",
+        a.socket.display(),
+        a.socket_mode,
+        human_bytes(server.ring_share() as f64),
+        names.join(", ")
+    );
+    server.run()?;
+    eprintln!("riffle serve: stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dataset_specs_split_name_path_and_format() {
+        let d = parse_dataset("train=/data/t.bin:fixed:4K:16").unwrap();
+        assert_eq!(d.name, "train");
+        assert_eq!(d.path, PathBuf::from("/data/t.bin"));
+        assert!(matches!(d.format, Some(Format::Fixed { .. })));
+        let d = parse_dataset("val=/data/v.npy").unwrap();
+        assert_eq!(
+            (d.path, d.format.is_none()),
+            (PathBuf::from("/data/v.npy"), true)
+        );
+        let d = parse_dataset("x=/a:b/c.jsonl:lines").unwrap();
+        assert_eq!(d.path, PathBuf::from("/a:b/c.jsonl"));
+        assert!(parse_dataset("noequals").is_err());
+        assert!(parse_dataset("=x").is_err());
+    }
+}
