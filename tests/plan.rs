@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::{assert_ok, gen, text, Sandbox};
 
 /// A quick, small probe of the sandbox's device, cached in the sandbox's cache.
-fn probe_small(sb: &Sandbox) {
+pub(crate) fn probe_small(sb: &Sandbox) {
     let o = sb
         .cmd()
         .arg("probe")
@@ -26,7 +26,7 @@ fn probe_small(sb: &Sandbox) {
 
 /// Rewrites the cached quick profile's figures: random reads at `iops` (scaled down for
 /// larger blocks as a disk would be), sequential reads and writes at `bps`.
-fn fake_profile(sb: &Sandbox, iops: f64, bps: f64) {
+pub(crate) fn fake_profile(sb: &Sandbox, iops: f64, bps: f64) {
     let dir = sb.cache().join("riffle/profiles");
     let path = std::fs::read_dir(&dir)
         .unwrap()

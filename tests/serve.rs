@@ -28,6 +28,10 @@ impl Daemon {
             c.arg("--dataset").arg(format!("{name}={}", path.display()));
         }
         c.args(extra).stdout(Stdio::null()).stderr(Stdio::piped());
+        // auto would probe the sandbox's device at start (tests/plan.rs covers auto).
+        if !extra.contains(&"--mode") {
+            c.args(["--mode", "lirs"]);
+        }
         let child = c.spawn().unwrap();
         let mut d = Daemon {
             child,
@@ -223,7 +227,7 @@ fn serve_delivers_the_same_batches_as_an_in_process_read_over_shm_and_inline() {
     // A second daemon on the same socket is refused.
     let o = sb
         .cmd()
-        .args(["serve", "--socket"])
+        .args(["serve", "--mode", "lirs", "--socket"])
         .arg(&sock)
         .arg("--dataset")
         .arg(format!("x={}", data.display()))
@@ -662,4 +666,32 @@ fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
     }
     s.close().unwrap();
     assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+}
+
+#[test]
+fn auto_mode_plans_each_stream_from_the_device_profile() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 2000, 16_000);
+    crate::plan::probe_small(&sb);
+    // A disk: random reads of 16 KB records lose to sequential passes.
+    crate::plan::fake_profile(&sb, 600.0, 150e6);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &["--mode", "auto"]);
+    let mut req = OpenRequest::new("train", 64);
+    req.epochs = 2;
+    let want = in_process(&data, &req);
+    let mut c = d.client();
+    {
+        let s = c.open(req.clone()).unwrap();
+        assert_eq!(s.opened.mode, "two-pass");
+    }
+    same_batches(&read_all(&mut c, req.clone()), &want);
+    drop(c);
+    drop(d);
+    // A device whose random reads are as fast as its bandwidth: LIRS.
+    crate::plan::fake_profile(&sb, 5e6, 3e9);
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &["--mode", "auto"]);
+    let mut c = d.client();
+    let s = c.open(req).unwrap();
+    assert_eq!(s.opened.mode, "lirs");
 }

@@ -32,8 +32,16 @@ use crate::Result;
 const LIRS_CPU_PER_UNIT: f64 = 1.6e-6;
 /// CPU per unit of a table build (key, sort), seconds.
 const TABLE_PER_UNIT: f64 = 35e-9;
-/// CPU per record of a two-pass pass (frame, sort, emit), seconds.
-const TWO_PASS_CPU_PER_RECORD: f64 = 0.1e-6;
+/// CPU per record of a two-pass pile pass (sort, emit) or re-scatter, seconds.
+const TWO_PASS_CPU_PER_RECORD: f64 = 0.25e-6;
+/// CPU per record of the scatter (locate, frame, write), seconds.
+const SCATTER_CPU_PER_RECORD: f64 = 0.4e-6;
+/// Cost of handing over one batch (allocation, channel, waking the consumer), seconds
+/// (measured on the development machine with batches of 64 small records).
+const CPU_PER_BATCH: f64 = 40e-6;
+/// LIRS copies each record from its read into the batch on the I/O thread, between
+/// submissions: seconds per byte that do not overlap the device.
+const LIRS_COPY_PER_BYTE: f64 = 0.2e-9;
 /// The share of the summed read and write bandwidths a phase that both reads and writes
 /// reaches on a real device (measured on the development machine: reads and writes of
 /// many piles interleaved).
@@ -91,12 +99,27 @@ impl DeviceModel {
         if self.random.is_empty() {
             return self.seq_read_bps / bs.max(4096) as f64;
         }
-        let ratio = |q: usize| ((q.max(1) as f64) / (qd.max(1) as f64)).ln().abs();
+        // At one block size: log-interpolated between the measured queue depths around
+        // `qd`, the nearest one outside them.
         let best_qd = |points: &[&(usize, usize, f64)]| -> Option<f64> {
-            points
+            let mut pts: Vec<(f64, f64)> = points
                 .iter()
-                .min_by(|a, b| ratio(a.1).total_cmp(&ratio(b.1)))
-                .map(|p| p.2)
+                .map(|p| (p.1.max(1) as f64, p.2.max(1e-9)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let q = qd.max(1) as f64;
+            let first = *pts.first()?;
+            let last = *pts.last()?;
+            if q <= first.0 {
+                return Some(first.1);
+            }
+            if q >= last.0 {
+                return Some(last.1);
+            }
+            let i = pts.iter().position(|p| p.0 >= q)?;
+            let ((qa, ia), (qb, ib)) = (pts[i - 1], pts[i]);
+            let t = (q.ln() - qa.ln()) / (qb.ln() - qa.ln());
+            Some((ia.ln() * (1.0 - t) + ib.ln() * t).exp())
         };
         let mut sizes: Vec<usize> = self.random.iter().map(|p| p.0).collect();
         sizes.sort_unstable();
@@ -230,18 +253,25 @@ fn random_read_time(dev: &DeviceModel, w: &Workload, units: f64, read: f64) -> (
     }
 }
 
+/// The part of a LIRS epoch that does not overlap its reads: the table build and the
+/// copies into batches.
+fn table_and_copies(w: &Workload, units: f64) -> f64 {
+    units * TABLE_PER_UNIT + w.bytes as f64 * LIRS_COPY_PER_BYTE
+}
+
 /// Predicts a LIRS epoch: (seconds, reads, bytes per read, bound).
 fn lirs_epoch(dev: &DeviceModel, w: &Workload, units: f64) -> (f64, f64, f64, &'static str) {
     let mean_unit = w.bytes as f64 / units.max(1.0);
     // An aligned extent covering the unit: on average one alignment unit more.
     let read = mean_unit + w.align as f64;
     let (io, bound) = random_read_time(dev, w, units, read);
-    let cpu = units * LIRS_CPU_PER_UNIT + w.records as f64 * 0.05e-6;
-    let table = units * TABLE_PER_UNIT;
+    let batches = (w.records as f64 / w.batch.max(1) as f64).ceil();
+    let cpu = units * LIRS_CPU_PER_UNIT + batches * CPU_PER_BATCH;
+    let serial = table_and_copies(w, units);
     if cpu > io {
-        (cpu + table, units, read, "cpu")
+        (cpu + serial, units, read, "cpu")
     } else {
-        (io + table, units, read, bound)
+        (io + serial, units, read, bound)
     }
 }
 
@@ -250,7 +280,12 @@ fn two_pass_epochs(dev: &DeviceModel, w: &Workload, units: f64) -> (f64, f64, f6
     let frames = w.bytes as f64 + units * 20.0 + w.records as f64 * 4.0;
     let read = frames / dev.seq_read_bps.max(1.0);
     let write = frames / dev.seq_write_bps.max(1.0);
-    let cpu = w.records as f64 * TWO_PASS_CPU_PER_RECORD;
+    let n = w.records as f64;
+    let batches = (n / w.batch.max(1) as f64).ceil();
+    // The I/O thread's share of a pile pass: ordering and emitting records, handing over
+    // batches; while rolling, re-scattering competes with it for the two cores.
+    let emit = n * TWO_PASS_CPU_PER_RECORD + batches * CPU_PER_BATCH;
+    let cpu = emit;
     let scan = w.bytes as f64 / dev.seq_read_bps.max(1.0);
     // Reads and writes of one phase share a real device; under a throttle each direction
     // has its own budget, so they overlap.
@@ -261,9 +296,12 @@ fn two_pass_epochs(dev: &DeviceModel, w: &Workload, units: f64) -> (f64, f64, f6
             r.max(w) + THROTTLED_RW_OVERLAP_LOSS * r.min(w)
         }
     };
-    let scatter = both(scan, write).max(cpu) + TWO_PASS_FIRST_FIXED;
-    let rolling = both(read, write).max(frames / ROLLING_PASS_BPS).max(cpu) + TWO_PASS_EPOCH_FIXED;
-    let last = read.max(frames / LAST_PASS_BPS).max(cpu) + TWO_PASS_EPOCH_FIXED;
+    let scatter = both(scan, write).max(n * SCATTER_CPU_PER_RECORD) + TWO_PASS_FIRST_FIXED;
+    let rolling = both(read, write)
+        .max(frames / ROLLING_PASS_BPS)
+        .max(emit + n * TWO_PASS_CPU_PER_RECORD)
+        + TWO_PASS_EPOCH_FIXED;
+    let last = read.max(frames / LAST_PASS_BPS).max(emit) + TWO_PASS_EPOCH_FIXED;
     let bound = if cpu >= rolling { "cpu" } else { "bandwidth" };
     (
         scatter + if w.epochs > 1 { rolling } else { last },
@@ -534,11 +572,18 @@ mod tests {
     }
 
     #[test]
-    fn iops_interpolates_by_size_and_picks_the_nearest_queue_depth() {
+    fn iops_interpolates_by_size_and_queue_depth() {
         let d = dev(80_000.0, 3e9);
         assert_eq!(d.iops(512, 64), 80_000.0);
-        assert_eq!(d.iops(4096, 48), 80_000.0);
         assert_eq!(d.iops(4096, 1), 16_000.0);
+        assert_eq!(
+            d.iops(4096, 256),
+            80_000.0,
+            "beyond the deepest queue measured"
+        );
+        // Between QD 1 (16k) and QD 64 (80k), log-interpolated: QD 8 is half way.
+        let q8 = d.iops(4096, 8);
+        assert!((q8 - (16_000.0f64 * 80_000.0).sqrt()).abs() < 1.0, "{q8}");
         let mid = d.iops(16384, 64);
         assert!(mid < 80_000.0 && mid > 20_000.0, "{mid}");
         // Beyond the largest block: the bandwidth stays.

@@ -42,6 +42,9 @@ class Daemon:
 
     def start(self):
         args = [RIFFLE, "serve", "--socket", self.socket, *self.extra]
+        if "--mode" not in self.extra:
+            # auto would probe the device at start; the Rust tests cover the planner.
+            args += ["--mode", "lirs"]
         for name, path in self.datasets.items():
             args += ["--dataset", f"{name}={path}"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

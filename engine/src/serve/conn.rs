@@ -572,14 +572,18 @@ impl Conn {
             Transport::Inline => (None, 4),
         };
         let mut scratch = None;
-        let batches = match cfg.mode {
-            ServeMode::Lirs => modes::read(ds.clone(), opts),
+        let root = cfg
+            .scratch
+            .clone()
+            .or_else(|| ds.files()[0].path.parent().map(Path::to_path_buf))
+            .unwrap_or_else(std::env::temp_dir);
+        let mode = match cfg.mode {
+            ServeMode::Auto => planned_mode(ds, &opts, &root),
+            m => m,
+        };
+        let batches = match mode {
+            ServeMode::Lirs | ServeMode::Auto => modes::read(ds.clone(), opts),
             ServeMode::TwoPass => {
-                let root = cfg
-                    .scratch
-                    .clone()
-                    .or_else(|| ds.files()[0].path.parent().map(Path::to_path_buf))
-                    .unwrap_or_else(std::env::temp_dir);
                 let dir = tempfile::Builder::new()
                     .prefix(".riffle-serve-")
                     .tempdir_in(&root)
@@ -603,8 +607,8 @@ impl Conn {
             ring_bytes,
             credits,
             max_batch_bytes: largest,
-            mode: match cfg.mode {
-                ServeMode::Lirs => "lirs".into(),
+            mode: match mode {
+                ServeMode::Lirs | ServeMode::Auto => "lirs".into(),
                 ServeMode::TwoPass => "two-pass".into(),
             },
         };
@@ -663,5 +667,29 @@ impl Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.close_stream();
+    }
+}
+
+/// The planner's mode for a stream: two-pass or LIRS from the cached profile of the
+/// dataset's device (`riffle serve --mode auto` probes it at start when none is cached);
+/// LIRS when there is no profile or no plan.
+fn planned_mode(ds: &crate::dataset::Dataset, opts: &ReadOptions, scratch: &Path) -> ServeMode {
+    let dir = ds.files()[0]
+        .path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Ok(dev) = crate::device::identify(dir) else {
+        return ServeMode::Lirs;
+    };
+    let Some((profile, _)) = crate::probe::load_cached(&dev, true, crate::emulate::active(&dev))
+    else {
+        return ServeMode::Lirs;
+    };
+    let model = crate::plan::DeviceModel::from_profile(&profile);
+    let free = crate::probe::free_bytes(scratch).ok();
+    match crate::plan::plan(ds, opts, &model, free) {
+        Ok(p) if p.choice == "two-pass" => ServeMode::TwoPass,
+        _ => ServeMode::Lirs,
     }
 }

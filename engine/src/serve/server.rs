@@ -30,6 +30,9 @@ pub enum ServeMode {
     Lirs,
     /// Sequential two-pass (scratch piles per stream).
     TwoPass,
+    /// The planner's choice for each stream (its batch size, epochs and the dataset's
+    /// device, from the cached profile); LIRS when no profile of the device is cached.
+    Auto,
 }
 
 /// What `riffle serve` was started with.

@@ -26,7 +26,9 @@ pub struct Args {
     /// Connections served at once; more are refused with a "busy" error.
     #[arg(long, default_value_t = 64)]
     pub max_clients: usize,
-    /// lirs (random reads), two-pass (sequential, scratch piles per stream) or auto (lirs).
+    /// lirs (random reads), two-pass (sequential, scratch piles per stream) or auto (the
+    /// planner's choice per stream, from the datasets' device profiles; a device with no
+    /// cached profile is probed quickly at start).
     #[arg(long, default_value = "auto")]
     pub mode: String,
     /// two-pass: where the piles go (default: beside the data).
@@ -93,7 +95,8 @@ pub fn run(a: Args) -> Result<()> {
     signals.thread_block().context("blocking SIGTERM")?;
 
     let mode = match a.mode.as_str() {
-        "auto" | "lirs" => ServeMode::Lirs,
+        "auto" => ServeMode::Auto,
+        "lirs" => ServeMode::Lirs,
         "two-pass" => ServeMode::TwoPass,
         other => bail!("unknown mode '{other}': expected auto, lirs or two-pass"),
     };
@@ -110,6 +113,11 @@ pub fn run(a: Args) -> Result<()> {
             .with_context(|| format!("dataset '{}'", d.name))?;
         // Worked out now rather than on the first client's open.
         let _ = ds.size_stats();
+        if mode == ServeMode::Auto {
+            // The planner reads the device's cached profile when a stream opens.
+            super::read::device_model(&ds, false)
+                .with_context(|| format!("dataset '{}': profiling its device", d.name))?;
+        }
         datasets.push((d.name.clone(), Arc::new(ds)));
     }
     let names: Vec<String> = datasets
