@@ -87,8 +87,8 @@ pub struct ShuffleReport {
     pub seconds: f64,
 }
 
-/// Bytes of index per record held in memory: its end offset, and its table entry.
-const PER_RECORD: u64 = 8 + 4;
+/// Bytes per record of the epoch table an in-memory shuffle builds at the end.
+const TABLE_PER_RECORD: u64 = 4;
 /// Bytes of frame head per record in a pile: key and length.
 const FRAME_HEAD: usize = 12;
 
@@ -126,6 +126,9 @@ pub fn shuffle(
     if estimate > 0 && estimate <= opts.memory / 2 {
         mem.data.reserve_exact(estimate as usize);
     }
+    // An input expected to fit in memory is read with smaller reads: every byte of their
+    // buffers adds to the peak, which is then the records themselves.
+    let small_reads = estimate > 0 && estimate <= opts.memory / 2;
     let mut id = 0u64;
     let mut last_progress = 0u64;
     for (n, input) in inputs.iter().enumerate() {
@@ -137,7 +140,7 @@ pub fn shuffle(
         let mut keep_header = n == 0;
         // Pile frames store lengths as u32.
         let max_record = (opts.memory / 4).min(u32::MAX as u64);
-        let result = for_each_record(input, cut, max_record, &name, |offset, rec| {
+        let result = for_each_record(input, cut, max_record, &name, small_reads, |offset, rec| {
             rep.bytes += rec.len() as u64 + cut.sep().is_some() as u64;
             if skipped < skip {
                 skipped += 1;
@@ -267,6 +270,7 @@ fn for_each_record(
     cut: Cut,
     max: u64,
     name: &str,
+    small_reads: bool,
     mut f: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<Vec<u8>> {
     let mut split = RecordSplitter {
@@ -282,9 +286,16 @@ fn for_each_record(
         Input::File(p) => {
             let file =
                 std::sync::Arc::new(crate::io::DataFile::open(p, crate::io::Access::Read, true)?);
-            crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| {
-                split.feed(chunk, &mut f)
-            })?;
+            let cfg = if small_reads {
+                crate::io::IoConfig {
+                    depth: 4,
+                    slot_size: 1 << 20,
+                    ..crate::io::IoConfig::default()
+                }
+            } else {
+                crate::io::scan_config()
+            };
+            crate::io::scan_file(&file, &cfg, |_, chunk| split.feed(chunk, &mut f))?;
         }
         Input::Stdin => {
             let mut stdin = std::io::stdin().lock();
@@ -510,12 +521,61 @@ impl RecordSplitter<'_> {
 }
 
 /// Records held in memory, ids 0, 1, 2, ... in input order: the bytes back to back and
-/// the end of each record (8 bytes per record). The order is the epoch table of the ids
-/// (4 bytes per record, built only at the end), so keys are never stored.
+/// the end of each record (4 bytes per record while the bytes stay under 4 GiB, 8 after).
+/// The order is the epoch table of the ids (4 bytes per record, built only at the end), so
+/// keys are never stored.
 #[derive(Default)]
 struct MemoryRecords {
     data: Vec<u8>,
-    ends: Vec<u64>,
+    ends: Ends,
+}
+
+/// Record ends, as narrow as the data allows.
+enum Ends {
+    U32(Vec<u32>),
+    U64(Vec<u64>),
+}
+
+impl Default for Ends {
+    fn default() -> Self {
+        Ends::U32(Vec::new())
+    }
+}
+
+impl Ends {
+    fn push(&mut self, end: u64) {
+        if let Ends::U32(v) = self {
+            match u32::try_from(end) {
+                Ok(e) => return v.push(e),
+                // Past 4 GiB: widen once.
+                Err(_) => *self = Ends::U64(v.iter().map(|&e| e as u64).collect()),
+            }
+        }
+        if let Ends::U64(v) = self {
+            v.push(end);
+        }
+    }
+
+    fn get(&self, i: usize) -> usize {
+        match self {
+            Ends::U32(v) => v[i] as usize,
+            Ends::U64(v) => v[i] as usize,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Ends::U32(v) => v.len(),
+            Ends::U64(v) => v.len(),
+        }
+    }
+
+    fn capacity_bytes(&self) -> u64 {
+        match self {
+            Ends::U32(v) => v.capacity() as u64 * 4,
+            Ends::U64(v) => v.capacity() as u64 * 8,
+        }
+    }
 }
 
 impl MemoryRecords {
@@ -525,17 +585,15 @@ impl MemoryRecords {
     }
 
     fn record(&self, id: usize) -> &[u8] {
-        let start = if id == 0 {
-            0
-        } else {
-            self.ends[id - 1] as usize
-        };
-        &self.data[start..self.ends[id] as usize]
+        let start = if id == 0 { 0 } else { self.ends.get(id - 1) };
+        &self.data[start..self.ends.get(id)]
     }
 
     /// Bytes held, counting the table the final sort will need.
     fn footprint(&self) -> u64 {
-        self.data.capacity() as u64 + self.ends.capacity() as u64 * PER_RECORD
+        self.data.capacity() as u64
+            + self.ends.capacity_bytes()
+            + self.ends.len() as u64 * TABLE_PER_RECORD
     }
 
     fn drain_into(&mut self, p: &mut Piles, key: &EpochKey) -> Result<()> {
@@ -924,5 +982,23 @@ impl Drop for OutputWriter {
         for (_, tmp) in self.done.drain(..) {
             let _ = std::fs::remove_file(tmp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn record_ends_widen_past_4_gib() {
+        let mut e = super::Ends::default();
+        e.push(5);
+        e.push(u32::MAX as u64);
+        assert!(matches!(e, super::Ends::U32(_)));
+        e.push(u32::MAX as u64 + 10);
+        assert!(matches!(e, super::Ends::U64(_)));
+        assert_eq!(
+            (0..3).map(|i| e.get(i) as u64).collect::<Vec<_>>(),
+            [5, u32::MAX as u64, u32::MAX as u64 + 10]
+        );
+        assert_eq!(e.len(), 3);
     }
 }
