@@ -101,6 +101,41 @@ pub(crate) fn gen(sb: &Sandbox, out: &Path, format: &str, records: u64, size: u6
     assert_ok(&o);
 }
 
+/// A real small disk: a size-limited tmpfs mounted in the sandbox for a test (removed when
+/// dropped), or `None`, with the reason printed, where mounting is not allowed.
+pub(crate) struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    pub(crate) fn mount(sb: &Sandbox, size: &str) -> Option<SmallDisk> {
+        let mnt = sb.path().join("small");
+        std::fs::create_dir(&mnt).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!(
+                "skipped: cannot mount a small tmpfs here (needs root) to fill a disk for real"
+            );
+            return None;
+        }
+        Some(SmallDisk(mnt))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // Lazy: a process forked by a concurrent test may briefly hold the mount busy; -l
+        // detaches it now and frees it when that process is gone.
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

@@ -287,29 +287,10 @@ fn bad_arguments_are_refused_clearly() {
 #[test]
 fn two_pass_on_a_full_scratch_disk_fails_cleanly() {
     let sb = Sandbox::new();
-    let mnt = sb.path().join("small");
-    std::fs::create_dir(&mnt).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!("skipped: cannot mount a small tmpfs here (needs root) to fill a disk for real");
+    let Some(small) = crate::SmallDisk::mount(&sb, "4m") else {
         return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            // Lazy: a process forked by a concurrent test may briefly hold the mount busy;
-            // -l detaches it now and frees it when that process is gone.
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _guard = Unmount(mnt.clone());
+    };
+    let mnt = small.path().to_path_buf();
     let data = sb.data().join("d.jsonl");
     make(&sb, &data, "lines", 100_000, 100);
     let before = std::fs::read(&data).unwrap();

@@ -15,10 +15,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use riffle::dataset::{Dataset, OpenOptions};
-use riffle::format::Format;
-use riffle::gen::{generate, GenFormat, GenSpec};
-use riffle::io::IoConfig;
 use riffle::modes::{read, ReadOptions, ReadReport};
 use riffle::order::{EpochKey, EpochTable, Grouping};
 use serde::Serialize;
@@ -82,38 +78,8 @@ pub struct LirsReport {
     pub report_dir: String,
 }
 
-fn make(path: &Path, record: u64, size: u64) -> Result<()> {
-    if std::fs::metadata(path)
-        .map(|m| m.len() == size)
-        .unwrap_or(false)
-    {
-        return Ok(());
-    }
-    let spec = GenSpec {
-        format: GenFormat::Fixed,
-        records: size / record,
-        record_size: record,
-        jitter: 0.0,
-        labels: 10,
-        sorted: false,
-        seed: 0,
-    };
-    generate(path, &spec, &IoConfig::sequential_write(), &mut |_, _| {})?;
-    Ok(())
-}
-
 fn epoch(path: &Path, record: u64, grouping: Grouping) -> Result<ReadReport> {
-    let ds = Dataset::open(
-        &[path],
-        &OpenOptions {
-            format: Some(Format::Fixed {
-                size: record,
-                header: 0,
-            }),
-            ..OpenOptions::default()
-        },
-        &mut |_, _, _| {},
-    )?;
+    let ds = crate::data::open_fixed(path, record)?;
     let mut o = ReadOptions::new(256);
     o.grouping = grouping;
     let mut stream = read(Arc::new(ds), o)?;
@@ -152,7 +118,7 @@ pub fn run(opts: &LirsOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
             .join(format!("riffle-lirs-{record}-{}.bin", opts.file_size));
         progress(step, total, &format!("writing {}", p.display()));
         step += 1;
-        make(&p, *record, opts.file_size)?;
+        crate::data::make_fixed(&p, *record, opts.file_size / *record)?;
         files.push(p);
     }
     let result = (|| -> Result<LirsReport> {

@@ -11,11 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use riffle::dataset::{Dataset, OpenOptions};
+use riffle::dataset::Dataset;
 use riffle::emulate::{DeviceClass, Throttle};
-use riffle::format::Format;
-use riffle::gen::{generate, GenFormat, GenSpec};
-use riffle::io::IoConfig;
 use riffle::modes::{read, read_two_pass, ReadOptions, ReadReport};
 use riffle::plan::{DeviceModel, Plan};
 use serde::Serialize;
@@ -114,40 +111,6 @@ fn records_for(class: Option<DeviceClass>, record: u64, quick: bool) -> u64 {
     }
 }
 
-fn make(path: &Path, record: u64, records: u64) -> Result<()> {
-    if std::fs::metadata(path)
-        .map(|m| m.len() == record * records)
-        .unwrap_or(false)
-    {
-        return Ok(());
-    }
-    let spec = GenSpec {
-        format: GenFormat::Fixed,
-        records,
-        record_size: record,
-        jitter: 0.0,
-        labels: 10,
-        sorted: false,
-        seed: 0,
-    };
-    generate(path, &spec, &IoConfig::sequential_write(), &mut |_, _| {})?;
-    Ok(())
-}
-
-fn open(path: &Path, record: u64) -> Result<Arc<Dataset>> {
-    Ok(Arc::new(Dataset::open(
-        &[path],
-        &OpenOptions {
-            format: Some(Format::Fixed {
-                size: record,
-                header: 0,
-            }),
-            ..OpenOptions::default()
-        },
-        &mut |_, _, _| {},
-    )?))
-}
-
 fn run_mode(
     ds: Arc<Dataset>,
     opts: &ReadOptions,
@@ -208,9 +171,9 @@ pub fn run(
                 &format!("{name}: writing {records} x {record} B"),
             );
             step += 1;
-            make(&path, record, records)?;
+            crate::data::make_fixed(&path, record, records)?;
             let result = (|| -> Result<PlannerRow> {
-                let ds = open(&path, record)?;
+                let ds = Arc::new(crate::data::open_fixed(&path, record)?);
                 let ro = ReadOptions {
                     epochs: opts.epochs,
                     ..ReadOptions::new(64)

@@ -1,62 +1,41 @@
 //! `riffle plan DATASET --batch-size B`: every mode's predicted epoch times, memory and
 //! scratch space on this device, the mode `auto` would run, and why.
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use riffle::dataset::Dataset;
 use riffle::io::IoConfig;
 use riffle::modes::ReadOptions;
-use riffle::size::{human_bytes, parse_size};
+use riffle::size::human_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub data: super::dataset::DatasetArgs,
-    /// Records per batch.
-    #[arg(long)]
-    pub batch_size: u64,
-    /// Epochs the job will read (two-pass pays its scatter once).
-    #[arg(long, default_value_t = 1)]
-    pub epochs: u64,
-    /// Hard ceiling on engine-owned memory.
-    #[arg(long, value_parser = parse_size)]
-    pub memory: Option<u64>,
-    /// record or page (see `riffle read --help`).
-    #[arg(long, default_value = "record")]
-    pub grouping: String,
-    /// The block size of page grouping.
-    #[arg(long, default_value = "4K", value_parser = parse_size)]
-    pub unit: u64,
-    /// Reads in flight.
-    #[arg(long, default_value_t = 64)]
-    pub queue_depth: usize,
-    /// Where two-pass would put its piles (default: the directory of the first data file).
-    #[arg(long)]
-    pub scratch: Option<PathBuf>,
+    #[command(flatten)]
+    pub job: super::read::JobArgs,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.epochs == 0 {
+    if a.job.epochs == 0 {
         anyhow::bail!("--epochs must be at least 1");
     }
-    let grouping = super::read::parse_grouping(&a.grouping, a.unit)?;
-    let opts = a.data.options(false, false, a.memory)?;
+    let grouping = super::read::parse_grouping(&a.job.grouping, a.job.unit)?;
+    let opts = a.data.options(false, false, a.job.memory)?;
     let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
     let read_opts = ReadOptions {
-        epochs: a.epochs,
+        epochs: a.job.epochs,
         grouping,
-        memory: a.memory,
+        memory: a.job.memory,
         io: IoConfig {
-            depth: a.queue_depth.max(1),
+            depth: a.job.queue_depth.max(1),
             ..IoConfig::default()
         },
-        ..ReadOptions::new(a.batch_size)
+        ..ReadOptions::new(a.job.batch_size)
     };
-    let scratch = super::read::scratch_dir(a.scratch.as_ref(), &ds);
+    let scratch = super::read::scratch_dir(a.job.scratch.as_ref(), &ds);
     let (dev, _) = super::read::device_model(&ds, a.json)?;
     let free = riffle::probe::free_bytes(&scratch).ok();
     let plan = riffle::plan::plan(&ds, &read_opts, &dev, free)?;

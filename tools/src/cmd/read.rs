@@ -14,16 +14,39 @@ use serde_json::json;
 
 use crate::progress;
 
+/// The job's shape, shared by `riffle read` and `riffle plan`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct JobArgs {
+    /// Records per batch.
+    #[arg(long)]
+    pub batch_size: u64,
+    /// Number of epochs to read (two-pass pays its scatter once).
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Hard ceiling on engine-owned memory (tables, indexes, buffers, read-ahead).
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// record (an exact uniform shuffle) or page (records starting in one aligned block
+    /// move together: one read per block).
+    #[arg(long, default_value = "record")]
+    pub grouping: String,
+    /// The block size of page grouping.
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub unit: u64,
+    /// Reads in flight.
+    #[arg(long, default_value_t = 64)]
+    pub queue_depth: usize,
+    /// two-pass: where the piles go (default: the directory of the first data file).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+}
+
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub data: super::dataset::DatasetArgs,
-    /// Records per batch.
-    #[arg(long)]
-    pub batch_size: u64,
-    /// Number of epochs to read.
-    #[arg(long, default_value_t = 1)]
-    pub epochs: u64,
+    #[command(flatten)]
+    pub job: JobArgs,
     /// The first epoch (the order of epoch e is the same whichever run reads it).
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
@@ -41,9 +64,6 @@ pub struct Args {
     /// bmf: records per block (blocks are cut once; only their order changes per epoch).
     #[arg(long, default_value_t = 4096)]
     pub block: u64,
-    /// two-pass: where the piles go (default: the directory of the first data file).
-    #[arg(long)]
-    pub scratch: Option<PathBuf>,
     /// Seed of the order.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -60,19 +80,6 @@ pub struct Args {
     /// padding).
     #[arg(long)]
     pub pad: bool,
-    /// Hard ceiling on engine-owned memory (tables, indexes, buffers, read-ahead).
-    #[arg(long, value_parser = parse_size)]
-    pub memory: Option<u64>,
-    /// record (an exact uniform shuffle) or page (records starting in one aligned block
-    /// move together: one read per block).
-    #[arg(long, default_value = "record")]
-    pub grouping: String,
-    /// The block size of page grouping.
-    #[arg(long, default_value = "4K", value_parser = parse_size)]
-    pub unit: u64,
-    /// Reads in flight.
-    #[arg(long, default_value_t = 64)]
-    pub queue_depth: usize,
     /// Batches read ahead of the consumer.
     #[arg(long, default_value_t = 4)]
     pub prefetch: usize,
@@ -147,16 +154,16 @@ pub fn run(a: Args) -> Result<()> {
             "unknown mode '{other}': expected auto, lirs, two-pass, buffer, bmf or sequential"
         ),
     };
-    let grouping = parse_grouping(&a.grouping, a.unit)?;
+    let grouping = parse_grouping(&a.job.grouping, a.job.unit)?;
     let tail = match (a.drop_last, a.pad) {
         (true, _) => Tail::DropLast,
         (_, true) => Tail::Pad,
         _ => Tail::Partial,
     };
-    if a.epochs == 0 {
+    if a.job.epochs == 0 {
         bail!("--epochs must be at least 1");
     }
-    let opts = a.data.options(false, false, a.memory)?;
+    let opts = a.data.options(false, false, a.job.memory)?;
     let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
     let records = ds.len();
     let device = riffle::device::identify(&ds.files()[0].path).ok();
@@ -164,19 +171,19 @@ pub fn run(a: Args) -> Result<()> {
     let read_opts = ReadOptions {
         seed: a.seed,
         first_epoch: a.epoch,
-        epochs: a.epochs,
-        batch: a.batch_size,
+        epochs: a.job.epochs,
+        batch: a.job.batch_size,
         rank: a.rank,
         world: a.world,
         tail,
         grouping,
         resume: a.resume,
         io: IoConfig {
-            depth: a.queue_depth.max(1),
+            depth: a.job.queue_depth.max(1),
             ..IoConfig::default()
         },
         prefetch: a.prefetch,
-        memory: a.memory,
+        memory: a.job.memory,
         baseline: match mode {
             "buffer" => Some(Baseline::Buffer {
                 size: a.buffer.max(1),
@@ -194,7 +201,7 @@ pub fn run(a: Args) -> Result<()> {
         )),
         None => None,
     };
-    let scratch = scratch_dir(a.scratch.as_ref(), &ds);
+    let scratch = scratch_dir(a.job.scratch.as_ref(), &ds);
     let mut plan = None;
     let mode = if mode == "auto" {
         let (dev, probed) = device_model(&ds, a.json)?;
@@ -256,7 +263,7 @@ pub fn run(a: Args) -> Result<()> {
         v["iops"] = iops.into();
         v["dataset_records"] = records.into();
         v["seed"] = a.seed.into();
-        v["epochs"] = a.epochs.into();
+        v["epochs"] = a.job.epochs.into();
         v["emulated"] = serde_json::to_value(emulated)?;
         if let Some(p) = &plan {
             let c = p.chosen();
