@@ -9,6 +9,7 @@ pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
 pub mod planner;
+pub mod plot;
 pub mod probe_check;
 pub mod report;
 
