@@ -5,6 +5,7 @@
 //! engine on the same file, block size and queue depth, in one run) and [`probe_check`]
 //! (`riffle probe`'s figures against fio's on the same device).
 
+pub mod convergence;
 pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
