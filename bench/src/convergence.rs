@@ -5,8 +5,9 @@
 //! The task: a fixed-record dataset made by `riffle gen` with two labels, sorted by label
 //! (the first half is label 0). Each record's features are derived from the id and label
 //! that the record's payload carries: `FEATURES` Gaussian-like values hashed from the id,
-//! shifted by `+-SHIFT` on every axis by the label. The model must learn that shift from
-//! the bytes it is fed; the Bayes-optimal model is known (weights `2 x SHIFT`, no bias),
+//! shifted by `+-SHIFT` on every axis by the label, each axis then scaled by its own factor.
+//! The model must learn that shift from the bytes it is fed; the Bayes-optimal model is
+//! known (weights `2 x SHIFT / scale`, no bias),
 //! and the target loss is its loss plus `TARGET_MARGIN`. The test set is made of other ids
 //! (after the training set's), with alternating labels.
 //!
@@ -38,6 +39,10 @@ pub const FEATURES: usize = 16;
 /// Per-axis class mean shift: the classes are N(-SHIFT, 1) and N(+SHIFT, 1) per axis, so
 /// the Bayes accuracy is Phi(SHIFT x sqrt(FEATURES)) = Phi(1.2), about 88.5%.
 pub const SHIFT: f64 = 0.3;
+/// Axis `j` is scaled by `SCALE_RANGE^(-j / (FEATURES - 1))`: from 1 down to
+/// 1 / SCALE_RANGE. The scales make the problem ill-conditioned, as real features are, so
+/// plain SGD needs several epochs to learn the small axes and the orders differ in how many.
+pub const SCALE_RANGE: f64 = 10.0;
 /// The target loss is the Bayes-optimal model's training loss plus this.
 pub const TARGET_MARGIN: f64 = 0.01;
 
@@ -165,9 +170,14 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The scale of axis `j`.
+pub fn scale(j: usize) -> f64 {
+    SCALE_RANGE.powf(-(j as f64) / (FEATURES - 1) as f64)
+}
+
 /// The features of record `id` with `label`: per axis, the sum of four uniform 16-bit
 /// pieces of one hash (mean 0, variance 1 after scaling: close to a Gaussian), shifted by
-/// the label.
+/// the label, times the axis's scale.
 pub fn features(id: u64, label: u32) -> [f64; FEATURES] {
     let sign = if label == 0 { -1.0 } else { 1.0 };
     let mut x = [0.0; FEATURES];
@@ -177,7 +187,7 @@ pub fn features(id: u64, label: u32) -> [f64; FEATURES] {
             .map(|k| ((h >> (16 * k)) & 0xffff) as f64 / 65536.0)
             .sum();
         // Four U(0,1): mean 2, variance 1/3.
-        *v = (sum - 2.0) * 3f64.sqrt() + sign * SHIFT;
+        *v = ((sum - 2.0) * 3f64.sqrt() + sign * SHIFT) * scale(j);
     }
     x
 }
@@ -447,7 +457,7 @@ pub fn run(
             })
             .collect();
         let bayes = Model {
-            w: [2.0 * SHIFT; FEATURES],
+            w: std::array::from_fn(|j| 2.0 * SHIFT / scale(j)),
             b: 0.0,
         };
         let bayes_loss = bayes.evaluate(&train_set).0;
@@ -621,7 +631,10 @@ mod tests {
         let n = 20_000u64;
         let mean = |label| {
             (0..n)
-                .map(|id| features(id, label).iter().sum::<f64>() / FEATURES as f64)
+                .map(|id| {
+                    let x = features(id, label);
+                    (0..FEATURES).map(|j| x[j] / scale(j)).sum::<f64>() / FEATURES as f64
+                })
                 .sum::<f64>()
                 / n as f64
         };
