@@ -60,7 +60,10 @@ pub fn line_chart(path: &Path, chart: &LineChart) -> Result<()> {
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let points = || chart.series.iter().flat_map(|s| s.points.iter());
     let (x0, x1) = span(points().map(|p| p.0));
-    let (y0, y1) = span(points().map(|p| p.1));
+    let (y0, mut y1) = span(points().map(|p| p.1));
+    // Headroom for the legend in the upper right, about a row per series, so it does not
+    // hide the lines' last points.
+    y1 += (y1 - y0) * 0.07 * chart.series.len() as f64;
     let mut ctx = ChartBuilder::on(&root)
         .caption(&chart.title, ("sans-serif", 22))
         .margin(15)
