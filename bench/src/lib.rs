@@ -1,15 +1,19 @@
 //! riffle's reproducible experiments. Each suite writes `results/<date>-<host>/` with a JSON
 //! file (every figure) and a Markdown summary, with the device identity beside them.
 //!
-//! Suites so far: [`fio_parity`] (the engine's raw random reads against fio's io_uring
-//! engine on the same file, block size and queue depth, in one run) and [`probe_check`]
-//! (`riffle probe`'s figures against fio's on the same device).
+//! Suites: [`mod@fio_parity`] (the engine's raw random reads against fio's io_uring engine on
+//! the same file, block size and queue depth, in one run), [`probe_check`] (`riffle
+//! probe`'s figures against fio's on the same device), [`lirs`], [`planner`] and
+//! [`convergence`] (SGD on label-sorted data fed by each mode). [`plot`] draws their SVG
+//! charts.
 
+pub mod convergence;
 pub mod data;
 pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
 pub mod planner;
+pub mod plot;
 pub mod probe_check;
 pub mod report;
 

@@ -17,6 +17,7 @@ use riffle::modes::{read, read_two_pass, ReadOptions, ReadReport};
 use riffle::plan::{DeviceModel, Plan};
 use serde::Serialize;
 
+use crate::plot::{self, LineChart, Series};
 use crate::report;
 
 /// Options of the suite.
@@ -233,6 +234,7 @@ pub fn run(
         cold_cache: cold,
         report_dir: dir.display().to_string(),
     };
+    plot::line_chart(&dir.join("planner.svg"), &chart(&rep))?;
     report::write_report(
         &dir,
         "planner",
@@ -240,6 +242,38 @@ pub fn run(
         &markdown(&rep),
     )?;
     Ok(rep)
+}
+
+/// `planner.svg`: predicted and measured seconds per mode across the cases (x: the case's
+/// number in the table, in order; y: log10 of seconds, as cases span orders of magnitude).
+fn chart(r: &PlannerReport) -> LineChart {
+    let mut series = Vec::new();
+    for mode in ["lirs", "two-pass"] {
+        for (what, pick) in [
+            (
+                "predicted",
+                (|m: &ModeRun| m.predicted_s) as fn(&ModeRun) -> f64,
+            ),
+            ("measured", |m: &ModeRun| m.measured_s),
+        ] {
+            let points = r
+                .rows
+                .iter()
+                .enumerate()
+                .filter_map(|(i, row)| {
+                    let m = row.runs.iter().find(|m| m.mode == mode)?;
+                    Some(((i + 1) as f64, pick(m).max(1e-6).log10()))
+                })
+                .collect();
+            series.push(Series::new(format!("{mode} {what}"), points));
+        }
+    }
+    LineChart {
+        title: "planner: predicted and measured seconds per case".into(),
+        x_label: "case (row of the table)".into(),
+        y_label: "log10(seconds)".into(),
+        series,
+    }
 }
 
 /// The report as Markdown.
@@ -253,10 +287,10 @@ pub fn markdown(r: &PlannerReport) -> String {
         r.epochs, r.cold_cache
     ));
     s.push_str(
-        "| device | record | records | lirs predicted / measured (s) | two-pass predicted / measured (s) | auto | fastest | auto / fastest | ok |\n\
-         |---|---:|---:|---:|---:|---|---|---:|---|\n",
+        "| case | device | record | records | lirs predicted / measured (s) | two-pass predicted / measured (s) | auto | fastest | auto / fastest | ok |\n\
+         |---:|---|---:|---:|---:|---:|---|---|---:|---|\n",
     );
-    for row in &r.rows {
+    for (i, row) in r.rows.iter().enumerate() {
         let cell = |m: &str| {
             row.runs
                 .iter()
@@ -271,7 +305,8 @@ pub fn markdown(r: &PlannerReport) -> String {
         };
         let ok_pred = row.runs.iter().all(|x| (0.7..=1.3).contains(&x.ratio));
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} |\n",
+            i + 1,
             row.device,
             riffle::size::human_bytes(row.record as f64),
             row.records,
@@ -297,7 +332,8 @@ pub fn markdown(r: &PlannerReport) -> String {
     let choices = r.rows.iter().filter(|x| x.choice_ok).count();
     s.push_str(&format!(
         "\nauto chose the faster mode (or one within 10%) in {choices} of {} cases; {within} of {} \
-         predictions are within 30% (ratio = predicted / measured).\n",
+         predictions are within 30% (ratio = predicted / measured). planner.svg plots \
+         predicted and measured seconds by case.\n",
         r.rows.len(),
         preds.len()
     ));

@@ -12,7 +12,8 @@ use crate::progress;
 #[derive(clap::Args)]
 pub struct Args {
     /// The suite to run: fio-parity, probe-check, lirs, planner (predictions against runs
-    /// on the real device and emulated hdd), or all.
+    /// on the real device and emulated hdd), convergence (SGD on label-sorted data fed by
+    /// each mode), or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -54,16 +55,18 @@ pub fn run(args: Args) -> Result<()> {
         "probe-check" => probe_check(&args),
         "lirs" => lirs(&args),
         "planner" => planner(&args),
+        "convergence" => convergence(&args),
         "all" => {
             parity(&args)?;
             probe_check(&args)?;
             lirs(&args)?;
-            planner(&args)
+            planner(&args)?;
+            convergence(&args)
         }
         other => {
             bail!(
-                "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner \
-                 and all"
+                "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
+                 convergence and all"
             )
         }
     }
@@ -140,6 +143,22 @@ fn planner(args: &Args) -> Result<()> {
         opts.devices.len() * 13,
         |p| riffle_bench::planner::run(&opts, p),
         riffle_bench::planner::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn convergence(args: &Args) -> Result<()> {
+    let mut opts = riffle_bench::convergence::ConvergenceOptions::new(
+        args.quick,
+        args.out.clone(),
+        args.data_dir.clone(),
+    );
+    opts.keep = args.keep;
+    suite(
+        args,
+        8,
+        |p| riffle_bench::convergence::run(&opts, p),
+        riffle_bench::convergence::markdown,
         |r| &r.report_dir,
     )
 }
