@@ -4,9 +4,11 @@
 //! Suites: [`mod@fio_parity`] (the engine's raw random reads against fio's io_uring engine on
 //! the same file, block size and queue depth, in one run), [`probe_check`] (`riffle
 //! probe`'s figures against fio's on the same device), [`lirs`], [`planner`] and
-//! [`convergence`] (SGD on label-sorted data fed by each mode). [`plot`] draws their SVG
+//! [`convergence`] (SGD on label-sorted data fed by each mode), [`au`] (accelerator
+//! utilisation with a simulated compute time per batch). [`plot`] draws their SVG
 //! charts.
 
+pub mod au;
 pub mod convergence;
 pub mod data;
 pub mod fio;

@@ -13,7 +13,8 @@ use crate::progress;
 pub struct Args {
     /// The suite to run: fio-parity, probe-check, lirs, planner (predictions against runs
     /// on the real device and emulated hdd), convergence (SGD on label-sorted data fed by
-    /// each mode), or all.
+    /// each mode), au (accelerator utilisation with a simulated compute time per batch), or
+    /// all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -40,7 +41,7 @@ pub struct Args {
     /// Keep the test file for the next run.
     #[arg(long)]
     pub keep: bool,
-    /// planner: the devices to run on, comma separated: real (no throttle) and emulated
+    /// planner, au: the devices to run on, comma separated: real (no throttle) and emulated
     /// classes (hdd, sata-ssd).
     #[arg(long, value_delimiter = ',', default_value = "real,hdd")]
     pub devices: Vec<String>,
@@ -56,17 +57,19 @@ pub fn run(args: Args) -> Result<()> {
         "lirs" => lirs(&args),
         "planner" => planner(&args),
         "convergence" => convergence(&args),
+        "au" => au(&args),
         "all" => {
             parity(&args)?;
             probe_check(&args)?;
             lirs(&args)?;
             planner(&args)?;
-            convergence(&args)
+            convergence(&args)?;
+            au(&args)
         }
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
-                 convergence and all"
+                 convergence, au and all"
             )
         }
     }
@@ -119,17 +122,7 @@ fn lirs(args: &Args) -> Result<()> {
 }
 
 fn planner(args: &Args) -> Result<()> {
-    let devices = args
-        .devices
-        .iter()
-        .map(|d| match d.as_str() {
-            "real" => Ok(None),
-            other => other
-                .parse::<riffle::emulate::DeviceClass>()
-                .map(Some)
-                .map_err(|e| anyhow::anyhow!("--devices: {e}")),
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let devices = devices(args)?;
     let opts = riffle_bench::planner::PlannerOptions {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
@@ -161,6 +154,39 @@ fn convergence(args: &Args) -> Result<()> {
         riffle_bench::convergence::markdown,
         |r| &r.report_dir,
     )
+}
+
+fn au(args: &Args) -> Result<()> {
+    let opts = riffle_bench::au::AuOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        devices: devices(args)?,
+        quick: args.quick,
+        epochs: 2,
+        keep: args.keep,
+    };
+    let per_device = 4 * if args.quick { 3 } else { 6 };
+    suite(
+        args,
+        opts.devices.len() * per_device,
+        |p| riffle_bench::au::run(&opts, p),
+        riffle_bench::au::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+/// `--devices`: `real` and emulated classes.
+fn devices(args: &Args) -> Result<Vec<Option<riffle::emulate::DeviceClass>>> {
+    args.devices
+        .iter()
+        .map(|d| match d.as_str() {
+            "real" => Ok(None),
+            other => other
+                .parse::<riffle::emulate::DeviceClass>()
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("--devices: {e}")),
+        })
+        .collect()
 }
 
 fn probe_check(args: &Args) -> Result<()> {
