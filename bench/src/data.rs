@@ -12,22 +12,32 @@ use riffle::io::IoConfig;
 /// Writes `records` generated records of `record` bytes to `path`, unless a file of that
 /// size is already there.
 pub fn make_fixed(path: &Path, record: u64, records: u64) -> Result<()> {
-    if std::fs::metadata(path)
-        .map(|m| m.len() == record * records)
-        .unwrap_or(false)
-    {
-        return Ok(());
-    }
-    let spec = GenSpec {
+    make(path, &fixed_spec(record, records, false))
+}
+
+/// Fixed records of `record` bytes with 10 labels, ascending with the id when `sorted`.
+pub fn fixed_spec(record: u64, records: u64, sorted: bool) -> GenSpec {
+    GenSpec {
         format: GenFormat::Fixed,
         records,
         record_size: record,
         jitter: 0.0,
         labels: 10,
-        sorted: false,
+        sorted,
         seed: 0,
-    };
-    generate(path, &spec, &IoConfig::sequential_write(), &mut |_, _| {})?;
+    }
+}
+
+/// Writes the dataset `spec` describes to `path`, unless a file of its size is already
+/// there (the name should tell the spec apart).
+pub fn make(path: &Path, spec: &GenSpec) -> Result<()> {
+    if std::fs::metadata(path)
+        .map(|m| m.len() == spec.record_size * spec.records)
+        .unwrap_or(false)
+    {
+        return Ok(());
+    }
+    generate(path, spec, &IoConfig::sequential_write(), &mut |_, _| {})?;
     Ok(())
 }
 

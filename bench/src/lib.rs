@@ -5,7 +5,8 @@
 //! the same file, block size and queue depth, in one run), [`probe_check`] (`riffle
 //! probe`'s figures against fio's on the same device), [`lirs`], [`planner`] and
 //! [`convergence`] (SGD on label-sorted data fed by each mode), [`au`] (accelerator
-//! utilisation with a simulated compute time per batch). [`plot`] draws their SVG
+//! utilisation with a simulated compute time per batch), [`modes`] (every mode x record
+//! size x device, with shuffle quality). [`plot`] draws their SVG
 //! charts.
 
 pub mod au;
@@ -14,6 +15,7 @@ pub mod data;
 pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
+pub mod modes;
 pub mod planner;
 pub mod plot;
 pub mod probe_check;

@@ -13,8 +13,8 @@ use crate::progress;
 pub struct Args {
     /// The suite to run: fio-parity, probe-check, lirs, planner (predictions against runs
     /// on the real device and emulated hdd), convergence (SGD on label-sorted data fed by
-    /// each mode), au (accelerator utilisation with a simulated compute time per batch), or
-    /// all.
+    /// each mode), au (accelerator utilisation with a simulated compute time per batch),
+    /// modes (every mode x record size x device, with shuffle quality), or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -41,7 +41,7 @@ pub struct Args {
     /// Keep the test file for the next run.
     #[arg(long)]
     pub keep: bool,
-    /// planner, au: the devices to run on, comma separated: real (no throttle) and emulated
+    /// planner, au, modes: the devices to run on, comma separated: real (no throttle) and emulated
     /// classes (hdd, sata-ssd).
     #[arg(long, value_delimiter = ',', default_value = "real,hdd")]
     pub devices: Vec<String>,
@@ -58,18 +58,20 @@ pub fn run(args: Args) -> Result<()> {
         "planner" => planner(&args),
         "convergence" => convergence(&args),
         "au" => au(&args),
+        "modes" => modes(&args),
         "all" => {
             parity(&args)?;
             probe_check(&args)?;
             lirs(&args)?;
             planner(&args)?;
             convergence(&args)?;
-            au(&args)
+            au(&args)?;
+            modes(&args)
         }
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
-                 convergence, au and all"
+                 convergence, au, modes and all"
             )
         }
     }
@@ -171,6 +173,23 @@ fn au(args: &Args) -> Result<()> {
         opts.devices.len() * per_device,
         |p| riffle_bench::au::run(&opts, p),
         riffle_bench::au::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn modes(args: &Args) -> Result<()> {
+    let opts = riffle_bench::modes::ModesOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        devices: devices(args)?,
+        quick: args.quick,
+        keep: args.keep,
+    };
+    suite(
+        args,
+        opts.devices.len() * 24,
+        |p| riffle_bench::modes::run(&opts, p),
+        riffle_bench::modes::markdown,
         |r| &r.report_dir,
     )
 }
