@@ -6,7 +6,8 @@
 //! probe`'s figures against fio's on the same device), [`lirs`], [`planner`] and
 //! [`convergence`] (SGD on label-sorted data fed by each mode), [`au`] (accelerator
 //! utilisation with a simulated compute time per batch), [`modes`] (every mode x record
-//! size x device, with shuffle quality). [`plot`] draws their SVG
+//! size x device, with shuffle quality), [`peers`] (numpy memmap and a Python shuffle buffer
+//! under a memory limit). [`plot`] draws their SVG
 //! charts.
 
 pub mod au;
@@ -16,6 +17,7 @@ pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
 pub mod modes;
+pub mod peers;
 pub mod planner;
 pub mod plot;
 pub mod probe_check;

@@ -14,7 +14,8 @@ pub struct Args {
     /// The suite to run: fio-parity, probe-check, lirs, planner (predictions against runs
     /// on the real device and emulated hdd), convergence (SGD on label-sorted data fed by
     /// each mode), au (accelerator utilisation with a simulated compute time per batch),
-    /// modes (every mode x record size x device, with shuffle quality), or all.
+    /// modes (every mode x record size x device, with shuffle quality), peers (numpy memmap
+    /// and a Python shuffle buffer under a 1 GiB memory limit, 3 GB of data), or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -59,6 +60,7 @@ pub fn run(args: Args) -> Result<()> {
         "convergence" => convergence(&args),
         "au" => au(&args),
         "modes" => modes(&args),
+        "peers" => peers(&args),
         "all" => {
             parity(&args)?;
             probe_check(&args)?;
@@ -66,12 +68,13 @@ pub fn run(args: Args) -> Result<()> {
             planner(&args)?;
             convergence(&args)?;
             au(&args)?;
-            modes(&args)
+            modes(&args)?;
+            peers(&args)
         }
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
-                 convergence, au, modes and all"
+                 convergence, au, modes, peers and all"
             )
         }
     }
@@ -190,6 +193,24 @@ fn modes(args: &Args) -> Result<()> {
         opts.devices.len() * 24,
         |p| riffle_bench::modes::run(&opts, p),
         riffle_bench::modes::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn peers(args: &Args) -> Result<()> {
+    let opts = riffle_bench::peers::PeersOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        size: 3_000_000_000,
+        memory: 1 << 30,
+        seconds: if args.quick { 8.0 } else { 30.0 },
+        keep: args.keep,
+    };
+    suite(
+        args,
+        6,
+        |p| riffle_bench::peers::run(&opts, p),
+        riffle_bench::peers::markdown,
         |r| &r.report_dir,
     )
 }
