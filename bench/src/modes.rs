@@ -64,6 +64,10 @@ pub struct ModesRow {
     pub labels_per_batch: f64,
     /// Share of file neighbours delivered in one batch.
     pub neighbours_together: f64,
+    /// How close to fio on the same file: reads/s over fio's one-pass random-read IOPS at
+    /// the mode's read size and QD 64 (lirs, lirs-page, bmf), or bytes/s over fio's
+    /// sequential read (two-pass, buffer, sequential). `None` without fio.
+    pub vs_fio: Option<f64>,
 }
 
 /// The suite's result.
@@ -75,6 +79,8 @@ pub struct ModesReport {
     pub rows: Vec<ModesRow>,
     /// Page cache dropped before each run.
     pub cold_cache: bool,
+    /// Why there is no fio column, if there is none.
+    pub fio_missing: Option<String>,
     /// Where written.
     pub report_dir: String,
 }
@@ -174,6 +180,13 @@ pub fn run(
     let mut step = 0;
     let mut rows = Vec::new();
     let mut cold = true;
+    let fio_missing = crate::fio::version().err().map(|e| e.to_string());
+    let huge = crate::fio::HugePages::reserve(64);
+    let mem = if huge.is_some() {
+        crate::fio::FioMem::ShmHuge
+    } else {
+        crate::fio::FioMem::Malloc
+    };
     for &class in &opts.devices {
         let name = class.map_or("real".to_string(), |c| c.to_string());
         let _throttle = match class {
@@ -189,6 +202,21 @@ pub fn run(
             crate::data::make(&path, &spec)?;
             let result = (|| -> Result<()> {
                 let ds = Arc::new(crate::data::open_fixed(&path, record)?);
+                // fio on the same file, same run: one pass of random reads of a record
+                // (and of a page), and a sequential read.
+                let size = record * records;
+                let mut fio = |rw: &str, bs: u64, qd: usize| -> Result<Option<f64>> {
+                    if fio_missing.is_some() {
+                        return Ok(None);
+                    }
+                    cold &= report::drop_caches();
+                    let r = crate::fio::run(&path, rw, bs as usize, qd, None, size, mem)?;
+                    Ok(Some(if rw == "read" { r.bytes_per_s } else { r.iops }))
+                };
+                progress(step, total, &format!("{name}: {record} B records, fio"));
+                let fio_record = fio("randread", record.max(512), 64)?;
+                let fio_page = fio("randread", 4096, 64)?;
+                let fio_seq = fio("read", 1 << 20, 8)?;
                 for mode in MODES {
                     progress(step, total, &format!("{name}: {record} B records, {mode}"));
                     step += 1;
@@ -209,6 +237,15 @@ pub fn run(
                         position_correlation: corr,
                         labels_per_batch: labels,
                         neighbours_together: together,
+                        vs_fio: match mode {
+                            "lirs" | "bmf" => fio_record
+                                .map(|f| r.read_ops as f64 / r.seconds.max(1e-9) / f.max(1e-9)),
+                            "lirs-page" => fio_page
+                                .map(|f| r.read_ops as f64 / r.seconds.max(1e-9) / f.max(1e-9)),
+                            _ => {
+                                fio_seq.map(|f| r.bytes as f64 / r.seconds.max(1e-9) / f.max(1e-9))
+                            }
+                        },
                     });
                 }
                 Ok(())
@@ -224,6 +261,7 @@ pub fn run(
         batch: BATCH,
         rows,
         cold_cache: cold,
+        fio_missing,
         report_dir: dir.display().to_string(),
     };
     report::write_report(&dir, "modes", &serde_json::to_value(&rep)?, &markdown(&rep))?;
@@ -264,25 +302,33 @@ pub fn markdown(r: &ModesReport) -> String {
         "One cold epoch (cold cache: {}) of label-sorted fixed records (10 labels), batches of \
          {}. Quality: r = correlation of file position and epoch position (0 = shuffled); \
          labels = distinct labels per batch (about 10 shuffled, 1 in file order); together = \
-         share of file neighbours in one batch (about {:.4} shuffled). Plots: \
-         modes-<device>.svg.\n\n",
+         share of file neighbours in one batch (about batch / records shuffled). vs fio: reads/s over \
+         fio's one-pass random-read IOPS at the mode's read size, QD 64 (lirs, bmf: a record; \
+         lirs-page: 4 KiB), or bytes/s over fio's sequential read (1 MiB, QD 8) for the \
+         sequential modes (two-pass also writes its piles). Plots: modes-<device>.svg.{}\n\n",
         r.cold_cache,
         r.batch,
-        r.batch as f64 / 1000.0
+        r.fio_missing
+            .as_ref()
+            .map(|e| format!(" No fio column: {e}."))
+            .unwrap_or_default()
     ));
     s.push_str(
-        "| device | record | mode | epoch s | records/s | IOPS | p50 us | p99 us | memory | r | labels | together |\n\
-         |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| device | record | mode | epoch s | records/s | IOPS | vs fio | p50 us | p99 us | memory | r | labels | together |\n\
+         |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for x in &r.rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.3} | {:.2} | {:.4} |\n",
+            "| {} | {} | {} | {:.2} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {} | {:.3} | {:.2} | {:.4} |\n",
             x.device,
             riffle::size::human_bytes(x.record as f64),
             x.mode,
             x.seconds,
             x.records_per_s,
             x.iops,
+            x.vs_fio
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_else(|| "—".into()),
             x.p50_us,
             x.p99_us,
             riffle::size::human_bytes(x.memory_bytes as f64),
