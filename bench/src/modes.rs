@@ -65,8 +65,8 @@ pub struct ModesRow {
     /// Share of file neighbours delivered in one batch.
     pub neighbours_together: f64,
     /// How close to fio on the same file: reads/s over fio's one-pass random-read IOPS at
-    /// the mode's read size and QD 64 (lirs, lirs-page, bmf), or bytes/s over fio's
-    /// sequential read (two-pass, buffer, sequential). `None` without fio.
+    /// the mode's read size and QD 64 (lirs, lirs-page), or bytes/s over fio's sequential
+    /// read (two-pass, buffer, bmf's block runs, sequential). `None` without fio.
     pub vs_fio: Option<f64>,
 }
 
@@ -215,7 +215,11 @@ pub fn run(
                 };
                 progress(step, total, &format!("{name}: {record} B records, fio"));
                 let fio_record = fio("randread", record.max(512), 64)?;
-                let fio_page = fio("randread", 4096, 64)?;
+                let fio_page = if record >= 4096 {
+                    fio_record
+                } else {
+                    fio("randread", 4096, 64)?
+                };
                 let fio_seq = fio("read", 1 << 20, 8)?;
                 for mode in MODES {
                     progress(step, total, &format!("{name}: {record} B records, {mode}"));
@@ -238,7 +242,7 @@ pub fn run(
                         labels_per_batch: labels,
                         neighbours_together: together,
                         vs_fio: match mode {
-                            "lirs" | "bmf" => fio_record
+                            "lirs" => fio_record
                                 .map(|f| r.read_ops as f64 / r.seconds.max(1e-9) / f.max(1e-9)),
                             "lirs-page" => fio_page
                                 .map(|f| r.read_ops as f64 / r.seconds.max(1e-9) / f.max(1e-9)),
@@ -303,9 +307,10 @@ pub fn markdown(r: &ModesReport) -> String {
          {}. Quality: r = correlation of file position and epoch position (0 = shuffled); \
          labels = distinct labels per batch (about 10 shuffled, 1 in file order); together = \
          share of file neighbours in one batch (about batch / records shuffled). vs fio: reads/s over \
-         fio's one-pass random-read IOPS at the mode's read size, QD 64 (lirs, bmf: a record; \
-         lirs-page: 4 KiB), or bytes/s over fio's sequential read (1 MiB, QD 8) for the \
-         sequential modes (two-pass also writes its piles). Plots: modes-<device>.svg.{}\n\n",
+         fio's one-pass random-read IOPS at the mode's read size, QD 64 (lirs: a record; \
+         lirs-page: 4 KiB or a record if larger), or bytes/s over fio's sequential read \
+         (1 MiB, QD 8) for the others (bmf reads runs of blocks; two-pass also writes its \
+         piles). Plots: modes-<device>.svg.{}\n\n",
         r.cold_cache,
         r.batch,
         r.fio_missing
