@@ -220,7 +220,9 @@ pub fn run(
                 } else {
                     fio("randread", 4096, 64)?
                 };
-                let fio_seq = fio("read", 1 << 20, 8)?;
+                // 1 MiB reads, or smaller on a small file (fio needs a block within it).
+                let seq_bs = ((size / 4).clamp(4096, 1 << 20) / 4096) * 4096;
+                let fio_seq = fio("read", seq_bs, 8)?;
                 for mode in MODES {
                     progress(step, total, &format!("{name}: {record} B records, {mode}"));
                     step += 1;
@@ -309,7 +311,7 @@ pub fn markdown(r: &ModesReport) -> String {
          share of file neighbours in one batch (about batch / records shuffled). vs fio: reads/s over \
          fio's one-pass random-read IOPS at the mode's read size, QD 64 (lirs: a record; \
          lirs-page: 4 KiB or a record if larger), or bytes/s over fio's sequential read \
-         (1 MiB, QD 8) for the others (bmf reads runs of blocks; two-pass also writes its \
+         (1 MiB or less on a small file, QD 8) for the others (bmf reads runs of blocks; two-pass also writes its \
          piles). Plots: modes-<device>.svg.{}\n\n",
         r.cold_cache,
         r.batch,

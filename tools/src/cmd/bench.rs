@@ -42,9 +42,9 @@ pub struct Args {
     /// Keep the test file for the next run.
     #[arg(long)]
     pub keep: bool,
-    /// planner, au, modes: the devices to run on, comma separated: real (no throttle) and emulated
-    /// classes (hdd, sata-ssd).
-    #[arg(long, value_delimiter = ',', default_value = "real,hdd")]
+    /// planner, au, modes: the devices to run on, comma separated: real (no throttle) and
+    /// emulated classes (hdd, sata-ssd; root). Default: real,hdd (modes: real,hdd,sata-ssd).
+    #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
     /// Print the report as one JSON object.
     #[arg(long)]
@@ -95,13 +95,35 @@ fn suite<R: serde::Serialize>(
         bar.set_message(what.to_owned());
     })?;
     bar.finish_and_clear();
+    let dir = std::path::PathBuf::from(report_dir(&rep));
+    save_profiles(&args.data_dir, &dir);
     if args.json {
         println!("{}", serde_json::to_string(&rep)?);
     } else {
         print!("{}", markdown(&rep));
-        println!("\nwritten to {}", report_dir(&rep));
+        println!("\nwritten to {}", dir.display());
     }
     Ok(())
+}
+
+/// Puts the cached probe profiles of the data directory's device (its own and any measured
+/// under emulation) beside the results, as `profile-<name>.json`: the figures the results
+/// are to be read against.
+fn save_profiles(data_dir: &std::path::Path, dir: &std::path::Path) {
+    let Ok(dev) = riffle::device::identify(data_dir) else {
+        return;
+    };
+    let prefix = dev.dev.replace(':', "_");
+    let cache = riffle::probe::cache_dir().join("profiles");
+    let Ok(entries) = std::fs::read_dir(&cache) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with(".json") {
+            let _ = std::fs::copy(e.path(), dir.join(format!("profile-{name}")));
+        }
+    }
 }
 
 fn lirs(args: &Args) -> Result<()> {
@@ -127,7 +149,7 @@ fn lirs(args: &Args) -> Result<()> {
 }
 
 fn planner(args: &Args) -> Result<()> {
-    let devices = devices(args)?;
+    let devices = devices(args, &["real", "hdd"])?;
     let opts = riffle_bench::planner::PlannerOptions {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
@@ -165,7 +187,7 @@ fn au(args: &Args) -> Result<()> {
     let opts = riffle_bench::au::AuOptions {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
-        devices: devices(args)?,
+        devices: devices(args, &["real", "hdd"])?,
         quick: args.quick,
         epochs: 2,
         keep: args.keep,
@@ -184,7 +206,7 @@ fn modes(args: &Args) -> Result<()> {
     let opts = riffle_bench::modes::ModesOptions {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
-        devices: devices(args)?,
+        devices: devices(args, &["real", "hdd", "sata-ssd"])?,
         quick: args.quick,
         keep: args.keep,
     };
@@ -215,11 +237,17 @@ fn peers(args: &Args) -> Result<()> {
     )
 }
 
-/// `--devices`: `real` and emulated classes.
-fn devices(args: &Args) -> Result<Vec<Option<riffle::emulate::DeviceClass>>> {
-    args.devices
+/// `--devices` (or the suite's default): `real` and emulated classes.
+fn devices(args: &Args, default: &[&str]) -> Result<Vec<Option<riffle::emulate::DeviceClass>>> {
+    let given: Vec<&str> = args.devices.iter().map(String::as_str).collect();
+    let names = if given.is_empty() {
+        default
+    } else {
+        &given[..]
+    };
+    names
         .iter()
-        .map(|d| match d.as_str() {
+        .map(|d| match *d {
             "real" => Ok(None),
             other => other
                 .parse::<riffle::emulate::DeviceClass>()
