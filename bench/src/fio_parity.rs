@@ -284,6 +284,18 @@ fn measure(
         &serde_json::to_value(&rep)?,
         &markdown(&rep),
     )?;
+    let cases: Vec<(f64, f64)> = rep
+        .rows
+        .iter()
+        .map(|r| (r.engine_iops, r.fio_iops))
+        .collect();
+    crate::plot::compare(
+        &dir.join("fio-parity.svg"),
+        "engine random reads against fio, same file, block size and queue depth",
+        "IOPS",
+        "fio",
+        &cases,
+    )?;
     Ok(rep)
 }
 

@@ -188,6 +188,18 @@ pub fn run(opts: &LirsOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
             report_dir: dir.display().to_string(),
         };
         report::write_report(&dir, "lirs", &serde_json::to_value(&rep)?, &markdown(&rep))?;
+        let cases: Vec<(f64, f64)> = rep
+            .rows
+            .iter()
+            .map(|r| (r.records_per_s, r.records_per_read * r.fio_iops))
+            .collect();
+        crate::plot::compare(
+            &dir.join("lirs.svg"),
+            "LIRS epochs against fio's one-pass random reads",
+            "records/s",
+            "fio (records per read x IOPS)",
+            &cases,
+        )?;
         Ok(rep)
     })();
     if !opts.keep {

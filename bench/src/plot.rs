@@ -53,6 +53,36 @@ fn span(v: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+/// Draws riffle's figure against a reference's for numbered cases (case i is row i of the
+/// suite's table): two series, `riffle` and `reference`.
+pub fn compare(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    reference: &str,
+    cases: &[(f64, f64)],
+) -> Result<()> {
+    let points = |pick: fn(&(f64, f64)) -> f64| {
+        cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ((i + 1) as f64, pick(c)))
+            .collect()
+    };
+    line_chart(
+        path,
+        &LineChart {
+            title: title.into(),
+            x_label: "case (row of the table)".into(),
+            y_label: y_label.into(),
+            series: vec![
+                Series::new("riffle", points(|c| c.0)),
+                Series::new(reference, points(|c| c.1)),
+            ],
+        },
+    )
+}
+
 /// Draws `chart` into the SVG file `path` (800 x 500).
 pub fn line_chart(path: &Path, chart: &LineChart) -> Result<()> {
     let err = |e: &dyn std::fmt::Display| anyhow!("{}: drawing the chart: {e}", path.display());

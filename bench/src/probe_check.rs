@@ -84,6 +84,14 @@ pub fn run(
         &serde_json::to_value(&check)?,
         &markdown(&check),
     )?;
+    // Both figures as ratios to fio, so that IOPS and bandwidth share an axis.
+    crate::plot::compare(
+        &dir.join(format!("{name}.svg")),
+        "riffle probe against fio (1 = fio's figure)",
+        "ratio to fio",
+        "fio",
+        &[(check.iops_ratio, 1.0), (check.seq_ratio, 1.0)],
+    )?;
     Ok(check)
 }
 
