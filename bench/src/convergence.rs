@@ -23,8 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
-use riffle::dataset::{Dataset, OpenOptions};
-use riffle::format::Format;
+use riffle::dataset::Dataset;
 use riffle::gen::{generate, GenFormat, GenSpec};
 use riffle::io::IoConfig;
 use riffle::modes::{read, read_two_pass, Baseline, ReadOptions};
@@ -260,17 +259,7 @@ enum Feed {
 }
 
 fn open(path: &Path, record: u64) -> Result<Arc<Dataset>> {
-    Ok(Arc::new(Dataset::open(
-        &[path],
-        &OpenOptions {
-            format: Some(Format::Fixed {
-                size: record,
-                header: 0,
-            }),
-            ..OpenOptions::default()
-        },
-        &mut |_, _, _| {},
-    )?))
+    Ok(Arc::new(crate::data::open_fixed(path, record)?))
 }
 
 struct Sets<'a> {
