@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use riffle::dataset::Dataset;
-use riffle::emulate::{DeviceClass, Throttle};
+use riffle::emulate::DeviceClass;
 use riffle::modes::{read, read_two_pass, Baseline, BatchStream, ReadOptions};
 use serde::Serialize;
 
-use crate::plot::{self, LineChart, Series};
+use crate::plot::{self, LineChart};
 use crate::report;
 
 /// Options of the suite.
@@ -137,11 +137,7 @@ pub fn run(opts: &AuOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Re
     let mut rows = Vec::new();
     let mut cold = true;
     for &class in &opts.devices {
-        let name = class.map_or("real".to_string(), |c| c.to_string());
-        let _throttle = match class {
-            Some(c) => Some(Throttle::enter(c, &opts.data_dir)?),
-            None => None,
-        };
+        let (name, _throttle) = report::enter_device(class, &opts.data_dir)?;
         // Tens of seconds of random reads per epoch at most: an hdd gets a small dataset.
         let records = match (class, opts.quick) {
             (Some(DeviceClass::Hdd), true) => 1500,
@@ -204,25 +200,13 @@ pub fn run(opts: &AuOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Re
         report_dir: dir.display().to_string(),
     };
     report::write_report(&dir, "au", &serde_json::to_value(&rep)?, &markdown(&rep))?;
-    let devices: Vec<String> = {
-        let mut d: Vec<String> = rep.rows.iter().map(|r| r.device.clone()).collect();
-        d.dedup();
-        d
-    };
-    for d in devices {
-        let series = MODES
-            .iter()
-            .map(|m| {
-                Series::new(
-                    *m,
-                    rep.rows
-                        .iter()
-                        .filter(|r| r.device == d && r.mode == *m && r.compute_us > 0.0)
-                        .map(|r| (r.compute_us, 100.0 * r.au))
-                        .collect(),
-                )
-            })
-            .collect();
+    for d in plot::distinct(&rep.rows, |r| &r.device) {
+        let series = plot::series_by(
+            &MODES,
+            &rep.rows,
+            |r| &r.mode,
+            |r| (r.device == d && r.compute_us > 0.0).then_some((r.compute_us, 100.0 * r.au)),
+        );
         plot::line_chart(
             &dir.join(format!("au-{d}.svg")),
             &LineChart {

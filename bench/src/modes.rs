@@ -12,12 +12,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use riffle::emulate::{DeviceClass, Throttle};
+use riffle::emulate::DeviceClass;
 use riffle::modes::{read, read_two_pass, Baseline, ReadOptions, ReadReport};
 use riffle::order::Grouping;
 use serde::Serialize;
 
-use crate::plot::{self, LineChart, Series};
+use crate::plot::{self, LineChart};
 use crate::report;
 
 /// Options of the suite.
@@ -188,11 +188,7 @@ pub fn run(
         crate::fio::FioMem::Malloc
     };
     for &class in &opts.devices {
-        let name = class.map_or("real".to_string(), |c| c.to_string());
-        let _throttle = match class {
-            Some(c) => Some(Throttle::enter(c, &opts.data_dir)?),
-            None => None,
-        };
+        let (name, _throttle) = report::enter_device(class, &opts.data_dir)?;
         for record in sizes {
             let records = records_for(class, record, opts.quick);
             let spec = crate::data::fixed_spec(record, records, true);
@@ -271,22 +267,16 @@ pub fn run(
         report_dir: dir.display().to_string(),
     };
     report::write_report(&dir, "modes", &serde_json::to_value(&rep)?, &markdown(&rep))?;
-    let mut devices: Vec<String> = rep.rows.iter().map(|r| r.device.clone()).collect();
-    devices.dedup();
-    for d in devices {
-        let series = MODES
-            .iter()
-            .map(|m| {
-                Series::new(
-                    *m,
-                    rep.rows
-                        .iter()
-                        .filter(|r| r.device == d && r.mode == *m)
-                        .map(|r| ((r.record as f64).log2(), r.records_per_s.max(1.0).log10()))
-                        .collect(),
-                )
-            })
-            .collect();
+    for d in plot::distinct(&rep.rows, |r| &r.device) {
+        let series = plot::series_by(
+            &MODES,
+            &rep.rows,
+            |r| &r.mode,
+            |r| {
+                (r.device == d)
+                    .then(|| ((r.record as f64).log2(), r.records_per_s.max(1.0).log10()))
+            },
+        );
         plot::line_chart(
             &dir.join(format!("modes-{d}.svg")),
             &LineChart {

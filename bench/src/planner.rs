@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use riffle::dataset::Dataset;
-use riffle::emulate::{DeviceClass, Throttle};
+use riffle::emulate::DeviceClass;
 use riffle::modes::{read, read_two_pass, ReadOptions, ReadReport};
 use riffle::plan::{DeviceModel, Plan};
 use serde::Serialize;
@@ -153,11 +153,7 @@ pub fn run(
     let mut rows = Vec::new();
     let mut cold = true;
     for &class in &opts.devices {
-        let name = class.map_or("real".to_string(), |c| c.to_string());
-        let _throttle = match class {
-            Some(c) => Some(Throttle::enter(c, &opts.data_dir)?),
-            None => None,
-        };
+        let (name, _throttle) = report::enter_device(class, &opts.data_dir)?;
         progress(step, total, &format!("{name}: device profile"));
         step += 1;
         let dev = device_model(&opts.data_dir)?;

@@ -53,6 +53,40 @@ fn span(v: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
+/// One series per name in `names`, each of the points of the items named so (items whose
+/// `point` is `None` are left out).
+pub fn series_by<T>(
+    names: &[&str],
+    items: &[T],
+    name_of: impl Fn(&T) -> &str,
+    point: impl Fn(&T) -> Option<(f64, f64)>,
+) -> Vec<Series> {
+    names
+        .iter()
+        .map(|n| {
+            Series::new(
+                *n,
+                items
+                    .iter()
+                    .filter(|i| name_of(i) == *n)
+                    .filter_map(&point)
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// The distinct values of `key` over `items`, in first-seen order.
+pub fn distinct<T>(items: &[T], key: impl Fn(&T) -> &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for i in items {
+        if !out.iter().any(|o| o == key(i)) {
+            out.push(key(i).to_string());
+        }
+    }
+    out
+}
+
 /// Draws riffle's figure against a reference's for numbered cases (case i is row i of the
 /// suite's table): two series, `riffle` and `reference`.
 pub fn compare(

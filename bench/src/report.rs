@@ -56,6 +56,21 @@ pub fn runs(v: &[f64]) -> String {
         .join(" ")
 }
 
+/// A device a suite measures: its name in reports (`real`, or the emulated class) and the
+/// throttle that emulates it, held until the guard is dropped.
+pub fn enter_device(
+    class: Option<riffle::emulate::DeviceClass>,
+    data_dir: &Path,
+) -> Result<(String, Option<riffle::emulate::Throttle>)> {
+    Ok(match class {
+        None => ("real".into(), None),
+        Some(c) => (
+            c.to_string(),
+            Some(riffle::emulate::Throttle::enter(c, data_dir)?),
+        ),
+    })
+}
+
 /// Writes `name.json` and `name.md` into `dir`.
 pub fn write_report(
     dir: &Path,

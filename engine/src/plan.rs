@@ -147,6 +147,14 @@ impl DeviceModel {
     }
 }
 
+/// The planner's model of the device holding `path`, from its cached profile (the profile
+/// of the emulated class while a throttle is in force), if one is cached.
+pub fn cached_device_model(path: &std::path::Path) -> Option<DeviceModel> {
+    let dev = crate::device::identify(path).ok()?;
+    let (profile, _) = crate::probe::load_cached(&dev, true, crate::emulate::active(&dev))?;
+    Some(DeviceModel::from_profile(&profile))
+}
+
 /// What the planner knows of the job.
 #[derive(Clone, Debug, Serialize)]
 pub struct Workload {
@@ -345,15 +353,17 @@ pub fn plan(
     }
     let mut candidates = Vec::new();
     for &g in &groupings {
-        let units = Units::new(ds, g).len() as f64;
         let o = ReadOptions {
             grouping: g,
             baseline: None,
             ..opts.clone()
         };
+        // Worked out once for both modes (page grouping walks the whole index).
+        let unit_set = Units::new(ds, g);
+        let units = unit_set.len() as f64;
         // LIRS.
         let (t, reads, read, bound) = lirs_epoch(dev, &w, units);
-        let (memory, unfit) = match crate::modes::lirs::memory_needs(ds, &o) {
+        let (memory, unfit) = match crate::modes::lirs::memory_needs(ds, &unit_set, &o) {
             Ok(m) => (m, None),
             Err(err) => (0, Some(err.to_string())),
         };
@@ -378,7 +388,7 @@ pub fn plan(
         } else {
             first + rolling * (e - 2.0) + last
         };
-        let (memory, scratch, unfit) = match crate::modes::twopass::needs(ds, &o) {
+        let (memory, scratch, unfit) = match crate::modes::twopass::needs(ds, &unit_set, &o) {
             Ok((m, s, _)) => {
                 let unfit = match scratch_free {
                     Some(free) if free < s => Some(format!(
@@ -422,13 +432,13 @@ pub fn plan(
             Baseline::Buffer { size } => Ok(ds.index_bytes()
                 + size.min(w.records) * (w.bytes / w.records.max(1) + 32)
                 + (16 << 20)),
-            _ => crate::modes::lirs::memory_needs(
-                ds,
-                &ReadOptions {
+            _ => {
+                let o = ReadOptions {
                     baseline: Some(baseline),
                     ..opts.clone()
-                },
-            ),
+                };
+                crate::modes::lirs::memory_needs(ds, &crate::modes::lirs::units_for(ds, &o), &o)
+            }
         };
         candidates.push(Candidate {
             mode: mode.into(),

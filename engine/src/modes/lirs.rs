@@ -118,13 +118,7 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     }
     // Check the split now so argument errors surface before any thread starts.
     Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
-    let units = match opts.baseline {
-        None => Units::new(&ds, opts.grouping),
-        Some(Baseline::Bmf { block }) => Units::blocks(ds.len(), block),
-        // One unit of everything: the table is trivial and the walker yields file order.
-        Some(Baseline::Sequential) => Units::blocks(ds.len(), ds.len()),
-        Some(Baseline::Buffer { .. }) => unreachable!("the buffer baseline is routed above"),
-    };
+    let units = units_for(&ds, &opts);
     let plan = MemoryPlan::new(&ds, &units, &opts)?;
     let prefetch = plan.prefetch;
     BatchStream::spawn("riffle-lirs", prefetch, move |tx, r| {
@@ -132,14 +126,28 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     })
 }
 
-/// The engine memory a LIRS read of `ds` with `opts` would own (tables, indexes, buffers,
-/// batches), or the error the read would fail with (a budget too small). For the planner.
-pub fn memory_needs(ds: &Dataset, opts: &ReadOptions) -> Result<u64> {
+/// The shuffling units a LIRS read of `ds` with `opts` walks: the grouping's, or a
+/// baseline's blocks.
+pub fn units_for(ds: &Dataset, opts: &ReadOptions) -> Units {
+    match opts.baseline {
+        None => Units::new(ds, opts.grouping),
+        Some(Baseline::Bmf { block }) => Units::blocks(ds.len(), block),
+        // One unit of everything: the table is trivial and the walker yields file order.
+        // (The shuffle buffer streams through its own module; it has no units.)
+        Some(Baseline::Sequential) | Some(Baseline::Buffer { .. }) => {
+            Units::blocks(ds.len(), ds.len())
+        }
+    }
+}
+
+/// The engine memory a LIRS read of `ds` over `units` (from [`units_for`]) with `opts`
+/// would own (tables, indexes, buffers, batches), or the error the read would fail with (a
+/// budget too small). For the planner.
+pub fn memory_needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<u64> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    let units = Units::new(ds, opts.grouping);
-    let plan = MemoryPlan::new(ds, &units, opts)?;
+    let plan = MemoryPlan::new(ds, units, opts)?;
     let buffers = crate::io::footprint(plan.slot_size * opts.io.depth) as u64;
     Ok(plan.table_bytes
         + units.bytes()

@@ -50,14 +50,14 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     })
 }
 
-/// What a two-pass read of `ds` with `opts` would need: (engine memory, scratch bytes at
-/// the peak, piles), or the error it would fail with (a budget too small). For the planner.
-pub fn needs(ds: &Dataset, opts: &ReadOptions) -> Result<(u64, u64, u64)> {
+/// What a two-pass read of `ds` over `units` (its grouping's) with `opts` would need:
+/// (engine memory, scratch bytes at the peak, piles), or the error it would fail with (a
+/// budget too small). For the planner.
+pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u64, u64)> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    let units = Units::new(ds, opts.grouping);
-    let plan = PilePlan::new(ds, &units, opts)?;
+    let plan = PilePlan::new(ds, units, opts)?;
     let pile_slab = plan.writer_bytes();
     let scan = crate::io::footprint(plan.scan_size as usize * 4) as u64;
     let memory = units.bytes()
@@ -456,13 +456,7 @@ fn run(
                 let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
                 p.data.reserve_total(room as usize);
                 let loaded = if whole {
-                    load_whole_pile(
-                        &path,
-                        bytes,
-                        plan.scan_size as usize,
-                        &mut p.data,
-                        &mut p.frames,
-                    )
+                    load_whole_pile(&path, plan.scan_size as usize, &mut p.data, &mut p.frames)
                 } else {
                     load_pile(&path, a, b, &mut p.data)
                         .map(|()| frame_index(p.data.as_slice(), &mut p.frames))
@@ -533,11 +527,11 @@ struct LoadedPile {
     scratch: Vec<(u64, usize)>,
 }
 
-/// A whole pile into `out`, read with large direct reads; its frames' (key, offset) into
-/// `frames`, found as each piece arrives (while it is still in the cache).
+/// A whole pile into `out` (sized by the caller), read with large direct reads; its frames'
+/// (key, offset) into `frames`, found as each piece arrives (while it is still in the
+/// cache).
 fn load_whole_pile(
     path: &Path,
-    size: u64,
     read_size: usize,
     out: &mut LargeBuf,
     frames: &mut Vec<(u64, usize)>,
@@ -547,7 +541,6 @@ fn load_whole_pile(
         crate::io::Access::Read,
         true,
     )?);
-    out.reserve_total(size as usize);
     let cfg = IoConfig {
         depth: 4,
         slot_size: read_size,

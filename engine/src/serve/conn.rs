@@ -674,19 +674,9 @@ impl Drop for Conn {
 /// dataset's device (`riffle serve --mode auto` probes it at start when none is cached);
 /// LIRS when there is no profile or no plan.
 fn planned_mode(ds: &crate::dataset::Dataset, opts: &ReadOptions, scratch: &Path) -> ServeMode {
-    let dir = ds.files()[0]
-        .path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let Ok(dev) = crate::device::identify(dir) else {
+    let Some(model) = crate::plan::cached_device_model(&ds.files()[0].path) else {
         return ServeMode::Lirs;
     };
-    let Some((profile, _)) = crate::probe::load_cached(&dev, true, crate::emulate::active(&dev))
-    else {
-        return ServeMode::Lirs;
-    };
-    let model = crate::plan::DeviceModel::from_profile(&profile);
     let free = crate::probe::free_bytes(scratch).ok();
     match crate::plan::plan(ds, opts, &model, free) {
         Ok(p) if p.choice == "two-pass" => ServeMode::TwoPass,

@@ -125,21 +125,22 @@ pub fn scratch_dir(given: Option<&PathBuf>, ds: &Dataset) -> PathBuf {
 /// probe now (announced, then cached for later runs).
 pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceModel, bool)> {
     let path = &ds.files()[0].path;
+    if let Some(model) = riffle::plan::cached_device_model(path) {
+        return Ok((model, false));
+    }
     let dir = riffle::probe::scratch_dir(path)?;
     let dev = riffle::device::identify(&dir)
         .with_context(|| format!("{}: cannot identify its device", dir.display()))?;
-    let cached = riffle::probe::load_cached(&dev, true, riffle::emulate::active(&dev)).is_some();
-    if !cached {
-        eprintln!(
-            "riffle: no profile of device {} ({}) is cached yet: measuring it with a quick probe \
-             (about 15 s, once; `riffle probe` shows or refreshes it)",
-            dev.name.as_deref().unwrap_or("?"),
-            dev.dev
-        );
-    }
+    eprintln!(
+        "riffle: no profile of device {} ({}) is cached yet: measuring it with a quick probe \
+         (about 15 s, once; `riffle probe` shows or refreshes it)",
+        dev.name.as_deref().unwrap_or("?"),
+        dev.dev
+    );
+    // Nothing is cached (just looked): measure straight away.
     let opts = riffle::probe::ProbeOptions::new(true);
-    let (profile, _) = super::probe::cached_or_probe(&dir, &opts, false, json)?;
-    Ok((riffle::plan::DeviceModel::from_profile(&profile), !cached))
+    let (profile, _) = super::probe::cached_or_probe(&dir, &opts, true, json)?;
+    Ok((riffle::plan::DeviceModel::from_profile(&profile), true))
 }
 
 pub fn run(a: Args) -> Result<()> {
