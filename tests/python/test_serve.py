@@ -240,6 +240,37 @@ def test_unknown_dataset_and_bad_requests_are_clear_errors(daemon):
         assert sum(len(b) for b in c.stream("train", 500)) == 3000
 
 
+def test_a_ring_too_small_for_what_is_held_falls_back_to_copies_exactly(daemon, data, tmp_path):
+    # Room for about four batches while the client holds three: the engine is often
+    # refused a region in the ring and assembles in its own memory, and the daemon copies
+    # those batches in as the client releases; the order and bytes stay exact.
+    want = read_ids(data, tmp_path, "--batch-size", 100, "--seed", 4, "--epochs", 3)
+    records = framed_records(data)
+    before = daemon.stats()
+    got, held = [], []
+    with riffle.Client(daemon.socket) as c:
+        s = c.stream("train", 100, seed=4, epochs=3, auto_release=False, ring_bytes=96 * 1024)
+        for b in s:
+            assert s.opened["ring_bytes"] == 96 * 1024
+            got.append(b.ids.tolist())
+            held.append(b)
+            if len(held) == 3:
+                time.sleep(0.002)  # the engine runs ahead into the ring meanwhile
+                old = held.pop(0)
+                # Nothing was written over a batch while the client held it.
+                for i in range(len(old)):
+                    assert old.record(i).tobytes() == records[int(old.ids[i])]
+                old.release()
+        for b in held:
+            b.release()
+    assert got == want
+    after = daemon.stats()
+    batches = after["batches"] - before["batches"]
+    in_place = after["batches_in_place"] - before["batches_in_place"]
+    assert batches == len(want)
+    assert 0 < in_place < batches, (in_place, batches)
+
+
 def test_explicit_release_and_stats(daemon):
     with riffle.Client(daemon.socket) as c:
         s = c.stream("train", 100, auto_release=False)

@@ -245,7 +245,8 @@ fn run(
             Some(c) if c.epoch == epoch => c.batch,
             _ => 0,
         };
-        let mut em = Emitter::new(split, first_batch, epoch, mean, tx, &mut hist, &mut *r);
+        let mut em = Emitter::new(split, first_batch, epoch, mean, tx, &mut hist, &mut *r)
+            .lend_from(opts.lender.clone(), ds.size_stats().max);
         let mut first_id = 0u64;
         for (f, file) in ds.files().iter().zip(&files) {
             let end_id = first_id + f.records;

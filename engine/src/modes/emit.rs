@@ -8,7 +8,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
 
-use super::{Batch, ReadReport};
+use super::{Batch, Payload, PayloadLender, ReadReport};
 use crate::order::{Split, Tail};
 use crate::Result;
 
@@ -30,6 +30,9 @@ pub(crate) struct Emitter<'a> {
     pub(crate) stopped: bool,
     /// Mean record size of the dataset, to size each batch's payload once.
     mean_record: f64,
+    /// Where batches are assembled when the consumer lends memory, and the longest record
+    /// (a batch asks for room for its records at that size, then gives back the rest).
+    lender: Option<(PayloadLender, u64)>,
 }
 
 impl<'a> Emitter<'a> {
@@ -58,7 +61,15 @@ impl<'a> Emitter<'a> {
             report,
             stopped: false,
             mean_record,
+            lender: None,
         }
+    }
+
+    /// Assembles batches in memory `lender` lends, when it can; `max_record` is the
+    /// dataset's longest record.
+    pub(crate) fn lend_from(mut self, lender: Option<PayloadLender>, max_record: u64) -> Self {
+        self.lender = lender.map(|l| (l, max_record));
+        self
     }
 
     /// Records from the epoch's start kept in memory to pad its last round of batches.
@@ -108,12 +119,20 @@ impl Emitter<'_> {
             let positions = split.positions(j);
             // Sized once for its records; the payload guess (the first record's size each) grows if short.
             let n = (positions.end - positions.start) as usize;
+            let lent = self.lender.as_ref().and_then(|(l, max)| {
+                let room = (n as u64).saturating_mul(*max);
+                l.0.lend(n, usize::try_from(room).ok()?)
+            });
+            let payload = match lent {
+                Some(buf) => Payload::lent(buf, 0),
+                None => Payload::with_capacity(payload_hint(n, self.mean_record, bytes.len())),
+            };
             let batch = Batch {
                 epoch,
                 index: j,
                 ids: Vec::with_capacity(n),
                 offsets: Vec::with_capacity(n + 1),
-                payload: Vec::with_capacity(payload_hint(n, self.mean_record, bytes.len())),
+                payload,
                 padding: 0,
             };
             (j, positions.end, batch, Instant::now())
@@ -129,7 +148,8 @@ impl Emitter<'_> {
             batch.padding += 1;
         }
         if p + 1 == end {
-            let (_, _, b, started) = self.cur.take().expect("current batch");
+            let (_, _, mut b, started) = self.cur.take().expect("current batch");
+            b.payload.seal();
             self.hist
                 .saturating_record(started.elapsed().as_micros().max(1) as u64);
             self.report.records += b.ids.len() as u64;

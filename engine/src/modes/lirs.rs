@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use hdrhistogram::Histogram;
 
 use super::walk::Walker;
-use super::{Baseline, Batch, Latency, ReadOptions, ReadReport};
+use super::{Baseline, Batch, Latency, Payload, PayloadLender, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::IoConfig;
 use crate::order::{EpochKey, EpochTable, Grouping, Split, Units};
@@ -254,7 +254,7 @@ impl MemoryPlan {
 struct Pending {
     ids: Vec<u64>,
     offsets: Vec<u64>,
-    payload: Vec<u8>,
+    payload: Payload,
     padding: usize,
     missing: usize,
     started: Instant,
@@ -310,7 +310,6 @@ fn run(
     r.memory_bytes =
         r.table_bytes + r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes;
     r.records_per_unit = units.mean_records();
-    let format = ds.format();
     let epochs = opts.epoch_range()?;
     let mut total_reads = 0u64;
     for epoch in epochs {
@@ -356,7 +355,7 @@ fn run(
                     {
                         return None;
                     }
-                    plan_batch(&mut st, ds, format, epoch);
+                    plan_batch(&mut st, ds, opts.lender.as_ref());
                 }
                 let (file, offset, len, piece) = st.queue.pop_front().expect("queued read");
                 let i = st.handed;
@@ -441,9 +440,10 @@ const MAX_MERGE: u64 = 1 << 20;
 /// The most bytes between two records that a merged read may skip over.
 const MAX_GAP: u64 = 4096;
 
-/// Works out the records of the next batch, allocates its payload and queues its reads:
+/// Works out the records of the next batch, allocates its payload (in lent memory when
+/// the consumer lends some) and queues its reads:
 /// one per record, or one per run of records of one unit (page grouping).
-fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, format: &crate::format::Format, _epoch: u64) {
+fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLender>) {
     let j = st.next_batch;
     st.next_batch += 1;
     let positions = st.split.positions(j);
@@ -497,13 +497,13 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, format: &crate::format::For
         i = k;
     }
     st.reads += reads as u64;
-    let _ = format;
+    let n_records = ids.len();
     st.pending.insert(
         j,
         Pending {
             ids,
             offsets,
-            payload: vec![0; total as usize],
+            payload: Payload::sized(lender, n_records, total as usize),
             padding,
             missing: reads,
             started: Instant::now(),

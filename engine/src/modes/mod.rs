@@ -6,12 +6,14 @@
 mod buffer;
 mod emit;
 pub mod lirs;
+mod payload;
 pub mod twopass;
 mod walk;
 
 use serde::Serialize;
 
 pub use lirs::{read, BatchStream};
+pub use payload::{Lender, Lent, Payload, PayloadLender};
 pub use twopass::read_two_pass;
 
 use crate::io::IoConfig;
@@ -102,6 +104,9 @@ pub struct ReadOptions {
     /// Read a baseline's order instead of the contract's (through [`read`]: the LIRS
     /// reader, or the streaming shuffle buffer for [`Baseline::Buffer`]).
     pub baseline: Option<Baseline>,
+    /// Memory to assemble batches in, lent by the consumer (the daemon's shared ring);
+    /// the engine's own when `None` or when the lender has no room.
+    pub lender: Option<PayloadLender>,
 }
 
 impl ReadOptions {
@@ -137,6 +142,7 @@ impl ReadOptions {
             prefetch: 4,
             memory: None,
             baseline: None,
+            lender: None,
         }
     }
 }
@@ -152,8 +158,8 @@ pub struct Batch {
     pub ids: Vec<u64>,
     /// `ids.len() + 1` offsets into `payload`: record i is `payload[offsets[i]..offsets[i+1]]`.
     pub offsets: Vec<u64>,
-    /// The records' bytes, back to back.
-    pub payload: Vec<u8>,
+    /// The records' bytes, back to back (perhaps in memory the consumer lent).
+    pub payload: Payload,
     /// How many records at the end are padding (repeated from the epoch's start).
     pub padding: usize,
 }

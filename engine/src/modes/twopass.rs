@@ -416,7 +416,8 @@ fn run(
             tx,
             &mut hist,
             &mut *r,
-        );
+        )
+        .lend_from(opts.lender.clone(), ds.size_stats().max);
         // The pile pass, double buffered: a loader thread reads and sorts the next pile (or
         // key sub-range of an oversized pile) while this thread emits the current one.
         let mut loads = Vec::new();

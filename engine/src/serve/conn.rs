@@ -14,9 +14,9 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::unix::net::UnixStream;
 
 use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Transport};
-use super::ring::{Slots, ALIGN};
+use super::ring::ALIGN;
 use super::server::{monotonic_ns, ServeMode, Shared};
-use super::shm::{self, Ring};
+use super::shm::{self, SharedRing};
 use crate::io::IoConfig;
 use crate::modes::{self, Batch, BatchStream, Cursor, ReadOptions};
 use crate::order::{Grouping, Split, Tail};
@@ -58,7 +58,7 @@ struct Stream {
     batches: BatchStream,
     _scratch: Option<tempfile::TempDir>,
     transport: Transport,
-    ring: Option<(Ring, Slots)>,
+    ring: Option<Arc<SharedRing>>,
     /// Inline: batches sent and not yet acknowledged (slot ids).
     inline_outstanding: Vec<u32>,
     inline_next: u32,
@@ -71,7 +71,7 @@ struct Stream {
 impl Stream {
     fn outstanding(&self) -> usize {
         match &self.ring {
-            Some((_, slots)) => slots.outstanding(),
+            Some(ring) => ring.slots().outstanding(),
             None => self.inline_outstanding.len(),
         }
     }
@@ -302,41 +302,73 @@ impl Conn {
             sent_ns,
         };
         self.out.clear();
-        match st.ring.as_mut() {
-            Some((ring, slots)) => {
-                let data_off = arrays.div_ceil(ALIGN) * ALIGN;
-                let total = data_off + b.payload.len() as u64;
-                if !slots.fits_empty(total) {
-                    let msg = format!(
-                        "batch {} of epoch {} needs {total} bytes, more than the stream's ring of {} bytes: \
-                         ask for a smaller batch, or start the daemon with more --memory",
-                        b.index,
-                        b.epoch,
-                        ring.len()
-                    );
-                    self.close_stream();
-                    *self
-                        .shared
-                        .stats()
-                        .errors
-                        .entry("too_large".into())
-                        .or_default() += 1;
-                    self.send(&error_frame("too_large", &msg, false))?;
-                    return Ok(true);
-                }
-                let Some((slot, at)) = slots.alloc(total) else {
-                    st.pending = Some((b, asked));
-                    return Ok(false);
+        let data_len = b.payload.len() as u64;
+        let mut in_place = false;
+        match st.ring.clone() {
+            Some(ring) => {
+                let Batch {
+                    ids,
+                    offsets,
+                    payload,
+                    epoch,
+                    index,
+                    padding,
+                } = b;
+                // Assembled in the ring by the engine: only the arrays are written here.
+                let placed = match payload.into_lent() {
+                    Ok((lent, used)) => match ring.send_lent(lent, used, &ids, &offsets) {
+                        Ok(p) => Ok(p),
+                        Err(lent) => Err(crate::modes::Payload::lent(lent, used)),
+                    },
+                    Err(own) => Err(own),
                 };
-                ring.write_u64s(at as usize, &b.ids);
-                ring.write_u64s((at + 8 * n) as usize, &b.offsets);
-                ring.write((at + data_off) as usize, &b.payload);
-                h.slot = slot;
-                h.ids_at = at;
-                h.offsets_at = at + 8 * n;
-                h.data_at = at + data_off;
+                in_place = placed.is_ok();
+                let placed = match placed {
+                    Ok(p) => p,
+                    Err(payload) => {
+                        let data_off = arrays.div_ceil(ALIGN) * ALIGN;
+                        let total = data_off + payload.len() as u64;
+                        if !ring.slots().fits_empty(total) {
+                            let msg = format!(
+                                "batch {index} of epoch {epoch} needs {total} bytes, more than the stream's ring of {} bytes: \
+                                 ask for a smaller batch, or start the daemon with more --memory",
+                                ring.len()
+                            );
+                            self.close_stream();
+                            *self
+                                .shared
+                                .stats()
+                                .errors
+                                .entry("too_large".into())
+                                .or_default() += 1;
+                            self.send(&error_frame("too_large", &msg, false))?;
+                            return Ok(true);
+                        }
+                        match ring.put(&ids, &offsets, &payload) {
+                            Some(p) => p,
+                            None => {
+                                let b = Batch {
+                                    ids,
+                                    offsets,
+                                    payload,
+                                    epoch,
+                                    index,
+                                    padding,
+                                };
+                                st.pending = Some((b, asked));
+                                return Ok(false);
+                            }
+                        }
+                    }
+                };
+                h.slot = placed.slot;
+                h.ids_at = placed.ids_at;
+                h.offsets_at = placed.offsets_at;
+                h.data_at = placed.data_at;
                 proto::frame_into(&mut self.out, Kind::Batch, BatchHeader::LEN);
                 h.encode(&mut self.out);
+                st.sent += 1;
+                (&self.sock).write_all(&self.out)?;
             }
             None => {
                 h.slot = st.inline_next;
@@ -362,19 +394,17 @@ impl Conn {
                 for v in b.ids.iter().chain(b.offsets.iter()) {
                     self.out.extend_from_slice(&v.to_le_bytes());
                 }
+                st.sent += 1;
+                (&self.sock).write_all(&self.out)?;
+                (&self.sock).write_all(&b.payload)?;
             }
-        }
-        st.sent += 1;
-        let inline = st.ring.is_none();
-        (&self.sock).write_all(&self.out)?;
-        if inline {
-            (&self.sock).write_all(&b.payload)?;
         }
         let done = Instant::now();
         let mut s = self.shared.stats();
         s.batches += 1;
+        s.batches_in_place += in_place as u64;
         s.records += n;
-        s.bytes += b.payload.len() as u64;
+        s.bytes += data_len;
         s.batch_us
             .saturating_record(done.duration_since(asked).as_micros().max(1) as u64);
         s.send_us
@@ -396,8 +426,8 @@ impl Conn {
                     return Ok(());
                 };
                 for slot in acks {
-                    let ok = match st.ring.as_mut() {
-                        Some((_, slots)) => slots.release(slot),
+                    let ok = match &st.ring {
+                        Some(ring) => ring.slots().release(slot),
                         None => match st.inline_outstanding.iter().position(|&s| s == slot) {
                             Some(i) => {
                                 st.inline_outstanding.remove(i);
@@ -514,7 +544,7 @@ impl Conn {
                     "set tail to drop_last or pad",
                 ))
             })?;
-        let opts = ReadOptions {
+        let mut opts = ReadOptions {
             seed: req.seed,
             first_epoch: req.epoch,
             epochs: req.epochs,
@@ -535,6 +565,7 @@ impl Conn {
             prefetch: 2,
             memory: None,
             baseline: None,
+            lender: None,
         };
         opts.epoch_range().map_err(|e| bad(e.to_string()))?;
         // The ring: room for several of the largest possible batches, within the share.
@@ -560,17 +591,22 @@ impl Conn {
         }
         let (ring, credits) = match req.transport {
             Transport::Shm => {
+                // Room for the batches the client may hold (its credits) and those the
+                // engine is assembling in the ring or has queued, so that the engine is
+                // rarely refused a region (and the batch then copied).
                 let want = req
                     .ring_bytes
-                    .unwrap_or_else(|| largest.saturating_mul(4).max(4 << 20));
+                    .unwrap_or_else(|| largest.saturating_mul(MAX_CREDITS as u64 + 8).max(4 << 20));
                 let size = want.min(share).max(largest);
                 let size = size.div_ceil(4096) * 4096;
-                let ring = Ring::new(&format!("riffle-{}", req.dataset), size as usize)
+                let ring = SharedRing::new(&format!("riffle-{}", req.dataset), size as usize)
                     .map_err(|e| ("shm", e.to_string()))?;
-                (Some((ring, Slots::new(size))), MAX_CREDITS)
+                (Some(ring), MAX_CREDITS)
             }
             Transport::Inline => (None, 4),
         };
+        // Batches are assembled straight in the ring when it has room.
+        opts.lender = ring.as_ref().map(|r| r.lender());
         let mut scratch = None;
         let root = cfg
             .scratch
@@ -599,7 +635,7 @@ impl Conn {
             }
         }
         .map_err(|e| ("engine", e.to_string()))?;
-        let ring_bytes = ring.as_ref().map_or(0, |(r, _)| r.len() as u64);
+        let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
         let opened = proto::Opened {
             records: ds.len(),
             batches_per_epoch: split.batches(),
@@ -614,7 +650,7 @@ impl Conn {
         };
         let frame = proto::json_frame(Kind::Opened, &opened);
         let sent = match &ring {
-            Some((r, _)) => {
+            Some(r) => {
                 let fd = r.client_fd().map_err(|e| ("shm", e.to_string()))?;
                 shm::send_with_fd(&self.sock, &frame, &fd)
             }
@@ -648,7 +684,7 @@ impl Conn {
         let Some(st) = self.stream.take() else {
             return;
         };
-        let ring_bytes = st.ring.as_ref().map_or(0, |(r, _)| r.len() as u64);
+        let ring_bytes = st.ring.as_ref().map_or(0, |r| r.len() as u64);
         let _ = st.transport;
         let Stream {
             batches, _scratch, ..

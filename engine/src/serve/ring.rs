@@ -1,9 +1,13 @@
 //! Space in a stream's ring: contiguous regions handed out in order, returned in any order.
 //!
-//! A region (a "slot") is live from [`Slots::alloc`] until the client's ack
-//! ([`Slots::release`]); the daemon writes only into space no live slot covers. Space is
-//! reclaimed from the oldest slot on, so a slot acknowledged out of order frees its bytes
-//! once every older one is acknowledged too. No I/O and no unsafe: pure bookkeeping.
+//! A region (a "slot") is live from [`Slots::alloc`] until it is given back. While the
+//! daemon fills it (the engine assembling a batch in it, or a copy) it is unsent, and only
+//! the daemon may give it back ([`Slots::cancel`]); once announced to the client
+//! ([`Slots::mark_sent`]) only the client's ack returns it ([`Slots::release`]), so a
+//! client cannot free a region the engine is still writing. Nothing is written into space
+//! a live slot does not cover. Space is reclaimed from the oldest slot on, so a slot
+//! returned out of order frees its bytes once every older one is returned too. No I/O and
+//! no unsafe: pure bookkeeping.
 
 use std::collections::VecDeque;
 
@@ -15,6 +19,7 @@ struct Slot {
     id: u32,
     start: u64,
     end: u64,
+    sent: bool,
     released: bool,
 }
 
@@ -36,9 +41,9 @@ impl Slots {
         }
     }
 
-    /// Slots handed out and not yet released (released ones behind an older live one count).
+    /// Slots announced to the client and not yet acknowledged.
     pub fn outstanding(&self) -> usize {
-        self.live.iter().filter(|s| !s.released).count()
+        self.live.iter().filter(|s| s.sent && !s.released).count()
     }
 
     /// Bytes covered by slots not yet reclaimed.
@@ -80,21 +85,69 @@ impl Slots {
             id,
             start,
             end: start + len,
+            sent: false,
             released: false,
         });
         Some((id, start))
     }
 
-    /// Returns slot `id`. False if it is not live (never handed out, or released already).
+    /// Slot `id` is announced to the client: from now on only its ack returns it. False if
+    /// it is not a live unsent slot.
+    pub fn mark_sent(&mut self, id: u32) -> bool {
+        match self.find(id) {
+            Some(s) if !s.sent => {
+                s.sent = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The client's ack of slot `id`. False if it is not a slot announced to the client
+    /// and not yet acknowledged.
     pub fn release(&mut self, id: u32) -> bool {
-        let Some(s) = self.live.iter_mut().find(|s| s.id == id && !s.released) else {
-            return false;
-        };
-        s.released = true;
+        match self.find(id) {
+            Some(s) if s.sent => {
+                s.released = true;
+                self.reclaim();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The daemon gives back slot `id` that it never announced (a batch dropped). False
+    /// if it is not a live unsent slot.
+    pub fn cancel(&mut self, id: u32) -> bool {
+        match self.find(id) {
+            Some(s) if !s.sent => {
+                s.released = true;
+                self.reclaim();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Slot `id` needs only `len` bytes: when it is the newest and unsent, the rest is
+    /// free again (otherwise it stays taken until the slot is returned).
+    pub fn shrink(&mut self, id: u32, len: u64) {
+        let len = round(len).max(ALIGN);
+        if let Some(s) = self.live.back_mut() {
+            if s.id == id && !s.sent && !s.released && s.start + len < s.end {
+                s.end = s.start + len;
+            }
+        }
+    }
+
+    fn find(&mut self, id: u32) -> Option<&mut Slot> {
+        self.live.iter_mut().find(|s| s.id == id && !s.released)
+    }
+
+    fn reclaim(&mut self) {
         while self.live.front().is_some_and(|s| s.released) {
             self.live.pop_front();
         }
-        true
     }
 }
 
@@ -112,6 +165,12 @@ mod tests {
         let (a, at_a) = s.alloc(300).unwrap(); // 320 bytes at 0
         let (b, at_b) = s.alloc(300).unwrap(); // 320 at 320
         let (c, at_c) = s.alloc(300).unwrap(); // 320 at 640 (ends 960)
+        assert!(!s.release(a), "an unsent slot cannot be acknowledged");
+        assert_eq!(s.outstanding(), 0, "nothing announced yet");
+        for id in [a, b, c] {
+            assert!(s.mark_sent(id));
+        }
+        assert!(!s.mark_sent(a), "announced once");
         assert_eq!((at_a, at_b, at_c), (0, 320, 640));
         assert!(
             s.alloc(64).is_none(),
@@ -123,6 +182,7 @@ mod tests {
         assert!(s.release(a));
         // a and b reclaimed: the next region wraps to 0.
         let (d, at_d) = s.alloc(600).unwrap();
+        assert!(s.mark_sent(d));
         assert_eq!(at_d, 0);
         assert!(
             s.alloc(64).is_none(),
@@ -131,9 +191,30 @@ mod tests {
         assert!(!s.release(a), "a second release is refused");
         assert!(!s.release(99), "an unknown slot is refused");
         assert!(s.release(c));
-        assert_eq!(s.alloc(320).unwrap().1, 640);
+        let (e, at_e) = s.alloc(320).unwrap();
+        assert_eq!(at_e, 640);
+        assert!(s.mark_sent(e));
         assert!(s.release(d));
         assert_eq!(s.outstanding(), 1);
+    }
+
+    #[test]
+    fn unsent_slots_shrink_and_cancel_but_only_the_daemon_returns_them() {
+        let mut s = Slots::new(1024);
+        let (a, _) = s.alloc(512).unwrap();
+        // The engine asked for room for the longest records and used 100 bytes of it.
+        s.shrink(a, 100);
+        let (b, at_b) = s.alloc(512).unwrap();
+        assert_eq!(at_b, 128, "the unused room is free again");
+        s.shrink(a, 10); // not the newest any more: no change
+        assert_eq!(s.used(), 128 + 512);
+        assert!(!s.release(b), "a client cannot ack what it was never sent");
+        assert!(s.cancel(b), "a batch dropped before it was sent");
+        assert!(!s.cancel(b));
+        assert!(s.mark_sent(a));
+        assert!(!s.cancel(a), "once sent, only the client's ack returns it");
+        assert!(s.release(a));
+        assert_eq!(s.used(), 0);
     }
 
     #[test]
@@ -150,6 +231,7 @@ mod tests {
             } else {
                 let len = rng.random_range(1..4000);
                 if let Some((id, at)) = s.alloc(len) {
+                    assert!(s.mark_sent(id));
                     assert_eq!(at % ALIGN, 0);
                     assert!(at + len <= 10_000);
                     for &(_, a, l) in &live {

@@ -1,31 +1,255 @@
 //! Shared memory and descriptor passing for `riffle serve`: the only unsafe code of the
 //! daemon and its Rust client.
 //!
-//! The daemon owns a [`Ring`] per stream: a sealed memfd (it cannot shrink or grow, so no
-//! client can make the daemon's writes fault) mapped read-write; the client gets a
+//! The daemon owns a [`SharedRing`] per stream: a sealed memfd (it cannot shrink or grow,
+//! so no client can make the daemon's writes fault) mapped read-write; the client gets a
 //! read-only descriptor of the same file and maps it with [`Mapping`]. Which bytes of the
-//! ring belong to whom is the protocol's business (`serve::ring`): the daemon writes only
-//! slots the client has acknowledged or never received.
+//! ring belong to whom is kept by `serve::ring`: the daemon (its connection thread, or the
+//! engine assembling a batch in a region it was lent) writes only regions it holds, never
+//! one announced to the client and not yet acknowledged.
 #![allow(unsafe_code)]
 
+use std::any::Any;
 use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 
+use super::ring::{Slots, ALIGN};
+use crate::modes::{Lender, Lent, PayloadLender};
 use crate::{Error, Result};
 
 fn os(what: &str, e: nix::Error) -> Error {
     Error::Invalid(format!("{what}: {e}"))
 }
 
-/// The daemon's side of one stream's shared memory.
-pub struct Ring {
+/// The daemon's side of one stream's shared memory: the mapping, and which of its regions
+/// are whose ([`Slots`]). The connection thread copies batches in ([`SharedRing::put`]);
+/// the engine, through [`SharedRing::lender`], assembles batches in regions it is lent,
+/// which the connection then announces without a copy ([`SharedRing::send_lent`]).
+pub struct SharedRing {
+    map: Ring,
+    slots: Mutex<Slots>,
+    /// Batches the engine assembled in its own memory because a lend was refused, not yet
+    /// copied in. While there are any, nothing more is lent: regions are then taken in
+    /// batch order, so such a batch never waits behind room held by a later batch (which
+    /// cannot be sent before it) and finds a place once the client acks what it holds.
+    owed: AtomicU64,
+}
+
+/// Where a batch's arrays and payload are in the ring, and its slot.
+#[derive(Clone, Copy, Debug)]
+pub struct Placed {
+    /// The slot the client acknowledges.
+    pub slot: u32,
+    /// The ids (u64 each).
+    pub ids_at: u64,
+    /// The offsets (u64 each, one more than the ids).
+    pub offsets_at: u64,
+    /// The payload.
+    pub data_at: u64,
+}
+
+/// Bytes before a payload in a region: the ids and offsets of `records` records, aligned.
+fn arrays_len(records: usize) -> u64 {
+    (16 * records as u64 + 8).div_ceil(ALIGN) * ALIGN
+}
+
+impl SharedRing {
+    /// A ring of `len` bytes.
+    pub fn new(name: &str, len: usize) -> Result<Arc<SharedRing>> {
+        Ok(Arc::new(SharedRing {
+            map: Ring::new(name, len)?,
+            slots: Mutex::new(Slots::new(len as u64)),
+            owed: AtomicU64::new(0),
+        }))
+    }
+
+    /// Its size.
+    pub fn len(&self) -> usize {
+        self.map.len
+    }
+
+    /// Whether it has no bytes (never: [`SharedRing::new`] refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.map.len == 0
+    }
+
+    /// The regions: acks go here.
+    pub fn slots(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A descriptor for the client (see [`Ring::client_fd`]).
+    pub fn client_fd(&self) -> Result<OwnedFd> {
+        self.map.client_fd()
+    }
+
+    /// Copies a batch the engine assembled in its own memory into a fresh region and marks
+    /// it sent, or `None` while there is no room.
+    pub fn put(&self, ids: &[u64], offsets: &[u64], payload: &[u8]) -> Option<Placed> {
+        let head = arrays_len(ids.len());
+        let (slot, at) = self.slots().alloc(head + payload.len() as u64)?;
+        let _ = self
+            .owed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        let placed = Placed {
+            slot,
+            ids_at: at,
+            offsets_at: at + 8 * ids.len() as u64,
+            data_at: at + head,
+        };
+        // SAFETY: the region was just allocated and is unsent: no other region overlaps
+        // it, the engine is never lent it, and the client may not touch it until it is
+        // announced, after these writes.
+        unsafe {
+            self.map.write_u64s(placed.ids_at, ids);
+            self.map.write_u64s(placed.offsets_at, offsets);
+            self.map.write(placed.data_at, payload);
+        }
+        self.slots().mark_sent(slot);
+        Some(placed)
+    }
+
+    /// Lends the engine regions of this ring (see [`crate::modes::Lender`]).
+    pub fn lender(self: &Arc<Self>) -> PayloadLender {
+        PayloadLender(Arc::new(RingLender(self.clone())))
+    }
+
+    /// Announces a batch assembled in a region of this ring: writes its arrays beside the
+    /// payload's `used` bytes and marks the slot sent. The region comes back (`Err`) when
+    /// it is not one of this ring's or was lent for fewer records.
+    pub fn send_lent(
+        self: &Arc<Self>,
+        lent: Box<dyn Lent>,
+        used: usize,
+        ids: &[u64],
+        offsets: &[u64],
+    ) -> std::result::Result<Placed, Box<dyn Lent>> {
+        let lease = match lent.into_any().downcast::<Lease>() {
+            Ok(l) if Arc::ptr_eq(&l.ring, self) && ids.len() <= l.records && used <= l.cap => l,
+            Ok(l) => return Err(l),
+            Err(_) => unreachable!("only a Lease is lent by this module"),
+        };
+        let mut lease = *lease;
+        let placed = Placed {
+            slot: lease.slot,
+            ids_at: lease.at,
+            offsets_at: lease.at + 8 * ids.len() as u64,
+            data_at: lease.data_at,
+        };
+        // SAFETY: the lease owns its region exclusively until it is marked sent below; the
+        // arrays fit before the payload (room was lent for at least this many records).
+        unsafe {
+            self.map.write_u64s(placed.ids_at, ids);
+            self.map.write_u64s(placed.offsets_at, offsets);
+        }
+        self.slots().mark_sent(lease.slot);
+        lease.sent = true;
+        Ok(placed)
+    }
+}
+
+struct RingLender(Arc<SharedRing>);
+
+impl Lender for RingLender {
+    fn lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
+        let ring = &self.0;
+        let lent = self.try_lend(records, bytes);
+        if lent.is_none() {
+            // The engine assembles this batch in its own memory; it is owed a place.
+            ring.owed.fetch_add(1, Ordering::SeqCst);
+        }
+        lent
+    }
+}
+
+impl RingLender {
+    fn try_lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
+        let ring = &self.0;
+        if ring.owed.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let head = arrays_len(records);
+        let total = head.checked_add(bytes as u64)?;
+        let (slot, at) = ring.slots().alloc(total)?;
+        Some(Box::new(Lease {
+            ring: ring.clone(),
+            slot,
+            at,
+            records,
+            data_at: at + head,
+            cap: bytes,
+            sent: false,
+        }))
+    }
+}
+
+/// A region of a [`SharedRing`] lent to the engine: its until announced (or dropped,
+/// which gives it back).
+struct Lease {
+    ring: Arc<SharedRing>,
+    slot: u32,
+    at: u64,
+    records: usize,
+    data_at: u64,
+    cap: usize,
+    sent: bool,
+}
+
+impl Lent for Lease {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the region [data_at, data_at + cap) is inside the mapping (the slot was
+        // allocated inside it) and is this lease's alone until it is sent, which consumes
+        // the lease; the mapping lives as long as `self.ring`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ring.map.ptr.as_ptr().add(self.data_at as usize),
+                self.cap,
+            )
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only view of the region.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ring.map.ptr.as_ptr().add(self.data_at as usize),
+                self.cap,
+            )
+        }
+    }
+
+    fn shrink(&mut self, len: usize) {
+        if len < self.cap {
+            self.cap = len;
+            let total = self.data_at - self.at + len as u64;
+            self.ring.slots().shrink(self.slot, total);
+        }
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.ring.slots().cancel(self.slot);
+        }
+    }
+}
+
+/// The mapping of one stream's memfd.
+struct Ring {
     fd: OwnedFd,
     ptr: NonNull<u8>,
     len: usize,
@@ -34,10 +258,14 @@ pub struct Ring {
 // SAFETY: the mapping is plain memory owned by this value; nothing in it is tied to the
 // thread that created it.
 unsafe impl Send for Ring {}
+// SAFETY: shared between the connection thread and the engine, which write only regions
+// they own by the bookkeeping of `SharedRing` (disjoint by construction); reads of the
+// mapping by this process go through those same owned regions.
+unsafe impl Sync for Ring {}
 
 impl Ring {
     /// A new memfd of `len` bytes (sealed against resizing), mapped read-write.
-    pub fn new(name: &str, len: usize) -> Result<Ring> {
+    fn new(name: &str, len: usize) -> Result<Ring> {
         let size = NonZeroUsize::new(len)
             .ok_or_else(|| Error::Invalid("a shared-memory ring needs at least one byte".into()))?;
         let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
@@ -73,50 +301,50 @@ impl Ring {
         })
     }
 
-    /// Its size.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it has no bytes (never: [`Ring::new`] refuses that).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Copies `src` to byte `at`. Panics if that runs past the end.
-    pub fn write(&mut self, at: usize, src: &[u8]) {
+    ///
+    /// # Safety
+    /// The caller owns `at..at + src.len()` (a region of the ring's bookkeeping nobody
+    /// else writes or reads while this runs).
+    unsafe fn write(&self, at: u64, src: &[u8]) {
+        let at = at as usize;
         assert!(
             at.checked_add(src.len()).is_some_and(|end| end <= self.len),
             "ring write of {} bytes at {at} past its end ({})",
             src.len(),
             self.len
         );
-        // SAFETY: the range is inside the mapping (checked above); `src` is ordinary memory
-        // of this process and cannot overlap the mapping, which no Rust reference points
-        // into. The client maps the file read-only, so the only writer is this call.
+        // SAFETY: the range is inside the mapping (checked above) and the caller's alone;
+        // `src` is ordinary memory of this process, which cannot overlap the mapping that
+        // only owned regions point into. The client maps the file read-only.
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(at), src.len())
         };
     }
 
     /// Writes `vals` little-endian at byte `at`.
-    pub fn write_u64s(&mut self, at: usize, vals: &[u64]) {
+    ///
+    /// # Safety
+    /// As for [`Ring::write`], over `8 * vals.len()` bytes.
+    unsafe fn write_u64s(&self, at: u64, vals: &[u64]) {
         if cfg!(target_endian = "little") {
             // The in-memory form of a u64 slice on a little-endian machine is the wire form.
             let n = std::mem::size_of_val(vals);
             // SAFETY: any u64 slice is readable as its bytes (u8 has no alignment or
             // validity requirement); the view lives only for this call.
             let raw = unsafe { std::slice::from_raw_parts(vals.as_ptr().cast::<u8>(), n) };
-            self.write(at, raw);
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.write(at, raw) };
         } else {
             let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-            self.write(at, &bytes);
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.write(at, &bytes) };
         }
     }
 
     /// A descriptor for the client: read-only when `/proc/self/fd` allows reopening the
     /// memfd so, else the read-write one.
-    pub fn client_fd(&self) -> Result<OwnedFd> {
+    fn client_fd(&self) -> Result<OwnedFd> {
         let path = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
         match std::fs::File::open(path) {
             Ok(f) => Ok(f.into()),
@@ -272,9 +500,12 @@ mod tests {
 
     #[test]
     fn a_ring_is_seen_through_a_passed_read_only_descriptor() {
-        let mut ring = Ring::new("riffle-test", 1 << 16).unwrap();
-        ring.write(100, b"hello");
-        ring.write_u64s(128, &[1, 2, u64::MAX]);
+        let ring = Ring::new("riffle-test", 1 << 16).unwrap();
+        // SAFETY: nothing else uses this ring.
+        unsafe {
+            ring.write(100, b"hello");
+            ring.write_u64s(128, &[1, 2, u64::MAX]);
+        }
         let (a, b) = UnixStream::pair().unwrap();
         send_with_fd(&a, b"x", &ring.client_fd().unwrap()).unwrap();
         let mut buf = [0u8; 8];
@@ -287,7 +518,8 @@ mod tests {
         assert!(m.bytes(1 << 16, 1).is_none());
         assert!(m.u64s(129, 1).is_none(), "misaligned arrays are refused");
         // The daemon's later writes show through the client's mapping.
-        ring.write(100, b"HELLO");
+        // SAFETY: as above.
+        unsafe { ring.write(100, b"HELLO") };
         assert_eq!(m.bytes(100, 5).unwrap(), b"HELLO");
         // The sealed memfd cannot be shrunk by whoever holds it.
         assert!(nix::unistd::ftruncate(&ring.fd, 0).is_err());

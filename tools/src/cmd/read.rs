@@ -195,6 +195,7 @@ pub fn run(a: Args) -> Result<()> {
             "sequential" => Some(Baseline::Sequential),
             _ => None,
         },
+        lender: None,
     };
     let mut ids_out = match &a.ids_out {
         Some(p) => Some(std::io::BufWriter::new(

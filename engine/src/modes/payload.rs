@@ -1,0 +1,242 @@
+//! A batch's bytes: the engine's own memory, or a region a consumer lent it so that the
+//! records are written once, where they will be read (the daemon lends space in a stream's
+//! shared-memory ring: no copy between the engine and the client).
+//!
+//! A [`Lender`] is asked for a region when a batch starts; it may say no (the ring is full
+//! of batches the client still holds), and the batch is then assembled in a `Vec` as
+//! usual. Either way the batch reads as a `[u8]`.
+
+use std::any::Any;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+/// Lends the engine memory to assemble batches in.
+pub trait Lender: Send + Sync {
+    /// A region for a batch of `records` records and at most `bytes` payload bytes, or
+    /// `None` (the engine then uses memory of its own). Never blocks.
+    fn lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>>;
+}
+
+/// A lent region. Its contents start undefined; the engine writes every byte it delivers.
+pub trait Lent: Send {
+    /// The whole region.
+    fn bytes(&self) -> &[u8];
+    /// The whole region, to write.
+    fn bytes_mut(&mut self) -> &mut [u8];
+    /// Only the first `len` bytes are used: the rest may go back to the lender.
+    fn shrink(&mut self, len: usize);
+    /// For the lender to recognise its own region again.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+/// The [`Lender`] of a read, if any (see [`super::ReadOptions::lender`]).
+#[derive(Clone)]
+pub struct PayloadLender(pub Arc<dyn Lender>);
+
+impl fmt::Debug for PayloadLender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PayloadLender")
+    }
+}
+
+/// The records' bytes of a batch, back to back.
+pub struct Payload(Repr);
+
+enum Repr {
+    Own(Vec<u8>),
+    Lent { buf: Box<dyn Lent>, len: usize },
+}
+
+impl Payload {
+    /// `len` zero bytes of the engine's own.
+    pub(crate) fn zeroed(len: usize) -> Payload {
+        Payload(Repr::Own(vec![0; len]))
+    }
+
+    /// Empty, with room for `cap` bytes, of the engine's own.
+    pub(crate) fn with_capacity(cap: usize) -> Payload {
+        Payload(Repr::Own(Vec::with_capacity(cap)))
+    }
+
+    /// The first `len` bytes of a lent region (to be written in place), or empty with the
+    /// region as room when `len` is 0 (to be filled by [`Payload::extend_from_slice`]).
+    pub(crate) fn lent(buf: Box<dyn Lent>, len: usize) -> Payload {
+        debug_assert!(len <= buf.bytes().len());
+        Payload(Repr::Lent { buf, len })
+    }
+
+    /// A payload of `len` bytes to be written in place: lent by `lender` when it can, else
+    /// the engine's own.
+    pub(crate) fn sized(lender: Option<&PayloadLender>, records: usize, len: usize) -> Payload {
+        match lender.and_then(|l| l.0.lend(records, len)) {
+            Some(buf) => Payload::lent(buf, len),
+            None => Payload::zeroed(len),
+        }
+    }
+
+    /// Appends `src`. A lent region too small for it is left for memory of the engine's
+    /// own (one copy; the lender's room estimate was short).
+    pub(crate) fn extend_from_slice(&mut self, src: &[u8]) {
+        match &mut self.0 {
+            Repr::Own(v) => v.extend_from_slice(src),
+            Repr::Lent { buf, len } => {
+                let end = *len + src.len();
+                if let Some(dst) = buf.bytes_mut().get_mut(*len..end) {
+                    dst.copy_from_slice(src);
+                    *len = end;
+                } else {
+                    let mut v = Vec::with_capacity(end.max(2 * *len));
+                    v.extend_from_slice(&buf.bytes()[..*len]);
+                    v.extend_from_slice(src);
+                    self.0 = Repr::Own(v);
+                }
+            }
+        }
+    }
+
+    /// The batch is complete: a lent region gives back what it did not use.
+    pub(crate) fn seal(&mut self) {
+        if let Repr::Lent { buf, len } = &mut self.0 {
+            buf.shrink(*len);
+        }
+    }
+
+    /// Whether the bytes live in a lent region.
+    pub fn is_lent(&self) -> bool {
+        matches!(self.0, Repr::Lent { .. })
+    }
+
+    /// The lent region and the bytes used of it, or the payload itself when it is the
+    /// engine's own.
+    pub fn into_lent(self) -> Result<(Box<dyn Lent>, usize), Payload> {
+        match self.0 {
+            Repr::Lent { buf, len } => Ok((buf, len)),
+            own => Err(Payload(own)),
+        }
+    }
+
+    /// The bytes as a `Vec` (a copy when lent).
+    pub fn into_vec(self) -> Vec<u8> {
+        match self.0 {
+            Repr::Own(v) => v,
+            Repr::Lent { buf, len } => buf.bytes()[..len].to_vec(),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Payload {
+        Payload(Repr::Own(v))
+    }
+}
+
+impl Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Own(v) => v,
+            Repr::Lent { buf, len } => &buf.bytes()[..*len],
+        }
+    }
+}
+
+impl DerefMut for Payload {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.0 {
+            Repr::Own(v) => v,
+            Repr::Lent { buf, len } => &mut buf.bytes_mut()[..*len],
+        }
+    }
+}
+
+impl Clone for Payload {
+    /// A copy in memory of the engine's own.
+    fn clone(&self) -> Payload {
+        Payload(Repr::Own(self.to_vec()))
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Payload) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Payload {}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Payload({} bytes{})",
+            self.len(),
+            if self.is_lent() { ", lent" } else { "" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Lends boxes of at most `room` bytes and remembers what each was shrunk to.
+    struct Boxes {
+        room: usize,
+        shrunk: Arc<Mutex<Vec<usize>>>,
+    }
+    struct Region(Vec<u8>, Arc<Mutex<Vec<usize>>>);
+    impl Lent for Region {
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+        fn bytes_mut(&mut self) -> &mut [u8] {
+            &mut self.0
+        }
+        fn shrink(&mut self, len: usize) {
+            self.1.lock().unwrap().push(len);
+        }
+        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+            self
+        }
+    }
+    impl Lender for Boxes {
+        fn lend(&self, _records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
+            (bytes <= self.room)
+                .then(|| Box::new(Region(vec![7; bytes], self.shrunk.clone())) as Box<dyn Lent>)
+        }
+    }
+
+    #[test]
+    fn lent_payloads_read_like_own_ones_and_fall_back_when_short() {
+        let shrunk = Arc::new(Mutex::new(Vec::new()));
+        let lender = PayloadLender(Arc::new(Boxes {
+            room: 16,
+            shrunk: shrunk.clone(),
+        }));
+        // Written in place.
+        let mut p = Payload::sized(Some(&lender), 2, 6);
+        assert!(p.is_lent());
+        p.copy_from_slice(b"abcdef");
+        assert_eq!(&p[..], b"abcdef");
+        assert_eq!(p.clone(), Payload::from(b"abcdef".to_vec()));
+        // Too large for the lender: the engine's own.
+        assert!(!Payload::sized(Some(&lender), 2, 17).is_lent());
+        assert!(!Payload::sized(None, 2, 4).is_lent());
+        // Appended: stays lent while it fits, then moves out with its bytes.
+        let mut q = Payload::lent(lender.0.lend(3, 8).unwrap(), 0);
+        q.extend_from_slice(b"0123");
+        q.extend_from_slice(b"4567");
+        assert!(q.is_lent());
+        q.seal();
+        assert_eq!(*shrunk.lock().unwrap(), vec![8]);
+        let (region, used) = q.into_lent().map_err(|_| "lent").unwrap();
+        assert_eq!(&region.bytes()[..used], b"01234567");
+        let mut r = Payload::lent(lender.0.lend(3, 4).unwrap(), 0);
+        r.extend_from_slice(b"012");
+        r.extend_from_slice(b"345");
+        assert!(!r.is_lent());
+        assert_eq!(r.into_vec(), b"012345");
+    }
+}
