@@ -22,7 +22,7 @@ ERROR = 15
 
 _U32 = struct.Struct("<I")
 _HEAD = struct.Struct("<IB")
-# slot, flags, epoch, index, records, padding, data_len, ids_at, offsets_at, data_at, sent_ns
+# slot, flags, epoch, index, records, padding, data_len, ids_at, offsets_at, data_at, ready_ns
 _BATCH = struct.Struct("<IIQQQQQQQQQ")
 _CHUNK = 1 << 16
 _MAX_FDS = 4
@@ -297,17 +297,17 @@ class Batch:
     """One batch. `ids` (uint64), `offsets` (uint64, len(ids) + 1) and `data` (uint8) are
     numpy views into the shared ring, valid until the batch is released."""
 
-    __slots__ = ("ids", "offsets", "data", "epoch", "index", "padding", "sent_ns", "_slot", "_stream",
+    __slots__ = ("ids", "offsets", "data", "epoch", "index", "padding", "ready_ns", "_slot", "_stream",
                  "_gen")
 
-    def __init__(self, ids, offsets, data, epoch, index, padding, sent_ns, slot, stream, gen):
+    def __init__(self, ids, offsets, data, epoch, index, padding, ready_ns, slot, stream, gen):
         self.ids = ids
         self.offsets = offsets
         self.data = data
         self.epoch = epoch
         self.index = index
         self.padding = padding
-        self.sent_ns = sent_ns
+        self.ready_ns = ready_ns
         self._slot = slot
         self._stream = stream
         self._gen = gen
@@ -409,14 +409,14 @@ class Stream:
             if kind == STATS_REPLY:
                 continue
             raise RiffleError(f"unexpected frame kind {kind} in a stream", "protocol")
-        slot, _flags, epoch, index, n, padding, dlen, ids_at, off_at, data_at, sent_ns = (
+        slot, _flags, epoch, index, n, padding, dlen, ids_at, off_at, data_at, ready_ns = (
             _BATCH.unpack_from(body)
         )
         src = self._mm if kind == BATCH else body
         ids = np.frombuffer(src, _U64, n, ids_at)
         offsets = np.frombuffer(src, _U64, n + 1, off_at)
         data = np.frombuffer(src, np.uint8, dlen, data_at)
-        b = Batch(ids, offsets, data, epoch, index, padding, sent_ns, slot, self, self._gen)
+        b = Batch(ids, offsets, data, epoch, index, padding, ready_ns, slot, self, self._gen)
         self.cursor = {"epoch": epoch, "batch": index + 1}
         if self.auto_release:
             self._held = b

@@ -134,6 +134,7 @@ impl Emitter<'_> {
                 offsets: Vec::with_capacity(n + 1),
                 payload,
                 padding: 0,
+                ready_ns: 0,
             };
             (j, positions.end, batch, Instant::now())
         });
@@ -150,6 +151,7 @@ impl Emitter<'_> {
         if p + 1 == end {
             let (_, _, mut b, started) = self.cur.take().expect("current batch");
             b.payload.seal();
+            b.ready_ns = super::monotonic_ns();
             self.hist
                 .saturating_record(started.elapsed().as_micros().max(1) as u64);
             self.report.records += b.ids.len() as u64;

@@ -401,6 +401,7 @@ fn run(
                             offsets: b.offsets,
                             payload: b.payload,
                             padding: b.padding,
+                            ready_ns: super::monotonic_ns(),
                         };
                         drop(st);
                         let sent = tx.send(Ok(out));

@@ -148,7 +148,7 @@ impl ReadOptions {
 }
 
 /// One batch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Batch {
     /// Its epoch.
     pub epoch: u64,
@@ -162,6 +162,29 @@ pub struct Batch {
     pub payload: Payload,
     /// How many records at the end are padding (repeated from the epoch's start).
     pub padding: usize,
+    /// When the engine completed it ([`monotonic_ns`]): latency is measured from here.
+    /// Not part of the batch's identity (equality ignores it).
+    pub ready_ns: u64,
+}
+
+impl PartialEq for Batch {
+    fn eq(&self, o: &Batch) -> bool {
+        (self.epoch, self.index, self.padding) == (o.epoch, o.index, o.padding)
+            && self.ids == o.ids
+            && self.offsets == o.offsets
+            && self.payload == o.payload
+    }
+}
+
+impl Eq for Batch {}
+
+/// CLOCK_MONOTONIC in nanoseconds (what Python's `time.monotonic_ns()` reads): the clock
+/// of [`Batch::ready_ns`].
+pub fn monotonic_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(t) => t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64,
+        Err(_) => 0,
+    }
 }
 
 impl Batch {

@@ -15,7 +15,7 @@ use std::os::unix::net::UnixStream;
 
 use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Transport};
 use super::ring::ALIGN;
-use super::server::{monotonic_ns, ServeMode, Shared};
+use super::server::{ServeMode, Shared};
 use super::shm::{self, SharedRing};
 use crate::io::IoConfig;
 use crate::modes::{self, Batch, BatchStream, Cursor, ReadOptions};
@@ -287,7 +287,6 @@ impl Conn {
         let n = b.ids.len() as u64;
         let arrays = 16 * n + 8;
         let started = Instant::now();
-        let sent_ns = monotonic_ns();
         let mut h = BatchHeader {
             slot: 0,
             flags: 0,
@@ -299,7 +298,7 @@ impl Conn {
             ids_at: 0,
             offsets_at: 0,
             data_at: 0,
-            sent_ns,
+            ready_ns: b.ready_ns,
         };
         self.out.clear();
         let data_len = b.payload.len() as u64;
@@ -313,6 +312,7 @@ impl Conn {
                     epoch,
                     index,
                     padding,
+                    ready_ns,
                 } = b;
                 // Assembled in the ring by the engine: only the arrays are written here.
                 let placed = match payload.into_lent() {
@@ -354,6 +354,7 @@ impl Conn {
                                     epoch,
                                     index,
                                     padding,
+                                    ready_ns,
                                 };
                                 st.pending = Some((b, asked));
                                 return Ok(false);

@@ -216,8 +216,9 @@ pub struct BatchHeader {
     pub offsets_at: u64,
     /// Where the payload starts.
     pub data_at: u64,
-    /// CLOCK_MONOTONIC nanoseconds when the daemon started writing the batch out.
-    pub sent_ns: u64,
+    /// CLOCK_MONOTONIC nanoseconds when the engine completed the batch (its age, and the
+    /// start of its hand-off latency, count from here).
+    pub ready_ns: u64,
 }
 
 impl BatchHeader {
@@ -237,7 +238,7 @@ impl BatchHeader {
             self.ids_at,
             self.offsets_at,
             self.data_at,
-            self.sent_ns,
+            self.ready_ns,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -260,7 +261,7 @@ impl BatchHeader {
             ids_at: u(5),
             offsets_at: u(6),
             data_at: u(7),
-            sent_ns: u(8),
+            ready_ns: u(8),
         })
     }
 }
@@ -402,7 +403,7 @@ mod tests {
             ids_at: 64,
             offsets_at: 64 + 2048,
             data_at: 4160,
-            sent_ns: 123456789,
+            ready_ns: 123456789,
         };
         let mut v = Vec::new();
         h.encode(&mut v);

@@ -326,10 +326,4 @@ impl Shared {
     }
 }
 
-/// CLOCK_MONOTONIC in nanoseconds (what Python's `time.monotonic_ns()` reads).
-pub fn monotonic_ns() -> u64 {
-    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
-        Ok(t) => t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64,
-        Err(_) => 0,
-    }
-}
+pub use crate::modes::monotonic_ns;
