@@ -57,7 +57,7 @@ def pct(xs, q):
 def in_process(a, data):
     out = subprocess.run(
         [a.riffle, "read", str(data), "--batch-size", str(a.batch_size), "--seed", "1",
-         "--queue-depth", str(a.queue_depth), "--json"],
+         "--queue-depth", str(a.queue_depth), "--mode", a.mode, "--json"],
         check=True, capture_output=True, text=True,
     ).stdout
     r = json.loads(out)
@@ -136,6 +136,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--queue-depth", type=int, default=64)
     p.add_argument("--runs", type=int, default=3, help="runs per side and cache state")
+    p.add_argument("--mode", default="auto", help="auto (the planner's choice), lirs or two-pass, on both sides")
     p.add_argument("--cache", default="warm,cold", help="warm, cold or both")
     p.add_argument("--touch", action="store_true", help="read one byte per page of each batch")
     p.add_argument("--compute-us", type=float, default=0,
@@ -161,7 +162,7 @@ def main():
     sock = os.path.join(tmp, "s.sock")
     daemon = subprocess.Popen(
         [a.riffle, "serve", "--socket", sock, "--dataset", f"bench={data}",
-         "--queue-depth", str(a.queue_depth)],
+         "--queue-depth", str(a.queue_depth), "--mode", a.mode],
         stderr=subprocess.DEVNULL,
     )
     try:
@@ -174,7 +175,7 @@ def main():
                 if time.time() > deadline or daemon.poll() is not None:
                     raise SystemExit("riffle serve did not come up")
                 time.sleep(0.05)
-        report = {"data": str(data), "records": a.records, "record_size": a.record_size,
+        report = {"data": str(data), "records": a.records, "record_size": a.record_size, "mode": a.mode,
                   "batch_size": a.batch_size, "queue_depth": a.queue_depth, "runs": a.runs,
                   "host": socket.gethostname(), "touch": a.touch, "results": {}}
         for cache in [c for c in a.cache.split(",") if c]:

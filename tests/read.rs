@@ -185,6 +185,17 @@ fn json_reports_what_ran() {
     for p in ["p50", "p99", "max"] {
         assert!(v["batch_latency_us"][p].as_f64().unwrap() > 0.0);
     }
+    // Hand-off to the consumer loop, beside it (at least 1 us: the histogram's floor).
+    let h = &v["handoff_latency_us"];
+    assert!(
+        h["max"].as_u64().unwrap() >= h["p99"].as_u64().unwrap(),
+        "{h}"
+    );
+    assert!(
+        h["p99"].as_u64().unwrap() >= h["p50"].as_u64().unwrap(),
+        "{h}"
+    );
+    assert!(h["p50"].as_u64().unwrap() >= 1, "{h}");
 }
 
 #[test]

@@ -152,6 +152,9 @@ impl Emitter<'_> {
             let (_, _, mut b, started) = self.cur.take().expect("current batch");
             b.payload.seal();
             b.ready_ns = super::monotonic_ns();
+            if let Some((l, _)) = &self.lender {
+                l.0.ready(&mut b);
+            }
             self.hist
                 .saturating_record(started.elapsed().as_micros().max(1) as u64);
             self.report.records += b.ids.len() as u64;

@@ -394,7 +394,7 @@ fn run(
                         r.records += b.ids.len() as u64;
                         r.bytes += b.payload.len() as u64;
                         r.batches += 1;
-                        let out = Batch {
+                        let mut out = Batch {
                             epoch,
                             index,
                             ids: b.ids,
@@ -404,6 +404,9 @@ fn run(
                             ready_ns: super::monotonic_ns(),
                         };
                         drop(st);
+                        if let Some(l) = &opts.lender {
+                            l.0.ready(&mut out);
+                        }
                         let sent = tx.send(Ok(out));
                         st = state.borrow_mut();
                         if sent.is_err() {

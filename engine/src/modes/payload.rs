@@ -16,6 +16,11 @@ pub trait Lender: Send + Sync {
     /// A region for a batch of `records` records and at most `bytes` payload bytes, or
     /// `None` (the engine then uses memory of its own). Never blocks.
     fn lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>>;
+
+    /// The engine completed `batch`, on its own thread, before queueing it for the
+    /// consumer; batches come here in order. The lender may hand it over right away (the
+    /// daemon announces it to its client from here, saving a thread hop).
+    fn ready(&self, _batch: &mut super::Batch) {}
 }
 
 /// A lent region. Its contents start undefined; the engine writes every byte it delivers.
@@ -27,7 +32,7 @@ pub trait Lent: Send {
     /// Only the first `len` bytes are used: the rest may go back to the lender.
     fn shrink(&mut self, len: usize);
     /// For the lender to recognise its own region again.
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
 /// The [`Lender`] of a read, if any (see [`super::ReadOptions::lender`]).
@@ -102,17 +107,30 @@ impl Payload {
         }
     }
 
+    /// Its length in bytes (without looking at the bytes: a lent region handed over to
+    /// its lender may no longer be read through the payload).
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Own(v) => v.len(),
+            Repr::Lent { len, .. } => *len,
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Whether the bytes live in a lent region.
     pub fn is_lent(&self) -> bool {
         matches!(self.0, Repr::Lent { .. })
     }
 
-    /// The lent region and the bytes used of it, or the payload itself when it is the
-    /// engine's own.
-    pub fn into_lent(self) -> Result<(Box<dyn Lent>, usize), Payload> {
-        match self.0 {
-            Repr::Lent { buf, len } => Ok((buf, len)),
-            own => Err(Payload(own)),
+    /// The lent region and the bytes used of it, if lent.
+    pub fn lent_mut(&mut self) -> Option<(&mut dyn Lent, usize)> {
+        match &mut self.0 {
+            Repr::Lent { buf, len } => Some((&mut **buf, *len)),
+            Repr::Own(_) => None,
         }
     }
 
@@ -197,7 +215,7 @@ mod tests {
         fn shrink(&mut self, len: usize) {
             self.1.lock().unwrap().push(len);
         }
-        fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        fn as_any_mut(&mut self) -> &mut dyn Any {
             self
         }
     }
@@ -231,7 +249,7 @@ mod tests {
         assert!(q.is_lent());
         q.seal();
         assert_eq!(*shrunk.lock().unwrap(), vec![8]);
-        let (region, used) = q.into_lent().map_err(|_| "lent").unwrap();
+        let (region, used) = q.lent_mut().unwrap();
         assert_eq!(&region.bytes()[..used], b"01234567");
         let mut r = Payload::lent(lender.0.lend(3, 4).unwrap(), 0);
         r.extend_from_slice(b"012");

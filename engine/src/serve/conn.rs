@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Transport};
 use super::ring::ALIGN;
 use super::server::{ServeMode, Shared};
-use super::shm::{self, SharedRing};
+use super::shm::{self, Handover, SharedRing};
 use crate::io::IoConfig;
 use crate::modes::{self, Batch, BatchStream, Cursor, ReadOptions};
 use crate::order::{Grouping, Split, Tail};
@@ -77,8 +77,90 @@ impl Stream {
     }
 }
 
-pub(super) struct Conn {
+/// A connection's socket, shared with the engine's thread of its open stream, which
+/// announces the batches it completes in the ring itself when it may (see
+/// [`announce_ready`]). Every frame is written under the lock, so frames never interleave.
+struct Wire {
     sock: UnixStream,
+    state: Mutex<WireState>,
+}
+
+#[derive(Default)]
+struct WireState {
+    /// The engine's thread may announce: a shared-memory stream is open and its OPENED
+    /// is out.
+    live: bool,
+    /// Batches of the stream the engine has completed, and those announced (by either
+    /// thread): the engine announces one only when every earlier one is out.
+    completed: u64,
+    announced: u64,
+}
+
+impl Wire {
+    fn lock(&self) -> MutexGuard<'_, WireState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self, bytes: &[u8]) -> std::io::Result<()> {
+        let _w = self.lock();
+        (&self.sock).write_all(bytes)
+    }
+}
+
+/// The engine's thread completed `b` (in order): announce it now if it was assembled in
+/// the ring, every earlier batch is announced and the client has credit; otherwise the
+/// connection thread announces it when it comes out of the stream. This saves waking the
+/// connection thread between the engine and the client.
+fn announce_ready(
+    wire: &Wire,
+    ring: &Arc<SharedRing>,
+    shared: &Shared,
+    credits: u32,
+    b: &mut Batch,
+) {
+    let started = Instant::now();
+    let mut w = wire.lock();
+    let seq = w.completed;
+    w.completed += 1;
+    if !w.live || seq != w.announced || ring.slots().outstanding() >= credits as usize {
+        return;
+    }
+    let n = b.ids.len() as u64;
+    let data_len = b.payload.len() as u64;
+    let Some((lent, used)) = b.payload.lent_mut() else {
+        return;
+    };
+    let Handover::Placed(p) = ring.send_lent(lent, used, &b.ids, &b.offsets) else {
+        return;
+    };
+    let h = BatchHeader {
+        slot: p.slot,
+        flags: 0,
+        epoch: b.epoch,
+        index: b.index,
+        records: n,
+        padding: b.padding as u64,
+        data_len,
+        ids_at: p.ids_at,
+        offsets_at: p.offsets_at,
+        data_at: p.data_at,
+        ready_ns: b.ready_ns,
+    };
+    let mut out = Vec::with_capacity(5 + BatchHeader::LEN);
+    proto::frame_into(&mut out, Kind::Batch, BatchHeader::LEN);
+    h.encode(&mut out);
+    w.announced += 1;
+    // A failed write is the client gone: the connection thread sees it at its next read.
+    let _ = (&wire.sock).write_all(&out);
+    drop(w);
+    shared
+        .stats()
+        .send_us
+        .saturating_record(started.elapsed().as_micros().max(1) as u64);
+}
+
+pub(super) struct Conn {
+    wire: Arc<Wire>,
     shared: Arc<Shared>,
     buf: FrameBuf,
     stream: Option<Stream>,
@@ -88,7 +170,10 @@ pub(super) struct Conn {
 impl Conn {
     pub(super) fn new(sock: UnixStream, shared: Arc<Shared>) -> Conn {
         Conn {
-            sock,
+            wire: Arc::new(Wire {
+                sock,
+                state: Mutex::new(WireState::default()),
+            }),
             shared,
             buf: FrameBuf::default(),
             stream: None,
@@ -114,14 +199,14 @@ impl Conn {
         };
         *self.shared.stats().errors.entry(code.into()).or_default() += 1;
         self.close_stream();
-        let _ = (&self.sock).write_all(&error_frame(code, &msg, true));
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        let _ = self.wire.write(&error_frame(code, &msg, true));
+        let _ = self.wire.sock.shutdown(std::net::Shutdown::Both);
     }
 
     /// Reads once from the socket: blocking, or only if something is there.
     fn fill(&mut self, block: bool) -> Result<bool, Leave> {
         if !block {
-            let mut fds = [PollFd::new(self.sock.as_fd(), PollFlags::POLLIN)];
+            let mut fds = [PollFd::new(self.wire.sock.as_fd(), PollFlags::POLLIN)];
             match poll(&mut fds, PollTimeout::ZERO) {
                 Ok(0) => return Ok(false),
                 Ok(_) => {}
@@ -132,7 +217,7 @@ impl Conn {
         const CHUNK: usize = 64 * 1024;
         let spare = self.buf.spare(CHUNK);
         let got = loop {
-            match self.sock.read(spare) {
+            match (&self.wire.sock).read(spare) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => {
@@ -178,16 +263,16 @@ impl Conn {
     }
 
     fn send(&mut self, bytes: &[u8]) -> Result<(), Leave> {
-        (&self.sock).write_all(bytes)?;
+        self.wire.write(bytes)?;
         Ok(())
     }
 
     fn handshake(&mut self) -> Result<(), Leave> {
         // A connection that never says HELLO would hold a client slot for ever. (A read
         // that times out ends the connection like any failed read.)
-        let _ = self.sock.set_read_timeout(Some(HELLO_TIMEOUT));
+        let _ = self.wire.sock.set_read_timeout(Some(HELLO_TIMEOUT));
         let (kind, body) = self.frame(true)?.expect("a blocking read returns a frame");
-        let _ = self.sock.set_read_timeout(None);
+        let _ = self.wire.sock.set_read_timeout(None);
         if kind != Kind::Hello as u8 {
             return Err(Leave::Fatal(
                 "protocol",
@@ -305,33 +390,44 @@ impl Conn {
         let mut in_place = false;
         match st.ring.clone() {
             Some(ring) => {
-                let Batch {
-                    ids,
-                    offsets,
-                    payload,
-                    epoch,
-                    index,
-                    padding,
-                    ready_ns,
-                } = b;
-                // Assembled in the ring by the engine: only the arrays are written here.
-                let placed = match payload.into_lent() {
-                    Ok((lent, used)) => match ring.send_lent(lent, used, &ids, &offsets) {
-                        Ok(p) => Ok(p),
-                        Err(lent) => Err(crate::modes::Payload::lent(lent, used)),
-                    },
-                    Err(own) => Err(own),
+                let mut b = b;
+                // Under the wire's lock: the engine's thread announces batches too, and
+                // the announcements must go out whole and in order.
+                let mut w = self.wire.lock();
+                let handed = match b.payload.lent_mut() {
+                    Some((lent, used)) => ring.send_lent(lent, used, &b.ids, &b.offsets),
+                    None => Handover::Foreign,
                 };
-                in_place = placed.is_ok();
-                let placed = match placed {
-                    Ok(p) => p,
-                    Err(payload) => {
+                let placed = match handed {
+                    // Announced from the engine's thread already: bookkeeping only.
+                    Handover::Already => {
+                        drop(w);
+                        st.sent += 1;
+                        let mut s = self.shared.stats();
+                        s.batches += 1;
+                        s.batches_in_place += 1;
+                        s.batches_announced_early += 1;
+                        s.records += n;
+                        s.bytes += data_len;
+                        s.batch_us
+                            .saturating_record(asked.elapsed().as_micros().max(1) as u64);
+                        return Ok(true);
+                    }
+                    // Assembled in the ring by the engine: only the arrays were written.
+                    Handover::Placed(p) => {
+                        in_place = true;
+                        p
+                    }
+                    Handover::Foreign => {
                         let data_off = arrays.div_ceil(ALIGN) * ALIGN;
-                        let total = data_off + payload.len() as u64;
+                        let total = data_off + b.payload.len() as u64;
                         if !ring.slots().fits_empty(total) {
+                            drop(w);
                             let msg = format!(
-                                "batch {index} of epoch {epoch} needs {total} bytes, more than the stream's ring of {} bytes: \
+                                "batch {} of epoch {} needs {total} bytes, more than the stream's ring of {} bytes: \
                                  ask for a smaller batch, or start the daemon with more --memory",
+                                b.index,
+                                b.epoch,
                                 ring.len()
                             );
                             self.close_stream();
@@ -344,18 +440,10 @@ impl Conn {
                             self.send(&error_frame("too_large", &msg, false))?;
                             return Ok(true);
                         }
-                        match ring.put(&ids, &offsets, &payload) {
+                        match ring.put(&b.ids, &b.offsets, &b.payload) {
                             Some(p) => p,
                             None => {
-                                let b = Batch {
-                                    ids,
-                                    offsets,
-                                    payload,
-                                    epoch,
-                                    index,
-                                    padding,
-                                    ready_ns,
-                                };
+                                drop(w);
                                 st.pending = Some((b, asked));
                                 return Ok(false);
                             }
@@ -369,7 +457,8 @@ impl Conn {
                 proto::frame_into(&mut self.out, Kind::Batch, BatchHeader::LEN);
                 h.encode(&mut self.out);
                 st.sent += 1;
-                (&self.sock).write_all(&self.out)?;
+                w.announced += 1;
+                (&self.wire.sock).write_all(&self.out)?;
             }
             None => {
                 h.slot = st.inline_next;
@@ -396,8 +485,9 @@ impl Conn {
                     self.out.extend_from_slice(&v.to_le_bytes());
                 }
                 st.sent += 1;
-                (&self.sock).write_all(&self.out)?;
-                (&self.sock).write_all(&b.payload)?;
+                let _w = self.wire.lock();
+                (&self.wire.sock).write_all(&self.out)?;
+                (&self.wire.sock).write_all(&b.payload)?;
             }
         }
         let done = Instant::now();
@@ -606,8 +696,15 @@ impl Conn {
             }
             Transport::Inline => (None, 4),
         };
-        // Batches are assembled straight in the ring when it has room.
-        opts.lender = ring.as_ref().map(|r| r.lender());
+        // Batches are assembled straight in the ring when it has room, and announced from
+        // the engine's thread as they complete (once OPENED is out).
+        *self.wire.lock() = WireState::default();
+        opts.lender = ring.as_ref().map(|r| {
+            let (wire, ring, shared) = (self.wire.clone(), r.clone(), self.shared.clone());
+            r.lender(Some(Arc::new(move |b: &mut Batch| {
+                announce_ready(&wire, &ring, &shared, credits, b)
+            })))
+        });
         let mut scratch = None;
         let root = cfg
             .scratch
@@ -650,12 +747,18 @@ impl Conn {
             },
         };
         let frame = proto::json_frame(Kind::Opened, &opened);
-        let sent = match &ring {
-            Some(r) => {
-                let fd = r.client_fd().map_err(|e| ("shm", e.to_string()))?;
-                shm::send_with_fd(&self.sock, &frame, &fd)
-            }
-            None => (&self.sock).write_all(&frame),
+        let fd = match &ring {
+            Some(r) => Some(r.client_fd().map_err(|e| ("shm", e.to_string()))?),
+            None => None,
+        };
+        let sent = {
+            let mut w = self.wire.lock();
+            let sent = match &fd {
+                Some(fd) => shm::send_with_fd(&self.wire.sock, &frame, fd),
+                None => (&self.wire.sock).write_all(&frame),
+            };
+            w.live = ring.is_some();
+            sent
         };
         // A failed send shows up as the client being gone at the next read.
         let _ = sent;
@@ -685,6 +788,8 @@ impl Conn {
         let Some(st) = self.stream.take() else {
             return;
         };
+        // Nothing more is announced from the engine's thread, which stops next.
+        self.wire.lock().live = false;
         let ring_bytes = st.ring.as_ref().map_or(0, |r| r.len() as u64);
         let _ = st.transport;
         let Stream {

@@ -94,13 +94,18 @@ pub(super) struct Stats {
     pub(super) batches: u64,
     /// Shared-memory batches the engine assembled in the ring itself (no copy).
     pub(super) batches_in_place: u64,
+    /// Of those, the ones announced from the engine's thread as they completed.
+    pub(super) batches_announced_early: u64,
     pub(super) records: u64,
     pub(super) bytes: u64,
     pub(super) read_ops: u64,
     pub(super) errors: HashMap<String, u64>,
-    /// Per batch: from asking the engine for it to its notification written (us).
+    /// Per batch: from the connection thread asking the engine for it to its notification
+    /// written, or to the batch reaching the connection thread when the engine's thread
+    /// announced it (us).
     pub(super) batch_us: Histogram<u64>,
-    /// Per batch: from the ring write's start to the notification written (us).
+    /// Per batch: from the ring write's start (the arrays, when the engine assembled it in
+    /// the ring) to the notification written (us).
     pub(super) send_us: Histogram<u64>,
 }
 
@@ -154,6 +159,7 @@ impl Server {
                     streams_now: 0,
                     batches: 0,
                     batches_in_place: 0,
+                    batches_announced_early: 0,
                     records: 0,
                     bytes: 0,
                     read_ops: 0,
@@ -309,6 +315,7 @@ impl Shared {
             "streams_total": s.streams_total,
             "batches": s.batches,
             "batches_in_place": s.batches_in_place,
+            "batches_announced_early": s.batches_announced_early,
             "records": s.records,
             "bytes": s.bytes,
             "read_ops": s.read_ops,

@@ -118,27 +118,33 @@ impl SharedRing {
         Some(placed)
     }
 
-    /// Lends the engine regions of this ring (see [`crate::modes::Lender`]).
-    pub fn lender(self: &Arc<Self>) -> PayloadLender {
-        PayloadLender(Arc::new(RingLender(self.clone())))
+    /// Lends the engine regions of this ring (see [`crate::modes::Lender`]); `on_ready`
+    /// gets each batch the engine completes, on the engine's thread.
+    pub fn lender(self: &Arc<Self>, on_ready: Option<OnReady>) -> PayloadLender {
+        PayloadLender(Arc::new(RingLender {
+            ring: self.clone(),
+            on_ready,
+        }))
     }
 
-    /// Announces a batch assembled in a region of this ring: writes its arrays beside the
-    /// payload's `used` bytes and marks the slot sent. The region comes back (`Err`) when
-    /// it is not one of this ring's or was lent for fewer records.
+    /// Makes a batch assembled in a region of this ring ready to announce: writes its
+    /// arrays beside the payload's `used` bytes and marks the slot sent.
     pub fn send_lent(
         self: &Arc<Self>,
-        lent: Box<dyn Lent>,
+        lent: &mut dyn Lent,
         used: usize,
         ids: &[u64],
         offsets: &[u64],
-    ) -> std::result::Result<Placed, Box<dyn Lent>> {
-        let lease = match lent.into_any().downcast::<Lease>() {
-            Ok(l) if Arc::ptr_eq(&l.ring, self) && ids.len() <= l.records && used <= l.cap => l,
-            Ok(l) => return Err(l),
-            Err(_) => unreachable!("only a Lease is lent by this module"),
+    ) -> Handover {
+        let Some(lease) = lent.as_any_mut().downcast_mut::<Lease>() else {
+            return Handover::Foreign;
         };
-        let mut lease = *lease;
+        if !Arc::ptr_eq(&lease.ring, self) || ids.len() > lease.records || used > lease.cap {
+            return Handover::Foreign;
+        }
+        if lease.sent {
+            return Handover::Already;
+        }
         let placed = Placed {
             slot: lease.slot,
             ids_at: lease.at,
@@ -153,15 +159,38 @@ impl SharedRing {
         }
         self.slots().mark_sent(lease.slot);
         lease.sent = true;
-        Ok(placed)
+        Handover::Placed(placed)
     }
 }
 
-struct RingLender(Arc<SharedRing>);
+/// What [`SharedRing::send_lent`] made of a lent region.
+#[derive(Debug)]
+pub enum Handover {
+    /// Its arrays are written and its slot is sent: announce it.
+    Placed(Placed),
+    /// It was handed over before (announced from the engine's thread).
+    Already,
+    /// Not a region of this ring (or lent for fewer records): copy the batch.
+    Foreign,
+}
+
+/// Called with each batch the engine completes, on the engine's thread.
+pub type OnReady = Arc<dyn Fn(&mut crate::modes::Batch) + Send + Sync>;
+
+struct RingLender {
+    ring: Arc<SharedRing>,
+    on_ready: Option<OnReady>,
+}
 
 impl Lender for RingLender {
+    fn ready(&self, batch: &mut crate::modes::Batch) {
+        if let Some(f) = &self.on_ready {
+            f(batch);
+        }
+    }
+
     fn lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
-        let ring = &self.0;
+        let ring = &self.ring;
         let lent = self.try_lend(records, bytes);
         if lent.is_none() {
             // The engine assembles this batch in its own memory; it is owed a place.
@@ -173,7 +202,7 @@ impl Lender for RingLender {
 
 impl RingLender {
     fn try_lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
-        let ring = &self.0;
+        let ring = &self.ring;
         if ring.owed.load(Ordering::SeqCst) > 0 {
             return None;
         }
@@ -192,8 +221,8 @@ impl RingLender {
     }
 }
 
-/// A region of a [`SharedRing`] lent to the engine: its until announced (or dropped,
-/// which gives it back).
+/// A region of a [`SharedRing`] lent to the engine: its until handed over for announcing
+/// (after which its bytes are not touched through it), or dropped, which gives it back.
 struct Lease {
     ring: Arc<SharedRing>,
     slot: u32,
@@ -206,9 +235,14 @@ struct Lease {
 
 impl Lent for Lease {
     fn bytes(&self) -> &[u8] {
+        assert!(
+            !self.sent,
+            "a region handed over to the client is not the engine's to read"
+        );
         // SAFETY: the region [data_at, data_at + cap) is inside the mapping (the slot was
-        // allocated inside it) and is this lease's alone until it is sent, which consumes
-        // the lease; the mapping lives as long as `self.ring`.
+        // allocated inside it) and is this lease's alone until it is sent (checked above;
+        // after that the client may ack it and the space be lent again); the mapping lives
+        // as long as `self.ring`.
         unsafe {
             std::slice::from_raw_parts(
                 self.ring.map.ptr.as_ptr().add(self.data_at as usize),
@@ -218,6 +252,10 @@ impl Lent for Lease {
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
+        assert!(
+            !self.sent,
+            "a region handed over to the client is not the engine's to write"
+        );
         // SAFETY: as in `bytes`; `&mut self` makes this the only view of the region.
         unsafe {
             std::slice::from_raw_parts_mut(
@@ -235,7 +273,7 @@ impl Lent for Lease {
         }
     }
 
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+    fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
 }
