@@ -705,3 +705,45 @@ fn auto_mode_plans_each_stream_from_the_device_profile() {
     let s = c.open(req).unwrap();
     assert_eq!(s.opened.mode, "lirs");
 }
+
+#[test]
+fn end_counts_every_batch_announced_even_those_cut_short_by_close() {
+    // Batches are announced from the engine's thread as they complete; a CLOSE can land
+    // while some are still queued for the connection thread. END must count what the
+    // client was actually sent.
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 4000, 100);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let mut c = d.client();
+    for round in 0..5 {
+        let mut req = OpenRequest::new("train", 20);
+        req.seed = round;
+        c.send(&proto::json_frame(Kind::Open, &req)).unwrap();
+        let (k, _) = c.frame().unwrap();
+        assert_eq!(k, Kind::Opened);
+        // Take a few batches without acking (the daemon sends up to its credits), then
+        // close mid-stream.
+        let mut got = 0u64;
+        while got < 3 + round {
+            let (k, _) = c.frame().unwrap();
+            assert_eq!(k, Kind::Batch);
+            got += 1;
+        }
+        c.send(&proto::frame(Kind::Close, &[])).unwrap();
+        let end = loop {
+            match c.frame().unwrap() {
+                (Kind::Batch, _) => got += 1,
+                (Kind::End, body) => break serde_json::from_slice::<Value>(&body).unwrap(),
+                (k, _) => panic!("unexpected {k:?} after CLOSE"),
+            }
+        };
+        assert_eq!(end["reason"], "closed");
+        assert_eq!(
+            end["batches"], got,
+            "round {round}: END says {end}, the client got {got}"
+        );
+    }
+    let s = c.stats().unwrap();
+    assert_eq!(s["streams_now"], 0, "{s}");
+}

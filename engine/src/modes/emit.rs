@@ -119,13 +119,17 @@ impl Emitter<'_> {
             let positions = split.positions(j);
             // Sized once for its records; the payload guess (the first record's size each) grows if short.
             let n = (positions.end - positions.start) as usize;
-            let lent = self.lender.as_ref().and_then(|(l, max)| {
-                let room = (n as u64).saturating_mul(*max);
-                l.0.lend(n, usize::try_from(room).ok()?)
-            });
-            let payload = match lent {
-                Some(buf) => Payload::lent(buf, 0),
-                None => Payload::with_capacity(payload_hint(n, self.mean_record, bytes.len())),
+            let own = || Payload::with_capacity(payload_hint(n, self.mean_record, bytes.len()));
+            let payload = match &self.lender {
+                None => own(),
+                Some((l, max)) => {
+                    let room =
+                        usize::try_from((n as u64).saturating_mul(*max)).unwrap_or(usize::MAX);
+                    match l.0.lend(n, room) {
+                        Some(buf) => Payload::lent(buf, 0),
+                        None => own().refused(),
+                    }
+                }
             };
             let batch = Batch {
                 epoch,

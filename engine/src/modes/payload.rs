@@ -24,7 +24,7 @@ pub trait Lender: Send + Sync {
 }
 
 /// A lent region. Its contents start undefined; the engine writes every byte it delivers.
-pub trait Lent: Send {
+pub trait Lent: Send + Sync {
     /// The whole region.
     fn bytes(&self) -> &[u8];
     /// The whole region, to write.
@@ -46,7 +46,11 @@ impl fmt::Debug for PayloadLender {
 }
 
 /// The records' bytes of a batch, back to back.
-pub struct Payload(Repr);
+///
+/// Once the engine hands a lent batch over ([`Lender::ready`]), its bytes belong to the
+/// consumer: reading them through the payload (`Deref`, `Clone`, `==`) panics; its
+/// [`Payload::len`] stays available.
+pub struct Payload(Repr, bool);
 
 enum Repr {
     Own(Vec<u8>),
@@ -56,26 +60,27 @@ enum Repr {
 impl Payload {
     /// `len` zero bytes of the engine's own.
     pub(crate) fn zeroed(len: usize) -> Payload {
-        Payload(Repr::Own(vec![0; len]))
+        Payload(Repr::Own(vec![0; len]), false)
     }
 
     /// Empty, with room for `cap` bytes, of the engine's own.
     pub(crate) fn with_capacity(cap: usize) -> Payload {
-        Payload(Repr::Own(Vec::with_capacity(cap)))
+        Payload(Repr::Own(Vec::with_capacity(cap)), false)
     }
 
     /// The first `len` bytes of a lent region (to be written in place), or empty with the
     /// region as room when `len` is 0 (to be filled by [`Payload::extend_from_slice`]).
     pub(crate) fn lent(buf: Box<dyn Lent>, len: usize) -> Payload {
         debug_assert!(len <= buf.bytes().len());
-        Payload(Repr::Lent { buf, len })
+        Payload(Repr::Lent { buf, len }, false)
     }
 
     /// A payload of `len` bytes to be written in place: lent by `lender` when it can, else
     /// the engine's own.
     pub(crate) fn sized(lender: Option<&PayloadLender>, records: usize, len: usize) -> Payload {
-        match lender.and_then(|l| l.0.lend(records, len)) {
-            Some(buf) => Payload::lent(buf, len),
+        match lender.map(|l| l.0.lend(records, len)) {
+            Some(Some(buf)) => Payload::lent(buf, len),
+            Some(None) => Payload::zeroed(len).refused(),
             None => Payload::zeroed(len),
         }
     }
@@ -105,6 +110,17 @@ impl Payload {
         if let Repr::Lent { buf, len } = &mut self.0 {
             buf.shrink(*len);
         }
+    }
+
+    /// Marks a payload the lender refused to lend for (the engine's own memory instead).
+    pub(crate) fn refused(mut self) -> Payload {
+        self.1 = true;
+        self
+    }
+
+    /// Whether the lender was asked for room for this batch and refused.
+    pub fn lend_refused(&self) -> bool {
+        self.1
     }
 
     /// Its length in bytes (without looking at the bytes: a lent region handed over to
@@ -145,7 +161,7 @@ impl Payload {
 
 impl From<Vec<u8>> for Payload {
     fn from(v: Vec<u8>) -> Payload {
-        Payload(Repr::Own(v))
+        Payload(Repr::Own(v), false)
     }
 }
 
@@ -171,7 +187,7 @@ impl DerefMut for Payload {
 impl Clone for Payload {
     /// A copy in memory of the engine's own.
     fn clone(&self) -> Payload {
-        Payload(Repr::Own(self.to_vec()))
+        Payload(Repr::Own(self.to_vec()), false)
     }
 }
 

@@ -65,7 +65,6 @@ struct Stream {
     credits: u32,
     /// A batch taken from the engine that did not fit the ring yet.
     pending: Option<(Batch, Instant)>,
-    sent: u64,
 }
 
 impl Stream {
@@ -153,9 +152,13 @@ fn announce_ready(
     // A failed write is the client gone: the connection thread sees it at its next read.
     let _ = (&wire.sock).write_all(&out);
     drop(w);
-    shared
-        .stats()
-        .send_us
+    let mut s = shared.stats();
+    s.batches += 1;
+    s.batches_in_place += 1;
+    s.batches_announced_early += 1;
+    s.records += n;
+    s.bytes += data_len;
+    s.send_us
         .saturating_record(started.elapsed().as_micros().max(1) as u64);
 }
 
@@ -332,8 +335,7 @@ impl Conn {
                 let asked = Instant::now();
                 match st.batches.next() {
                     None => {
-                        let sent = st.sent;
-                        self.close_stream();
+                        let sent = self.close_stream();
                         self.send(&proto::json_frame(
                             Kind::End,
                             &proto::End {
@@ -402,13 +404,7 @@ impl Conn {
                     // Announced from the engine's thread already: bookkeeping only.
                     Handover::Already => {
                         drop(w);
-                        st.sent += 1;
                         let mut s = self.shared.stats();
-                        s.batches += 1;
-                        s.batches_in_place += 1;
-                        s.batches_announced_early += 1;
-                        s.records += n;
-                        s.bytes += data_len;
                         s.batch_us
                             .saturating_record(asked.elapsed().as_micros().max(1) as u64);
                         return Ok(true);
@@ -440,7 +436,7 @@ impl Conn {
                             self.send(&error_frame("too_large", &msg, false))?;
                             return Ok(true);
                         }
-                        match ring.put(&b.ids, &b.offsets, &b.payload) {
+                        match ring.put(&b.ids, &b.offsets, &b.payload, b.payload.lend_refused()) {
                             Some(p) => p,
                             None => {
                                 drop(w);
@@ -456,7 +452,6 @@ impl Conn {
                 h.data_at = placed.data_at;
                 proto::frame_into(&mut self.out, Kind::Batch, BatchHeader::LEN);
                 h.encode(&mut self.out);
-                st.sent += 1;
                 w.announced += 1;
                 (&self.wire.sock).write_all(&self.out)?;
             }
@@ -484,8 +479,8 @@ impl Conn {
                 for v in b.ids.iter().chain(b.offsets.iter()) {
                     self.out.extend_from_slice(&v.to_le_bytes());
                 }
-                st.sent += 1;
-                let _w = self.wire.lock();
+                let mut w = self.wire.lock();
+                w.announced += 1;
                 (&self.wire.sock).write_all(&self.out)?;
                 (&self.wire.sock).write_all(&b.payload)?;
             }
@@ -555,9 +550,8 @@ impl Conn {
                 }
             }
             Some(Kind::Close) => {
-                if let Some(st) = self.stream.as_ref() {
-                    let sent = st.sent;
-                    self.close_stream();
+                if self.stream.is_some() {
+                    let sent = self.close_stream();
                     self.send(&proto::json_frame(
                         Kind::End,
                         &proto::End {
@@ -779,17 +773,21 @@ impl Conn {
             inline_next: 0,
             credits,
             pending: None,
-            sent: 0,
         });
         Ok(())
     }
 
-    fn close_stream(&mut self) {
+    /// Stops the open stream, if any; the batches it announced.
+    fn close_stream(&mut self) -> u64 {
         let Some(st) = self.stream.take() else {
-            return;
+            return 0;
         };
         // Nothing more is announced from the engine's thread, which stops next.
-        self.wire.lock().live = false;
+        let announced = {
+            let mut w = self.wire.lock();
+            w.live = false;
+            w.announced
+        };
         let ring_bytes = st.ring.as_ref().map_or(0, |r| r.len() as u64);
         let _ = st.transport;
         let Stream {
@@ -803,6 +801,7 @@ impl Conn {
         let mut s = self.shared.stats();
         s.streams_now -= 1;
         s.read_ops += report.read_ops;
+        announced
     }
 }
 

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The protocol version this build speaks.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The largest frame (kind byte + body) the daemon accepts from a client. Larger lengths
 /// are answered with an error and the connection is closed without reading the body.

@@ -82,8 +82,9 @@ impl SharedRing {
         self.map.len == 0
     }
 
-    /// The regions: acks go here.
-    pub fn slots(&self) -> MutexGuard<'_, Slots> {
+    /// The regions. Only the serve module touches them: the safety of lent regions rests
+    /// on this bookkeeping.
+    pub(super) fn slots(&self) -> MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -93,13 +94,21 @@ impl SharedRing {
     }
 
     /// Copies a batch the engine assembled in its own memory into a fresh region and marks
-    /// it sent, or `None` while there is no room.
-    pub fn put(&self, ids: &[u64], offsets: &[u64], payload: &[u8]) -> Option<Placed> {
+    /// it sent, or `None` while there is no room. `owed`: a lend was refused for it (see
+    /// [`crate::modes::Payload::lend_refused`]).
+    pub fn put(&self, ids: &[u64], offsets: &[u64], payload: &[u8], owed: bool) -> Option<Placed> {
+        assert_eq!(
+            offsets.len(),
+            ids.len() + 1,
+            "a batch has one offset more than ids"
+        );
         let head = arrays_len(ids.len());
         let (slot, at) = self.slots().alloc(head + payload.len() as u64)?;
-        let _ = self
-            .owed
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if owed {
+            let _ = self
+                .owed
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        }
         let placed = Placed {
             slot,
             ids_at: at,
@@ -114,7 +123,8 @@ impl SharedRing {
             self.map.write_u64s(placed.offsets_at, offsets);
             self.map.write(placed.data_at, payload);
         }
-        self.slots().mark_sent(slot);
+        let sent = self.slots().mark_sent(slot);
+        assert!(sent, "a slot just allocated is live and unsent");
         Some(placed)
     }
 
@@ -139,7 +149,11 @@ impl SharedRing {
         let Some(lease) = lent.as_any_mut().downcast_mut::<Lease>() else {
             return Handover::Foreign;
         };
-        if !Arc::ptr_eq(&lease.ring, self) || ids.len() > lease.records || used > lease.cap {
+        if !Arc::ptr_eq(&lease.ring, self)
+            || ids.len() > lease.records
+            || offsets.len() != ids.len() + 1
+            || used > lease.cap
+        {
             return Handover::Foreign;
         }
         if lease.sent {
@@ -157,7 +171,8 @@ impl SharedRing {
             self.map.write_u64s(placed.ids_at, ids);
             self.map.write_u64s(placed.offsets_at, offsets);
         }
-        self.slots().mark_sent(lease.slot);
+        let sent = self.slots().mark_sent(lease.slot);
+        assert!(sent, "a lease's slot is live and unsent until handed over");
         lease.sent = true;
         Handover::Placed(placed)
     }
