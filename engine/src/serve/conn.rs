@@ -124,27 +124,14 @@ fn announce_ready(
     if !w.live || seq != w.announced || ring.slots().outstanding() >= credits as usize {
         return;
     }
-    let n = b.ids.len() as u64;
-    let data_len = b.payload.len() as u64;
+    let mut h = header(b);
     let Some((lent, used)) = b.payload.lent_mut() else {
         return;
     };
     let Handover::Placed(p) = ring.send_lent(lent, used, &b.ids, &b.offsets) else {
         return;
     };
-    let h = BatchHeader {
-        slot: p.slot,
-        flags: 0,
-        epoch: b.epoch,
-        index: b.index,
-        records: n,
-        padding: b.padding as u64,
-        data_len,
-        ids_at: p.ids_at,
-        offsets_at: p.offsets_at,
-        data_at: p.data_at,
-        ready_ns: b.ready_ns,
-    };
+    h.locate(&p);
     let mut out = Vec::with_capacity(5 + BatchHeader::LEN);
     proto::frame_into(&mut out, Kind::Batch, BatchHeader::LEN);
     h.encode(&mut out);
@@ -153,13 +140,27 @@ fn announce_ready(
     let _ = (&wire.sock).write_all(&out);
     drop(w);
     let mut s = shared.stats();
-    s.batches += 1;
-    s.batches_in_place += 1;
+    s.count_batch(&h, true);
     s.batches_announced_early += 1;
-    s.records += n;
-    s.bytes += data_len;
     s.send_us
         .saturating_record(started.elapsed().as_micros().max(1) as u64);
+}
+
+/// The BATCH header of `b`, its positions still to fill in.
+fn header(b: &Batch) -> BatchHeader {
+    BatchHeader {
+        slot: 0,
+        flags: 0,
+        epoch: b.epoch,
+        index: b.index,
+        records: b.ids.len() as u64,
+        padding: b.padding as u64,
+        data_len: b.payload.len() as u64,
+        ids_at: 0,
+        offsets_at: 0,
+        data_at: 0,
+        ready_ns: b.ready_ns,
+    }
 }
 
 pub(super) struct Conn {
@@ -374,21 +375,8 @@ impl Conn {
         let n = b.ids.len() as u64;
         let arrays = 16 * n + 8;
         let started = Instant::now();
-        let mut h = BatchHeader {
-            slot: 0,
-            flags: 0,
-            epoch: b.epoch,
-            index: b.index,
-            records: n,
-            padding: b.padding as u64,
-            data_len: b.payload.len() as u64,
-            ids_at: 0,
-            offsets_at: 0,
-            data_at: 0,
-            ready_ns: b.ready_ns,
-        };
+        let mut h = header(&b);
         self.out.clear();
-        let data_len = b.payload.len() as u64;
         let mut in_place = false;
         match st.ring.clone() {
             Some(ring) => {
@@ -446,10 +434,7 @@ impl Conn {
                         }
                     }
                 };
-                h.slot = placed.slot;
-                h.ids_at = placed.ids_at;
-                h.offsets_at = placed.offsets_at;
-                h.data_at = placed.data_at;
+                h.locate(&placed);
                 proto::frame_into(&mut self.out, Kind::Batch, BatchHeader::LEN);
                 h.encode(&mut self.out);
                 w.announced += 1;
@@ -487,10 +472,7 @@ impl Conn {
         }
         let done = Instant::now();
         let mut s = self.shared.stats();
-        s.batches += 1;
-        s.batches_in_place += in_place as u64;
-        s.records += n;
-        s.bytes += data_len;
+        s.count_batch(&h, in_place);
         s.batch_us
             .saturating_record(done.duration_since(asked).as_micros().max(1) as u64);
         s.send_us

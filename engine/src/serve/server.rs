@@ -109,6 +109,16 @@ pub(super) struct Stats {
     pub(super) send_us: Histogram<u64>,
 }
 
+impl Stats {
+    /// Counts a batch announced (`in_place`: assembled in the ring by the engine).
+    pub(super) fn count_batch(&mut self, h: &super::proto::BatchHeader, in_place: bool) {
+        self.batches += 1;
+        self.batches_in_place += in_place as u64;
+        self.records += h.records;
+        self.bytes += h.data_len;
+    }
+}
+
 impl Server {
     /// Binds the socket (removing a stale one nobody listens on) with `socket_mode`.
     pub fn bind(cfg: ServeConfig) -> Result<Server> {

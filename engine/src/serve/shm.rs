@@ -57,6 +57,16 @@ pub struct Placed {
     pub data_at: u64,
 }
 
+impl super::proto::BatchHeader {
+    /// Points the header at a batch placed in the ring.
+    pub fn locate(&mut self, p: &Placed) {
+        self.slot = p.slot;
+        self.ids_at = p.ids_at;
+        self.offsets_at = p.offsets_at;
+        self.data_at = p.data_at;
+    }
+}
+
 /// Bytes before a payload in a region: the ids and offsets of `records` records, aligned.
 fn arrays_len(records: usize) -> u64 {
     (16 * records as u64 + 8).div_ceil(ALIGN) * ALIGN
