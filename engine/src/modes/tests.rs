@@ -17,15 +17,7 @@ fn make(dir: &Path, format: GenFormat, records: u64, size: u64, jitter: f64) -> 
         GenFormat::TfRecord => "d.tfrecord",
     };
     let path = dir.join(name);
-    let spec = GenSpec {
-        format,
-        records,
-        record_size: size,
-        jitter,
-        labels: 10,
-        sorted: false,
-        seed: 3,
-    };
+    let spec = spec(format, records, size, jitter, 3);
     let cfg = IoConfig {
         depth: 4,
         slot_size: 1 << 20,
@@ -38,6 +30,28 @@ fn make(dir: &Path, format: GenFormat, records: u64, size: u64, jitter: f64) -> 
         ..OpenOptions::default()
     };
     Arc::new(Dataset::open(&[path], &opts, &mut |_, _, _| {}).unwrap())
+}
+
+/// A generated dataset of unsorted labels (10 classes).
+pub(crate) fn spec(format: GenFormat, records: u64, size: u64, jitter: f64, seed: u64) -> GenSpec {
+    GenSpec {
+        format,
+        records,
+        record_size: size,
+        jitter,
+        labels: 10,
+        sorted: false,
+        seed,
+    }
+}
+
+/// The ids of one epoch's batches, in delivery order.
+pub(crate) fn epoch_ids(batches: &[Batch], epoch: u64) -> Vec<u64> {
+    batches
+        .iter()
+        .filter(|b| b.epoch == epoch)
+        .flat_map(|b| b.ids.iter().copied())
+        .collect()
 }
 
 /// The id a generated record carries in its payload.
@@ -91,11 +105,7 @@ fn every_epoch_is_an_exact_permutation_for_every_format_and_grouping() {
             let batches = all(&ds, o);
             check_payloads(&batches);
             for epoch in 0..2 {
-                let mut ids: Vec<u64> = batches
-                    .iter()
-                    .filter(|b| b.epoch == epoch)
-                    .flat_map(|b| b.ids.clone())
-                    .collect();
+                let mut ids = epoch_ids(&batches, epoch);
                 let order = ids.clone();
                 ids.sort_unstable();
                 assert_eq!(
@@ -105,16 +115,8 @@ fn every_epoch_is_an_exact_permutation_for_every_format_and_grouping() {
                 );
                 assert_ne!(order, (0..2000).collect::<Vec<_>>(), "not shuffled");
             }
-            let e0: Vec<u64> = batches
-                .iter()
-                .filter(|b| b.epoch == 0)
-                .flat_map(|b| b.ids.clone())
-                .collect();
-            let e1: Vec<u64> = batches
-                .iter()
-                .filter(|b| b.epoch == 1)
-                .flat_map(|b| b.ids.clone())
-                .collect();
+            let e0 = epoch_ids(&batches, 0);
+            let e1 = epoch_ids(&batches, 1);
             assert_ne!(e0, e1, "epochs must differ");
         }
     }
@@ -385,11 +387,7 @@ fn baselines_are_deterministic_permutations_of_their_kind() {
         let again: Vec<Batch> = all(&ds, o);
         assert_eq!(batches, again, "{baseline:?} is not deterministic");
         for epoch in 0..2 {
-            let order: Vec<u64> = batches
-                .iter()
-                .filter(|b| b.epoch == epoch)
-                .flat_map(|b| b.ids.clone())
-                .collect();
+            let order = epoch_ids(&batches, epoch);
             let mut sorted = order.clone();
             sorted.sort_unstable();
             assert_eq!(
@@ -417,16 +415,8 @@ fn baselines_are_deterministic_permutations_of_their_kind() {
                 }
             }
         }
-        let e0: Vec<u64> = batches
-            .iter()
-            .filter(|b| b.epoch == 0)
-            .flat_map(|b| b.ids.clone())
-            .collect();
-        let e1: Vec<u64> = batches
-            .iter()
-            .filter(|b| b.epoch == 1)
-            .flat_map(|b| b.ids.clone())
-            .collect();
+        let e0 = epoch_ids(&batches, 0);
+        let e1 = epoch_ids(&batches, 1);
         assert_eq!(
             e0 == e1,
             baseline == Baseline::Sequential,

@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::super::tests::{epoch_ids, spec};
 use super::super::{read, Baseline, Batch, Cursor, ReadOptions};
 use crate::dataset::{Dataset, OpenOptions};
-use crate::gen::{generate, GenFormat, GenSpec};
+use crate::gen::{generate, GenFormat};
 use crate::io::IoConfig;
 use crate::order::{EpochKey, Tail};
 
@@ -32,15 +33,7 @@ fn shuffle_buffer_order(n: u64, size: u64, key: &EpochKey) -> Vec<u64> {
 }
 
 fn gen(path: &Path, format: GenFormat, records: u64, size: u64, jitter: f64, seed: u64) {
-    let spec = GenSpec {
-        format,
-        records,
-        record_size: size,
-        jitter,
-        labels: 10,
-        sorted: false,
-        seed,
-    };
+    let spec = spec(format, records, size, jitter, seed);
     generate(path, &spec, &IoConfig::default(), &mut |_, _| {}).unwrap();
 }
 
@@ -79,14 +72,6 @@ fn check_bytes(batches: &[Batch], records: &HashMap<u64, Vec<u8>>) {
             assert!(b.record(i) == records[id].as_slice(), "record {id}");
         }
     }
-}
-
-fn epoch_ids(batches: &[Batch], epoch: u64) -> Vec<u64> {
-    batches
-        .iter()
-        .filter(|b| b.epoch == epoch)
-        .flat_map(|b| b.ids.iter().copied())
-        .collect()
 }
 
 /// The streamed order is the reference order, for several seeds, epochs and buffer sizes
