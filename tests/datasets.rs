@@ -429,3 +429,446 @@ fn separator_and_header_lines_can_be_set() {
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o.stderr).contains("lines format"));
 }
+
+// Offset-index identity and validation (issue 13). The sidecar layout these tests forge is
+// the one `engine/src/dataset/index.rs` documents (version 2): the record count at byte 80,
+// the N + 1 offsets from byte 96, and a CRC32C of everything before the last 4 bytes.
+
+const SIDECAR_COUNT_AT: usize = 80;
+const SIDECAR_OFFSETS_AT: usize = 96;
+
+/// CRC32C (Castagnoli), bit by bit: independent of the engine's, so a forged sidecar is
+/// checked against the format rather than against the code that reads it.
+fn crc32c(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0x82f6_3b78 & (crc & 1).wrapping_neg());
+        }
+    }
+    !crc
+}
+
+fn sidecar_of(p: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.ridx", p.display()))
+}
+
+/// Writes `good` (a sidecar's bytes) with `edit` applied to everything before its CRC and
+/// the CRC recomputed, so only the checks after the checksum can refuse it.
+fn forge(side: &Path, good: &[u8], edit: impl FnOnce(&mut Vec<u8>)) {
+    let mut body = good[..good.len() - 4].to_vec();
+    edit(&mut body);
+    let crc = crc32c(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    std::fs::write(side, body).unwrap();
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// `riffle cat --framed` that also returns stderr (where the rebuild notice goes).
+fn cat_with_stderr(sb: &Sandbox, p: &Path) -> (Vec<Vec<u8>>, String) {
+    let o = sb.cmd().args(["cat", "--framed"]).arg(p).output().unwrap();
+    assert_ok(&o);
+    let mut out = Vec::new();
+    let mut b = &o.stdout[..];
+    while !b.is_empty() {
+        let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+        out.push(b[8..8 + n].to_vec());
+        b = &b[8 + n..];
+    }
+    (out, text(&o.stderr))
+}
+
+/// The ids `riffle gen` put in the records of `p` (lines: JSON `id`; others: first 8 bytes).
+fn ids_of(recs: &[Vec<u8>], lines: bool) -> Vec<u64> {
+    recs.iter()
+        .map(|r| {
+            if lines {
+                let v: Value = serde_json::from_slice(r)
+                    .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(r)));
+                v["id"].as_u64().unwrap()
+            } else {
+                id_of(r)
+            }
+        })
+        .collect()
+}
+
+/// The forged sidecar of `p` is refused under --no-rebuild (naming the file, the sidecar
+/// and `why`), and rebuilt with a notice otherwise, after which `cat` gives ids 0..n.
+fn assert_not_trusted(sb: &Sandbox, p: &Path, n: u64, lines: bool, why: &str) {
+    let side = sidecar_of(p);
+    let side_name = side.file_name().unwrap().to_string_lossy().into_owned();
+    let o = sb
+        .cmd()
+        .args(["index", "--no-rebuild"])
+        .arg(p)
+        .output()
+        .unwrap();
+    assert_bad(&o, p, None, why);
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&side_name) && err.contains("--no-rebuild"),
+        "{err}"
+    );
+
+    let (recs, err) = cat_with_stderr(sb, p);
+    assert!(
+        err.contains("rebuilt a stale index") && err.contains(&side_name) && err.contains(why),
+        "no rebuild notice naming {side_name} and '{why}':\n{err}"
+    );
+    assert_eq!(ids_of(&recs, lines), (0..n).collect::<Vec<_>>());
+    // The rebuilt sidecar is trusted again.
+    let v = index_json(sb, &[p.as_os_str()]);
+    assert_eq!(v["indexes"]["loaded"], 1, "{v}");
+}
+
+#[test]
+fn a_same_size_rewrite_with_its_old_mtime_put_back_is_not_trusted() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let sb = Sandbox::new();
+    let p = sb.data().join("r.jsonl");
+    let old: &[u8] = b"{\"a\":1}\n{\"bb\":22}\n{\"ccc\":333}\n";
+    let new: &[u8] = b"{\"ccc\":333}\n{\"bb\":22}\n{\"a\":1}\n";
+    assert_eq!(old.len(), new.len());
+    std::fs::write(&p, old).unwrap();
+    assert_eq!(index_json(&sb, &[p.as_os_str()])["indexes"]["built"], 1);
+    let before = std::fs::metadata(&p).unwrap();
+
+    // What `dd conv=notrunc` + `touch -d @OLD` (or `rsync -t`, `cp -p` onto the same
+    // inode) do: new bytes in place, same size, same inode, the old mtime to the
+    // nanosecond. Only the ctime tells. On a filesystem with coarse timestamps the ctime
+    // may not have moved yet: touch again until it has (a rewrite within one timestamp
+    // tick of the indexing run is the documented blind spot).
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(new, 0).unwrap();
+    let old_mtime = before.modified().unwrap();
+    for _ in 0..300 {
+        f.set_times(std::fs::FileTimes::new().set_modified(old_mtime))
+            .unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        if (m.ctime(), m.ctime_nsec()) != (before.ctime(), before.ctime_nsec()) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(f);
+    let after = std::fs::metadata(&p).unwrap();
+    assert_eq!(
+        (
+            after.len(),
+            after.ino(),
+            after.dev(),
+            after.modified().unwrap()
+        ),
+        (before.len(), before.ino(), before.dev(), old_mtime)
+    );
+
+    let o = sb
+        .cmd()
+        .args(["index", "--no-rebuild"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    assert_bad(&o, &p, None, "stale");
+    assert!(text(&o.stderr).contains("ctime"), "{}", text(&o.stderr));
+
+    let (recs, err) = cat_with_stderr(&sb, &p);
+    assert_eq!(
+        recs,
+        vec![
+            b"{\"ccc\":333}".to_vec(),
+            b"{\"bb\":22}".to_vec(),
+            b"{\"a\":1}".to_vec()
+        ]
+    );
+    assert!(
+        err.contains("rebuilt a stale index") && err.contains("r.jsonl.ridx"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_crc_valid_sidecar_whose_record_count_wraps_is_not_trusted() {
+    assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+    let sb = Sandbox::new();
+    let p = sb.data().join("w.jsonl");
+    gen(&sb, &p, "lines", 50, 60, &["--size-jitter", "0.5"]);
+    index_json(&sb, &[p.as_os_str()]);
+    let good = std::fs::read(sidecar_of(&p)).unwrap();
+    assert_eq!(u64_at(&good, SIDECAR_COUNT_AT), 50);
+    // (N + 2^61 + 1) * 8 wraps to (N + 1) * 8: the length would match a wrapping check.
+    forge(&sidecar_of(&p), &good, |b| {
+        put_u64(b, SIDECAR_COUNT_AT, 50 + (1 << 61))
+    });
+    assert_not_trusted(&sb, &p, 50, true, "record count");
+    // One offset too few for the count: refused too.
+    forge(&sidecar_of(&p), &good, |b| put_u64(b, SIDECAR_COUNT_AT, 51));
+    assert_not_trusted(&sb, &p, 50, true, "record count");
+}
+
+#[test]
+fn crc_valid_sidecars_with_impossible_offsets_are_not_trusted() {
+    let sb = Sandbox::new();
+    let p = sb.data().join("o.jsonl");
+    gen(&sb, &p, "lines", 40, 60, &["--size-jitter", "0.5"]);
+    let size = std::fs::metadata(&p).unwrap().len();
+    index_json(&sb, &[p.as_os_str()]);
+    let good = std::fs::read(sidecar_of(&p)).unwrap();
+    let entry = |i: usize| SIDECAR_OFFSETS_AT + 8 * i;
+    assert_eq!(u64_at(&good, entry(40)), size);
+
+    // Two records starting at the same byte (an empty frame: its length would underflow).
+    forge(&sidecar_of(&p), &good, |b| {
+        let v = u64_at(b, entry(10));
+        put_u64(b, entry(11), v);
+    });
+    assert_not_trusted(&sb, &p, 40, true, &format!("at byte {}", entry(11)));
+    // Two offsets swapped.
+    forge(&sidecar_of(&p), &good, |b| {
+        let (x, y) = (u64_at(b, entry(20)), u64_at(b, entry(21)));
+        put_u64(b, entry(20), y);
+        put_u64(b, entry(21), x);
+    });
+    assert_not_trusted(&sb, &p, 40, true, "corrupt index");
+    // A record starting at the end of the file.
+    forge(&sidecar_of(&p), &good, |b| put_u64(b, entry(39), size));
+    assert_not_trusted(&sb, &p, 40, true, "not inside the");
+    // A record starting past the end, and the sentinel past it too.
+    forge(&sidecar_of(&p), &good, |b| {
+        put_u64(b, entry(39), size + 100);
+        put_u64(b, entry(40), size + 200);
+    });
+    assert_not_trusted(&sb, &p, 40, true, "not inside the");
+    // The first record not at the start of a header-less file.
+    forge(&sidecar_of(&p), &good, |b| put_u64(b, entry(0), 1));
+    assert_not_trusted(&sb, &p, 40, true, "first offset");
+
+    // TFRecord frames are at least 16 bytes (length, its CRC, the data's CRC).
+    let t = sb.data().join("o.tfrecord");
+    gen(&sb, &t, "tfrecord", 30, 40, &["--size-jitter", "0.5"]);
+    index_json(&sb, &[t.as_os_str()]);
+    let good = std::fs::read(sidecar_of(&t)).unwrap();
+    forge(&sidecar_of(&t), &good, |b| {
+        let v = u64_at(b, entry(5));
+        put_u64(b, entry(6), v + 15);
+    });
+    assert_not_trusted(&sb, &t, 30, false, "less than a 16-byte frame");
+}
+
+#[test]
+fn a_version_1_sidecar_is_rebuilt() {
+    let sb = Sandbox::new();
+    let p = sb.data().join("v.jsonl");
+    gen(&sb, &p, "lines", 20, 60, &[]);
+    index_json(&sb, &[p.as_os_str()]);
+    let good = std::fs::read(sidecar_of(&p)).unwrap();
+    forge(&sidecar_of(&p), &good, |b| {
+        b[8..12].copy_from_slice(&1u32.to_le_bytes())
+    });
+    assert_not_trusted(&sb, &p, 20, true, "index version 1");
+}
+
+/// A FIFO is stat'ed, never opened (an open would wait for a writer): `index`, `cat` and
+/// `read` refuse it at once, naming it and what it is. In a directory it is skipped, with a
+/// notice naming it.
+#[test]
+fn a_fifo_is_refused_at_once_and_skipped_in_a_directory() {
+    use crate::shuffle::{make_fifo, run_within};
+    let sb = Sandbox::new();
+    let fifo = sb.data().join("stream.jsonl");
+    make_fifo(&fifo);
+    let limit = std::time::Duration::from_secs(10);
+    for args in [
+        &["index"][..],
+        &["cat"],
+        &["read", "--batch-size", "4", "--mode", "lirs"],
+    ] {
+        let mut c = sb.cmd();
+        c.args(args).arg(&fifo);
+        let started = std::time::Instant::now();
+        let o = run_within(c, None, limit);
+        assert_bad(&o, &fifo, None, "is a FIFO");
+        assert!(
+            text(&o.stderr).contains("riffle shuffle"),
+            "{}",
+            text(&o.stderr)
+        );
+        eprintln!("{args:?} refused a FIFO in {:?}", started.elapsed());
+    }
+
+    let dir = sb.data().join("dir");
+    std::fs::create_dir(&dir).unwrap();
+    gen(&sb, &dir.join("a.jsonl"), "lines", 10, 30, &[]);
+    make_fifo(&dir.join("b.jsonl"));
+    let mut c = sb.cmd();
+    c.args(["index", "--json"]).arg(&dir);
+    let o = run_within(c, None, limit);
+    assert_ok(&o);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["files"], 1, "{v}");
+    let err = text(&o.stderr);
+    assert!(err.contains("skipping") && err.contains("b.jsonl"), "{err}");
+}
+
+/// Regression (issue 13): a structured dtype whose row size overflows 64 bits (a field of
+/// 2^61 doubles is 2^64 bytes, wrapping to 0) was read as 8-byte rows. Every size the
+/// header decides is checked; the error names the file and the byte of the header.
+#[test]
+fn npy_sizes_that_overflow_are_refused_naming_the_file_and_offset() {
+    let sb = Sandbox::new();
+    // The data is there for 8-byte rows, which is what the wrapped size said.
+    let header = |descr: &str, shape: &str| {
+        let dict = format!("{{'descr': {descr}, 'fortran_order': False, 'shape': {shape}, }}");
+        let pad = (10 + dict.len() + 1).next_multiple_of(64) - (10 + dict.len() + 1);
+        let dict = format!("{dict}{}\n", " ".repeat(pad));
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        b.extend_from_slice(dict.as_bytes());
+        let descr_at = b.windows(5).position(|w| w == b"descr").unwrap() as u64;
+        b.extend_from_slice(&[7u8; 8 * 10]);
+        (b, descr_at)
+    };
+    for (name, descr, words) in [
+        (
+            "wrap.npy",
+            "[('a', '<f8'), ('b', '<f8', (2305843009213693952,))]",
+            "too large",
+        ),
+        (
+            "sum.npy",
+            "[('a', '|V9223372036854775808'), ('b', '|V9223372036854775816')]",
+            "too large",
+        ),
+        ("unicode.npy", "'<U4611686018427387906'", "too large"),
+    ] {
+        let p = sb.data().join(name);
+        let (b, at) = header(descr, "(10,)");
+        std::fs::write(&p, &b).unwrap();
+        assert_bad(&index(&sb, &p), &p, Some(at), words);
+        let o = sb
+            .cmd()
+            .args(["read", "--batch-size", "2", "--mode", "lirs"])
+            .arg(&p)
+            .output()
+            .unwrap();
+        assert_bad(&o, &p, Some(at), words);
+    }
+    // A header whose length runs past the end of the file.
+    let (p, mut b) = npy(&sb, "long.npy");
+    b[8..10].copy_from_slice(&60000u16.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    assert_bad(
+        &index(&sb, &p),
+        &p,
+        Some(b.len() as u64),
+        "declares 60010 bytes",
+    );
+}
+
+/// Issue 13: one policy for empty (0-byte) files in a dataset of several: `read`, `index`
+/// and `shuffle` all skip them with a one-line notice naming each (`read` and `index`
+/// refused the whole directory). A dataset of nothing but empty files has no records.
+#[test]
+fn empty_files_are_skipped_with_a_notice_by_read_index_and_shuffle() {
+    let sb = Sandbox::new();
+    let dir = sb.data().join("shards");
+    std::fs::create_dir(&dir).unwrap();
+    gen(&sb, &dir.join("a.jsonl"), "lines", 30, 20, &[]);
+    std::fs::write(dir.join("b.jsonl"), b"").unwrap();
+    gen(&sb, &dir.join("c.jsonl"), "lines", 20, 20, &[]);
+    std::fs::write(dir.join("d.jsonl"), b"").unwrap();
+    let notices = |o: &Output| {
+        let err = text(&o.stderr);
+        for f in ["b.jsonl", "d.jsonl"] {
+            let lines = err
+                .lines()
+                .filter(|l| l.contains("notice: skipping") && l.contains(f) && l.contains("empty"))
+                .count();
+            assert_eq!(lines, 1, "one notice naming {f}:\n{err}");
+        }
+    };
+    let o = sb
+        .cmd()
+        .args(["index", "--json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    notices(&o);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (v["files"].as_u64(), v["records"].as_u64()),
+        (Some(2), Some(50)),
+        "{v}"
+    );
+
+    let o = sb
+        .cmd()
+        .args(["read", "--batch-size", "10", "--mode", "lirs", "--json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    notices(&o);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["records"], 50, "{v}");
+
+    let out = sb.path().join("shuffled.jsonl");
+    let o = sb
+        .cmd()
+        .arg("shuffle")
+        .args(["a.jsonl", "b.jsonl", "c.jsonl", "d.jsonl"].map(|f| dir.join(f)))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    notices(&o);
+    assert_eq!(
+        std::fs::read(&out)
+            .unwrap()
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count(),
+        50
+    );
+
+    // Only empty files: no records, for every command.
+    let none = sb.data().join("none");
+    std::fs::create_dir(&none).unwrap();
+    std::fs::write(none.join("x.jsonl"), b"").unwrap();
+    std::fs::write(none.join("y.jsonl"), b"").unwrap();
+    assert_bad(
+        &index(&sb, &none),
+        &none.join("x.jsonl"),
+        Some(0),
+        "no records",
+    );
+    let o = sb
+        .cmd()
+        .args(["read", "--batch-size", "10", "--mode", "lirs"])
+        .arg(&none)
+        .output()
+        .unwrap();
+    assert_bad(&o, &none.join("x.jsonl"), Some(0), "no records");
+    let out = sb.path().join("nothing.jsonl");
+    let o = sb
+        .cmd()
+        .arg("shuffle")
+        .arg(none.join("x.jsonl"))
+        .arg(none.join("y.jsonl"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_bad(&o, &none.join("x.jsonl"), Some(0), "no records");
+    assert!(!out.exists(), "no output for no records");
+}

@@ -10,6 +10,7 @@ mod datasets;
 mod emulate;
 mod plan;
 mod read;
+mod scratch;
 mod serve;
 mod shuffle;
 

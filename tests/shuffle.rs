@@ -388,3 +388,272 @@ fn fixed_records_shuffle_with_the_header_kept() {
         text(&o.stderr)
     );
 }
+
+// Inputs that are not regular files (issue 13): pipes, FIFOs and devices are streamed like
+// `-`, so they give the output the same bytes in a file give.
+
+/// Makes a FIFO (mode 0600) at `path`.
+pub(crate) fn make_fifo(path: &Path) {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+}
+
+/// Feeds `bytes` into the FIFO at `path` from a thread, as `cat data > fifo` would. Its
+/// open waits for a reader; [`release_fifo`] ends that wait if none came.
+fn feed_fifo(path: &Path, bytes: Vec<u8>) -> std::thread::JoinHandle<std::io::Result<()>> {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || std::fs::File::create(path)?.write_all(&bytes))
+}
+
+/// Opens and closes the FIFO's read end without blocking, so a writer still waiting for a
+/// reader (the command under test never opened it) goes on, meets no reader and stops.
+fn release_fifo(path: &Path, writer: std::thread::JoinHandle<std::io::Result<()>>) {
+    use std::os::unix::fs::OpenOptionsExt;
+    drop(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path),
+    );
+    let _ = writer.join().unwrap();
+}
+
+/// Runs `cmd` (stdin closed unless `stdin` is given) and returns its output, failing if it
+/// has not exited within `limit`: a command that blocks is killed, never waited on forever.
+pub(crate) fn run_within(
+    mut cmd: std::process::Command,
+    stdin: Option<Vec<u8>>,
+    limit: std::time::Duration,
+) -> std::process::Output {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let feeder = child.stdin.take().map(|mut s| {
+        let bytes = stdin.unwrap_or_default();
+        // A child that exits early closes the pipe: a write error is its business.
+        std::thread::spawn(move || drop(s.write_all(&bytes)))
+    });
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).unwrap();
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!(
+                "{cmd:?} had not exited after {limit:?} (killed); stderr:\n{}",
+                text(&err.join().unwrap())
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    if let Some(f) = feeder {
+        f.join().unwrap();
+    }
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `riffle shuffle INPUTS -o OUT --seed 9` (a real, exiting process) and OUT's bytes.
+fn shuffled(sb: &Sandbox, inputs: &[&std::ffi::OsStr], out: &Path) -> Vec<u8> {
+    let mut c = sb.cmd();
+    c.arg("shuffle")
+        .args(inputs)
+        .arg("-o")
+        .arg(out)
+        .args(["--seed", "9"]);
+    let o = run_within(c, None, LIMIT);
+    assert_ok(&o);
+    std::fs::read(out).unwrap()
+}
+
+#[test]
+fn a_fifo_shuffles_like_the_same_bytes_in_a_file() {
+    let sb = Sandbox::new();
+    let file = sb.data().join("in.jsonl");
+    gen(&sb, &file, "lines", 20_000, 80, &["--size-jitter", "0.5"]);
+    let bytes = std::fs::read(&file).unwrap();
+    let want = shuffled(&sb, &[file.as_os_str()], &sb.data().join("want.jsonl"));
+    assert_ne!(want, bytes, "not shuffled");
+
+    let fifo = sb.data().join("fifo");
+    make_fifo(&fifo);
+    let writer = feed_fifo(&fifo, bytes.clone());
+    let mut c = sb.cmd();
+    let out = sb.data().join("from-fifo.jsonl");
+    c.arg("shuffle")
+        .arg(&fifo)
+        .arg("-o")
+        .arg(&out)
+        .args(["--seed", "9"]);
+    let o = run_within(c, None, LIMIT);
+    release_fifo(&fifo, writer);
+    assert_ok(&o);
+    assert!(
+        std::fs::read(&out).unwrap() == want,
+        "a FIFO gives another output"
+    );
+
+    // A file then a FIFO: both are read whole, in the order given.
+    let second = sb.data().join("second.jsonl");
+    gen(&sb, &second, "lines", 5_000, 40, &[]);
+    let want = shuffled(
+        &sb,
+        &[file.as_os_str(), second.as_os_str()],
+        &sb.data().join("want2.jsonl"),
+    );
+    let writer = feed_fifo(&fifo, std::fs::read(&second).unwrap());
+    let mut c = sb.cmd();
+    let out = sb.data().join("file-then-fifo.jsonl");
+    c.arg("shuffle")
+        .arg(&file)
+        .arg(&fifo)
+        .arg("-o")
+        .arg(&out)
+        .args(["--seed", "9"]);
+    let o = run_within(c, None, LIMIT);
+    release_fifo(&fifo, writer);
+    assert_ok(&o);
+    assert!(
+        std::fs::read(&out).unwrap() == want,
+        "FILE FIFO differs from FILE FILE2"
+    );
+
+    // The same FIFO twice would wait forever for a second writer: refused up front.
+    let mut c = sb.cmd();
+    c.arg("shuffle")
+        .arg(&fifo)
+        .arg(&fifo)
+        .arg("-o")
+        .arg(sb.data().join("twice"));
+    let o = run_within(c, None, LIMIT);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("same pipe"), "{}", text(&o.stderr));
+}
+
+#[test]
+fn dev_stdin_and_process_substitution_shuffle_like_the_file() {
+    let sb = Sandbox::new();
+    let file = sb.data().join("in.txt");
+    gen(&sb, &file, "lines", 10_000, 60, &[]);
+    let bytes = std::fs::read(&file).unwrap();
+    let want = shuffled(&sb, &[file.as_os_str()], &sb.data().join("want.txt"));
+
+    let out = sb.data().join("stdin.txt");
+    let mut c = sb.cmd();
+    c.args(["shuffle", "/dev/stdin", "-o"])
+        .arg(&out)
+        .args(["--seed", "9"]);
+    let o = run_within(c, Some(bytes.clone()), LIMIT);
+    assert_ok(&o);
+    assert!(std::fs::read(&out).unwrap() == want, "/dev/stdin differs");
+
+    // `-` and /dev/stdin are the same pipe: the second would read nothing.
+    let mut c = sb.cmd();
+    c.args(["shuffle", "-", "/dev/stdin", "-o"])
+        .arg(sb.data().join("twice"));
+    let o = run_within(c, Some(bytes.clone()), LIMIT);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("same pipe"), "{}", text(&o.stderr));
+
+    // What users type: `riffle shuffle <(cat FILE) -o OUT` (a /dev/fd/N pipe), when bash is
+    // here to run it.
+    if std::process::Command::new("bash")
+        .arg("-c")
+        .arg("true")
+        .status()
+        .is_err()
+    {
+        eprintln!("skipped: no bash for a process substitution");
+        return;
+    }
+    let out = sb.data().join("substituted.txt");
+    let mut c = std::process::Command::new("bash");
+    c.env("XDG_CACHE_HOME", sb.cache())
+        .env("RIFFLE", env!("CARGO_BIN_EXE_riffle"))
+        .env("IN", &file)
+        .env("OUT", &out)
+        .args(["-c", r#""$RIFFLE" shuffle <(cat "$IN") -o "$OUT" --seed 9"#]);
+    let o = run_within(c, None, LIMIT);
+    assert_ok(&o);
+    assert!(std::fs::read(&out).unwrap() == want, "<(cat FILE) differs");
+}
+
+#[test]
+fn non_utf8_input_and_output_paths_work() {
+    use std::os::unix::ffi::OsStrExt;
+    let sb = Sandbox::new();
+    let file = sb.data().join("in.txt");
+    gen(&sb, &file, "lines", 2_000, 30, &[]);
+    let want = shuffled(&sb, &[file.as_os_str()], &sb.data().join("want.txt"));
+    let odd = sb.data().join(std::ffi::OsStr::from_bytes(b"\xff.txt"));
+    std::fs::copy(&file, &odd).unwrap();
+    let out = sb.data().join(std::ffi::OsStr::from_bytes(b"\xfe-out.txt"));
+    assert!(shuffled(&sb, &[odd.as_os_str()], &out) == want);
+}
+
+/// The output is renamed into place when complete, so a FIFO or a directory named as the
+/// output (or `/dev/stdout`, a link into /proc) is refused, never replaced: `-o -` streams.
+#[test]
+fn a_fifo_or_device_output_is_written_into_and_a_directory_refused() {
+    let sb = Sandbox::new();
+    let file = sb.data().join("in.txt");
+    gen(&sb, &file, "lines", 2000, 20, &[]);
+    let want = shuffled(&sb, &[file.as_os_str()], &sb.data().join("ref.txt"));
+    // A FIFO: its reader gets the shuffled bytes, and the FIFO is still a FIFO after.
+    let fifo = sb.data().join("out-fifo");
+    make_fifo(&fifo);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    let mut c = sb.cmd();
+    c.arg("shuffle")
+        .arg(&file)
+        .arg("-o")
+        .arg(&fifo)
+        .args(["--seed", "9"]);
+    assert_ok(&run_within(c, None, LIMIT));
+    assert_eq!(reader.join().unwrap(), want);
+    use std::os::unix::fs::FileTypeExt;
+    let still = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+    assert!(still.is_fifo(), "the FIFO named as the output was replaced");
+    // A character device: /dev/null is written into, not replaced.
+    let mut c = sb.cmd();
+    c.arg("shuffle").arg(&file).args(["-o", "/dev/null"]);
+    assert_ok(&run_within(c, None, LIMIT));
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    // A directory cannot be replaced.
+    let dir = sb.data().join("out-dir");
+    std::fs::create_dir(&dir).unwrap();
+    let mut c = sb.cmd();
+    c.arg("shuffle").arg(&file).arg("-o").arg(&dir);
+    let o = run_within(c, None, LIMIT);
+    crate::datasets::assert_bad(&o, &dir, None, "directory");
+    assert!(text(&o.stderr).contains("-o -"), "{}", text(&o.stderr));
+}

@@ -188,13 +188,10 @@ pub fn generate(
     let started = Instant::now();
     let header = spec.header();
     let total = header.len() as u64 + (0..spec.records).map(|i| spec.frame_len(i)).sum::<u64>();
-    let mut tmp = out.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}", std::process::id()));
-    let tmp = std::path::PathBuf::from(tmp);
     let mut next_id = 0u64;
     let mut frame: Vec<u8> = header;
     let mut pos = 0usize;
-    let result = io::write_file(&tmp, total, cfg, |offset, buf| {
+    io::write_file(out, total, cfg, |offset, buf| {
         let mut filled = 0;
         while filled < buf.len() {
             if pos == frame.len() {
@@ -208,21 +205,9 @@ pub fn generate(
             pos += n;
         }
         progress(offset + buf.len() as u64, total);
-    });
-    match result {
-        Ok(_) => {
-            std::fs::rename(&tmp, out).map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                Error::io(out, "rename into place", None, e)
-            })?;
-            Ok(GenReport {
-                bytes: total,
-                seconds: started.elapsed().as_secs_f64(),
-            })
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+    })?;
+    Ok(GenReport {
+        bytes: total,
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }

@@ -44,6 +44,7 @@ pub mod order;
 mod pipeline;
 pub mod plan;
 pub mod probe;
+pub mod scratch;
 pub mod serve;
 pub mod shuffle;
 pub mod size;

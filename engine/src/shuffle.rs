@@ -12,7 +12,8 @@
 //! The output is written under a temporary name in its directory and renamed into place
 //! when complete, so an interrupted shuffle never leaves a partial output behind.
 
-use std::io::{BufWriter, Read, Write};
+use std::io::Read;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -21,10 +22,15 @@ use crate::format::Format;
 use crate::order::EpochKey;
 use crate::{Error, Result};
 
+mod output;
+use output::OutputWriter;
+
 /// Where records come from.
 #[derive(Clone, Debug)]
 pub enum Input {
-    /// A file.
+    /// A path. A regular file is read with large direct reads; anything else that reads in
+    /// order (a FIFO, a pipe named as `/dev/stdin` or `/dev/fd/N`, a character or block
+    /// device) is streamed like standard input. Directories and sockets are refused.
     File(PathBuf),
     /// Standard input.
     Stdin,
@@ -104,6 +110,12 @@ pub fn shuffle(
         return Err(Error::Invalid("--memory must be at least 1 MiB".into()));
     }
     let cut = Cut::of(&opts.format)?;
+    // Empty files are skipped with a notice, as `read` and `index` skip them; the first
+    // input left gives the header.
+    let inputs = &crate::dataset::skip_empty(inputs.to_vec(), |i| match i {
+        Input::File(p) => Some(p.as_path()),
+        Input::Stdin => None,
+    })?[..];
     let skip = match opts.format {
         Format::Lines { skip, .. } => skip,
         _ => 0,
@@ -121,8 +133,11 @@ pub fn shuffle(
             .to_path_buf(),
         Output::Stdout => std::env::temp_dir(),
     });
+    // Every input is classified before any is read, so a missing file or a directory late
+    // in the list fails at once rather than after the others were read.
+    let sources = classify(inputs)?;
     // Files tell their size: reserve once rather than let the buffer double past it.
-    let estimate = total_input_estimate(inputs);
+    let estimate: u64 = sources.iter().map(Source::size).sum();
     if estimate > 0 && estimate <= opts.memory / 2 {
         mem.data.reserve_exact(estimate as usize);
     }
@@ -131,11 +146,8 @@ pub fn shuffle(
     let small_reads = estimate > 0 && estimate <= opts.memory / 2;
     let mut id = 0u64;
     let mut last_progress = 0u64;
-    for (n, input) in inputs.iter().enumerate() {
-        let name = match input {
-            Input::File(p) => p.display().to_string(),
-            Input::Stdin => "<stdin>".to_owned(),
-        };
+    for (n, input) in sources.iter().enumerate() {
+        let name = input.name();
         let mut skipped = 0u64;
         let mut keep_header = n == 0;
         // Pile frames store lengths as u32.
@@ -159,7 +171,7 @@ pub fn shuffle(
                     mem.add(rec);
                     if mem.footprint() > opts.memory / 2 {
                         // Too big for memory: from here on, scatter into piles.
-                        let estimate = total_input_estimate(inputs).max(rep.bytes * 2);
+                        let estimate = estimate.max(rep.bytes * 2);
                         let mut p = Piles::new(&tmpdir, estimate, opts.memory)?;
                         mem.drain_into(&mut p, &key)?;
                         piles = Some(p);
@@ -209,14 +221,105 @@ pub fn shuffle(
     Ok(rep)
 }
 
-fn total_input_estimate(inputs: &[Input]) -> u64 {
+/// The bytes the inputs are known to hold before they are read: the sizes of the regular
+/// files among them (streams tell none). For a progress bar; `stat` only, nothing opened.
+pub fn total_input_estimate(inputs: &[Input]) -> u64 {
     inputs
         .iter()
         .map(|i| match i {
-            Input::File(p) => std::fs::metadata(p).map(|m| m.len()).unwrap_or(0),
+            Input::File(p) => std::fs::metadata(p)
+                .ok()
+                .filter(|m| m.is_file())
+                .map_or(0, |m| m.len()),
             Input::Stdin => 0,
         })
         .sum()
+}
+
+/// How an input is read, decided by `stat` (symlinks followed) before it is opened.
+#[derive(Debug)]
+enum Source<'a> {
+    /// A regular file of `size` bytes: large direct reads through the I/O core.
+    File { path: &'a Path, size: u64 },
+    /// Plain reads in order, no size known: standard input (`path` None), or a path that
+    /// is not a regular file. Opened once, when its turn comes: opening a FIFO waits for
+    /// a writer, as `cat` does, and a second open would wait for another (or, through
+    /// `/dev/fd/N`, meet the end of a pipe already drained).
+    Stream { path: Option<&'a Path> },
+}
+
+impl Source<'_> {
+    fn size(&self) -> u64 {
+        match self {
+            Source::File { size, .. } => *size,
+            Source::Stream { .. } => 0,
+        }
+    }
+
+    /// The input as errors name it.
+    fn name(&self) -> String {
+        match self {
+            Source::File { path, .. } | Source::Stream { path: Some(path) } => {
+                path.display().to_string()
+            }
+            Source::Stream { path: None } => "<stdin>".to_owned(),
+        }
+    }
+}
+
+/// Classifies every input, refusing what cannot be read (missing paths, directories,
+/// sockets) and a pipe or FIFO given twice, counting standard input: a pipe is read to
+/// its end once, so its second mention would read nothing, or wait forever for a writer.
+fn classify(inputs: &[Input]) -> Result<Vec<Source<'_>>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut pipes: Vec<((u64, u64), String)> = Vec::new();
+    let mut sources = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let (source, meta) = match input {
+            Input::Stdin => {
+                let meta = std::io::stdin()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .map(std::fs::File::from)
+                    .and_then(|f| f.metadata())
+                    .ok();
+                (Source::Stream { path: None }, meta)
+            }
+            Input::File(p) => {
+                let meta = std::fs::metadata(p).map_err(|e| Error::io(p, "open", None, e))?;
+                let t = meta.file_type();
+                let refuse = |why: &str| Error::BadInput {
+                    path: p.clone(),
+                    offset: None,
+                    what: format!("is {}, {why}", crate::io::file_type_name(&t)),
+                };
+                let source = if t.is_file() {
+                    Source::File {
+                        path: p,
+                        size: meta.len(),
+                    }
+                } else if t.is_dir() {
+                    return Err(refuse("expected a file, a pipe or a device to read"));
+                } else if t.is_socket() {
+                    return Err(refuse("which cannot be opened for reading"));
+                } else {
+                    Source::Stream { path: Some(p) }
+                };
+                (source, Some(meta))
+            }
+        };
+        if let Some(m) = meta.filter(|m| m.file_type().is_fifo()) {
+            let name = source.name();
+            if let Some((_, first)) = pipes.iter().find(|(id, _)| *id == (m.dev(), m.ino())) {
+                return Err(Error::Invalid(format!(
+                    "{first} and {name} are the same pipe, which can be read only once"
+                )));
+            }
+            pipes.push(((m.dev(), m.ino()), name));
+        }
+        sources.push(source);
+    }
+    Ok(sources)
 }
 
 /// How an input is cut into records.
@@ -262,11 +365,11 @@ impl Cut {
 }
 
 /// Calls `f(offset, record)` for every record of an input (for lines, the separator
-/// stripped, and a last record without separator still counts). Files are read with large
-/// direct reads through the I/O core; standard input with plain reads. A record longer
+/// stripped, and a last record without separator still counts). Regular files are read
+/// with large direct reads through the I/O core; streams with plain reads. A record longer
 /// than `max` is an error. Returns the input's header bytes (fixed records).
 fn for_each_record(
-    input: &Input,
+    source: &Source,
     cut: Cut,
     max: u64,
     name: &str,
@@ -282,8 +385,8 @@ fn for_each_record(
         pos: 0,
         header: Vec::new(),
     };
-    match input {
-        Input::File(p) => {
+    match *source {
+        Source::File { path: p, .. } => {
             let file =
                 std::sync::Arc::new(crate::io::DataFile::open(p, crate::io::Access::Read, true)?);
             let cfg = if small_reads {
@@ -297,16 +400,21 @@ fn for_each_record(
             };
             crate::io::scan_file(&file, &cfg, |_, chunk| split.feed(chunk, &mut f))?;
         }
-        Input::Stdin => {
-            let mut stdin = std::io::stdin().lock();
+        Source::Stream { path } => {
+            let mut reader: Box<dyn Read> = match path {
+                None => Box::new(std::io::stdin().lock()),
+                Some(p) => {
+                    Box::new(std::fs::File::open(p).map_err(|e| Error::io(p, "open", None, e))?)
+                }
+            };
             let mut buf = vec![0u8; 1 << 20];
             loop {
-                let n = stdin
-                    .read(&mut buf)
-                    .map_err(|e| Error::io(name, "read", Some(split.pos), e))?;
-                if n == 0 {
-                    break;
-                }
+                let n = match reader.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(Error::io(name, "read", Some(split.pos), e)),
+                };
                 split.feed(&buf[..n], &mut f)?;
             }
         }
@@ -616,17 +724,14 @@ impl MemoryRecords {
 /// Pile files in a temporary directory (removed when dropped, on error too), written with
 /// direct sequential writes.
 struct Piles {
-    dir: tempfile::TempDir,
+    dir: crate::scratch::ScratchDir,
     bits: u32,
     writers: Vec<(PathBuf, Option<crate::io::StreamWriter>, u64)>,
 }
 
 impl Piles {
     fn new(tmpdir: &Path, estimate: u64, memory: u64) -> Result<Piles> {
-        let dir = tempfile::Builder::new()
-            .prefix(".riffle-shuffle-")
-            .tempdir_in(tmpdir)
-            .map_err(|e| Error::io(tmpdir, "create temporary directory", None, e))?;
+        let dir = crate::scratch::ScratchDir::new_in(tmpdir, "shuffle")?;
         // Piles of about a quarter of the budget; their write buffers share another quarter.
         let target = (memory / 4).max(1 << 20);
         let mut bits = 0;
@@ -821,168 +926,6 @@ fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -
         });
     }
     Ok(loaded)
-}
-
-/// Where an output's bytes go: stdout through a buffer, files through direct writes.
-enum Sink {
-    Stdout(BufWriter<std::io::Stdout>),
-    File(crate::io::StreamWriter),
-}
-
-type OpenOutput = (PathBuf, PathBuf, Sink);
-
-/// Writes records to stdout or to files under temporary names, renamed when complete.
-struct OutputWriter {
-    target: Output,
-    split: Option<SplitBy>,
-    sep: Option<u8>,
-    /// The open output: its final path, its temporary path (empty for stdout), the writer.
-    current: Option<OpenOutput>,
-    done: Vec<(PathBuf, PathBuf)>,
-    records: u64,
-    bytes: u64,
-    index: usize,
-}
-
-impl OutputWriter {
-    fn new(target: &Output, split: Option<SplitBy>, sep: Option<u8>) -> Result<Self> {
-        let mut w = OutputWriter {
-            target: target.clone(),
-            split,
-            sep,
-            current: None,
-            done: Vec::new(),
-            records: 0,
-            bytes: 0,
-            index: 0,
-        };
-        w.open_next()?;
-        Ok(w)
-    }
-
-    fn name(&self) -> Option<PathBuf> {
-        match (&self.target, self.split) {
-            (Output::File(p), None) => Some(p.clone()),
-            (Output::File(p), Some(_)) => {
-                let mut s = p.as_os_str().to_owned();
-                s.push(format!(".{:03}", self.index));
-                Some(PathBuf::from(s))
-            }
-            (Output::Stdout, _) => None,
-        }
-    }
-
-    fn open_next(&mut self) -> Result<()> {
-        let open = match self.name() {
-            None => (
-                PathBuf::from("<stdout>"),
-                PathBuf::new(),
-                Sink::Stdout(BufWriter::with_capacity(1 << 20, std::io::stdout())),
-            ),
-            Some(final_path) => {
-                let dir = final_path
-                    .parent()
-                    .filter(|d| !d.as_os_str().is_empty())
-                    .unwrap_or(Path::new("."));
-                let file_name = final_path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let tmp = dir.join(format!(".{file_name}.riffle-tmp-{}", std::process::id()));
-                let cfg = crate::io::IoConfig {
-                    depth: 4,
-                    slot_size: 1 << 20,
-                    ..crate::io::IoConfig::default()
-                };
-                let w = crate::io::StreamWriter::create(&tmp, &cfg)?;
-                (final_path, tmp, Sink::File(w))
-            }
-        };
-        self.current = Some(open);
-        self.index += 1;
-        self.records = 0;
-        self.bytes = 0;
-        Ok(())
-    }
-
-    fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        let (path, _, sink) = self.current.as_mut().expect("an open output");
-        match sink {
-            Sink::Stdout(w) => w
-                .write_all(bytes)
-                .map_err(|e| Error::io(&*path, "write", None, e)),
-            Sink::File(w) => w.write(bytes),
-        }
-    }
-
-    fn header(&mut self, h: &[u8]) -> Result<()> {
-        self.write(h)
-    }
-
-    fn record(&mut self, rec: &[u8]) -> Result<()> {
-        let full = match self.split {
-            Some(SplitBy::Lines(n)) => self.records >= n,
-            Some(SplitBy::Bytes(n)) => self.bytes >= n,
-            None => false,
-        };
-        if full {
-            self.close_current()?;
-            self.open_next()?;
-        }
-        self.write(rec)?;
-        if let Some(sep) = self.sep {
-            self.write(&[sep])?;
-        }
-        self.records += 1;
-        self.bytes += rec.len() as u64 + self.sep.is_some() as u64;
-        Ok(())
-    }
-
-    fn close_current(&mut self) -> Result<()> {
-        if let Some((path, tmp, sink)) = self.current.take() {
-            match sink {
-                Sink::Stdout(mut w) => w.flush().map_err(|e| Error::io(&path, "write", None, e))?,
-                Sink::File(w) => {
-                    // On error the temporary file is removed by Drop (it is in `done`).
-                    self.done.push((path, tmp));
-                    w.finish()?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Closes everything and renames the finished files into place.
-    fn finish(mut self) -> Result<Vec<String>> {
-        self.close_current()?;
-        let mut names = Vec::new();
-        // Each entry leaves `done` only once renamed, so a failed rename leaves the rest
-        // for Drop to remove.
-        while let Some((path, tmp)) = self.done.first().cloned() {
-            std::fs::rename(&tmp, &path)
-                .map_err(|e| Error::io(&path, "rename into place", None, e))?;
-            self.done.remove(0);
-            names.push(path.display().to_string());
-        }
-        if matches!(self.target, Output::Stdout) {
-            names.push("<stdout>".into());
-        }
-        Ok(names)
-    }
-}
-
-impl Drop for OutputWriter {
-    fn drop(&mut self) {
-        // Anything still here was not completed: remove the temporary files.
-        if let Some((_, tmp, _)) = self.current.take() {
-            if !tmp.as_os_str().is_empty() {
-                let _ = std::fs::remove_file(tmp);
-            }
-        }
-        for (_, tmp) in self.done.drain(..) {
-            let _ = std::fs::remove_file(tmp);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ enum Command {
 impl Command {
     /// Where the command's data lives: the device `--emulate` throttles.
     fn data_path(&self) -> PathBuf {
-        let given = |s: &str| (s != "-").then(|| PathBuf::from(s));
+        let given = |p: &PathBuf| (!cmd::shuffle::is_dash(p)).then(|| p.clone());
         match self {
             Command::Demo(a) => a.dir.clone().unwrap_or_else(std::env::temp_dir),
             Command::Probe(a) => a.path.clone(),
@@ -114,6 +114,14 @@ impl Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `serve` stops gracefully on its own signal thread; every other command is stopped by
+    // this one, which removes the scratch the run has live first.
+    if !matches!(cli.command, Command::Serve(_)) {
+        if let Err(e) = stop_on_signals() {
+            eprintln!("riffle: error: {e:#}");
+            return ExitCode::from(1);
+        }
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -121,6 +129,40 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread before any other starts (every thread
+/// inherits the mask; children get a clean one from `Command`), and takes them on one
+/// thread: it removes every temporary file and scratch directory the run has live, says
+/// so, and exits with 128 + the signal (130 for Ctrl-C, 143 for SIGTERM).
+fn stop_on_signals() -> anyhow::Result<()> {
+    use anyhow::Context;
+    use nix::sys::signal::{SigSet, Signal};
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().context("blocking SIGINT")?;
+    std::thread::Builder::new()
+        .name("riffle-signals".into())
+        .spawn(move || {
+            let Ok(sig) = signals.wait() else {
+                return;
+            };
+            let (entries, bytes) = riffle::scratch::remove_live();
+            if entries > 0 {
+                eprintln!(
+                    "\nriffle: {sig}: stopped; removed {entries} temporary file(s) and scratch \
+                     director(ies) of this run ({})",
+                    riffle::size::human_bytes(bytes as f64)
+                );
+            } else {
+                eprintln!("\nriffle: {sig}: stopped");
+            }
+            std::process::exit(128 + sig as i32);
+        })
+        .context("starting the signal thread")?;
+    Ok(())
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

@@ -7,21 +7,37 @@
 //!
 //! ```text
 //!  0  8  magic "RIFFLIDX"
-//!  8  4  version (1)
+//!  8  4  version (2)
 //! 12  4  format: 1 lines, 2 tfrecord
-//! 16  8  format parameter: lines: separator byte | header lines << 8; tfrecord: 0
+//! 16  8  format parameter: lines: separator byte | header lines << 8; tfrecord: 1 if
+//!        CRCs were checked
 //! 24  8  source size in bytes
-//! 32  8  source mtime, seconds
+//! 32  8  source mtime, seconds (signed)
 //! 40  8  source mtime, nanoseconds
-//! 48  8  source inode
-//! 56  8  record count N
-//! 64  8  flags: bit 0 = the last line has no separator
-//! 72  8 x (N + 1)  record starts, then the end of the last record's frame
+//! 48  8  source ctime, seconds (signed)
+//! 56  8  source ctime, nanoseconds
+//! 64  8  source inode
+//! 72  8  source device (st_dev)
+//! 80  8  record count N
+//! 88  8  flags: bit 0 = the last line has no separator; other bits 0
+//! 96  8 x (N + 1)  record starts, then the end of the last record's frame (the size)
 //!  .. 4  CRC32C of every byte before it
 //! ```
 //!
-//! An index whose source size, mtime or inode differs from the file's, or whose checksum
-//! fails, is never used: it is rebuilt (with a notice) or refused.
+//! The source's identity is its size, mtime, ctime, inode and device. The ctime is what
+//! catches a file rewritten in place with its old size and mtime put back (`touch -d`,
+//! `rsync -t`, `cp -p` onto a reused inode): the kernel sets it on every write and every
+//! timestamp change, and nothing short of the clock can set it back. (A same-size rewrite
+//! within the filesystem's timestamp granularity of the indexing run itself leaves every
+//! field equal and is not caught.)
+//!
+//! A sidecar is never used unless its checksum holds, its identity matches the file,
+//! its length is exactly its header plus N + 1 offsets, and its offsets are a possible
+//! index of a file of that size: the first is where the records start (0, or past the
+//! header lines), each is after the one before (by at least a frame's 16 bytes for
+//! TFRecord), record starts lie inside the file and the last entry is its size. Otherwise
+//! it is rebuilt (with a notice naming the sidecar and why) or refused (`--no-rebuild`).
+//! Version 1 sidecars (no ctime or device) are rebuilt the same way.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -34,8 +50,10 @@ use crate::io::{self, DataFile, IoConfig, ScanReport};
 use crate::{notice, Error, Result};
 
 const MAGIC: &[u8; 8] = b"RIFFLIDX";
-const VERSION: u32 = 1;
-const HEADER: usize = 72;
+const VERSION: u32 = 2;
+const HEADER: usize = 96;
+/// A TFRecord frame's bytes around its data: length, length CRC, data CRC.
+const TFRECORD_FRAMING: u64 = 16;
 
 /// Record starts of one file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,13 +132,15 @@ pub enum StalePolicy {
     Refuse,
 }
 
-/// The identity of a source file that an index records.
+/// The identity of a source file that an index records. Timestamps are (seconds,
+/// nanoseconds) as `stat` gives them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Source {
     size: u64,
-    mtime: i64,
-    mtime_nsec: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
     inode: u64,
+    device: u64,
 }
 
 impl Source {
@@ -132,10 +152,28 @@ impl Source {
     fn from_meta(m: &std::fs::Metadata) -> Source {
         Source {
             size: m.len(),
-            mtime: m.mtime(),
-            mtime_nsec: m.mtime_nsec() as u64,
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
             inode: m.ino(),
+            device: m.dev(),
         }
+    }
+
+    /// The names of the fields in which `self` (what an index recorded) differs from
+    /// `now` (the file), e.g. "ctime, inode".
+    fn differences(&self, now: &Source) -> String {
+        [
+            ("size", self.size != now.size),
+            ("mtime", self.mtime != now.mtime),
+            ("ctime", self.ctime != now.ctime),
+            ("inode", self.inode != now.inode),
+            ("device", self.device != now.device),
+        ]
+        .iter()
+        .filter(|(_, differs)| *differs)
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
     }
 }
 
@@ -279,9 +317,12 @@ fn encode(index: &OffsetIndex, format: &Format, src: &Source) -> Vec<u8> {
     for v in [
         param,
         src.size,
-        src.mtime as u64,
-        src.mtime_nsec,
+        src.mtime.0 as u64,
+        src.mtime.1 as u64,
+        src.ctime.0 as u64,
+        src.ctime.1 as u64,
         src.inode,
+        src.device,
         index.len(),
         index.last_unterminated as u64,
     ] {
@@ -295,8 +336,10 @@ fn encode(index: &OffsetIndex, format: &Format, src: &Source) -> Vec<u8> {
     out
 }
 
+/// Reads a sidecar. `Err` says why it cannot be used, for the notice or error that names
+/// it; nothing in `bytes` can make this panic or wrap.
 fn decode(bytes: &[u8], format: &Format, src: &Source) -> std::result::Result<OffsetIndex, String> {
-    if bytes.len() < HEADER + 4 || &bytes[..8] != MAGIC {
+    if bytes.len() < 16 || &bytes[..8] != MAGIC {
         return Err("not a riffle index (bad magic or too short)".into());
     }
     let (body, tail) = bytes.split_at(bytes.len() - 4);
@@ -305,10 +348,16 @@ fn decode(bytes: &[u8], format: &Format, src: &Source) -> std::result::Result<Of
     }
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
-    if u32_at(8) != VERSION {
+    let version = u32_at(8);
+    if version != VERSION {
         return Err(format!(
-            "index version {} (this riffle writes {VERSION})",
-            u32_at(8)
+            "index version {version}, from another riffle (this one writes version {VERSION})"
+        ));
+    }
+    if body.len() < HEADER {
+        return Err(format!(
+            "{} bytes, too short for its {HEADER}-byte header (corrupt index)",
+            bytes.len()
         ));
     }
     let (tag, param) = format_tag(format);
@@ -324,9 +373,10 @@ fn decode(bytes: &[u8], format: &Format, src: &Source) -> std::result::Result<Of
     }
     let recorded = Source {
         size: u64_at(24),
-        mtime: u64_at(32) as i64,
-        mtime_nsec: u64_at(40),
-        inode: u64_at(48),
+        mtime: (u64_at(32) as i64, u64_at(40) as i64),
+        ctime: (u64_at(48) as i64, u64_at(56) as i64),
+        inode: u64_at(64),
+        device: u64_at(72),
     };
     if recorded.size != src.size {
         return Err(format!(
@@ -335,37 +385,276 @@ fn decode(bytes: &[u8], format: &Format, src: &Source) -> std::result::Result<Of
         ));
     }
     if recorded != *src {
-        return Err("stale: the file was modified or replaced after it was indexed".into());
+        return Err(format!(
+            "stale: the file's {} changed since it was indexed (modified or replaced)",
+            recorded.differences(src)
+        ));
     }
-    let n = u64_at(56) as usize;
-    if body.len() != HEADER + (n + 1) * 8 {
-        return Err("length does not match its record count (corrupt index)".into());
+    // The count must say exactly how many offsets follow (N + 1 of 8 bytes), worked out
+    // without wrapping: a count of N + 2^61 must not pass for N.
+    let n = u64_at(80);
+    let offset_bytes = (body.len() - HEADER) as u64;
+    if n.checked_add(1).and_then(|e| e.checked_mul(8)) != Some(offset_bytes) {
+        return Err(format!(
+            "a record count of {n} (at byte 80) does not match its {offset_bytes} bytes of offsets (corrupt index)"
+        ));
+    }
+    let flags = u64_at(88);
+    let last_unterminated = flags & 1 == 1;
+    if flags & !1 != 0 || (last_unterminated && (tag != 1 || n == 0)) {
+        return Err(format!(
+            "flags {flags:#x} (at byte 88) are not possible for this index (corrupt index)"
+        ));
     }
     let offsets: Vec<u64> = body[HEADER..]
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
         .collect();
-    if offsets.windows(2).any(|w| w[0] > w[1]) || offsets.last() != Some(&src.size) {
-        return Err("offsets out of order or past the end of the file (corrupt index)".into());
-    }
+    check_offsets(&offsets, format, src.size)?;
     Ok(OffsetIndex {
         offsets,
-        last_unterminated: u64_at(64) & 1 == 1,
+        last_unterminated,
     })
 }
 
-fn store(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Whether `offsets` (N record starts and the end sentinel) could be the index of a file
+/// of `size` bytes in `format`: what `indexed_span` relies on to never underflow and
+/// what keeps every span inside the file.
+fn check_offsets(offsets: &[u64], format: &Format, size: u64) -> std::result::Result<(), String> {
+    let at = |i: usize| HEADER + 8 * i;
+    // The first record starts at 0, or past the header lines (each ends with a
+    // separator, so at least one byte per line); frames are at least a separator or a
+    // TFRecord frame's framing long.
+    let (first_min, first_max, gap) = match format {
+        Format::Lines { skip: 0, .. } => (0, 0, 1),
+        Format::Lines { skip, .. } => (*skip, u64::MAX, 1),
+        Format::TfRecord { .. } => (0, 0, TFRECORD_FRAMING),
+        _ => unreachable!("only lines and tfrecord are indexed"),
+    };
+    let first = offsets[0];
+    if first < first_min || first > first_max {
+        return Err(format!(
+            "its first offset (at byte {}) is {first}, where no record can start (corrupt index)",
+            at(0)
+        ));
+    }
+    let n = offsets.len() - 1;
+    for (i, w) in offsets.windows(2).enumerate() {
+        let (start, next) = (w[0], w[1]);
+        if start >= size {
+            return Err(format!(
+                "offset {i} (at byte {}) is {start}, not inside the {size}-byte file (corrupt index)",
+                at(i)
+            ));
+        }
+        if !matches!(start.checked_add(gap), Some(min) if next >= min) {
+            let what = if gap == 1 {
+                format!("not after offset {i} ({start})")
+            } else {
+                format!("less than a {gap}-byte frame after offset {i} ({start})")
+            };
+            return Err(format!(
+                "offset {} (at byte {}) is {next}, {what} (corrupt index)",
+                i + 1,
+                at(i + 1)
+            ));
+        }
+    }
+    if offsets[n] != size {
+        return Err(format!(
+            "its last offset (at byte {}) is {}, not the file's size {size} (corrupt index)",
+            at(n),
+            offsets[n]
+        ));
+    }
+    Ok(())
+}
+
+fn store(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", None, e))?;
     }
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}-{seq}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    // A private temporary file beside it, renamed over it: never through a planted link.
+    crate::scratch::write_atomic(path, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINES: Format = Format::Lines {
+        sep: b'\n',
+        skip: 0,
+    };
+
+    fn source(size: u64) -> Source {
+        Source {
+            size,
+            mtime: (1_700_000_000, 123_456_789),
+            ctime: (1_700_000_001, 987_654_321),
+            inode: 42,
+            device: 0x803,
+        }
     }
-    result
+
+    /// The records "a\n", "bb\n", "c" (no separator): 6 bytes.
+    fn index() -> OffsetIndex {
+        OffsetIndex {
+            offsets: vec![0, 2, 5, 6],
+            last_unterminated: true,
+        }
+    }
+
+    /// `bytes` with `edit` applied before the CRC and the CRC recomputed.
+    fn forged(bytes: &[u8], edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut body = bytes[..bytes.len() - 4].to_vec();
+        edit(&mut body);
+        let crc = crc32c::crc32c(&body);
+        body.extend_from_slice(&crc.to_le_bytes());
+        body
+    }
+
+    fn put(b: &mut [u8], at: usize, v: u64) {
+        b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+
+    #[test]
+    fn round_trips() {
+        let bytes = encode(&index(), &LINES, &source(6));
+        assert_eq!(bytes.len(), HEADER + 4 * 8 + 4);
+        assert_eq!(decode(&bytes, &LINES, &source(6)), Ok(index()));
+    }
+
+    #[test]
+    fn every_identity_field_counts() {
+        let bytes = encode(&index(), &LINES, &source(6));
+        type Change = fn(&mut Source);
+        let cases: [(&str, Change); 5] = [
+            ("mtime", |s| s.mtime.1 += 1),
+            ("ctime", |s| s.ctime.1 += 1),
+            ("ctime", |s| s.ctime.0 += 1),
+            ("inode", |s| s.inode += 1),
+            ("device", |s| s.device += 1),
+        ];
+        for (field, change) in cases {
+            let mut now = source(6);
+            change(&mut now);
+            let why = decode(&bytes, &LINES, &now).unwrap_err();
+            assert!(why.starts_with("stale") && why.contains(field), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_record_count_that_wraps_is_corrupt() {
+        let bytes = encode(&index(), &LINES, &source(6));
+        for n in [3 + (1u64 << 61), u64::MAX, u64::MAX / 8, 2, 4] {
+            let b = forged(&bytes, |b| put(b, 80, n));
+            let why = decode(&b, &LINES, &source(6)).unwrap_err();
+            assert!(why.contains("record count"), "{n}: {why}");
+        }
+    }
+
+    #[test]
+    fn impossible_offsets_are_corrupt() {
+        let bytes = encode(&index(), &LINES, &source(6));
+        for (offsets, why) in [
+            ([1, 2, 5, 6], "first offset"),
+            ([0, 2, 2, 6], "not after offset 1"),
+            ([0, 5, 2, 6], "not after offset 1"),
+            ([0, 2, 6, 6], "not inside the 6-byte file"),
+            ([0, 2, 7, 8], "not inside the 6-byte file"),
+            ([0, 2, 5, 7], "not the file's size"),
+            ([0, 2, 5, u64::MAX], "not the file's size"),
+        ] {
+            let b = forged(&bytes, |b| {
+                for (i, o) in offsets.iter().enumerate() {
+                    put(b, HEADER + 8 * i, *o);
+                }
+            });
+            let got = decode(&b, &LINES, &source(6)).unwrap_err();
+            assert!(got.contains(why), "{offsets:?}: {got}");
+        }
+    }
+
+    #[test]
+    fn format_invariants_hold() {
+        // Header lines: the first record starts at least one byte per header line in.
+        let csv = Format::Lines {
+            sep: b'\n',
+            skip: 2,
+        };
+        assert!(check_offsets(&[1, 6], &csv, 6).is_err());
+        assert!(check_offsets(&[2, 6], &csv, 6).is_ok());
+        // A file of nothing but header lines has no records, only the sentinel.
+        assert!(check_offsets(&[6], &csv, 6).is_ok());
+        // TFRecord frames are at least 16 bytes and start at 0.
+        let tf = Format::TfRecord { verify: true };
+        assert!(check_offsets(&[0, 16, 40], &tf, 40).is_ok());
+        assert!(check_offsets(&[0, 15, 40], &tf, 40).is_err());
+        assert!(check_offsets(&[4, 20, 40], &tf, 40).is_err());
+        assert!(check_offsets(&[u64::MAX - 4, u64::MAX], &tf, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn flags_must_be_possible() {
+        let bytes = encode(&index(), &LINES, &source(6));
+        let b = forged(&bytes, |b| put(b, 88, 2));
+        let why = decode(&b, &LINES, &source(6)).unwrap_err();
+        assert!(why.contains("flags"), "{why}");
+        let tf = Format::TfRecord { verify: true };
+        let ix = OffsetIndex {
+            offsets: vec![0, 16],
+            last_unterminated: false,
+        };
+        let bytes = encode(&ix, &tf, &source(16));
+        assert_eq!(decode(&bytes, &tf, &source(16)), Ok(ix));
+        let b = forged(&bytes, |b| put(b, 88, 1));
+        assert!(decode(&b, &tf, &source(16)).unwrap_err().contains("flags"));
+    }
+
+    #[test]
+    fn an_old_version_is_named() {
+        let bytes = encode(&index(), &LINES, &source(6));
+        let b = forged(&bytes, |b| b[8..12].copy_from_slice(&1u32.to_le_bytes()));
+        let why = decode(&b, &LINES, &source(6)).unwrap_err();
+        assert!(why.contains("index version 1"), "{why}");
+    }
+
+    #[test]
+    fn no_cut_or_header_change_passes_and_nothing_panics() {
+        let good = encode(&index(), &LINES, &source(6));
+        // Every prefix, with a valid checksum where there is room for one.
+        for cut in 0..good.len() {
+            let b = if cut >= 16 {
+                forged(&good[..cut], |_| {})
+            } else {
+                good[..cut].to_vec()
+            };
+            assert!(decode(&b, &LINES, &source(6)).is_err(), "cut at {cut}");
+        }
+        // Any byte of the header changed, checksum recomputed: every field is checked, but
+        // for the last-line flag, which only the data's last byte could contradict.
+        for at in 8..HEADER {
+            for bit in [0x01, 0x80] {
+                if (at, bit) == (88, 0x01) {
+                    continue;
+                }
+                let b = forged(&good, |b| b[at] ^= bit);
+                assert!(
+                    decode(&b, &LINES, &source(6)).is_err(),
+                    "byte {at} ^ {bit:#x}"
+                );
+            }
+        }
+        // A changed offset is refused unless it still cuts the file into possible records
+        // (which only a scan could tell from the real ones).
+        for at in HEADER..good.len() - 4 {
+            for bit in 0..8 {
+                let b = forged(&good, |b| b[at] ^= 1 << bit);
+                if let Ok(ix) = decode(&b, &LINES, &source(6)) {
+                    assert!(ix.offsets.windows(2).all(|w| w[0] < w[1] && w[0] < 6));
+                }
+            }
+        }
+    }
 }

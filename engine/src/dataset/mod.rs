@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::format::{indexed_span, npy, Format, Span};
 use crate::io::{self, Access, DataFile, IoConfig, RangeReader};
-use crate::{Error, Result};
+use crate::{notice, Error, Result};
 
 pub use index::{IndexOrigin, OffsetIndex, StalePolicy};
 
@@ -111,7 +111,7 @@ impl Dataset {
         opts: &OpenOptions,
         progress: &mut dyn FnMut(&Path, u64, u64),
     ) -> Result<Dataset> {
-        let files = resolve(paths)?;
+        let files = skip_empty(resolve(paths)?, |p| Some(p.as_path()))?;
         let format = decide_format(&files, opts.format.as_ref())?;
         let mut out = Vec::with_capacity(files.len());
         for path in files {
@@ -325,7 +325,8 @@ pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
             let mut hits: Vec<PathBuf> = glob::glob(&text)
                 .map_err(|e| Error::Invalid(format!("{text}: bad pattern: {e}")))?
                 .filter_map(|r| r.ok())
-                .filter(|h| h.is_file() && is_data_file(h))
+                .filter(|h| is_data_file(h))
+                .filter(|h| is_regular_entry(h))
                 .collect();
             if hits.is_empty() {
                 return Err(Error::BadInput {
@@ -343,7 +344,8 @@ pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
                 .map_err(|e| Error::io(p, "list directory", None, e))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|e| e.is_file() && is_data_file(e))
+                .filter(|e| is_data_file(e))
+                .filter(|e| is_regular_entry(e))
                 .collect();
             if entries.is_empty() {
                 return Err(Error::BadInput {
@@ -354,11 +356,99 @@ pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
             }
             entries.sort();
             out.extend(entries);
-        } else {
+        } else if meta.is_file() {
             out.push(p.to_path_buf());
+        } else {
+            return Err(not_regular(p, &meta.file_type()));
         }
     }
     Ok(out)
+}
+
+/// The error for a path named on its own that is not a regular file. It is found by `stat`
+/// before anything is opened: a FIFO is never opened (that would wait for a writer). Block
+/// devices are refused too: a dataset's size, index and staleness check come from the
+/// file's `stat`, whose size is 0 for a device.
+fn not_regular(path: &Path, t: &std::fs::FileType) -> Error {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = io::file_type_name(t);
+    let what = if t.is_socket() {
+        format!("is {kind}; a dataset is read from regular files")
+    } else {
+        let why = if t.is_block_device() {
+            "a dataset is read from regular files, not devices"
+        } else {
+            "random access needs a regular file"
+        };
+        format!("is {kind}; {why} (to shuffle a stream, use `riffle shuffle`)")
+    };
+    Error::BadInput {
+        path: path.into(),
+        offset: None,
+        what,
+    }
+}
+
+/// Whether a directory entry or glob match is a regular file (symlinks followed) to take
+/// into the dataset. Subdirectories are not entered and entries that cannot be stat'ed
+/// (dangling links) are left out, silently as ever. Other special files (FIFOs, sockets,
+/// devices) are skipped with a notice naming each, not refused: a directory is a set of
+/// data files, and one stray pipe or socket beside them should not make the rest
+/// unreadable, nor be opened.
+fn is_regular_entry(path: &Path) -> bool {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => true,
+        Ok(m) if !m.is_dir() => {
+            notice::once(
+                &format!("not-regular:{}", path.display()),
+                &format!(
+                    "skipping {}: it is {}, not a regular file",
+                    path.display(),
+                    io::file_type_name(&m.file_type())
+                ),
+            );
+            false
+        }
+        _ => false,
+    }
+}
+
+/// Leaves out the items whose path (from `path`) is an empty (0-byte) regular file, with a
+/// notice naming each: such a file holds no records, and one empty shard should not make
+/// the rest of a dataset unreadable. The one policy of `read`, `index` and `shuffle`.
+/// Nothing left but empty files is an error naming the first: there are no records.
+pub(crate) fn skip_empty<T>(items: Vec<T>, path: impl Fn(&T) -> Option<&Path>) -> Result<Vec<T>> {
+    let is_empty = |item: &T| {
+        path(item).is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() == 0))
+    };
+    let (empty, kept): (Vec<T>, Vec<T>) = items.into_iter().partition(|i| is_empty(i));
+    let Some(first) = empty.first().and_then(&path) else {
+        return Ok(kept);
+    };
+    if kept.is_empty() {
+        return Err(Error::BadInput {
+            path: first.into(),
+            offset: Some(0),
+            what: match empty.len() {
+                1 => "empty file: no records".into(),
+                2 => "empty file: no records, and the dataset's other file is empty too".into(),
+                n => format!(
+                    "empty file: no records, and the dataset's other {} files are empty too",
+                    n - 1
+                ),
+            },
+        });
+    }
+    for p in empty.iter().filter_map(&path) {
+        notice::once(
+            &format!("empty:{}", p.display()),
+            &format!(
+                "skipping {}: it is empty (0 bytes, no records)",
+                p.display()
+            ),
+        );
+    }
+    Ok(kept)
 }
 
 fn decide_format(files: &[PathBuf], given: Option<&Format>) -> Result<Format> {

@@ -1,5 +1,9 @@
 //! The NumPy `.npy` header: magic, version, header length, and a Python dict literal with
 //! `descr`, `fortran_order` and `shape`. A record is one row of a C-order array.
+//!
+//! Every size the header decides (dtype sizes, field counts, shape products, the data's
+//! end) is computed with checked arithmetic: [`parse`] refuses a header whose sizes do not
+//! fit in 64 bits, so the accessors of [`NpyHeader`] never overflow.
 
 /// What a header says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,15 +26,30 @@ impl NpyHeader {
         self.shape.first().copied().unwrap_or(1)
     }
 
-    /// Bytes per row.
+    /// Bytes per row ([`parse`] checked that it fits).
     pub fn row_bytes(&self) -> u64 {
-        self.shape.iter().skip(1).product::<u64>() * self.itemsize
+        row_bytes(&self.shape, self.itemsize).unwrap_or(u64::MAX)
     }
 
-    /// Bytes of data the shape asks for.
+    /// Bytes of data the shape asks for ([`parse`] checked that it fits).
     pub fn data_bytes(&self) -> u64 {
-        self.rows() * self.row_bytes()
+        data_bytes(&self.shape, self.itemsize).unwrap_or(u64::MAX)
     }
+}
+
+/// Bytes per row of `shape` (every dimension but the first) of `itemsize`-byte items.
+fn row_bytes(shape: &[u64], itemsize: u64) -> Option<u64> {
+    shape
+        .iter()
+        .skip(1)
+        .try_fold(itemsize, |acc, &d| acc.checked_mul(d))
+}
+
+/// Bytes of a whole array of `shape`: rows times [`row_bytes`], each checked on its own (a
+/// row too large to address is refused even when there are no rows).
+fn data_bytes(shape: &[u64], itemsize: u64) -> Option<u64> {
+    let rows = shape.first().copied().unwrap_or(1);
+    row_bytes(shape, itemsize)?.checked_mul(rows)
 }
 
 /// A header problem at a byte offset.
@@ -124,7 +143,7 @@ pub fn parse(bytes: &[u8]) -> Result<NpyHeader, NpyError> {
         "True" => return err(at("fortran_order"), "Fortran-order arrays are not supported: a row is not contiguous (save with np.ascontiguousarray)"),
         other => return err(at("fortran_order"), format!("fortran_order is '{other}', expected True or False")),
     }
-    let itemsize = itemsize(descr_src.trim()).map_err(|what| NpyError {
+    let itemsize = itemsize(descr_src.trim(), 0).map_err(|what| NpyError {
         offset: at("descr"),
         what,
     })?;
@@ -133,10 +152,7 @@ pub fn parse(bytes: &[u8]) -> Result<NpyHeader, NpyError> {
         what,
     })?;
     // Refuse shapes whose byte size does not fit in 64 bits (no real file holds them).
-    let fits = shape
-        .iter()
-        .try_fold(itemsize, |acc, &d| acc.checked_mul(d))
-        .and_then(|b| b.checked_add(total));
+    let fits = data_bytes(&shape, itemsize).and_then(|b| b.checked_add(total));
     if fits.is_none() {
         return err(
             at("shape"),
@@ -172,13 +188,23 @@ fn unquote(s: &str) -> Option<&str> {
         .or_else(|| s.strip_prefix('"').and_then(|x| x.strip_suffix('"')))
 }
 
-/// Bytes per element of a dtype descr: a string like `<f8`, or a structured list.
-fn itemsize(descr: &str) -> Result<u64, String> {
+/// Structured dtypes nested deeper than this are refused (a header of nested lists would
+/// otherwise recurse without bound).
+const MAX_NESTING: usize = 32;
+
+/// Bytes per element of a dtype descr: a string like `<f8`, or a structured list nested
+/// `depth` levels inside another.
+fn itemsize(descr: &str, depth: usize) -> Result<u64, String> {
     if let Some(s) = unquote(descr) {
         return simple_itemsize(s);
     }
     if descr.starts_with('[') {
-        return structured_itemsize(descr);
+        if depth >= MAX_NESTING {
+            return Err(format!(
+                "structured dtype nested more than {MAX_NESTING} levels deep"
+            ));
+        }
+        return structured_itemsize(descr, depth + 1);
     }
     Err(format!("unsupported dtype descr {descr}"))
 }
@@ -197,24 +223,31 @@ fn simple_itemsize(s: &str) -> Result<u64, String> {
             if !(rest.is_empty() || kind == 'm' || kind == 'M') {
                 return Err(format!("unsupported dtype '{s}'"));
             }
-            let n: u64 = digits
-                .parse()
-                .map_err(|_| format!("dtype '{s}' has no size"))?;
-            Ok(n)
+            dtype_size(s, &digits)
         }
-        'U' => {
-            let n: u64 = digits
-                .parse()
-                .map_err(|_| format!("dtype '{s}' has no size"))?;
-            Ok(n * 4)
-        }
+        // Four bytes per UCS-4 character.
+        'U' => dtype_size(s, &digits)?
+            .checked_mul(4)
+            .ok_or_else(|| too_large(s)),
         _ => Err(format!("unsupported dtype '{s}'")),
     }
 }
 
+/// The size digits of a simple dtype.
+fn dtype_size(s: &str, digits: &str) -> Result<u64, String> {
+    if digits.is_empty() {
+        return Err(format!("dtype '{s}' has no size"));
+    }
+    digits.parse().map_err(|_| too_large(s))
+}
+
+fn too_large(what: &str) -> String {
+    format!("dtype {what} is too large: its size does not fit in 64 bits")
+}
+
 /// A structured dtype: `[('name', '<f4'), ('v', '<i8', (3,)), ...]`, packed (NumPy writes
 /// padding as explicit void fields).
-fn structured_itemsize(descr: &str) -> Result<u64, String> {
+fn structured_itemsize(descr: &str, depth: usize) -> Result<u64, String> {
     let inner = descr
         .trim()
         .strip_prefix('[')
@@ -232,13 +265,18 @@ fn structured_itemsize(descr: &str) -> Result<u64, String> {
         if parts.len() < 2 {
             return Err(format!("bad structured field {body}"));
         }
-        let size = itemsize(parts[1].trim())?;
-        let count = if parts.len() > 2 {
-            parse_shape(parts[2].trim())?.iter().product()
+        let size = itemsize(parts[1].trim(), depth)?;
+        let field = if parts.len() > 2 {
+            parse_shape(parts[2].trim())?
+                .iter()
+                .try_fold(size, |acc, &d| acc.checked_mul(d))
         } else {
-            1
+            Some(size)
         };
-        total += size * count;
+        let field = field.ok_or_else(|| too_large(&format!("field ({body})")))?;
+        total = total.checked_add(field).ok_or_else(|| {
+            format!("structured dtype is too large: its fields add up past 2^64 bytes at ({body})")
+        })?;
     }
     if total == 0 {
         return Err("empty structured dtype".into());
@@ -330,13 +368,13 @@ mod tests {
 
     #[test]
     fn dtypes() {
-        assert_eq!(itemsize("'<f4'"), Ok(4));
-        assert_eq!(itemsize("'<U3'"), Ok(12));
-        assert_eq!(itemsize("'|S10'"), Ok(10));
-        assert_eq!(itemsize("'<M8[ns]'"), Ok(8));
-        assert_eq!(itemsize("[('a', '<f4'), ('b', '<i8', (3,))]"), Ok(28));
-        assert!(itemsize("'|O'").unwrap_err().contains("object"));
-        assert!(itemsize("[('a', '|O')]").is_err());
+        assert_eq!(itemsize("'<f4'", 0), Ok(4));
+        assert_eq!(itemsize("'<U3'", 0), Ok(12));
+        assert_eq!(itemsize("'|S10'", 0), Ok(10));
+        assert_eq!(itemsize("'<M8[ns]'", 0), Ok(8));
+        assert_eq!(itemsize("[('a', '<f4'), ('b', '<i8', (3,))]", 0), Ok(28));
+        assert!(itemsize("'|O'", 0).unwrap_err().contains("object"));
+        assert!(itemsize("[('a', '|O')]", 0).is_err());
     }
 
     #[test]
@@ -361,5 +399,52 @@ mod tests {
         assert!(e.what.contains("Fortran"));
         h.truncate(30);
         assert!(parse(&h).unwrap_err().what.contains("truncated"));
+    }
+
+    /// A version 1 header whose descr is given as source text (a structured list).
+    fn raw_header(descr_src: &str, shape: &str) -> Vec<u8> {
+        let dict =
+            format!("{{'descr': {descr_src}, 'fortran_order': False, 'shape': {shape}, }}\n");
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        out.extend_from_slice(dict.as_bytes());
+        out
+    }
+
+    /// Regression (issue 13): a structured dtype whose row size overflows 64 bits was read
+    /// as 8-byte rows (the field's 2^64 bytes wrapped to 0). Every size is checked, and the
+    /// error points at the descr.
+    #[test]
+    fn sizes_that_overflow_are_refused_at_the_descr() {
+        let descr_at = |h: &[u8]| h.windows(5).position(|w| w == b"descr").unwrap() as u64;
+        for (descr, words) in [
+            (
+                "[('a', '<f8'), ('b', '<f8', (2305843009213693952,))]",
+                "too large",
+            ),
+            ("[('a', '<f8', (4294967296, 4294967296))]", "too large"),
+            (
+                "[('a', '|V9223372036854775808'), ('b', '|V9223372036854775808')]",
+                "add up past 2^64",
+            ),
+            ("'<U4611686018427387904'", "too large"),
+            ("'<f99999999999999999999'", "too large"),
+        ] {
+            let h = raw_header(descr, "(3,)");
+            let e = parse(&h).unwrap_err();
+            assert!(e.what.contains(words), "{descr}: {}", e.what);
+            assert_eq!(e.offset, descr_at(&h), "{descr}");
+        }
+        // A row too large to address is refused even with no rows (rows x row = 0).
+        let h = raw_header("'<f8'", "(0, 4294967296, 4294967296)");
+        assert!(parse(&h).unwrap_err().what.contains("too large"));
+        // Nesting is bounded (no unbounded recursion on a hostile header).
+        let deep = format!("{}'<f4'{}", "[('a', ".repeat(40), ")]".repeat(40));
+        assert!(parse(&raw_header(&deep, "(3,)"))
+            .unwrap_err()
+            .what
+            .contains("nested"));
+        let ok = format!("{}'<f4'{}", "[('a', ".repeat(5), ")]".repeat(5));
+        assert_eq!(parse(&raw_header(&ok, "(3, 2)")).unwrap().row_bytes(), 8);
     }
 }

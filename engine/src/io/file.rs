@@ -1,7 +1,9 @@
 //! Opening data files for direct I/O, with the buffered fallback.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use std::path::{Path, PathBuf};
 
 use super::align::{self, Alignment};
@@ -18,12 +20,14 @@ pub struct DataFile {
     align: Alignment,
 }
 
-/// Whether to open for reading or for (truncating) writing.
+/// Whether to open for reading or for writing a new file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     /// Read only.
     Read,
-    /// Create or truncate, then write.
+    /// Create a new file (it must not exist: `O_EXCL`, never following a symlink, mode
+    /// 0600), then write. Files that outlive the run are made through
+    /// [`crate::scratch::TempFile`] and [`DataFile::create`] instead.
     Write,
 }
 
@@ -31,22 +35,47 @@ impl DataFile {
     /// Opens `path`, with O_DIRECT when `want_direct` and the file allows it, buffered
     /// otherwise. A fallback to buffered I/O is announced once on stderr and recorded in
     /// [`DataFile::buffered_reason`]. `RIFFLE_DIRECT=0` in the environment forces buffered.
+    ///
+    /// A read opens the path once, without blocking (a FIFO is never waited on), and
+    /// refuses anything but a regular file: random access needs one.
     pub fn open(path: &Path, access: Access, want_direct: bool) -> Result<DataFile> {
-        let plain =
-            Self::open_flags(path, access, 0).map_err(|e| Error::io(path, "open", None, e))?;
+        let mut o = OpenOptions::new();
+        match access {
+            Access::Read => o
+                .read(true)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK),
+            Access::Write => o
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW),
+        };
+        let file = o.open(path).map_err(|e| Error::io(path, "open", None, e))?;
         if access == Access::Read {
-            let meta = plain
+            let meta = file
                 .metadata()
                 .map_err(|e| Error::io(path, "stat", None, e))?;
-            if meta.is_dir() {
+            if !meta.file_type().is_file() {
                 return Err(Error::BadInput {
                     path: path.into(),
                     offset: None,
-                    what: "is a directory, expected a file".into(),
+                    what: format!(
+                        "is {}, not a regular file: random access needs a file (to shuffle \
+                         a stream, use `riffle shuffle`)",
+                        file_type_name(&meta.file_type())
+                    ),
                 });
             }
         }
-        let align = align::detect(&plain);
+        Self::create(file, path, want_direct)
+    }
+
+    /// Takes a file already open (read-write for writing, such as a
+    /// [`crate::scratch::TempFile`]'s handle) and turns on O_DIRECT when `want_direct` and
+    /// the file allows it, as [`DataFile::open`] does.
+    pub fn create(file: File, path: &Path, want_direct: bool) -> Result<DataFile> {
+        let align = align::detect(&file);
         let fs_type = device::fs_type(path);
         let reason = if !want_direct {
             Some("direct I/O not requested".to_owned())
@@ -63,14 +92,24 @@ impl DataFile {
         } else {
             None
         };
-        let (file, buffered_reason) = match reason {
-            Some(r) => (plain, Some(r)),
-            None => match Self::open_flags(path, access, libc::O_DIRECT) {
-                Ok(f) => (f, None),
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    (plain, Some(format!("{fs_type} refused O_DIRECT (EINVAL)")))
+        // One open file, whose flags are set here: blocking (io_uring would otherwise
+        // answer EAGAIN rather than wait) and direct when allowed.
+        let flags = fcntl(&file, FcntlArg::F_GETFL)
+            .map_err(|e| Error::io(path, "fcntl", None, e.into()))?;
+        let base = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+        let set = |f: OFlag| fcntl(&file, FcntlArg::F_SETFL(f)).map(|_| ());
+        let buffered_reason = match reason {
+            Some(r) => {
+                set(base).map_err(|e| Error::io(path, "fcntl", None, e.into()))?;
+                Some(r)
+            }
+            None => match set(base | OFlag::O_DIRECT) {
+                Ok(()) => None,
+                Err(nix::errno::Errno::EINVAL) => {
+                    set(base).map_err(|e| Error::io(path, "fcntl", None, e.into()))?;
+                    Some(format!("{fs_type} refused O_DIRECT (EINVAL)"))
                 }
-                Err(e) => return Err(Error::io(path, "open with O_DIRECT", None, e)),
+                Err(e) => return Err(Error::io(path, "set O_DIRECT", None, e.into())),
             },
         };
         if let Some(r) = &buffered_reason {
@@ -96,15 +135,6 @@ impl DataFile {
             buffered_reason,
             align,
         })
-    }
-
-    fn open_flags(path: &Path, access: Access, extra: i32) -> std::io::Result<File> {
-        let mut o = OpenOptions::new();
-        match access {
-            Access::Read => o.read(true),
-            Access::Write => o.read(true).write(true).create(true).truncate(true),
-        };
-        o.custom_flags(libc::O_CLOEXEC | extra).open(path)
     }
 
     /// The path it was opened with.
@@ -151,5 +181,24 @@ impl DataFile {
         self.file
             .sync_data()
             .map_err(|e| Error::io(&self.path, "fdatasync", None, e))
+    }
+}
+
+/// "a directory", "a FIFO (a pipe)", ...: what a path is, for errors.
+pub fn file_type_name(t: &std::fs::FileType) -> &'static str {
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (a pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "a regular file"
     }
 }

@@ -25,11 +25,11 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, Slab, SlotId};
-pub use file::{Access, DataFile};
+pub use file::{file_type_name, Access, DataFile};
 pub use reader::{RangeReader, ReadStats};
 pub use scan::{scan_config, scan_file, ScanReport};
 pub use stream::StreamWriter;
-pub use writer::{pattern_filler, write_file, WriteReport};
+pub use writer::{pattern_filler, write_file, write_temp, WriteReport};
 
 use crate::{notice, Error, Result};
 

@@ -25,9 +25,24 @@ pub struct StreamWriter {
 }
 
 impl StreamWriter {
-    /// Creates (or truncates) `path`; `cfg.depth` writes of `cfg.slot_size` bytes in flight.
+    /// Creates the new file `path` (it must not exist: scratch in a private directory);
+    /// `cfg.depth` writes of `cfg.slot_size` bytes in flight.
     pub fn create(path: &Path, cfg: &IoConfig) -> Result<StreamWriter> {
-        let file = Arc::new(DataFile::open(path, Access::Write, cfg.direct)?);
+        Self::over(DataFile::open(path, Access::Write, cfg.direct)?, cfg)
+    }
+
+    /// Writes into a temporary file (which the caller commits once [`finish`] returned).
+    ///
+    /// [`finish`]: Self::finish
+    pub fn for_temp(temp: &crate::scratch::TempFile, cfg: &IoConfig) -> Result<StreamWriter> {
+        Self::over(
+            DataFile::create(temp.handle()?, temp.path(), cfg.direct)?,
+            cfg,
+        )
+    }
+
+    fn over(file: DataFile, cfg: &IoConfig) -> Result<StreamWriter> {
+        let file = Arc::new(file);
         let unit = file.alignment().unit().max(512);
         let cfg = IoConfig {
             backend: crate::emulate::write_backend(cfg.backend),
@@ -168,7 +183,7 @@ mod tests {
             super::super::BackendChoice::Uring,
             super::super::BackendChoice::Pread,
         ] {
-            let path = dir.path().join("w.bin");
+            let path = dir.path().join(format!("w-{backend:?}.bin"));
             let cfg = IoConfig {
                 depth: 3,
                 slot_size: 64 << 10,

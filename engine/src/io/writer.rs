@@ -4,7 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{completion_error, open_backend, Access, BackendKind, DataFile, IoConfig, Op, OpKind};
+use super::{completion_error, open_backend, BackendKind, DataFile, IoConfig, Op, OpKind};
 use crate::{Error, Result};
 
 /// What a [`write_file`] did.
@@ -22,20 +22,33 @@ pub struct WriteReport {
     pub direct: bool,
 }
 
-/// Creates (or truncates) `path` and writes `size` bytes to it in slot-sized sequential
-/// requests, `cfg.depth` in flight, then syncs. `fill(offset, buf)` fills each piece
-/// before it is written. On any error the partial file is removed.
+/// Writes a new `path` of `size` bytes in slot-sized sequential requests, `cfg.depth` in
+/// flight: under a private temporary name beside it ([`crate::scratch::TempFile`]),
+/// synced, then renamed over `path`. `fill(offset, buf)` fills each piece before it is
+/// written. On any error nothing is left behind and `path` is untouched.
 pub fn write_file<F>(path: &Path, size: u64, cfg: &IoConfig, fill: F) -> Result<WriteReport>
 where
     F: FnMut(u64, &mut [u8]),
 {
-    let file = Arc::new(DataFile::open(path, Access::Write, cfg.direct)?);
-    let result = write_into(file.clone(), size, cfg, fill);
-    drop(file);
-    if result.is_err() {
-        let _ = std::fs::remove_file(path);
-    }
-    result
+    let temp = crate::scratch::TempFile::beside(path)?;
+    let report = write_temp(&temp, size, cfg, fill)?;
+    temp.commit(path)?;
+    Ok(report)
+}
+
+/// Writes `size` bytes into a temporary file as [`write_file`] does, and syncs; the file
+/// stays temporary (removed when `temp` is dropped) unless the caller commits it.
+pub fn write_temp<F>(
+    temp: &crate::scratch::TempFile,
+    size: u64,
+    cfg: &IoConfig,
+    fill: F,
+) -> Result<WriteReport>
+where
+    F: FnMut(u64, &mut [u8]),
+{
+    let file = DataFile::create(temp.handle()?, temp.path(), cfg.direct)?;
+    write_into(Arc::new(file), size, cfg, fill)
 }
 
 fn write_into<F>(file: Arc<DataFile>, size: u64, cfg: &IoConfig, mut fill: F) -> Result<WriteReport>

@@ -38,8 +38,7 @@ pub(crate) fn read(ds: Arc<Dataset>, opts: ReadOptions, size: u64) -> Result<Bat
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
-    opts.epoch_range()?;
+    let split = opts.check(ds.len())?;
     let plan = BufferPlan::new(&ds, &opts, &split, size)?;
     BatchStream::spawn("riffle-buffer", plan.prefetch, move |tx, r| {
         run(&ds, &opts, &plan, tx, r)

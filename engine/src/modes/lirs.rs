@@ -116,8 +116,9 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     if let Some(Baseline::Buffer { size }) = opts.baseline {
         return super::buffer::read(ds, opts, size);
     }
-    // Check the split now so argument errors surface before any thread starts.
-    Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+    // Check the split, epochs and cursor now so argument errors surface before any
+    // thread starts.
+    opts.check(ds.len())?;
     let units = units_for(&ds, &opts);
     let plan = MemoryPlan::new(&ds, &units, &opts)?;
     let prefetch = plan.prefetch;

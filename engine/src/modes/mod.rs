@@ -4,6 +4,7 @@
 //! baseline, streamed sequentially. `emit` cuts batches from a mode's record sequence.
 
 mod buffer;
+mod cursor;
 mod emit;
 pub mod lirs;
 mod payload;
@@ -12,38 +13,13 @@ mod walk;
 
 use serde::Serialize;
 
+pub use cursor::{Cursor, Resume};
 pub use lirs::{read, BatchStream};
 pub use payload::{Lender, Lent, Payload, PayloadLender};
 pub use twopass::read_two_pass;
 
 use crate::io::IoConfig;
-use crate::order::{Grouping, Tail};
-
-/// Where to resume: the epoch and the first batch (this rank's numbering) to deliver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct Cursor {
-    /// The epoch.
-    pub epoch: u64,
-    /// The next batch of that epoch.
-    pub batch: u64,
-}
-
-impl std::str::FromStr for Cursor {
-    type Err = String;
-    /// `EPOCH:BATCH`.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (e, b) = s
-            .split_once(':')
-            .ok_or_else(|| format!("'{s}': expected EPOCH:BATCH, like 3:120"))?;
-        let epoch = e
-            .parse()
-            .map_err(|_| format!("'{s}': epoch '{e}' is not a number"))?;
-        let batch = b
-            .parse()
-            .map_err(|_| format!("'{s}': batch '{b}' is not a number"))?;
-        Ok(Cursor { epoch, batch })
-    }
-}
+use crate::order::{Grouping, Split, Tail};
 
 /// The baselines: orders other than the contract's, for research comparisons. Each is
 /// deterministic (seed, epoch) and an exact permutation.
@@ -113,7 +89,7 @@ impl ReadOptions {
     /// The epochs to read: from the resume cursor's epoch (which must be one of them) or
     /// the first epoch, to the end.
     pub(crate) fn epoch_range(&self) -> crate::Result<std::ops::Range<u64>> {
-        let mut epochs = self.first_epoch..self.first_epoch + self.epochs;
+        let mut epochs = epochs_from(self.first_epoch, self.epochs)?;
         if let Some(c) = self.resume {
             if !epochs.contains(&c.epoch) {
                 return Err(crate::Error::Invalid(format!(
@@ -124,6 +100,18 @@ impl ReadOptions {
             epochs.start = c.epoch;
         }
         Ok(epochs)
+    }
+
+    /// Checks the options against a dataset of `records` before anything is read: the
+    /// split of batches over ranks, the epochs, and the resume cursor (in those epochs, not
+    /// past the end of its own). Returns the split.
+    pub(crate) fn check(&self, records: u64) -> crate::Result<Split> {
+        let split = Split::new(records, self.batch, self.rank, self.world, self.tail)?;
+        self.epoch_range()?;
+        if let Some(c) = self.resume {
+            c.check(&split)?;
+        }
+        Ok(split)
     }
 
     /// One epoch of `batch`-record batches, seed 0, one rank, record grouping.
@@ -144,6 +132,19 @@ impl ReadOptions {
             baseline: None,
             lender: None,
         }
+    }
+}
+
+/// The epochs `first..first + count`, refused when the last one is not a u64 (a range
+/// that wrapped would silently read nothing).
+pub fn epochs_from(first: u64, count: u64) -> crate::Result<std::ops::Range<u64>> {
+    match first.checked_add(count) {
+        Some(end) => Ok(first..end),
+        None => Err(crate::Error::Invalid(format!(
+            "epoch {first} and {count} epochs after it run past the last epoch number \
+             (epoch + epochs must be at most {})",
+            u64::MAX
+        ))),
     }
 }
 

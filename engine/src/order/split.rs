@@ -50,11 +50,24 @@ impl Split {
         }
         let full = records / batch;
         let all = records.div_ceil(batch);
+        let too_long = || {
+            Error::Invalid(format!(
+                "batches of {batch} over {world} ranks make an epoch of {records} records \
+                 longer than 2^64 positions once padded: choose a smaller batch size or world"
+            ))
+        };
         let global_batches = match tail {
             Tail::DropLast => full / world * world,
-            Tail::Pad => all.div_ceil(world) * world,
+            Tail::Pad => all
+                .div_ceil(world)
+                .checked_mul(world)
+                .ok_or_else(too_long)?,
             Tail::Partial => {
-                if world > 1 && !records.is_multiple_of(batch * world) {
+                // A round of batches longer than 2^64 records is longer than the epoch.
+                let even = batch
+                    .checked_mul(world)
+                    .is_some_and(|round| records.is_multiple_of(round));
+                if world > 1 && !even {
                     return Err(Error::Invalid(format!(
                         "{records} records do not split evenly into batches of {batch} over {world} ranks \
                          (every rank must get the same number of batches): choose --drop-last or --pad"
@@ -63,6 +76,9 @@ impl Split {
                 all
             }
         };
+        // Every position of the (padded) sequence fits in 64 bits: the arithmetic on
+        // positions below (and in the modes) cannot overflow.
+        global_batches.checked_mul(batch).ok_or_else(too_long)?;
         if global_batches == 0 {
             return Err(Error::Invalid(format!(
                 "{records} records give no batch of {batch} for {world} rank(s) with --drop-last"
@@ -88,6 +104,53 @@ impl Split {
         j * self.world + self.rank
     }
 
+    /// Positions of the epoch sequence that all ranks together consume in the epoch: the
+    /// padded length with `Pad`, the records kept otherwise.
+    pub fn end(&self) -> u64 {
+        let all = self.global_batches * self.batch;
+        match self.tail {
+            Tail::Pad => all,
+            _ => all.min(self.records),
+        }
+    }
+
+    /// Records per round of batches: one batch for every rank.
+    pub fn round(&self) -> u64 {
+        // At most `global_batches * batch`, which `new` checked fits.
+        self.batch * self.world
+    }
+
+    /// Positions of the epoch sequence consumed by all ranks together once every rank has
+    /// delivered its batches before `j` (`j` at most [`Split::batches`]; `None` past that).
+    pub fn consumed(&self, j: u64) -> Option<u64> {
+        if j > self.batches() {
+            return None;
+        }
+        Some((j * self.world * self.batch).min(self.end()))
+    }
+
+    /// The batch of each rank that starts at position `pos` of the epoch sequence (the
+    /// inverse of [`Split::consumed`]): `Ok(j)` when `pos` is the start of a round of
+    /// batches or the epoch's end, otherwise the exact positions on either side of it.
+    pub fn batch_at(&self, pos: u64) -> std::result::Result<u64, Between> {
+        let end = self.end();
+        if pos == end {
+            return Ok(self.batches());
+        }
+        if pos > end {
+            return Err(Between::PastEnd { end });
+        }
+        let round = self.round();
+        if pos.is_multiple_of(round) {
+            return Ok(pos / round);
+        }
+        let before = pos - pos % round;
+        Err(Between::Inside {
+            before,
+            after: (before + round).min(end),
+        })
+    }
+
     /// The positions in the (possibly padded) epoch sequence of this rank's batch `j`;
     /// positions at or past `records` are padding and map to `position % records`.
     pub fn positions(&self, j: u64) -> std::ops::Range<u64> {
@@ -98,6 +161,24 @@ impl Split {
         };
         g * self.batch..end
     }
+}
+
+/// Why a position of the epoch sequence is not where every rank starts a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Between {
+    /// It lies inside a round of batches: `before` and `after` are the exact positions on
+    /// either side (`after` may be the epoch's end).
+    Inside {
+        /// The start of the round it lies in.
+        before: u64,
+        /// The start of the next round, or the epoch's end.
+        after: u64,
+    },
+    /// It lies past the epoch's last position, `end`.
+    PastEnd {
+        /// Positions in the epoch.
+        end: u64,
+    },
 }
 
 #[cfg(test)]
@@ -178,5 +259,28 @@ mod tests {
         assert!(e.contains("--drop-last or --pad"), "{e}");
         assert!(Split::new(5, 10, 0, 2, Tail::DropLast).is_err());
         assert!(Split::new(5, 10, 2, 2, Tail::Pad).is_err());
+    }
+
+    /// Regression (issue 13): sizes from the command line are checked, never wrapped. A
+    /// round of batches longer than 2^64 records overflowed (`batch * world`), and a padded
+    /// epoch longer than 2^64 positions would have wrapped every position after it.
+    #[test]
+    fn huge_batches_and_worlds_are_errors_not_overflows() {
+        let half = 1u64 << 63;
+        let e = Split::new(10, half, 0, 3, Tail::Partial)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--drop-last or --pad"), "{e}");
+        let e = Split::new(10, half, 0, 3, Tail::Pad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("longer than 2^64"), "{e}");
+        assert!(Split::new(u64::MAX, 1, 0, half, Tail::Pad).is_err());
+        assert!(Split::new(10, half, 0, 3, Tail::DropLast).is_err());
+        let s = Split::new(u64::MAX, 1, 0, 1, Tail::Pad).unwrap();
+        assert_eq!((s.end(), s.round()), (u64::MAX, 1));
+        assert_eq!(s.consumed(s.batches()), Some(u64::MAX));
+        assert_eq!(s.consumed(s.batches() - 1), Some(u64::MAX - 1));
+        assert_eq!(s.batch_at(u64::MAX - 1), Ok(u64::MAX - 1));
     }
 }

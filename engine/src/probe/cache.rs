@@ -1,7 +1,7 @@
 //! The per-device profile cache: `$XDG_CACHE_HOME/riffle/profiles/` (or
 //! `~/.cache/riffle/profiles/`), one JSON file per device, probe kind and emulated class.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::{Profile, PROFILE_VERSION};
 use crate::device::DeviceId;
@@ -58,9 +58,7 @@ pub fn store(profile: &Profile) -> Result<PathBuf> {
     let path = cache_path(&profile.device, profile.quick, profile.emulated);
     let dir = path.parent().expect("cache path has a parent");
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create directory", None, e))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let text = serde_json::to_string_pretty(profile).expect("profile serialises");
-    std::fs::write(&tmp, text).map_err(|e| Error::io(&tmp, "write", None, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io(Path::new(&path), "rename", None, e))?;
+    crate::scratch::write_atomic(&path, text.as_bytes())?;
     Ok(path)
 }

@@ -164,15 +164,6 @@ impl ProbePlan {
     }
 }
 
-/// Removes the scratch file when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Where the probe puts its scratch file: in `path` when it is a directory, next to it
 /// otherwise.
 pub fn scratch_dir(path: &Path) -> Result<PathBuf> {
@@ -209,7 +200,6 @@ pub fn probe(
         plan.seq_time = t;
     }
     let total = plan.points.len() + 2;
-    let scratch = Scratch(dir.join(format!(".riffle-probe-{}.tmp", std::process::id())));
     let free = free_bytes(&dir)?;
     // Leave room: never take more than half of what is free.
     let region = plan.region.min(free / 2) / (1 << 20) * (1 << 20);
@@ -228,12 +218,14 @@ pub fn probe(
         slot_size: 1 << 20,
         ..opts.io.clone()
     };
-    let write = io::write_file(&scratch.0, region, &wcfg, io::pattern_filler(0x5eed))?;
-    let file = DataFile::open(&scratch.0, Access::Read, opts.io.direct)?;
+    // A private file, never followed through a planted link, removed on every exit.
+    let scratch = crate::scratch::TempFile::scratch_in(&dir, "probe")?;
+    let write = io::write_temp(&scratch, region, &wcfg, io::pattern_filler(0x5eed))?;
+    let file = DataFile::open(scratch.path(), Access::Read, opts.io.direct)?;
 
     progress(1, total, "sequential read");
     let seq = read_point(
-        &scratch.0,
+        scratch.path(),
         &ReadSpec {
             bs: 1 << 20,
             qd: 8,
@@ -262,7 +254,7 @@ pub fn probe(
             random: true,
             seed: i as u64,
         };
-        random.push(read_point(&scratch.0, &spec, &opts.io)?);
+        random.push(read_point(scratch.path(), &spec, &opts.io)?);
     }
     // Describe the backend as the deepest point used it.
     let max_qd = plan.points.iter().map(|p| p.1).max().unwrap_or(1);

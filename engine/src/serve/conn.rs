@@ -54,9 +54,8 @@ impl From<std::io::Error> for Leave {
 
 /// One open stream.
 struct Stream {
-    // Field order is drop order: the engine stops before its scratch directory goes.
+    /// The engine (two-pass's scratch directory is its thread's, removed when it ends).
     batches: BatchStream,
-    _scratch: Option<tempfile::TempDir>,
     transport: Transport,
     ring: Option<Arc<SharedRing>>,
     /// Inline: batches sent and not yet acknowledged (slot ids).
@@ -681,7 +680,6 @@ impl Conn {
                 announce_ready(&wire, &ring, &shared, credits, b)
             })))
         });
-        let mut scratch = None;
         let root = cfg
             .scratch
             .clone()
@@ -693,20 +691,9 @@ impl Conn {
         };
         let batches = match mode {
             ServeMode::Lirs | ServeMode::Auto => modes::read(ds.clone(), opts),
-            ServeMode::TwoPass => {
-                let dir = tempfile::Builder::new()
-                    .prefix(".riffle-serve-")
-                    .tempdir_in(&root)
-                    .map_err(|e| {
-                        (
-                            "engine",
-                            format!("{}: cannot make scratch: {e}", root.display()),
-                        )
-                    })?;
-                let path = dir.path().to_path_buf();
-                scratch = Some(dir);
-                modes::read_two_pass(ds.clone(), opts, path)
-            }
+            // The engine makes its own private scratch directory in `root` and removes it
+            // when its thread ends.
+            ServeMode::TwoPass => modes::read_two_pass(ds.clone(), opts, root),
         }
         .map_err(|e| ("engine", e.to_string()))?;
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
@@ -748,7 +735,6 @@ impl Conn {
         }
         self.stream = Some(Stream {
             batches,
-            _scratch: scratch,
             transport: req.transport,
             ring,
             inline_outstanding: Vec::new(),
@@ -772,11 +758,8 @@ impl Conn {
         };
         let ring_bytes = st.ring.as_ref().map_or(0, |r| r.len() as u64);
         let _ = st.transport;
-        let Stream {
-            batches, _scratch, ..
-        } = st;
+        let Stream { batches, .. } = st;
         let report = batches.finish();
-        drop(_scratch);
         self.shared
             .ring_bytes_now
             .fetch_sub(ring_bytes, Ordering::Relaxed);

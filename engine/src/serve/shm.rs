@@ -98,7 +98,7 @@ impl SharedRing {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A descriptor for the client (see [`Ring::client_fd`]).
+    /// A descriptor for the client (see `Ring::client_fd`).
     pub fn client_fd(&self) -> Result<OwnedFd> {
         self.map.client_fd()
     }

@@ -38,9 +38,7 @@ pub fn run(args: Args) -> Result<()> {
         bail!("the demo needs at least one record of at least 12 bytes");
     }
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let dir = tempfile::Builder::new()
-        .prefix("riffle-demo-")
-        .tempdir_in(&base)
+    let dir = riffle::scratch::ScratchDir::new_in(&base, "demo")
         .with_context(|| format!("{}: cannot make a temporary directory", base.display()))?;
     let path = dir.path().join("demo.npy");
     let spec = GenSpec {

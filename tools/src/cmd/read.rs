@@ -7,8 +7,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use riffle::dataset::Dataset;
 use riffle::io::IoConfig;
-use riffle::modes::{self, Baseline, Cursor, ReadOptions};
-use riffle::order::{Grouping, Tail};
+use riffle::modes::{self, Baseline, Cursor, ReadOptions, Resume};
+use riffle::order::{Grouping, Split, Tail};
 use riffle::size::{human_bytes, parse_size};
 use serde_json::json;
 
@@ -83,9 +83,20 @@ pub struct Args {
     /// Batches read ahead of the consumer.
     #[arg(long, default_value_t = 4)]
     pub prefetch: usize,
-    /// Resume from EPOCH:BATCH (this rank's batch numbering).
-    #[arg(long)]
-    pub resume: Option<Cursor>,
+    /// Resume mid-epoch from a cursor: EPOCH:BATCH@WORLD, EPOCH:BATCH or EPOCH+RECORDS.
+    ///
+    /// EPOCH:BATCH@WORLD starts at batch BATCH of every rank, taken under WORLD ranks (what
+    /// `--json` prints as cursor.resume after the last batch); under another --world it is
+    /// refused, with the global form to give instead. EPOCH:BATCH means the same under this
+    /// run's --world.
+    ///
+    /// EPOCH+RECORDS starts after RECORDS of the epoch's sequence consumed by all ranks
+    /// together (cursor.resume_global), under any --world and --batch-size whose rounds of
+    /// batches (--batch-size x --world records) start there.
+    ///
+    /// A cursor past the end of its epoch is refused; its end (EPOCH:BATCHES) is not.
+    #[arg(long, value_name = "CURSOR")]
+    pub resume: Option<Resume>,
     /// Write one line per batch: its record ids in delivery order, space separated.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
@@ -164,9 +175,15 @@ pub fn run(a: Args) -> Result<()> {
     if a.job.epochs == 0 {
         bail!("--epochs must be at least 1");
     }
+    modes::epochs_from(a.epoch, a.job.epochs)
+        .with_context(|| format!("--epoch {} --epochs {}", a.epoch, a.job.epochs))?;
     let opts = a.data.options(false, false, a.job.memory)?;
     let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
     let records = ds.len();
+    // The job's batches: the cursor given is resolved against them, and the one printed
+    // at the end is taken under them.
+    let split = Split::new(records, a.job.batch_size, a.rank, a.world, tail)?;
+    let resume = a.resume.map(|r| r.resolve(&split)).transpose()?;
     let device = riffle::device::identify(&ds.files()[0].path).ok();
     let emulated = device.and_then(|d| riffle::emulate::active(&d));
     let read_opts = ReadOptions {
@@ -178,7 +195,7 @@ pub fn run(a: Args) -> Result<()> {
         world: a.world,
         tail,
         grouping,
-        resume: a.resume,
+        resume,
         io: IoConfig {
             depth: a.job.queue_depth.max(1),
             ..IoConfig::default()
@@ -239,6 +256,11 @@ pub fn run(a: Args) -> Result<()> {
     // holding it. The daemon's clients measure the same from the batch's ready_ns.
     let mut handoff = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)
         .expect("histogram bounds");
+    // Where a later run resumes: after the last batch delivered, else where this one began.
+    let mut next = resume.unwrap_or(Cursor {
+        epoch: a.epoch,
+        batch: 0,
+    });
     loop {
         let asked = modes::monotonic_ns();
         let Some(batch) = stream.next() else {
@@ -247,6 +269,7 @@ pub fn run(a: Args) -> Result<()> {
         let b = batch?;
         let got = modes::monotonic_ns();
         handoff.saturating_record((got.saturating_sub(b.ready_ns.max(asked)) / 1000).max(1));
+        next = b.next_cursor();
         if let Some(out) = ids_out.as_mut() {
             line.clear();
             for (i, id) in b.ids.iter().enumerate() {
@@ -265,6 +288,10 @@ pub fn run(a: Args) -> Result<()> {
         out.flush()?;
     }
     let r = stream.report();
+    let rank_form = next.rank_form(a.world);
+    let global_form = next
+        .global_form(&split)
+        .context("the cursor after the last batch lies past its epoch")?;
     let iops = r.read_ops as f64 / r.seconds;
     let rps = r.records as f64 / r.seconds;
     let bps = r.bytes as f64 / r.seconds;
@@ -283,6 +310,14 @@ pub fn run(a: Args) -> Result<()> {
         v["seed"] = a.seed.into();
         v["epochs"] = a.job.epochs.into();
         v["emulated"] = serde_json::to_value(emulated)?;
+        v["cursor"] = json!({
+            "epoch": next.epoch,
+            "batch": next.batch,
+            "world": a.world,
+            "batch_size": a.job.batch_size,
+            "resume": rank_form,
+            "resume_global": global_form,
+        });
         if let Some(p) = &plan {
             let c = p.chosen();
             v["plan"] = json!({
@@ -336,7 +371,9 @@ pub fn run(a: Args) -> Result<()> {
             human_bytes(r.buffer_bytes as f64),
             human_bytes(r.prefetch_bytes as f64)
         );
-        let _ = json!({});
+        println!(
+            "  resume after this run: --resume {rank_form} (any world: --resume {global_form})"
+        );
     }
     Ok(())
 }

@@ -118,6 +118,20 @@ pub fn run(a: Args) -> Result<()> {
             super::read::device_model(&ds, false)
                 .with_context(|| format!("dataset '{}': profiling its device", d.name))?;
         }
+        // Scratch of an earlier daemon that was killed (SIGKILL, a crash) goes now, not
+        // when the first two-pass stream opens.
+        let root = a.scratch.clone().or_else(|| {
+            ds.files().first().and_then(|f| f.path.parent()).map(|p| {
+                if p.as_os_str().is_empty() {
+                    ".".into()
+                } else {
+                    p.to_path_buf()
+                }
+            })
+        });
+        if let Some(root) = root {
+            riffle::scratch::reclaim(&root);
+        }
         datasets.push((d.name.clone(), Arc::new(ds)));
     }
     let names: Vec<String> = datasets
@@ -151,7 +165,16 @@ pub fn run(a: Args) -> Result<()> {
         human_bytes(server.ring_share() as f64),
         names.join(", ")
     );
-    server.run()?;
+    let result = server.run();
+    // Streams still winding down have their scratch removed now: the process is ending.
+    let (entries, bytes) = riffle::scratch::remove_live();
+    if entries > 0 {
+        eprintln!(
+            "riffle serve: removed the scratch of {entries} stream(s) ({})",
+            human_bytes(bytes as f64)
+        );
+    }
+    result?;
     eprintln!("riffle serve: stopped");
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `riffle shuffle INPUT... -o OUTPUT`: a seeded, memory-bounded shuffle of lines,
 //! TFRecord frames or fixed-size records.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use riffle::format::Format;
@@ -12,13 +12,14 @@ use crate::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Input files, merged in the order given (`-` is standard input).
+    /// Input files, merged in the order given (`-` is standard input). Pipes, FIFOs and
+    /// devices (`<(cmd)`, /dev/stdin) are streamed like standard input.
     #[arg(required = true)]
-    pub inputs: Vec<String>,
+    pub inputs: Vec<PathBuf>,
     /// The output file (`-` is standard output). Written under a temporary name and
     /// renamed when complete.
     #[arg(short, long)]
-    pub output: String,
+    pub output: PathBuf,
     /// Memory budget for the records held at once, index included; larger inputs are
     /// shuffled through temporary piles (two passes of sequential I/O).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
@@ -54,25 +55,30 @@ pub struct Args {
     pub json: bool,
 }
 
+/// Whether a path argument is `-`, standard input or output.
+pub fn is_dash(p: &Path) -> bool {
+    p.as_os_str() == "-"
+}
+
 pub fn run(a: Args) -> Result<()> {
     let inputs: Vec<Input> = a
         .inputs
         .iter()
         .map(|i| {
-            if i == "-" {
+            if is_dash(i) {
                 Input::Stdin
             } else {
-                Input::File(PathBuf::from(i))
+                Input::File(i.clone())
             }
         })
         .collect();
     if inputs.iter().filter(|i| matches!(i, Input::Stdin)).count() > 1 {
         bail!("standard input can be given only once");
     }
-    let output = if a.output == "-" {
+    let output = if is_dash(&a.output) {
         Output::Stdout
     } else {
-        Output::File(PathBuf::from(&a.output))
+        Output::File(a.output.clone())
     };
     let split = match (a.split_lines, a.split_bytes) {
         (Some(0), _) | (_, Some(0)) => bail!("split sizes must be positive"),
@@ -82,6 +88,26 @@ pub fn run(a: Args) -> Result<()> {
     };
     if split.is_some() && matches!(output, Output::Stdout) {
         bail!("--split-lines/--split-bytes need an output file name, not standard output");
+    }
+    // A file output is written under a temporary name and renamed over its name when
+    // complete; a FIFO or device (`>(cmd)`, /dev/null) is written into as it is. A link
+    // to an open descriptor (/dev/stdout when stdout is a file) would have the link itself
+    // replaced, and a directory cannot be replaced: both are refused.
+    if let Output::File(o) = &output {
+        let what = match std::fs::metadata(o) {
+            Ok(m) if m.is_dir() => Some("a directory"),
+            Ok(m) if m.is_file() && std::fs::read_link(o).is_ok_and(|t| t.starts_with("/proc")) => {
+                Some("a link to an open file descriptor")
+            }
+            _ => None,
+        };
+        if let Some(what) = what {
+            bail!(
+                "{}: is {what}; the output is written to a file renamed into place when \
+                 complete (for standard output, use `-o -`)",
+                o.display()
+            );
+        }
     }
     if let Output::File(o) = &output {
         for i in &inputs {
@@ -124,14 +150,7 @@ pub fn run(a: Args) -> Result<()> {
         split,
     };
     let bar = progress::bytes(false);
-    let total: u64 = inputs
-        .iter()
-        .map(|i| match i {
-            Input::File(p) => std::fs::metadata(p).map(|m| m.len()).unwrap_or(0),
-            Input::Stdin => 0,
-        })
-        .sum();
-    bar.set_length(total);
+    bar.set_length(shuffle::total_input_estimate(&inputs));
     let rep = shuffle::shuffle(&inputs, &output, &opts, &mut |done| bar.set_position(done))?;
     bar.finish_and_clear();
     if a.json {

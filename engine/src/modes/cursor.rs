@@ -1,0 +1,474 @@
+//! Resume cursors: where a read starts again mid-epoch.
+//!
+//! The engine resumes from a [`Cursor`], this rank's next batch of an epoch. Users give a
+//! [`Resume`], in one of two forms:
+//!
+//! - `E:B` or `E:B@W`: batch B of every rank of epoch E, taken under a world of W ranks
+//!   (without `@W`, this run's world). It is exact only under the world it was taken
+//!   under, so `E:B@W` given under another world is refused, with the global form that
+//!   means the same position.
+//! - `E+R`: R positions of epoch E's sequence consumed by all ranks together, the global
+//!   form: valid under any world and batch size whose rounds of batches (one batch for
+//!   every rank) start at R, so the union over ranks of what was read before and after is
+//!   the epoch exactly once.
+//!
+//! Positions are those of `order::Split`: global batch g covers positions `g*B..(g+1)*B`
+//! of the epoch's sequence (padded past its records with `Pad`, cut at the kept rounds
+//! with `DropLast`), so the same cursor means the same records whatever the tail rule.
+
+use serde::Serialize;
+
+use crate::order::split::{Between, Split};
+use crate::order::Tail;
+use crate::{Error, Result};
+
+/// Where to resume: the epoch and the first batch (this rank's numbering) to deliver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Cursor {
+    /// The epoch.
+    pub epoch: u64,
+    /// The next batch of that epoch.
+    pub batch: u64,
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = String;
+    /// `EPOCH:BATCH`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (e, b) = s
+            .split_once(':')
+            .ok_or_else(|| format!("'{s}': expected EPOCH:BATCH, like 3:120"))?;
+        Ok(Cursor {
+            epoch: number(s, "epoch", e)?,
+            batch: number(s, "batch", b)?,
+        })
+    }
+}
+
+impl Cursor {
+    /// The form a run prints for resuming under the same world: `E:B@W`.
+    pub fn rank_form(&self, world: u64) -> String {
+        format!("{}:{}@{world}", self.epoch, self.batch)
+    }
+
+    /// The global form under `split` (the job it was taken under): `E+R`, or `None` when
+    /// the cursor lies past the end of its epoch.
+    pub fn global_form(&self, split: &Split) -> Option<String> {
+        split
+            .consumed(self.batch)
+            .map(|r| format!("{}+{r}", self.epoch))
+    }
+
+    /// Refuses a cursor past the end of its epoch (one at the end, as the last batch's
+    /// [`crate::modes::Batch::next_cursor`] gives, is fine: that epoch has nothing left).
+    pub(crate) fn check(&self, split: &Split) -> Result<()> {
+        if self.batch > split.batches() {
+            return Err(Error::Invalid(format!(
+                "resume cursor {}:{} is past the end of epoch {}: {}; {}:{} is its end",
+                self.epoch,
+                self.batch,
+                self.epoch,
+                describe(split),
+                self.epoch,
+                split.batches()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A resume position as a user gives it (`riffle read --resume`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume {
+    /// `E:B` or `E:B@W`: batch B of every rank, taken under `world` ranks (`None`: the
+    /// world of the run it is given to).
+    Rank {
+        /// The epoch.
+        epoch: u64,
+        /// The next batch of every rank.
+        batch: u64,
+        /// The world it was taken under.
+        world: Option<u64>,
+    },
+    /// `E+R`: R positions of epoch E's sequence consumed by all ranks together.
+    Global {
+        /// The epoch.
+        epoch: u64,
+        /// Positions consumed.
+        records: u64,
+    },
+}
+
+impl std::str::FromStr for Resume {
+    type Err = String;
+    /// `EPOCH:BATCH`, `EPOCH:BATCH@WORLD` or `EPOCH+RECORDS`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let expected = || {
+            format!(
+                "'{s}': expected EPOCH:BATCH, EPOCH:BATCH@WORLD or EPOCH+RECORDS, \
+                 like 3:120, 3:120@8 or 3+30720"
+            )
+        };
+        if let Some((e, r)) = s.split_once('+') {
+            return Ok(Resume::Global {
+                epoch: number(s, "epoch", e)?,
+                records: number(s, "record count", r)?,
+            });
+        }
+        let (e, rest) = s.split_once(':').ok_or_else(expected)?;
+        let (b, w) = match rest.split_once('@') {
+            Some((b, w)) => (b, Some(w)),
+            None => (rest, None),
+        };
+        let world = w.map(|w| number(s, "world", w)).transpose()?;
+        if world == Some(0) {
+            return Err(format!("'{s}': a world has at least one rank"));
+        }
+        Ok(Resume::Rank {
+            epoch: number(s, "epoch", e)?,
+            batch: number(s, "batch", b)?,
+            world,
+        })
+    }
+}
+
+impl std::fmt::Display for Resume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Resume::Rank {
+                epoch,
+                batch,
+                world: None,
+            } => write!(f, "{epoch}:{batch}"),
+            Resume::Rank {
+                epoch,
+                batch,
+                world: Some(w),
+            } => write!(f, "{epoch}:{batch}@{w}"),
+            Resume::Global { epoch, records } => write!(f, "{epoch}+{records}"),
+        }
+    }
+}
+
+impl From<Cursor> for Resume {
+    fn from(c: Cursor) -> Resume {
+        Resume::Rank {
+            epoch: c.epoch,
+            batch: c.batch,
+            world: None,
+        }
+    }
+}
+
+impl Resume {
+    /// The epoch it resumes in.
+    pub fn epoch(&self) -> u64 {
+        match *self {
+            Resume::Rank { epoch, .. } | Resume::Global { epoch, .. } => epoch,
+        }
+    }
+
+    /// This rank's cursor in the job `split` describes (this run's records, batch size,
+    /// rank, world and tail), or why there is none: a cursor past the end of its epoch, a
+    /// global position inside a round of batches, or a cursor taken under another world
+    /// (with the global form to give instead).
+    pub fn resolve(&self, split: &Split) -> Result<Cursor> {
+        match *self {
+            Resume::Rank {
+                epoch,
+                batch,
+                world,
+            } => {
+                let taken = world.unwrap_or(split.world);
+                if taken != split.world {
+                    return Err(Error::Invalid(self.other_world(epoch, batch, taken, split)));
+                }
+                let c = Cursor { epoch, batch };
+                c.check(split).map_err(|_| {
+                    Error::Invalid(format!(
+                        "--resume {self} is past the end of epoch {epoch}: {}; --resume {}:{} is its end",
+                        describe(split),
+                        epoch,
+                        split.batches()
+                    ))
+                })?;
+                Ok(c)
+            }
+            Resume::Global { epoch, records } => match split.batch_at(records) {
+                Ok(batch) => Ok(Cursor { epoch, batch }),
+                Err(between) => Err(Error::Invalid(format!(
+                    "--resume {self}: {}",
+                    inexact(epoch, records, between, split)
+                ))),
+            },
+        }
+    }
+
+    /// Why `E:B@W` cannot be given under `split`'s world, and what to give instead.
+    fn other_world(&self, epoch: u64, batch: u64, taken: u64, split: &Split) -> String {
+        let then = match Split::new(split.records, split.batch, 0, taken, split.tail) {
+            Ok(s) => s,
+            Err(e) => {
+                return format!(
+                    "--resume {self} was taken under world {taken}, where this job cannot run: {e}"
+                )
+            }
+        };
+        let Some(at) = then.consumed(batch) else {
+            return format!(
+                "--resume {self} is past the end of epoch {epoch} under world {taken}: {}",
+                describe(&then)
+            );
+        };
+        let head = format!(
+            "--resume {self} was taken under world {taken} at record {} of epoch {epoch}, \
+             and this run has world {}",
+            thousands(at),
+            split.world
+        );
+        match split.batch_at(at) {
+            Ok(b) => format!(
+                "{head}: under world {} that is --resume {epoch}+{at} (batch {b} of each rank)",
+                split.world
+            ),
+            Err(between) => format!(
+                "{head}: under world {} {}",
+                split.world,
+                inexact(epoch, at, between, split)
+            ),
+        }
+    }
+}
+
+/// Why position `at` of `epoch` does not start a round of batches under `split`, with the
+/// exact positions to give instead.
+fn inexact(epoch: u64, at: u64, between: Between, split: &Split) -> String {
+    match between {
+        Between::PastEnd { end } => format!(
+            "record {} is past the end of epoch {epoch}: {}; --resume {epoch}+{end} is its end",
+            thousands(at),
+            describe(split)
+        ),
+        Between::Inside { before, after } => format!(
+            "record {} does not start a round of batches (a round is {} x {} = {} records); \
+             the nearest exact positions are --resume {epoch}+{before} (batch {} of each \
+             rank: reads {} records again) and --resume {epoch}+{after} (batch {}: skips {})",
+            thousands(at),
+            split.batch,
+            split.world,
+            split.round(),
+            before / split.round(),
+            thousands(at - before),
+            split
+                .batch_at(after)
+                .expect("a round's start or the end is exact"),
+            thousands(after - at)
+        ),
+    }
+}
+
+/// The epoch's batches as the user chose them, for messages.
+fn describe(split: &Split) -> String {
+    let records = match split.tail {
+        Tail::DropLast if split.end() < split.records => format!(
+            "{} of its {} records, the last partial round dropped",
+            thousands(split.end()),
+            thousands(split.records)
+        ),
+        Tail::Pad if split.end() > split.records => format!(
+            "its {} records padded to {}",
+            thousands(split.records),
+            thousands(split.end())
+        ),
+        _ => format!("its {} records", thousands(split.records)),
+    };
+    format!(
+        "each rank has {} batches of {} in it under world {} ({records})",
+        split.batches(),
+        split.batch,
+        split.world,
+    )
+}
+
+fn number(s: &str, what: &str, n: &str) -> Result<u64, String> {
+    n.trim()
+        .parse()
+        .map_err(|_| format!("'{s}': {what} '{n}' is not a number (0 to 2^64 - 1)"))
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(records: u64, batch: u64, world: u64, tail: Tail) -> Split {
+        Split::new(records, batch, 0, world, tail).unwrap()
+    }
+
+    fn resolve(s: &str, sp: &Split) -> std::result::Result<Cursor, String> {
+        s.parse::<Resume>()
+            .unwrap()
+            .resolve(sp)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn forms_parse_and_print() {
+        for s in [
+            "3:120",
+            "3:120@8",
+            "3+30720",
+            "0:0",
+            "18446744073709551615+0",
+        ] {
+            assert_eq!(s.parse::<Resume>().unwrap().to_string(), s);
+        }
+        for bad in [
+            "3",
+            "3:x",
+            "3:1@0",
+            "3:1@",
+            "+5",
+            "3+-1",
+            "3:99999999999999999999",
+        ] {
+            assert!(bad.parse::<Resume>().is_err(), "{bad}");
+        }
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(4000), "4,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    /// Regression (issue 13): `--resume 0:20@2` under world 4 skipped 2,000 of 10,000
+    /// records; it is refused with the global form that means the same position.
+    #[test]
+    fn a_cursor_from_another_world_is_refused_with_its_global_form() {
+        let w4 = split(10_000, 100, 4, Tail::Partial);
+        let e = resolve("0:20@2", &w4).unwrap_err();
+        assert!(
+            e.contains("taken under world 2 at record 4,000 of epoch 0")
+                && e.contains("under world 4 that is --resume 0+4000"),
+            "{e}"
+        );
+        assert_eq!(
+            resolve("0+4000", &w4).unwrap(),
+            Cursor {
+                epoch: 0,
+                batch: 10
+            }
+        );
+        // 0:21@2 is record 4,200: between two rounds of 400.
+        let e = resolve("0:21@2", &w4).unwrap_err();
+        assert!(
+            e.contains("--resume 0+4000") && e.contains("--resume 0+4400"),
+            "{e}"
+        );
+        // The same world, with or without @W, is taken as it is.
+        assert_eq!(resolve("0:21@4", &w4).unwrap().batch, 21);
+        assert_eq!(resolve("0:21", &w4).unwrap().batch, 21);
+    }
+
+    /// Regression (issue 13): a cursor past the end of its epoch read nothing and exited 0.
+    #[test]
+    fn past_the_end_is_refused_naming_the_batch_count() {
+        let w2 = split(10_000, 100, 2, Tail::Partial);
+        assert_eq!(w2.batches(), 50);
+        assert_eq!(
+            resolve("0:50", &w2).unwrap().batch,
+            50,
+            "the end itself is fine"
+        );
+        let e = resolve("0:51", &w2).unwrap_err();
+        assert!(
+            e.contains("past the end") && e.contains("50 batches"),
+            "{e}"
+        );
+        let e = resolve("0+10200", &w2).unwrap_err();
+        assert!(e.contains("past the end") && e.contains("0+10000"), "{e}");
+        assert_eq!(resolve("0+10000", &w2).unwrap().batch, 50);
+        let e = resolve("0:18446744073709551615@4", &w2).unwrap_err();
+        assert!(e.contains("past the end"), "{e}");
+    }
+
+    /// Global positions follow the tail rule: a partial last batch ends at the records,
+    /// drop-last at the kept rounds, pad at the padded length.
+    #[test]
+    fn global_positions_follow_the_tail_rule() {
+        let one = split(7, 3, 1, Tail::Partial);
+        assert_eq!(one.end(), 7);
+        assert_eq!(resolve("0+7", &one).unwrap().batch, 3);
+        assert_eq!(resolve("0+6", &one).unwrap().batch, 2);
+        let drop = split(103, 10, 3, Tail::DropLast);
+        assert_eq!(drop.end(), 90);
+        assert_eq!(resolve("0+90", &drop).unwrap().batch, 3);
+        assert!(resolve("0+100", &drop)
+            .unwrap_err()
+            .contains("past the end"));
+        let pad = split(103, 10, 3, Tail::Pad);
+        assert_eq!(pad.end(), 120);
+        assert_eq!(resolve("0+120", &pad).unwrap().batch, 4);
+        // The printed global form converts back to the same cursor.
+        for s in [one, drop, pad] {
+            for b in 0..=s.batches() {
+                let c = Cursor { epoch: 2, batch: b };
+                let g = c.global_form(&s).unwrap();
+                assert_eq!(resolve(&g, &s).unwrap(), c, "{g}");
+            }
+            assert!(Cursor {
+                epoch: 2,
+                batch: s.batches() + 1
+            }
+            .global_form(&s)
+            .is_none());
+        }
+    }
+
+    proptest::proptest! {
+        /// Elastic resume: a cursor taken under one world and converted to its global form
+        /// resumes under any other world (when that form is exact there) so that the
+        /// positions read before and after, over all ranks, are the epoch exactly once.
+        #[test]
+        fn converted_cursors_cover_the_epoch_once(
+            records in 1u64..2000, batch in 1u64..40, w1 in 1u64..6, w2 in 1u64..6, cut in 0u64..60,
+        ) {
+            let (Ok(a), Ok(b)) = (
+                Split::new(records, batch, 0, w1, Tail::DropLast),
+                Split::new(records, batch, 0, w2, Tail::DropLast),
+            ) else {
+                return Ok(());
+            };
+            let j = cut.min(a.batches());
+            let before = a.consumed(j).unwrap();
+            if let Ok(k) = b.batch_at(before) {
+                let mut seen = vec![0u32; records as usize];
+                for r in 0..w1 {
+                    let s = Split::new(records, batch, r, w1, Tail::DropLast).unwrap();
+                    for p in (0..j).flat_map(|x| s.positions(x)) {
+                        seen[p as usize] += 1;
+                    }
+                }
+                for r in 0..w2 {
+                    let s = Split::new(records, batch, r, w2, Tail::DropLast).unwrap();
+                    for p in (k..s.batches()).flat_map(|x| s.positions(x)) {
+                        seen[p as usize] += 1;
+                    }
+                }
+                proptest::prop_assert!(seen.iter().all(|&c| c <= 1));
+                // Up to where the new world stops, every position was read once.
+                proptest::prop_assert!(seen[..b.end() as usize].iter().all(|&c| c == 1));
+            }
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Where a shuffle's records go: standard output, one file, or numbered parts.
+//!
+//! Files are written under private temporary names ([`TempFile`]) and committed together
+//! when the last record is out: all synced, all renamed, the directory synced. A split
+//! output is a set: parts `OUT.000`, `OUT.001`, ... of an earlier run beyond the new count
+//! are removed (with a notice), so `OUT.*` never mixes two runs. Nothing appears under a
+//! final name before the whole output is complete; on error or interruption nothing does.
+
+use std::ffi::OsString;
+use std::io::{BufWriter, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::{Output, SplitBy};
+use crate::io::{IoConfig, StreamWriter};
+use crate::scratch::{self, TempFile};
+use crate::{notice, Error, Result};
+
+/// Where an output's bytes go: a stream (stdout, or an existing FIFO or device such as
+/// /dev/null, opened as it is) through a buffer, files through direct writes.
+enum Sink {
+    Stream(BufWriter<Box<dyn Write>>),
+    File(StreamWriter, TempFile),
+}
+
+/// Writes records to stdout or to files under temporary names, committed when complete.
+pub(super) struct OutputWriter {
+    target: Output,
+    split: Option<SplitBy>,
+    sep: Option<u8>,
+    /// The open output: its final path (`<stdout>` for stdout) and where bytes go.
+    current: Option<(PathBuf, Sink)>,
+    /// Finished parts, waiting for the commit.
+    done: Vec<(TempFile, PathBuf)>,
+    records: u64,
+    bytes: u64,
+    index: usize,
+}
+
+impl OutputWriter {
+    pub(super) fn new(target: &Output, split: Option<SplitBy>, sep: Option<u8>) -> Result<Self> {
+        let mut w = OutputWriter {
+            target: target.clone(),
+            split,
+            sep,
+            current: None,
+            done: Vec::new(),
+            records: 0,
+            bytes: 0,
+            index: 0,
+        };
+        w.open_next()?;
+        Ok(w)
+    }
+
+    fn name(&self) -> Option<PathBuf> {
+        match (&self.target, self.split) {
+            (Output::File(p), None) => Some(p.clone()),
+            (Output::File(p), Some(_)) => Some(part_name(p, self.index)),
+            (Output::Stdout, _) => None,
+        }
+    }
+
+    fn open_next(&mut self) -> Result<()> {
+        let open = match self.name() {
+            None => (
+                PathBuf::from("<stdout>"),
+                Sink::Stream(BufWriter::with_capacity(
+                    1 << 20,
+                    Box::new(std::io::stdout()),
+                )),
+            ),
+            Some(path) if is_stream(&path) => {
+                // Not a file to replace: write into it, as a shell redirection would.
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(&path, "open for writing", None, e))?;
+                (
+                    path,
+                    Sink::Stream(BufWriter::with_capacity(1 << 20, Box::new(f))),
+                )
+            }
+            Some(final_path) => {
+                let temp = TempFile::beside(&final_path)?;
+                let cfg = IoConfig {
+                    depth: 4,
+                    slot_size: 1 << 20,
+                    ..IoConfig::default()
+                };
+                let w = StreamWriter::for_temp(&temp, &cfg)?;
+                (final_path, Sink::File(w, temp))
+            }
+        };
+        self.current = Some(open);
+        self.index += 1;
+        self.records = 0;
+        self.bytes = 0;
+        Ok(())
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let (path, sink) = self.current.as_mut().expect("an open output");
+        match sink {
+            Sink::Stream(w) => w
+                .write_all(bytes)
+                .map_err(|e| Error::io(&*path, "write", None, e)),
+            Sink::File(w, _) => w.write(bytes),
+        }
+    }
+
+    pub(super) fn header(&mut self, h: &[u8]) -> Result<()> {
+        self.write(h)
+    }
+
+    pub(super) fn record(&mut self, rec: &[u8]) -> Result<()> {
+        let full = match self.split {
+            Some(SplitBy::Lines(n)) => self.records >= n,
+            Some(SplitBy::Bytes(n)) => self.bytes >= n,
+            None => false,
+        };
+        if full {
+            self.close_current()?;
+            self.open_next()?;
+        }
+        self.write(rec)?;
+        if let Some(sep) = self.sep {
+            self.write(&[sep])?;
+        }
+        self.records += 1;
+        self.bytes += rec.len() as u64 + self.sep.is_some() as u64;
+        Ok(())
+    }
+
+    fn close_current(&mut self) -> Result<()> {
+        if let Some((path, sink)) = self.current.take() {
+            match sink {
+                Sink::Stream(mut w) => w.flush().map_err(|e| Error::io(&path, "write", None, e))?,
+                Sink::File(w, temp) => {
+                    w.finish()?;
+                    self.done.push((temp, path));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes everything, commits the files as one set and removes parts of an earlier
+    /// split run beyond this one's. Returns the outputs' names.
+    pub(super) fn finish(mut self) -> Result<Vec<String>> {
+        self.close_current()?;
+        let done = std::mem::take(&mut self.done);
+        let mut names: Vec<String> = done.iter().map(|(_, p)| p.display().to_string()).collect();
+        scratch::commit_all(done)?;
+        match (&self.target, self.split) {
+            (Output::File(p), Some(_)) => remove_stale_parts(p, self.index)?,
+            (Output::Stdout, _) => names.push("<stdout>".into()),
+            _ => {}
+        }
+        Ok(names)
+    }
+}
+
+/// Whether `path` exists and is a FIFO or a character device (following links: `>(cmd)`
+/// and /dev/stdout on a pipe are links to one).
+fn is_stream(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo() || m.file_type().is_char_device())
+}
+
+/// `OUT.000`, `OUT.001`, ... (three digits, more past 999).
+fn part_name(base: &Path, index: usize) -> PathBuf {
+    let mut s = base.as_os_str().to_owned();
+    s.push(format!(".{index:03}"));
+    PathBuf::from(s)
+}
+
+/// Removes `BASE.NNN` parts numbered `count` and up (left by an earlier run that made
+/// more parts), with a notice naming how many; then syncs the directory.
+fn remove_stale_parts(base: &Path, count: usize) -> Result<()> {
+    let dir = scratch::parent_dir(base);
+    let Some(stem) = base.file_name() else {
+        return Ok(());
+    };
+    let mut prefix = OsString::from(stem);
+    prefix.push(".");
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "list", None, e))?;
+    let mut stale = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(digits) = name.as_bytes().strip_prefix(prefix.as_bytes()) else {
+            continue;
+        };
+        let Some(n) = std::str::from_utf8(digits)
+            .ok()
+            .filter(|d| d.len() >= 3 && d.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|d| d.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        // Only names this writer would make: OUT.007, not OUT.0007.
+        if n >= count && part_name(base, n).file_name() == Some(name.as_os_str()) {
+            stale.push(entry.path());
+        }
+    }
+    if stale.is_empty() {
+        return Ok(());
+    }
+    stale.sort();
+    for p in &stale {
+        std::fs::remove_file(p)
+            .map_err(|e| Error::io(p, "remove an earlier run's part", None, e))?;
+    }
+    notice::once(
+        &format!("stale-parts:{}", base.display()),
+        &format!(
+            "removed {} part{} of an earlier run beyond this run's {count} ({} .. {})",
+            stale.len(),
+            if stale.len() == 1 { "" } else { "s" },
+            stale[0].display(),
+            stale[stale.len() - 1].display()
+        ),
+    );
+    scratch::sync_dir(dir)
+}
