@@ -634,7 +634,7 @@ fn a_cursor_resumes_exactly_under_another_world_only_in_its_global_form() {
 /// piles): about 9 GiB of memory, 4 GiB of scratch and 30 s, so ignored by default
 /// (`cargo test -p riffle-tools --test integration -- --ignored over_4_gib`).
 #[test]
-#[ignore]
+#[ignore = "heavy: a 4 GiB record needs about 9 GiB of memory, 4 GiB of scratch and 45 s; run with --ignored"]
 fn two_pass_reads_a_record_over_4_gib() {
     let sb = Sandbox::new();
     let data = sb.data().join("huge.bin");
