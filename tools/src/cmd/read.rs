@@ -37,6 +37,11 @@ pub struct JobArgs {
     #[arg(long, default_value_t = 64)]
     pub queue_depth: usize,
     /// two-pass: where the piles go (default: the directory of the first data file).
+    ///
+    /// The piles go in a private directory `.riffle-scratch-KIND-PID-RANDOM` there (made
+    /// if the location is missing, and removed again), removed when the run ends, also on
+    /// error, Ctrl-C or SIGTERM. One left by a killed run (SIGKILL, a crash) is removed by
+    /// the next riffle command that uses the location, which says how much it reclaimed.
     #[arg(long)]
     pub scratch: Option<PathBuf>,
 }

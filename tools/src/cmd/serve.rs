@@ -31,7 +31,12 @@ pub struct Args {
     /// cached profile is probed quickly at start).
     #[arg(long, default_value = "auto")]
     pub mode: String,
-    /// two-pass: where the piles go (default: beside the data).
+    /// two-pass: where the piles go (default: the directory of each dataset's first file).
+    ///
+    /// The piles go in a private directory `.riffle-scratch-KIND-PID-RANDOM` there (made
+    /// if the location is missing, and removed again), removed when the run ends, also on
+    /// error, Ctrl-C or SIGTERM. One left by a killed run (SIGKILL, a crash) is removed by
+    /// the next riffle command that uses the location, which says how much it reclaimed.
     #[arg(long)]
     pub scratch: Option<PathBuf>,
     /// Reads in flight per stream.

@@ -40,7 +40,13 @@ pub struct Args {
     /// Lines: the record separator (one ASCII character, or an escape: \t, \0, \r, \x1e).
     #[arg(long, value_parser = super::dataset::parse_sep)]
     pub sep: Option<u8>,
-    /// Where temporary piles go (default: the output's directory).
+    /// Where temporary piles go, for inputs larger than --memory (default: the output's
+    /// directory, or the system temp directory for `-o -`).
+    ///
+    /// The piles go in a private directory `.riffle-scratch-KIND-PID-RANDOM` there (made
+    /// if the location is missing, and removed again), removed when the run ends, also on
+    /// error, Ctrl-C or SIGTERM. One left by a killed run (SIGKILL, a crash) is removed by
+    /// the next riffle command that uses the location, which says how much it reclaimed.
     #[arg(long)]
     pub tmpdir: Option<PathBuf>,
     /// Record format: lines (also jsonl, csv, libsvm), tfrecord (whole frames are moved and
