@@ -333,6 +333,45 @@ fn disabled_io_uring_falls_back_to_pread() {
     assert!(err.contains("EPERM"), "{err}");
 }
 
+/// io_uring short of a resource (here EMFILE, as with too many open files): the run falls
+/// back to the pread pool saying why, not as if the kernel lacked io_uring; asked for
+/// explicitly (`RIFFLE_IO=uring`), it is an error naming the reason.
+#[test]
+fn io_uring_short_of_files_falls_back_and_says_why() {
+    let sb = Sandbox::new();
+    sb.seed_probe(&sb.data());
+    let mut cmd = sb.cmd();
+    cmd.args(["demo", "--records", "2000", "--dir"])
+        .arg(sb.data());
+    if !seccomp::fail_io_uring_setup(&mut cmd, libc::EMFILE) {
+        eprintln!("skipped: no seccomp filter for io_uring on this architecture");
+        return;
+    }
+    let out = cmd.output().unwrap();
+    assert_ok(&out);
+    assert!(
+        text(&out.stdout).contains("(pread, O_DIRECT)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("io_uring could not be set up") && err.contains("EMFILE"),
+        "{err}"
+    );
+    assert!(!err.contains("io_uring unavailable"), "{err}");
+
+    let mut cmd = sb.cmd();
+    cmd.env("RIFFLE_IO", "uring")
+        .args(["demo", "--records", "2000", "--dir"])
+        .arg(sb.data());
+    seccomp::fail_io_uring_setup(&mut cmd, libc::EMFILE);
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("io_uring") && err.contains("EMFILE"), "{err}");
+}
+
 #[test]
 fn errors_name_the_path_and_exit_non_zero() {
     let sb = Sandbox::new();
@@ -419,6 +458,11 @@ mod seccomp {
     /// installed between fork and exec. Returns false where no filter is written for the
     /// architecture.
     pub fn deny_io_uring(cmd: &mut Command) -> bool {
+        fail_io_uring_setup(cmd, libc::EPERM)
+    }
+
+    /// Makes `cmd`'s process get `errno` from io_uring_setup, as [`deny_io_uring`] does.
+    pub fn fail_io_uring_setup(cmd: &mut Command, errno: i32) -> bool {
         #[cfg(target_arch = "x86_64")]
         const ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
         #[cfg(target_arch = "aarch64")]
@@ -452,7 +496,7 @@ mod seccomp {
                 jump(jeq, ARCH, 0, 3),
                 stmt(ld, 0), // seccomp_data.nr
                 jump(jeq, IO_URING_SETUP, 0, 1),
-                stmt(ret, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+                stmt(ret, libc::SECCOMP_RET_ERRNO | errno as u32),
                 stmt(ret, libc::SECCOMP_RET_ALLOW),
             ];
             // SAFETY: the closure runs in the child between fork and exec and only calls

@@ -367,6 +367,53 @@ fn two_pass_on_a_full_scratch_disk_fails_cleanly() {
     );
 }
 
+/// Regression (issue 14): a pile write that failed was only recorded, and the scatter read
+/// the rest of the dataset before the error surfaced. On a real full disk (a 4 MiB tmpfs)
+/// the error now stops the reads at once: what was read stays a small part of a dataset
+/// 60 times the disk, and the piles are gone. (The report of the failed read counts it.)
+#[test]
+fn a_full_scratch_disk_stops_the_scatter_reading_at_once() {
+    use riffle::dataset::{Dataset, OpenOptions};
+    let sb = Sandbox::new();
+    let Some(small) = crate::SmallDisk::mount(&sb, "4m") else {
+        return;
+    };
+    let mnt = small.path().to_path_buf();
+    let data = sb.data().join("d.npy");
+    make(&sb, &data, "npy", 2_000_000, 128);
+    let ds = Dataset::open(&[&data], &OpenOptions::default(), &mut |_, _, _| {}).unwrap();
+    let size = ds.size_stats().total;
+    let mut s =
+        riffle::modes::read_two_pass(ds.into(), riffle::modes::ReadOptions::new(256), mnt.clone())
+            .unwrap();
+    let err = match s.next() {
+        Some(Err(e)) => e.to_string(),
+        other => panic!(
+            "expected the full disk's error, got {:?}",
+            other.map(|b| b.map(|b| b.index))
+        ),
+    };
+    assert!(err.contains("No space left"), "{err}");
+    // The report of a failed read counts what it did up to the error.
+    let read = s.report().device_bytes;
+    assert!(
+        read > 0,
+        "the report does not count the reads before the error"
+    );
+    eprintln!("the full disk stopped the scatter after {read} of {size} bytes");
+    assert!(
+        read < size / 4,
+        "the scatter read {read} of {size} bytes before the full disk stopped it"
+    );
+    assert!(s.next().is_none(), "the stream goes on after its error");
+    drop(s);
+    assert_eq!(
+        std::fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "piles left behind"
+    );
+}
+
 /// `--mode buffer` through the CLI: an exact permutation, not file order, deterministic,
 /// ranks that split it, resume, and a report of a sequential read with the buffer counted.
 #[test]

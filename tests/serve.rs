@@ -678,6 +678,82 @@ fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
     assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
 }
 
+/// Regression (issue 14): the connection thread waited for a two-pass stream's first
+/// batch, which comes only after the whole scatter, so a CLOSE (or SIGTERM) during the
+/// scatter was taken only when it ended, and the piles stayed until then. Closed 0.3 s in,
+/// the stream's scratch is gone within a small part of a whole scatter, timed in the same
+/// test; a SIGTERM 0.3 s in ends the daemon as quickly.
+#[test]
+fn a_two_pass_stream_closed_during_its_scatter_goes_at_once() {
+    let sb = Sandbox::new();
+    // Half a gigabyte of small records: a scatter of some seconds in a debug build.
+    let data = dataset(&sb, "d.npy", 4_000_000, 128);
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let sock = sb.path().join("s.sock");
+    let mut d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()],
+    );
+    let piles_left = || std::fs::read_dir(&scratch).unwrap().count();
+    let req = OpenRequest::new("train", 256);
+    // The reference: the first batch comes once the whole dataset is scattered.
+    let mut c = d.client();
+    let t = Instant::now();
+    let mut s = c.open(req.clone()).unwrap();
+    s.next_batch().unwrap().unwrap();
+    let full_scatter = t.elapsed();
+    s.close().unwrap();
+    assert_eq!(piles_left(), 0);
+
+    // Closed 0.3 s into the scatter.
+    let s = c.open(req.clone()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        piles_left() > 0,
+        "the stream's scratch directory is not there"
+    );
+    let t = Instant::now();
+    s.close().unwrap();
+    while piles_left() > 0 {
+        assert!(t.elapsed() < full_scatter, "the scratch stays after CLOSE");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = t.elapsed();
+    eprintln!("closed in {took:?}; a whole scatter takes {full_scatter:?}");
+    assert!(
+        took < full_scatter / 4,
+        "the scratch went {took:?} after CLOSE; a whole scatter takes {full_scatter:?}"
+    );
+    let st = d.wait_stats("the stream is closed", |s| s["streams_now"] == 0);
+    assert_eq!(st["streams_total"], 2, "{st}");
+
+    // SIGTERM 0.3 s into a scatter.
+    let mut c2 = d.client();
+    c2.send(&proto::json_frame(Kind::Open, &req)).unwrap();
+    assert_eq!(c2.frame().unwrap().0, Kind::Opened);
+    std::thread::sleep(Duration::from_millis(300));
+    let o = std::process::Command::new("kill")
+        .args(["-TERM", &d.child.id().to_string()])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let t = Instant::now();
+    while d.child.try_wait().unwrap().is_none() {
+        assert!(t.elapsed() < full_scatter, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = t.elapsed();
+    eprintln!("SIGTERM: exited in {took:?}; a whole scatter takes {full_scatter:?}");
+    assert!(
+        took < full_scatter / 4,
+        "the daemon exited {took:?} after SIGTERM; a whole scatter takes {full_scatter:?}"
+    );
+    assert_eq!(piles_left(), 0);
+}
+
 #[test]
 fn auto_mode_plans_each_stream_from_the_device_profile() {
     let sb = Sandbox::new();

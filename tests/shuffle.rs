@@ -185,6 +185,50 @@ fn a_full_scratch_disk_fails_cleanly() {
     assert_eq!(std::fs::read(&input).unwrap(), before, "the input changed");
 }
 
+/// The same full disk under a large input: the pile write that fails stops the input's
+/// reads at once (what was read stays a small part of the input), and nothing is left.
+#[test]
+fn a_full_scratch_disk_stops_reading_the_input_at_once() {
+    use riffle::shuffle::{shuffle, Input, Output, ShuffleOptions};
+    let sb = Sandbox::new();
+    let Some(small) = crate::SmallDisk::mount(&sb, "4m") else {
+        return;
+    };
+    let mnt = small.path().to_path_buf();
+    let input = sb.data().join("in.jsonl");
+    gen(&sb, &input, "lines", 2_000_000, 128, &[]);
+    let size = std::fs::metadata(&input).unwrap().len();
+    let out = sb.data().join("out.jsonl");
+    let opts = ShuffleOptions {
+        seed: 0,
+        memory: 64 << 20,
+        format: riffle::format::Format::Lines {
+            sep: b'\n',
+            skip: 0,
+        },
+        tmpdir: Some(mnt.clone()),
+        split: None,
+    };
+    let mut read = 0;
+    let e = shuffle(
+        &[Input::File(input.clone())],
+        &Output::File(out.clone()),
+        &opts,
+        &mut |b| read = b,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("No space left"), "{e}");
+    assert!(read > 0, "no progress was reported");
+    eprintln!("the full disk stopped the shuffle after {read} of {size} bytes");
+    assert!(
+        read < size / 4,
+        "{read} of {size} input bytes were read before the full disk stopped the shuffle"
+    );
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0, "piles left");
+    assert!(!out.exists(), "a partial output was left");
+}
+
 #[test]
 fn sigkill_mid_shuffle_leaves_no_output_and_a_rerun_works() {
     let sb = Sandbox::new();

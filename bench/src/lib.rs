@@ -7,7 +7,8 @@
 //! [`convergence`] (SGD on label-sorted data fed by each mode), [`au`] (accelerator
 //! utilisation with a simulated compute time per batch), [`modes`] (every mode x record
 //! size x device, with shuffle quality), [`peers`] (numpy memmap and a Python shuffle buffer
-//! under a memory limit). [`plot`] draws their SVG
+//! under a memory limit), [`scale`] (100,000 files, hundreds of piles under a small fd limit,
+//! 100 million records). [`plot`] draws their SVG
 //! charts.
 
 pub mod au;
@@ -22,5 +23,6 @@ pub mod planner;
 pub mod plot;
 pub mod probe_check;
 pub mod report;
+pub mod scale;
 
 pub use fio_parity::{run as fio_parity, ParityOptions, ParityReport};

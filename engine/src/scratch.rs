@@ -390,10 +390,15 @@ impl ScratchDir {
             .tempdir_in(parent)
             .map_err(|e| Error::io(parent, "create a scratch directory in", None, e))?
             .keep();
-        let live = Live::add(&dir, EntryKind::Dir)?;
+        let live = Live::add(&dir, EntryKind::Dir).inspect_err(|_| {
+            let _ = std::fs::remove_dir(&dir);
+        })?;
         let lock = File::open(&dir)
             .and_then(|f| f.lock().map(|()| f))
-            .map_err(|e| Error::io(&dir, "lock (flock)", None, e))?;
+            .map_err(|e| {
+                let _ = std::fs::remove_dir(&dir);
+                Error::io(&dir, "lock (flock)", None, e)
+            })?;
         let owner = format!(
             "pid {pid}\nstart {}\ncommand {}\n",
             start_time(pid).unwrap_or(0),

@@ -20,6 +20,7 @@ use std::time::Instant;
 use crate::format::tfrecord::masked_crc;
 use crate::format::Format;
 use crate::order::EpochKey;
+use crate::pipeline::Stop;
 use crate::{Error, Result};
 
 mod output;
@@ -125,13 +126,23 @@ pub fn shuffle(
     let mut header: Vec<u8> = Vec::new();
     let mut mem = MemoryRecords::default();
     let mut piles: Option<Piles> = None;
-    let tmpdir = opts.tmpdir.clone().unwrap_or_else(|| match output {
-        Output::File(p) => p
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_path_buf(),
-        Output::Stdout => std::env::temp_dir(),
+    // Piles go beside the output file; for a stream (stdout, a FIFO, /dev/null) beside the
+    // first input file (a disk that holds data, unlike /dev or a /tmp that may be memory),
+    // else in the temp directory.
+    let tmpdir = opts.tmpdir.clone().unwrap_or_else(|| {
+        let beside = |p: &Path| crate::scratch::parent_dir(p).to_path_buf();
+        match output {
+            Output::File(p) if !output::is_stream(p) => beside(p),
+            _ => inputs
+                .iter()
+                .find_map(|i| match i {
+                    Input::File(p) if std::fs::metadata(p).is_ok_and(|m| m.is_file()) => {
+                        Some(beside(p))
+                    }
+                    _ => None,
+                })
+                .unwrap_or_else(std::env::temp_dir),
+        }
     });
     // Every input is classified before any is read, so a missing file or a directory late
     // in the list fails at once rather than after the others were read.
@@ -817,10 +828,13 @@ impl Piles {
         }
         // Double buffered: the next pile is loaded and sorted while this one is written;
         // spent buffers go back to the loader (fresh pages cost a fault and a clear each).
+        // An output that fails (a full disk) stops the load under way at its next chunk.
+        let stop = Stop::default();
         crate::pipeline::pipelined(
             plan,
+            &stop,
             |(path, a, b, expect, last), reuse| {
-                let loaded = load(&path, a, b, expect, reuse);
+                let loaded = load(&path, a, b, expect, reuse, &stop);
                 if last {
                     let _ = std::fs::remove_file(&path);
                 }
@@ -859,8 +873,16 @@ struct Loaded {
     scratch: Vec<(u64, usize, usize)>,
 }
 
-/// The records of a pile with keys in [lo, hi), read with large direct reads.
-fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -> Result<Loaded> {
+/// The records of a pile with keys in [lo, hi), read with large direct reads (given up,
+/// with an error, once `stop` is set).
+fn load(
+    path: &Path,
+    lo: u128,
+    hi: u128,
+    expect: usize,
+    reuse: Option<Loaded>,
+    stop: &Stop,
+) -> Result<Loaded> {
     let file = std::sync::Arc::new(crate::io::DataFile::open(
         path,
         crate::io::Access::Read,
@@ -880,6 +902,7 @@ fn load(path: &Path, lo: u128, hi: u128, expect: usize, reuse: Option<Loaded>) -
         }
     };
     crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| {
+        stop.check()?;
         let mut at = 0usize;
         if !carry.is_empty() {
             // Complete the carried frame from the front of this chunk.

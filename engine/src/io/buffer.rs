@@ -157,7 +157,10 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// Identifies one slot of a [`Slab`].
+/// Names one slot of a backend: a handle the caller passes back to the backend to reach
+/// the slot's bytes, never the memory itself. Which operations a slot allows depends on
+/// its state (free, held by the caller, or in flight), which the backend checks on every
+/// use: see [`super::Backend::acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SlotId(pub(crate) u32);
 
@@ -178,10 +181,12 @@ enum SlotState {
 }
 
 /// One aligned allocation cut into `count` slots of `slot_size` bytes, with the state of
-/// each slot. The backends own a slab each; the state machine Free -> Held -> InFlight ->
-/// Held -> Free is what keeps a buffer out of the caller's hands while the kernel may
-/// write into it.
-pub struct Slab {
+/// each slot. The backends own a slab each and never hand it out: callers reach slots only
+/// through the backend's slot operations, by [`SlotId`]. The state machine Free -> Held ->
+/// InFlight -> Held -> Free is what keeps a buffer out of the caller's hands while the
+/// kernel may write into it, and since no caller can hold the slab itself, none can free,
+/// replace or swap its memory either.
+pub(crate) struct Slab {
     mem: AlignedBuf,
     slot_size: usize,
     states: Vec<SlotState>,
@@ -194,7 +199,7 @@ impl Slab {
     /// The memory is aligned to at least a page even when the device asks for less: a
     /// page-sized read into a buffer that straddles two pages costs the device an extra
     /// DMA segment, and halves throughput on virtio disks.
-    pub fn new(count: usize, slot_size: usize, align: usize) -> Self {
+    pub(crate) fn new(count: usize, slot_size: usize, align: usize) -> Self {
         assert!(count > 0 && count <= u32::MAX as usize);
         assert!(
             slot_size > 0 && slot_size.is_multiple_of(align),
@@ -210,22 +215,22 @@ impl Slab {
     }
 
     /// Number of slots.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.states.len()
     }
 
     /// Size of each slot.
-    pub fn slot_size(&self) -> usize {
+    pub(crate) fn slot_size(&self) -> usize {
         self.slot_size
     }
 
     /// Bytes of memory the slab owns.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.mem.len()
     }
 
     /// Takes a free slot, if any.
-    pub fn acquire(&mut self) -> Option<SlotId> {
+    pub(crate) fn acquire(&mut self) -> Option<SlotId> {
         let i = self.free.pop()?;
         self.states[i as usize] = SlotState::Held;
         Some(SlotId(i))
@@ -233,7 +238,7 @@ impl Slab {
 
     /// Gives a held slot back. Panics if the slot is in flight: releasing it would let the
     /// next user see the kernel write into it.
-    pub fn release(&mut self, slot: SlotId) {
+    pub(crate) fn release(&mut self, slot: SlotId) {
         let st = &mut self.states[slot.index()];
         assert_eq!(*st, SlotState::Held, "release of a slot that is not held");
         *st = SlotState::Free;
@@ -241,7 +246,7 @@ impl Slab {
     }
 
     /// The bytes of a held slot.
-    pub fn get(&self, slot: SlotId) -> &[u8] {
+    pub(crate) fn get(&self, slot: SlotId) -> &[u8] {
         assert_eq!(
             self.states[slot.index()],
             SlotState::Held,
@@ -259,7 +264,7 @@ impl Slab {
     }
 
     /// The bytes of a held slot, mutably.
-    pub fn get_mut(&mut self, slot: SlotId) -> &mut [u8] {
+    pub(crate) fn get_mut(&mut self, slot: SlotId) -> &mut [u8] {
         assert_eq!(
             self.states[slot.index()],
             SlotState::Held,
@@ -274,14 +279,18 @@ impl Slab {
         }
     }
 
-    /// Marks a held slot in flight and returns its address for the kernel. The slot stays
-    /// unreachable through `get`/`get_mut`/`release` until [`Slab::complete`].
-    pub(crate) fn start(&mut self, slot: SlotId) -> *mut u8 {
-        let st = &mut self.states[slot.index()];
-        assert_eq!(*st, SlotState::Held, "submit of a slot that is not held");
-        *st = SlotState::InFlight;
-        // SAFETY: index < count, so the offset stays inside the allocation.
-        unsafe { self.mem.as_mut_ptr().add(slot.index() * self.slot_size) }
+    /// Marks a held slot in flight and returns the address of its bytes `[at, at + len)`
+    /// for the kernel. The slot stays unreachable through `get`/`get_mut`/`release` until
+    /// [`Slab::complete`] (or [`Slab::abort`], if the kernel never got the request).
+    pub(crate) fn start(&mut self, slot: SlotId, at: usize, len: usize) -> *mut u8 {
+        assert_eq!(
+            self.states[slot.index()],
+            SlotState::Held,
+            "submit of a slot that is not held"
+        );
+        let ptr = self.range_ptr(slot, at, len);
+        self.states[slot.index()] = SlotState::InFlight;
+        ptr
     }
 
     /// Marks an in-flight slot as returned to the caller (its completion was reaped).
@@ -295,11 +304,38 @@ impl Slab {
         *st = SlotState::Held;
     }
 
-    /// The address of a slot that is in flight, to resubmit the same request.
-    pub(crate) fn in_flight_ptr(&mut self, slot: SlotId) -> *mut u8 {
+    /// Gives a slot marked by [`Slab::start`] back to the caller because its request never
+    /// reached the kernel (queuing it failed). Only for that: a request the kernel has must
+    /// be reaped, with [`Slab::complete`].
+    pub(crate) fn abort(&mut self, slot: SlotId) {
+        self.complete(slot);
+    }
+
+    /// The address of bytes `[at, at + len)` of a slot that is in flight, to resubmit the
+    /// same request.
+    pub(crate) fn in_flight_ptr(&mut self, slot: SlotId, at: usize, len: usize) -> *mut u8 {
         assert!(self.in_flight(slot), "slot is not in flight");
-        // SAFETY: index < count, so the offset stays inside the allocation.
-        unsafe { self.mem.as_mut_ptr().add(slot.index() * self.slot_size) }
+        self.range_ptr(slot, at, len)
+    }
+
+    fn range_ptr(&mut self, slot: SlotId, at: usize, len: usize) -> *mut u8 {
+        assert!(
+            slot.index() < self.count(),
+            "slot {} out of range",
+            slot.index()
+        );
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= self.slot_size),
+            "bytes {at}..+{len} are not inside a slot of {} bytes",
+            self.slot_size
+        );
+        // SAFETY: index < count and at + len <= slot_size, so the offset stays inside the
+        // allocation.
+        unsafe {
+            self.mem
+                .as_mut_ptr()
+                .add(slot.index() * self.slot_size + at)
+        }
     }
 
     /// Whether the slot is in flight.
@@ -365,14 +401,25 @@ mod tests {
         let b = s.acquire().unwrap();
         assert!(s.acquire().is_none());
         s.get_mut(a)[0] = 7;
-        let p = s.start(a);
+        let p = s.start(a, 0, 4096);
         assert_eq!(p as usize % 4096, 0);
         assert!(s.in_flight(a));
         s.complete(a);
         assert_eq!(s.get(a)[0], 7);
+        let q = s.start(a, 512, 512);
+        assert_eq!(q as usize, p as usize + 512);
+        s.abort(a);
         s.release(a);
         s.release(b);
         assert!(s.acquire().is_some());
+    }
+
+    #[test]
+    #[should_panic(expected = "not inside a slot")]
+    fn a_request_cannot_reach_past_its_slot() {
+        let mut s = Slab::new(2, 4096, 4096);
+        let a = s.acquire().unwrap();
+        s.start(a, 4096 - 512, 1024);
     }
 
     #[test]
@@ -380,7 +427,7 @@ mod tests {
     fn in_flight_slot_is_unreachable() {
         let mut s = Slab::new(1, 4096, 4096);
         let a = s.acquire().unwrap();
-        s.start(a);
+        s.start(a, 0, 4096);
         let _ = s.get(a);
     }
 }

@@ -1,9 +1,10 @@
 //! The I/O core: aligned buffers, two interchangeable backends, and readers/writers on top.
 //!
-//! A [`Backend`] owns a [`Slab`] of aligned slots and the files it was given. The caller
-//! takes a slot, submits an [`Op`] on it, and gets the slot back in a [`Completion`]; while
-//! the op is in flight the slot cannot be reached, and dropping a backend first waits for
-//! every in-flight op. Two backends exist: [`uring`] (io_uring, one ring per I/O thread) and
+//! A [`Backend`] owns a slab of aligned slots and the files it was given, and never hands
+//! the slab out: the caller acquires a slot (a [`SlotId`]), fills or reads it through the
+//! backend, submits an [`Op`] on it, and gets it back in a [`Completion`]; while the op is
+//! in flight the slot cannot be reached, and dropping a backend first waits for every
+//! in-flight op. Two backends exist: [`uring`] (io_uring, one ring per I/O thread) and
 //! [`pread`] (a thread pool doing pread/pwrite). [`open_backend`] picks one at run time;
 //! both return the same bytes.
 //!
@@ -24,7 +25,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, Slab, SlotId};
+use buffer::Slab;
+pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, SlotId};
 pub use file::{file_type_name, Access, DataFile};
 pub use reader::{RangeReader, ReadStats};
 pub use scan::{scan_config, scan_file, ScanReport};
@@ -146,12 +148,36 @@ pub struct Op {
     pub file: FileKey,
     /// Byte offset in the file (aligned for direct I/O).
     pub offset: u64,
-    /// Bytes (aligned for direct I/O, at most the slot size).
+    /// Bytes (aligned for direct I/O); `at + len` is at most the slot size.
     pub len: usize,
+    /// Where in the slot the bytes go (read) or come from (write): the request uses the
+    /// slot's bytes `[at, at + len)`. Zero for a fresh request; a continuation after a short
+    /// transfer starts further in ([`Op::advance`]). Aligned for direct I/O.
+    pub at: usize,
     /// Read or write.
     pub kind: OpKind,
     /// A caller's value, returned in the completion.
     pub tag: u64,
+}
+
+impl Op {
+    /// The rest of this request once its first `n` bytes are transferred: the same slot,
+    /// file and tag, `n` bytes further on in both the file and the slot. For continuing a
+    /// short read or write where it stopped (round `n` down to the alignment first when
+    /// the file is read with O_DIRECT).
+    pub fn advance(self, n: usize) -> Op {
+        assert!(
+            n <= self.len,
+            "advancing {n} bytes past a {}-byte request",
+            self.len
+        );
+        Op {
+            offset: self.offset + n as u64,
+            len: self.len - n,
+            at: self.at + n,
+            ..self
+        }
+    }
 }
 
 /// A finished request; its slot is held by the caller again.
@@ -159,29 +185,51 @@ pub struct Op {
 pub struct Completion {
     /// The request.
     pub op: Op,
-    /// Bytes transferred, or the errno.
+    /// Bytes transferred (into or from the slot's bytes `[op.at, op.at + n)`), or the
+    /// errno.
     pub result: std::result::Result<usize, i32>,
 }
 
 /// An I/O backend: a set of slots, a set of files, and requests between them.
+///
+/// The slots are only reachable through these methods, by [`SlotId`]: a slot is Free,
+/// Held (acquired, or returned by a completion) or InFlight (pushed, until its completion
+/// is returned by [`Backend::wait`]). Only a held slot's bytes can be borrowed or the slot
+/// released; the methods panic on any other. The memory itself is never handed out, so
+/// safe code cannot free, replace or swap it while the kernel may write into it.
 pub trait Backend: Send {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
     /// A short description of the features in use (registered buffers, fixed files, ...).
     fn features(&self) -> String;
-    /// The slots.
-    fn slab(&self) -> &Slab;
-    /// The slots, mutably (to acquire, fill and release them).
-    fn slab_mut(&mut self) -> &mut Slab;
+    /// Number of slots: the most requests that can be in flight.
+    fn depth(&self) -> usize;
+    /// Bytes per slot.
+    fn slot_size(&self) -> usize;
+    /// Bytes of memory the slots take.
+    fn buffer_bytes(&self) -> usize;
+    /// Takes a free slot, if any; it is held by the caller until released or pushed.
+    fn acquire(&mut self) -> Option<SlotId>;
+    /// Gives a held slot back. Panics if the slot is not held (free, or in flight).
+    fn release(&mut self, slot: SlotId);
+    /// The bytes of a held slot. Panics if the slot is not held.
+    fn slot(&self, slot: SlotId) -> &[u8];
+    /// The bytes of a held slot, to fill before a write. Panics if the slot is not held.
+    fn slot_mut(&mut self, slot: SlotId) -> &mut [u8];
     /// Registers a file; the backend keeps it open until it is dropped.
     fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey>;
     /// The file behind a key.
     fn file(&self, key: FileKey) -> &Arc<DataFile>;
-    /// Queues a request. The slot must be held; it is in flight until its completion is
-    /// returned by [`Backend::wait`]. Queued requests are submitted by the next `wait`.
+    /// Queues a request on a held slot (panics otherwise, or if `op.at + op.len` exceeds
+    /// the slot). On `Ok` the slot is in flight until its completion is returned by
+    /// [`Backend::wait`]; queued requests are submitted at the latest by the next `wait`.
+    /// On `Err` the request was not queued and the slot is held by the caller again.
     fn push(&mut self, op: Op) -> Result<()>;
     /// Submits what is queued and waits until at least `min` completions (at most the number
-    /// in flight) are appended to `out`. EAGAIN/EINTR are retried inside.
+    /// in flight) are appended to `out`. EAGAIN/EINTR are retried inside. On `Err`, the
+    /// completions appended before the error stay in `out` (their slots are held by the
+    /// caller), and every request still in flight stays counted and is retried by the next
+    /// `wait` (or by dropping the backend).
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<()>;
     /// Requests queued or in flight.
     fn in_flight(&self) -> usize;
@@ -190,7 +238,10 @@ pub trait Backend: Send {
 /// Sets up a backend with `depth` slots of `slot_size` bytes aligned to `align`.
 ///
 /// With [`BackendChoice::Auto`] (and `RIFFLE_IO` unset or `auto`), io_uring is used when a
-/// ring can be created; otherwise the pread pool is, and the reason is announced once.
+/// ring can be created; otherwise the pread pool is, and the reason is announced: once per
+/// process when the kernel lacks io_uring or forbids it, once per reason when a resource
+/// ran short (too many open files, locked memory), in which case the next backend tries
+/// io_uring again.
 pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
     let choice = match (cfg.backend, BackendChoice::from_env()?) {
         (BackendChoice::Auto, Some(env)) => env,
@@ -198,7 +249,8 @@ pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
     };
     let slot_size = cfg.slot_size.max(align).div_ceil(align) * align;
     let depth = cfg.depth.clamp(1, 4096);
-    match choice {
+    let pread = || Box::new(pread::PreadBackend::new(depth, slot_size, align));
+    let backend: Box<dyn Backend> = match choice {
         BackendChoice::Pread => {
             if std::env::var("RIFFLE_IO").is_ok_and(|v| v == "pread") {
                 notice::once(
@@ -206,28 +258,40 @@ pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
                     "RIFFLE_IO=pread: using the pread thread pool",
                 );
             }
-            Ok(Box::new(pread::PreadBackend::new(depth, slot_size, align)))
+            pread()
         }
-        BackendChoice::Uring => Ok(Box::new(uring::UringBackend::new(
+        BackendChoice::Uring => Box::new(uring::UringBackend::new(
             depth,
             slot_size,
             align,
             cfg.submit_batch,
-        )?)),
+        )?),
         BackendChoice::Auto => {
-            match uring::UringBackend::new(depth, slot_size, align, cfg.submit_batch) {
-                Ok(b) => Ok(Box::new(b)),
-                Err(Error::UringUnavailable(why)) => {
+            match uring::UringBackend::open(depth, slot_size, align, cfg.submit_batch) {
+                Ok(b) => Box::new(b),
+                Err(uring::Unavailable::Unsupported(why)) => {
                     notice::once(
                         "uring-unavailable",
                         &format!("io_uring unavailable ({why}); using the pread thread pool"),
                     );
-                    Ok(Box::new(pread::PreadBackend::new(depth, slot_size, align)))
+                    pread()
                 }
-                Err(e) => Err(e),
+                Err(uring::Unavailable::Transient(why)) => {
+                    notice::once(
+                        &format!("uring-transient:{why}"),
+                        &format!(
+                            "io_uring could not be set up: {why}; the pread thread pool does \
+                             this I/O (io_uring is tried again next time)"
+                        ),
+                    );
+                    pread()
+                }
             }
         }
-    }
+    };
+    #[cfg(test)]
+    let backend = tests::wrap_backend(backend);
+    Ok(backend)
 }
 
 /// Turns a completion's errno into an [`Error`] naming the file and offset.

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::{Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab};
+use super::{Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab, SlotId};
 use crate::{Error, Result};
 
 /// The most worker threads one pool starts.
@@ -75,10 +75,13 @@ impl PreadBackend {
 fn worker(jobs: Receiver<Job>, done: Sender<Completion>) {
     for job in jobs {
         let Job { op, file, ptr } = job;
+        #[cfg(test)]
+        super::tests::pread_gate(file.path());
         let fd = file.file().as_raw_fd();
         let result = loop {
-            // SAFETY: ptr addresses op.len bytes of one in-flight slot (the backend checked
-            // op.len <= slot size), which no one else touches until this completion is sent.
+            // SAFETY: ptr addresses op.len bytes of one in-flight slot (Slab::start checked
+            // that they lie inside it), which no one else touches until this completion is
+            // sent.
             let rc = unsafe {
                 match op.kind {
                     OpKind::Read => libc::pread(fd, ptr.0.cast(), op.len, op.offset as i64),
@@ -110,12 +113,32 @@ impl Backend for PreadBackend {
         format!("thread pool, {} thread(s)", self.workers.len())
     }
 
-    fn slab(&self) -> &Slab {
-        &self.slab
+    fn depth(&self) -> usize {
+        self.slab.count()
     }
 
-    fn slab_mut(&mut self) -> &mut Slab {
-        &mut self.slab
+    fn slot_size(&self) -> usize {
+        self.slab.slot_size()
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        self.slab.bytes()
+    }
+
+    fn acquire(&mut self) -> Option<SlotId> {
+        self.slab.acquire()
+    }
+
+    fn release(&mut self, slot: SlotId) {
+        self.slab.release(slot)
+    }
+
+    fn slot(&self, slot: SlotId) -> &[u8] {
+        self.slab.get(slot)
+    }
+
+    fn slot_mut(&mut self, slot: SlotId) -> &mut [u8] {
+        self.slab.get_mut(slot)
     }
 
     fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey> {
@@ -128,23 +151,20 @@ impl Backend for PreadBackend {
     }
 
     fn push(&mut self, op: Op) -> Result<()> {
-        assert!(
-            op.len <= self.slab.slot_size(),
-            "request longer than a slot"
-        );
         let file = self
             .files
             .get(op.file.0 as usize)
             .expect("unknown file key")
             .clone();
-        let ptr = SlotPtr(self.slab.start(op.slot));
+        let ptr = SlotPtr(self.slab.start(op.slot, op.at, op.len));
+        let jobs = self.jobs.as_ref().expect("pool is running");
+        if jobs.send(Job { op, file, ptr }).is_err() {
+            // No worker got it: the slot is the caller's again.
+            self.slab.abort(op.slot);
+            return Err(Error::Invalid("the pread pool has stopped".into()));
+        }
         self.in_flight += 1;
-        let sent = self
-            .jobs
-            .as_ref()
-            .expect("pool is running")
-            .send(Job { op, file, ptr });
-        sent.map_err(|_| Error::Invalid("the pread pool has stopped".into()))
+        Ok(())
     }
 
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<()> {
@@ -171,11 +191,19 @@ impl Backend for PreadBackend {
 
 impl Drop for PreadBackend {
     fn drop(&mut self) {
-        // Close the job queue so idle workers exit, let busy ones finish their job (they
-        // write into the slab, which must outlive them), then join them all.
+        // Close the job queue so idle workers exit, let busy ones finish every job sent
+        // (they write into the slab, which must outlive them), then join them all: a
+        // worker leaves only once the queue is closed and empty.
         self.jobs = None;
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+        // Every job sent is done; reap their completions so the slab's states agree.
+        while let Ok(c) = self.done.try_recv() {
+            self.in_flight -= 1;
+            self.slab.complete(c.op.slot);
+            #[cfg(test)]
+            super::tests::reaped_by_drop(&c, self.slab.get(c.op.slot));
         }
     }
 }

@@ -1,9 +1,10 @@
 //! Arbitrary byte ranges over aligned direct I/O.
 //!
 //! The caller asks for any `(file, offset, len)`; the reader reads the whole aligned extent
-//! around it (split into slot-sized pieces when it is long), retries a short read that is
-//! not at the end of the file by re-reading the whole piece, and hands the caller exactly
-//! the requested bytes, clipped at the end of the file.
+//! around it (split into slot-sized pieces when it is long), continues a short read that
+//! is not at the end of the file where it stopped (the rest of the piece into the rest of
+//! its slot), and hands the caller exactly the requested bytes, clipped at the end of the
+//! file.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -15,7 +16,8 @@ use super::{
 };
 use crate::{Error, Result};
 
-/// How often a piece is re-read after a short read before the file is declared changed.
+/// How many reads in a row may end short without progress (nothing new up to a whole
+/// alignment unit) before the file is declared changed.
 const MAX_RETRIES: u32 = 8;
 
 /// Reads byte ranges of a set of files through one backend.
@@ -29,13 +31,13 @@ pub struct RangeReader {
 /// Counters of what a reader did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadStats {
-    /// Read requests completed (a retried piece counts again).
+    /// Read requests completed (each continuation of a short read counts again).
     pub read_ops: u64,
     /// Bytes the device transferred (whole aligned extents).
     pub device_bytes: u64,
     /// Bytes handed to the caller.
     pub delivered_bytes: u64,
-    /// Short reads that were retried.
+    /// Short reads that were continued.
     pub retries: u64,
 }
 
@@ -50,6 +52,7 @@ struct Piece {
     /// The wanted bytes inside the piece: [want_start, want_end) in file offsets.
     want_start: u64,
     want_end: u64,
+    /// Short reads in a row that made no progress.
     retries: u32,
 }
 
@@ -113,7 +116,7 @@ impl RangeReader {
 
     /// Bytes of buffer memory the reader owns.
     pub fn buffer_bytes(&self) -> usize {
-        self.backend.slab().bytes()
+        self.backend.buffer_bytes()
     }
 
     /// The file behind index `i`.
@@ -136,7 +139,7 @@ impl RangeReader {
     {
         let mut requests = ranges.into_iter().enumerate();
         let mut pieces: VecDeque<Piece> = VecDeque::new();
-        let mut slots: Vec<Option<Piece>> = vec![None; self.backend.slab().count()];
+        let mut slots: Vec<Option<Piece>> = vec![None; self.backend.depth()];
         let mut assemblies: HashMap<usize, Assembly> = HashMap::new();
         let mut completions: Vec<Completion> = Vec::with_capacity(slots.len());
         let depth = slots.len();
@@ -161,42 +164,49 @@ impl RangeReader {
                             None => break,
                         },
                     };
-                    let slot = self
-                        .backend
-                        .slab_mut()
-                        .acquire()
-                        .expect("a free slot below depth");
-                    slots[slot.index()] = Some(piece);
-                    let key = self.keys[piece.file];
+                    let slot = self.backend.acquire().expect("a free slot below depth");
                     let op = Op {
                         slot,
-                        file: key,
+                        file: self.keys[piece.file],
                         offset: piece.start,
                         len: piece.len,
+                        at: 0,
                         kind: OpKind::Read,
                         tag: 0,
                     };
-                    self.backend.push(op)?;
+                    if let Err(e) = self.backend.push(op) {
+                        self.backend.release(slot);
+                        return Err(e);
+                    }
+                    slots[slot.index()] = Some(piece);
                 }
                 if self.backend.in_flight() == 0 {
                     return Ok(());
                 }
                 self.backend.wait(1, &mut completions)?;
-                // Handle every completion (releasing its slot) before reporting the first
-                // error, so no slot is left held.
+                // Handle every completion (releasing its slot, unless a short read goes on
+                // in it) before reporting the first error, so no slot is left held.
                 let mut first_error = None;
                 for c in completions.drain(..) {
-                    let piece = slots[c.op.slot.index()].take().expect("piece for slot");
-                    let outcome = if first_error.is_none() {
-                        self.finish(piece, &c, &mut assemblies, &mut done)
-                    } else {
-                        Ok(None)
+                    let i = c.op.slot.index();
+                    let piece = slots[i].as_mut().expect("piece for slot");
+                    let outcome = match first_error {
+                        None => self.finish(piece, &c, &mut assemblies, &mut done),
+                        Some(_) => Ok(None),
                     };
-                    self.backend.slab_mut().release(c.op.slot);
-                    match outcome {
-                        Ok(Some(retry)) => pieces.push_front(retry),
-                        Ok(None) => {}
-                        Err(e) => first_error = Some(e),
+                    let pushed = match outcome {
+                        Ok(Some(rest)) => self.backend.push(rest),
+                        Ok(None) => {
+                            slots[i] = None;
+                            self.backend.release(c.op.slot);
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = pushed {
+                        first_error.get_or_insert(e);
+                        slots[i] = None;
+                        self.backend.release(c.op.slot);
                     }
                 }
                 if let Some(e) = first_error {
@@ -205,6 +215,10 @@ impl RangeReader {
             }
         })();
         if result.is_err() {
+            // A failed wait may have left completions here: their slots are held.
+            for c in completions.drain(..) {
+                self.backend.release(c.op.slot);
+            }
             self.drain();
         }
         result
@@ -233,7 +247,7 @@ impl RangeReader {
             return Ok(());
         }
         let unit = self.unit as u64;
-        let slot = self.backend.slab().slot_size() as u64;
+        let slot = self.backend.slot_size() as u64;
         let start = want_start / unit * unit;
         let end = want_end.div_ceil(unit) * unit;
         let count = (end - start).div_ceil(slot) as usize;
@@ -265,41 +279,49 @@ impl RangeReader {
         Ok(())
     }
 
-    /// Handles one completion; returns a piece to re-read after a short read.
+    /// Handles one completion; returns the rest of the piece to read after a short read
+    /// (its slot stays in flight), or `None` once the piece is delivered (its slot can be
+    /// released).
     fn finish<F: FnMut(usize, &[u8])>(
         &mut self,
-        piece: Piece,
+        piece: &mut Piece,
         c: &Completion,
         assemblies: &mut HashMap<usize, Assembly>,
         done: &mut F,
-    ) -> Result<Option<Piece>> {
-        let file = self.backend.file(c.op.file).clone();
+    ) -> Result<Option<Op>> {
+        let file = self.backend.file(c.op.file);
         let n = match c.result {
             Ok(n) => n,
-            Err(errno) => return Err(completion_error(&file, &c.op, errno)),
+            Err(errno) => return Err(completion_error(file, &c.op, errno)),
         };
         self.stats.read_ops += 1;
         self.stats.device_bytes += n as u64;
-        if piece.start + (n as u64) < piece.want_end {
-            // A short read before the bytes we need: re-read the whole aligned piece. If it
-            // keeps happening the file shrank under us.
-            if piece.retries >= MAX_RETRIES {
+        // The slot holds the piece's first `got` bytes: earlier reads filled [0, at).
+        let got = c.op.at + n;
+        if piece.start + (got as u64) < piece.want_end {
+            // A short read before the bytes we need: go on from where it stopped, rounded
+            // down to the alignment (direct reads must start aligned; the partial unit is
+            // read again). Reads that bring nothing new, again and again, mean the file
+            // shrank under us.
+            let keep = got / self.unit * self.unit;
+            if keep > c.op.at {
+                piece.retries = 0;
+            } else if piece.retries >= MAX_RETRIES {
                 return Err(Error::BadInput {
                     path: file.path().into(),
-                    offset: Some(piece.start + n as u64),
+                    offset: Some(piece.start + got as u64),
                     what: format!(
-                        "file ended early: expected {} bytes here, got {n}; was it changed while being read?",
+                        "file ended early: expected {} bytes here, got {got}; was it changed while being read?",
                         piece.want_end - piece.start
                     ),
                 });
+            } else {
+                piece.retries += 1;
             }
             self.stats.retries += 1;
-            return Ok(Some(Piece {
-                retries: piece.retries + 1,
-                ..piece
-            }));
+            return Ok(Some(c.op.advance(keep - c.op.at)));
         }
-        let buf = self.backend.slab().get(c.op.slot);
+        let buf = self.backend.slot(c.op.slot);
         let from = (piece.want_start - piece.start) as usize;
         let to = (piece.want_end - piece.start) as usize;
         let bytes = &buf[from..to];
@@ -331,7 +353,7 @@ impl RangeReader {
                 return;
             }
             for c in sink.drain(..) {
-                self.backend.slab_mut().release(c.op.slot);
+                self.backend.release(c.op.slot);
             }
         }
     }

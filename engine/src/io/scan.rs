@@ -1,6 +1,7 @@
 //! Whole-file sequential reads in file order: large direct reads kept in flight, handed to
-//! the caller strictly in order. The index builder (one sequential scan, the LIRS paper's
-//! location generator) and later the two-pass scatter read through this.
+//! the caller strictly in order (a short read goes on where it stopped). The index builder
+//! (one sequential scan, the LIRS paper's location generator) and later the two-pass
+//! scatter read through this.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,20 +49,19 @@ where
     let unit = file.alignment().unit().max(512) as u64;
     let mut backend = open_backend(cfg, unit as usize)?;
     let key = backend.add_file(file.clone())?;
-    let chunk = backend.slab().slot_size() as u64;
-    let depth = backend.slab().count();
+    let chunk = backend.slot_size() as u64;
+    let depth = backend.depth();
     let chunks = size.div_ceil(chunk);
     let (mut next_submit, mut next_deliver) = (0u64, 0u64);
     let mut ready: HashMap<u64, (SlotId, usize)> = HashMap::new();
-    let mut retries = 0u32;
+    // Short reads in a row without progress, per slot.
+    let mut stalled = vec![0u32; depth];
     let (mut read_ops, mut device_bytes) = (0u64, 0u64);
     let mut completions = Vec::with_capacity(depth);
     while next_deliver < chunks {
         while next_submit < chunks && backend.in_flight() + ready.len() < depth {
-            let slot = backend
-                .slab_mut()
-                .acquire()
-                .expect("a free slot below depth");
+            let slot = backend.acquire().expect("a free slot below depth");
+            stalled[slot.index()] = 0;
             let offset = next_submit * chunk;
             let len = (size - offset).min(chunk).div_ceil(unit) * unit;
             let op = Op {
@@ -69,6 +69,7 @@ where
                 file: key,
                 offset,
                 len: len as usize,
+                at: 0,
                 kind: OpKind::Read,
                 tag: next_submit,
             };
@@ -77,43 +78,44 @@ where
         }
         if let Some((slot, n)) = ready.remove(&next_deliver) {
             let offset = next_deliver * chunk;
-            let outcome = f(offset, &backend.slab().get(slot)[..n]);
-            backend.slab_mut().release(slot);
+            let outcome = f(offset, &backend.slot(slot)[..n]);
+            backend.release(slot);
             outcome?;
             next_deliver += 1;
             continue;
         }
         backend.wait(1, &mut completions)?;
         for c in completions.drain(..) {
-            let want = (size - c.op.offset).min(chunk) as usize;
+            let start = c.op.tag * chunk;
+            let want = (size - start).min(chunk) as usize;
             read_ops += 1;
-            if let Ok(n) = c.result {
-                device_bytes += n as u64;
+            let n = match c.result {
+                Ok(n) => n,
+                Err(errno) => return Err(completion_error(file, &c.op, errno)),
+            };
+            device_bytes += n as u64;
+            // The slot holds the chunk's first `got` bytes: earlier reads filled [0, at).
+            let got = c.op.at + n;
+            if got >= want {
+                ready.insert(c.op.tag, (c.op.slot, want));
+                continue;
             }
-            match c.result {
-                Ok(n) if n >= want => {
-                    retries = 0;
-                    ready.insert(c.op.tag, (c.op.slot, want));
-                }
-                Ok(n) => {
-                    // Short before the end we expect: re-read the whole piece; if it keeps
-                    // happening (eight times in a row) the file shrank while being read.
-                    retries += 1;
-                    if retries > 8 {
-                        backend.slab_mut().release(c.op.slot);
-                        return Err(Error::BadInput {
-                            path: file.path().into(),
-                            offset: Some(c.op.offset + n as u64),
-                            what: format!("file ended early (expected {size} bytes); was it changed while being read?"),
-                        });
-                    }
-                    backend.push(c.op)?;
-                }
-                Err(errno) => {
-                    backend.slab_mut().release(c.op.slot);
-                    return Err(completion_error(file, &c.op, errno));
-                }
+            // Short before the end we expect: go on where it stopped (rounded down to the
+            // alignment). Eight reads in a row that bring nothing new mean the file shrank
+            // while being read.
+            let keep = got / unit as usize * unit as usize;
+            let stall = &mut stalled[c.op.slot.index()];
+            *stall = if keep > c.op.at { 0 } else { *stall + 1 };
+            if *stall > 8 {
+                return Err(Error::BadInput {
+                    path: file.path().into(),
+                    offset: Some(start + got as u64),
+                    what: format!(
+                        "file ended early (expected {size} bytes); was it changed while being read?"
+                    ),
+                });
             }
+            backend.push(c.op.advance(keep - c.op.at))?;
         }
     }
     Ok(ScanReport {

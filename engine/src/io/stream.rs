@@ -1,6 +1,7 @@
 //! Streaming sequential writes through a backend: bytes are gathered into aligned slots,
-//! each full slot written with one direct write while the next fills, and the tail padded
-//! to the alignment and cut off at the end. No page-cache copy when O_DIRECT is allowed.
+//! each full slot written with one direct write while the next fills (a short write goes
+//! on where it stopped), and the tail padded to the alignment and cut off at the end. No
+//! page-cache copy when O_DIRECT is allowed.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +23,8 @@ pub struct StreamWriter {
     /// File offset of the current slot.
     offset: u64,
     done: Vec<super::Completion>,
+    /// Short writes in a row without progress, per slot.
+    stalled: Vec<u32>,
 }
 
 impl StreamWriter {
@@ -51,6 +54,7 @@ impl StreamWriter {
         let mut backend = open_backend(&cfg, unit)?;
         let key = backend.add_file(file.clone())?;
         Ok(StreamWriter {
+            stalled: vec![0; backend.depth()],
             backend,
             file,
             key,
@@ -79,10 +83,9 @@ impl StreamWriter {
                     s
                 }
             };
-            let size = self.backend.slab().slot_size();
+            let size = self.backend.slot_size();
             let n = (size - self.fill).min(bytes.len());
-            self.backend.slab_mut().get_mut(slot)[self.fill..self.fill + n]
-                .copy_from_slice(&bytes[..n]);
+            self.backend.slot_mut(slot)[self.fill..self.fill + n].copy_from_slice(&bytes[..n]);
             self.fill += n;
             bytes = &bytes[n..];
             if self.fill == size {
@@ -109,7 +112,7 @@ impl StreamWriter {
         if self.fill > 0 {
             let padded = self.fill.div_ceil(self.unit) * self.unit;
             let slot = self.current.expect("a slot being filled");
-            self.backend.slab_mut().get_mut(slot)[self.fill..padded].fill(0);
+            self.backend.slot_mut(slot)[self.fill..padded].fill(0);
             self.submit(padded)?;
         }
         while self.backend.in_flight() > 0 {
@@ -132,42 +135,64 @@ impl StreamWriter {
             file: self.key,
             offset: self.offset,
             len,
+            at: 0,
             kind: OpKind::Write,
             tag: 0,
         };
         self.offset += self.fill as u64;
         self.fill = 0;
-        self.backend.push(op)
+        self.backend
+            .push(op)
+            .inspect_err(|_| self.backend.release(slot))
     }
 
     fn free_slot(&mut self) -> Result<SlotId> {
         loop {
-            if let Some(s) = self.backend.slab_mut().acquire() {
+            if let Some(s) = self.backend.acquire() {
                 return Ok(s);
             }
             self.reap(1)?;
         }
     }
 
+    /// Waits for at least `min` completions. A short write goes on where it stopped
+    /// (rounded down to the alignment; its slot stays in flight); eight in a row that write
+    /// nothing new mean the device is full.
     fn reap(&mut self, min: usize) -> Result<()> {
-        self.backend.wait(min, &mut self.done)?;
-        let mut first = None;
-        for c in self.done.drain(..) {
-            self.backend.slab_mut().release(c.op.slot);
+        let waited = self.backend.wait(min, &mut self.done);
+        // Completions appended before a failed wait are handled too: their slots are held.
+        let mut first = waited.err();
+        let mut done = std::mem::take(&mut self.done);
+        for c in done.drain(..) {
             let err = match c.result {
                 Ok(n) if n == c.op.len => None,
-                Ok(n) => Some(Error::io(
-                    self.file.path(),
-                    "write",
-                    Some(c.op.offset + n as u64),
-                    std::io::Error::from_raw_os_error(libc::ENOSPC),
-                )),
+                Ok(n) => {
+                    let keep = (c.op.at + n) / self.unit * self.unit;
+                    let stall = &mut self.stalled[c.op.slot.index()];
+                    *stall = if keep > c.op.at { 0 } else { *stall + 1 };
+                    if *stall <= 8 {
+                        match self.backend.push(c.op.advance(keep - c.op.at)) {
+                            Ok(()) => continue,
+                            Err(e) => Some(e),
+                        }
+                    } else {
+                        Some(Error::io(
+                            self.file.path(),
+                            "write",
+                            Some(c.op.offset + n as u64),
+                            std::io::Error::from_raw_os_error(libc::ENOSPC),
+                        ))
+                    }
+                }
                 Err(errno) => Some(completion_error(&self.file, &c.op, errno)),
             };
+            self.stalled[c.op.slot.index()] = 0;
+            self.backend.release(c.op.slot);
             if first.is_none() {
                 first = err;
             }
         }
+        self.done = done;
         first.map_or(Ok(()), Err)
     }
 }

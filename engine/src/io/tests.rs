@@ -1,12 +1,21 @@
 //! I/O core tests on real files: real io_uring, real O_DIRECT, real pread threads.
 
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, RngExt, SeedableRng};
 
+use super::uring::UringBackend;
 use super::*;
+
+mod faults;
+use faults::{close_gate, open_gate, taken_by_drop, with_short_transfers, within, WATCHED};
+pub(super) use faults::{pread_gate, reaped_by_drop, wrap_backend};
 
 fn random_file(dir: &Path, name: &str, len: usize, seed: u64) -> (std::path::PathBuf, Vec<u8>) {
     let mut data = vec![0u8; len];
@@ -210,56 +219,26 @@ fn raw_misaligned_direct_read_fails() {
         let key = b.add_file(file.clone()).unwrap();
         let mut out = Vec::new();
         for (offset, len, ok) in [(0u64, unit, true), (1, unit, false)] {
-            let slot = b.slab_mut().acquire().unwrap();
+            let slot = b.acquire().unwrap();
             b.push(Op {
                 slot,
                 file: key,
                 offset,
                 len,
+                at: 0,
                 kind: OpKind::Read,
                 tag: 0,
             })
             .unwrap();
             b.wait(1, &mut out).unwrap();
             let c = out.pop().unwrap();
-            b.slab_mut().release(c.op.slot);
+            b.release(c.op.slot);
             if ok {
                 assert_eq!(c.result, Ok(unit), "{choice:?}");
             } else {
                 assert_eq!(c.result, Err(libc::EINVAL), "{choice:?}");
             }
         }
-    }
-}
-
-#[test]
-fn dropping_a_backend_with_requests_in_flight_waits_for_them() {
-    let dir = tempfile::tempdir_in(".").unwrap();
-    let (path, _) = random_file(dir.path(), "d.bin", 4 << 20, 10);
-    let file = Arc::new(DataFile::open(&path, Access::Read, true).unwrap());
-    for choice in [BackendChoice::Uring, BackendChoice::Pread] {
-        let cfg = IoConfig {
-            depth: 32,
-            slot_size: 128 << 10,
-            backend: choice,
-            ..IoConfig::default()
-        };
-        let mut b = open_backend(&cfg, file.alignment().unit()).unwrap();
-        let key = b.add_file(file.clone()).unwrap();
-        for i in 0..32u64 {
-            let slot = b.slab_mut().acquire().unwrap();
-            b.push(Op {
-                slot,
-                file: key,
-                offset: i * (128 << 10),
-                len: 128 << 10,
-                kind: OpKind::Read,
-                tag: i,
-            })
-            .unwrap();
-        }
-        assert_eq!(b.in_flight(), 32);
-        drop(b); // must not free slots the kernel is writing into (checked under ASan/valgrind)
     }
 }
 
@@ -300,5 +279,301 @@ fn a_shrunk_file_fails_clearly_and_the_reader_survives() {
         for (i, b) in got {
             assert_eq!(b, data[i * 4096..i * 4096 + 100].to_vec());
         }
+    }
+}
+
+// ---- Tests of the slot and request contract. ----
+
+/// Short transfers happen (a signal, a full device, a filesystem that returns what it
+/// has): every reader and writer goes on where the transfer stopped, into or from the rest
+/// of the slot, on both backends, and the bytes are exactly the file's.
+#[test]
+fn short_transfers_continue_where_they_stopped() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let (path, data) = random_file(dir.path(), "short.bin", 3_000_001, 12);
+    let data = Arc::new(data);
+    let rs = ranges(data.len() as u64, 200, 13);
+    let want = expect(&data, &rs);
+    for backend in [BackendChoice::Uring, BackendChoice::Pread] {
+        let cfg = IoConfig {
+            depth: 8,
+            slot_size: 256 << 10,
+            backend,
+            ..IoConfig::default()
+        };
+        // Each part on its own thread with a time limit: a reader that starts over after a
+        // short transfer never finishes here, since every first transfer is short.
+        let (p, c, r) = (path.clone(), cfg.clone(), rs.clone());
+        let (got, retries) = within(60, move || {
+            with_short_transfers(|| {
+                let mut reader = RangeReader::open(&[&p], &c).unwrap();
+                let mut got = vec![None; r.len()];
+                reader
+                    .read_ranges(r.iter().copied(), |i, b| got[i] = Some(b.to_vec()))
+                    .unwrap();
+                (got, reader.stats().retries)
+            })
+        });
+        let got: Vec<_> = got.into_iter().map(Option::unwrap).collect();
+        assert_eq!(got, want, "{backend:?}: reader bytes");
+        assert!(retries > 0, "{backend:?}: no short read happened");
+
+        let (p, c) = (path.clone(), cfg.clone());
+        let scanned = within(60, move || {
+            with_short_transfers(|| {
+                let file = Arc::new(DataFile::open(&p, Access::Read, true).unwrap());
+                let mut scanned = Vec::new();
+                scan_file(&file, &c, |_, b| {
+                    scanned.extend_from_slice(b);
+                    Ok(())
+                })
+                .unwrap();
+                scanned
+            })
+        });
+        assert!(scanned == *data, "{backend:?}: scanned bytes differ");
+
+        let out = dir.path().join(format!("short-{backend:?}.bin"));
+        let (o, c, d) = (out.clone(), cfg.clone(), data.clone());
+        within(60, move || {
+            with_short_transfers(|| {
+                write_file(&o, d.len() as u64, &c, |off, buf| {
+                    buf.copy_from_slice(&d[off as usize..off as usize + buf.len()]);
+                })
+                .unwrap()
+            })
+        });
+        assert!(
+            std::fs::read(&out).unwrap() == *data,
+            "{backend:?}: write_file"
+        );
+
+        let streamed = dir.path().join(format!("stream-{backend:?}.bin"));
+        let (o, c, d) = (streamed.clone(), cfg.clone(), data.clone());
+        within(60, move || {
+            with_short_transfers(|| {
+                let mut w = StreamWriter::create(&o, &c).unwrap();
+                for piece in d.chunks(70_001) {
+                    w.write(piece).unwrap();
+                }
+                w.finish().unwrap()
+            })
+        });
+        assert!(
+            std::fs::read(&streamed).unwrap() == *data,
+            "{backend:?}: stream"
+        );
+    }
+}
+
+/// The backend's Drop waits for a request the kernel has not completed, however long that
+/// takes: an io_uring read on an empty pipe completes only when the test writes to it, so
+/// a Drop that freed the slot without waiting returns at once and fails here, and the
+/// bytes the kernel wrote are in the slot the Drop reaped.
+#[test]
+fn dropping_a_uring_backend_waits_for_a_pending_read() {
+    let (reader, mut writer) = std::io::pipe().unwrap();
+    let pipe = File::from(OwnedFd::from(reader));
+    let file = Arc::new(DataFile::create(pipe, Path::new("test-pipe"), false).unwrap());
+    let mut b = UringBackend::new(2, 4096, 4096, 1).unwrap();
+    let key = b.add_file(file).unwrap();
+    let tag = WATCHED | 1;
+    let slot = b.acquire().unwrap();
+    b.push(Op {
+        slot,
+        file: key,
+        offset: 0,
+        len: 4096,
+        at: 0,
+        kind: OpKind::Read,
+        tag,
+    })
+    .unwrap();
+    let mut out = Vec::new();
+    b.wait(0, &mut out).unwrap(); // submitted: the kernel has it
+    assert!(out.is_empty(), "an empty pipe gave {:?}", out);
+    assert_eq!(b.in_flight(), 1);
+    let (tx, rx) = mpsc::channel();
+    let dropper = std::thread::spawn(move || {
+        drop(b);
+        tx.send(()).unwrap();
+    });
+    assert_eq!(
+        rx.recv_timeout(Duration::from_millis(200)),
+        Err(mpsc::RecvTimeoutError::Timeout),
+        "the backend was dropped while the kernel could still write into its slot"
+    );
+    let msg = b"written while the backend was being dropped";
+    writer.write_all(msg).unwrap();
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("Drop returns once the read completed");
+    dropper.join().unwrap();
+    assert_eq!(taken_by_drop(tag).as_deref(), Some(&msg[..]));
+}
+
+/// The same for the pread pool: a job held at the gate keeps its worker (and so the Drop)
+/// waiting until the gate opens, and the Drop reaps the bytes the worker read.
+#[test]
+fn dropping_a_pread_backend_waits_for_a_pending_read() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let (path, data) = random_file(dir.path(), "gated.bin", 64 << 10, 14);
+    let file = Arc::new(DataFile::open(&path, Access::Read, true).unwrap());
+    let unit = file.alignment().unit();
+    let mut b = pread::PreadBackend::new(2, 4 * unit, unit);
+    let key = b.add_file(file).unwrap();
+    close_gate(&path);
+    let tag = WATCHED | 2;
+    let slot = b.acquire().unwrap();
+    b.push(Op {
+        slot,
+        file: key,
+        offset: unit as u64,
+        len: unit,
+        at: 0,
+        kind: OpKind::Read,
+        tag,
+    })
+    .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let dropper = std::thread::spawn(move || {
+        drop(b);
+        tx.send(()).unwrap();
+    });
+    // Should this fail, the gate stays closed: the worker never writes into the freed slot.
+    assert_eq!(
+        rx.recv_timeout(Duration::from_millis(200)),
+        Err(mpsc::RecvTimeoutError::Timeout),
+        "the pool was dropped while a worker could still write into its slot"
+    );
+    open_gate(&path);
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("Drop returns once the read completed");
+    dropper.join().unwrap();
+    assert_eq!(taken_by_drop(tag).as_deref(), Some(&data[unit..2 * unit]));
+}
+
+/// A push the ring could not take (its queue full, and submitting failing) counts nothing
+/// in flight: the slot is the caller's again, the backend still works, and Drop has
+/// nothing to wait for.
+#[test]
+fn a_failed_push_gives_the_slot_back() {
+    within(30, || {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let (path, data) = random_file(dir.path(), "push.bin", 64 << 10, 15);
+        let file = Arc::new(DataFile::open(&path, Access::Read, true).unwrap());
+        let unit = file.alignment().unit();
+        let mut b = UringBackend::new(2, unit, unit, 1).unwrap();
+        let key = b.add_file(file).unwrap();
+        let slot = b.acquire().unwrap();
+        let op = Op {
+            slot,
+            file: key,
+            offset: 0,
+            len: unit,
+            at: 0,
+            kind: OpKind::Read,
+            tag: 0,
+        };
+        b.faults().sq_full = 1;
+        b.faults().enter = 1;
+        assert!(b.push(op).is_err());
+        assert_eq!(b.in_flight(), 0);
+        b.slot_mut(slot)[0] = 1; // held again, so reachable
+        b.push(op).unwrap();
+        let mut out = Vec::new();
+        b.wait(1, &mut out).unwrap();
+        assert_eq!(out[0].result, Ok(unit));
+        assert_eq!(b.slot(slot)[..unit], data[..unit]);
+        b.release(slot);
+        let slot = b.acquire().unwrap();
+        b.faults().sq_full = 1;
+        b.faults().enter = 1;
+        assert!(b.push(Op { slot, ..op }).is_err());
+    });
+}
+
+/// A request that came back with EAGAIN is queued again by the next wait; if that wait
+/// fails before the ring has it, the request stays in flight and the following wait
+/// completes it (before: it was forgotten, so waits and Drop hung on it forever).
+#[test]
+fn a_failed_wait_keeps_requeued_requests() {
+    within(30, || {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let (path, data) = random_file(dir.path(), "requeue.bin", 64 << 10, 16);
+        let file = Arc::new(DataFile::open(&path, Access::Read, true).unwrap());
+        let unit = file.alignment().unit();
+        let mut b = UringBackend::new(2, unit, unit, 1).unwrap();
+        let key = b.add_file(file).unwrap();
+        let slot = b.acquire().unwrap();
+        b.push(Op {
+            slot,
+            file: key,
+            offset: unit as u64,
+            len: unit,
+            at: 0,
+            kind: OpKind::Read,
+            tag: 0,
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        b.wait(0, &mut out).unwrap(); // submitted
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.cq_ready() == 0 {
+            assert!(Instant::now() < deadline, "the read never completed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        b.faults().eagain = 1; // the completion reads as EAGAIN: requeued
+        b.faults().sq_full = 1; // and queuing it again fails
+        b.faults().enter = 1;
+        assert!(b.wait(1, &mut out).is_err());
+        assert!(out.is_empty());
+        assert_eq!((b.in_flight(), b.requeued()), (1, 1));
+        b.wait(1, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].result, Ok(unit));
+        assert_eq!(b.slot(slot)[..unit], data[unit..2 * unit]);
+    });
+}
+
+/// Only a lasting lack of io_uring is kept for the process: a resource that ran short at
+/// the first probe (EMFILE, ENFILE, ENOMEM) is tried again by the next backend.
+#[test]
+fn only_a_lasting_lack_of_io_uring_is_remembered() {
+    use std::sync::OnceLock;
+    use uring::{probe_cached, Unavailable};
+    let fail = |errno| move || Err(std::io::Error::from_raw_os_error(errno));
+    for errno in [libc::EMFILE, libc::ENFILE, libc::ENOMEM] {
+        let cache = OnceLock::new();
+        match probe_cached(&cache, fail(errno)) {
+            Err(Unavailable::Transient(why)) => assert!(
+                why.contains(if errno == libc::EMFILE {
+                    "EMFILE"
+                } else if errno == libc::ENFILE {
+                    "ENFILE"
+                } else {
+                    "ENOMEM"
+                }),
+                "{why}"
+            ),
+            other => panic!("errno {errno}: {other:?}"),
+        }
+        assert!(cache.get().is_none(), "errno {errno} was remembered");
+        let later = probe_cached(&cache, || io_uring::IoUring::new(2));
+        assert!(later.is_ok(), "the next probe works: {:?}", later.err());
+        assert!(probe_cached(&cache, || panic!("probed twice")).is_ok());
+    }
+    for (errno, name) in [
+        (libc::ENOSYS, "ENOSYS"),
+        (libc::EPERM, "EPERM"),
+        (libc::EINVAL, "EINVAL"),
+    ] {
+        let cache = OnceLock::new();
+        let first = probe_cached(&cache, fail(errno)).unwrap_err();
+        assert!(
+            matches!(&first, Unavailable::Unsupported(why) if why.contains(name)),
+            "{first:?}"
+        );
+        let again = probe_cached(&cache, || panic!("probed twice")).unwrap_err();
+        assert_eq!(again, first);
     }
 }

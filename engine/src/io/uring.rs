@@ -3,7 +3,10 @@
 //!
 //! The submission queue has at least as many entries as there are slots, and every request
 //! holds a slot, so in-flight requests never exceed the ring and the completion queue
-//! (twice the submission queue) never overflows.
+//! (twice the submission queue) never overflows. A request counts as in flight from the
+//! moment its entry is in the submission queue until its completion is reaped, and only
+//! then: a push that fails gives the slot back, and a requeued request stays counted until
+//! the kernel has it again.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -13,61 +16,116 @@ use std::sync::{Arc, OnceLock};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::{Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab};
+use super::{Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab, SlotId};
 use crate::{Error, Result};
 
-/// What the kernel's io_uring supports, probed once per process.
+/// What the kernel's io_uring supports (probed once per process, when it can be).
 #[derive(Clone, Debug)]
 pub struct UringSupport {
-    /// Why a ring cannot be created, if it cannot.
-    pub unavailable: Option<String>,
     /// IORING_OP_READ_FIXED / WRITE_FIXED (registered buffers).
     pub fixed_rw: bool,
     /// IORING_OP_READ / WRITE (plain, non-vectored).
     pub plain_rw: bool,
 }
 
-/// Probes io_uring once per process.
-pub fn support() -> &'static UringSupport {
-    static SUPPORT: OnceLock<UringSupport> = OnceLock::new();
-    SUPPORT.get_or_init(|| match IoUring::new(2) {
-        Err(e) => UringSupport {
-            unavailable: Some(explain(&e)),
-            fixed_rw: false,
-            plain_rw: false,
-        },
-        Ok(ring) => {
-            let mut probe = io_uring::Probe::new();
-            if ring.submitter().register_probe(&mut probe).is_err() {
-                // Kernels before 5.6 have no probe; they have no IORING_OP_READ either.
-                return UringSupport {
-                    unavailable: None,
-                    fixed_rw: true,
-                    plain_rw: false,
-                };
-            }
-            UringSupport {
-                unavailable: None,
-                fixed_rw: probe.is_supported(opcode::ReadFixed::CODE)
-                    && probe.is_supported(opcode::WriteFixed::CODE),
-                plain_rw: probe.is_supported(opcode::Read::CODE)
-                    && probe.is_supported(opcode::Write::CODE),
-            }
-        }
-    })
+/// Why an io_uring backend cannot be set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// The kernel lacks io_uring or a feature riffle needs (ENOSYS, EINVAL), or a policy
+    /// forbids it (EPERM: seccomp, `kernel.io_uring_disabled`). This lasts as long as the
+    /// process, so the probe's answer is kept.
+    Unsupported(String),
+    /// A resource ran short (EMFILE, ENFILE, ENOMEM: open files, memory or locked memory)
+    /// or the kernel answered something unexpected: it may pass, so nothing is kept and
+    /// the next backend tries again.
+    Transient(String),
 }
 
-fn explain(e: &io::Error) -> String {
-    let sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
-        .ok()
-        .map(|s| s.trim().to_owned());
-    match (e.raw_os_error(), sysctl.as_deref()) {
-        (Some(libc::ENOSYS), _) => "the kernel has no io_uring (ENOSYS)".into(),
-        (Some(libc::EPERM), Some(v)) if v != "0" => {
-            format!("kernel.io_uring_disabled = {v} (EPERM)")
+impl Unavailable {
+    /// The reason, for notices and errors.
+    pub fn why(&self) -> &str {
+        match self {
+            Unavailable::Unsupported(why) | Unavailable::Transient(why) => why,
         }
-        (Some(libc::EPERM), _) => "not permitted (EPERM; seccomp or a container policy)".into(),
-        _ => format!("io_uring_setup failed: {e}"),
+    }
+}
+
+/// What the kernel's io_uring supports. The answer is probed with a small ring and kept
+/// for the process when it is definite (supported, or unsupported); a transient failure
+/// (see [`Unavailable::Transient`]) is returned without being kept, so a long-lived
+/// process is not left without io_uring by one bad moment.
+pub fn support() -> std::result::Result<&'static UringSupport, Unavailable> {
+    static SUPPORT: OnceLock<std::result::Result<UringSupport, String>> = OnceLock::new();
+    probe_cached(&SUPPORT, || IoUring::new(2))
+}
+
+/// [`support`] over a given cache and ring constructor (tests inject failures here).
+pub(super) fn probe_cached(
+    cache: &OnceLock<std::result::Result<UringSupport, String>>,
+    setup: impl FnOnce() -> io::Result<IoUring>,
+) -> std::result::Result<&UringSupport, Unavailable> {
+    let known = match cache.get() {
+        Some(known) => known,
+        None => {
+            let found = match setup() {
+                Ok(ring) => Ok(probe_ops(&ring)),
+                Err(e) => match classify(&e) {
+                    Unavailable::Unsupported(why) => Err(why),
+                    transient => return Err(transient),
+                },
+            };
+            cache.get_or_init(|| found)
+        }
+    };
+    known
+        .as_ref()
+        .map_err(|why| Unavailable::Unsupported(why.clone()))
+}
+
+fn probe_ops(ring: &IoUring) -> UringSupport {
+    let mut probe = io_uring::Probe::new();
+    if ring.submitter().register_probe(&mut probe).is_err() {
+        // Kernels before 5.6 have no probe; they have no IORING_OP_READ either.
+        return UringSupport {
+            fixed_rw: true,
+            plain_rw: false,
+        };
+    }
+    UringSupport {
+        fixed_rw: probe.is_supported(opcode::ReadFixed::CODE)
+            && probe.is_supported(opcode::WriteFixed::CODE),
+        plain_rw: probe.is_supported(opcode::Read::CODE) && probe.is_supported(opcode::Write::CODE),
+    }
+}
+
+/// Sorts an `io_uring_setup` failure into what lasts and what may pass, with the reason.
+pub(super) fn classify(e: &io::Error) -> Unavailable {
+    let sysctl = || {
+        std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+            .ok()
+            .map(|s| s.trim().to_owned())
+    };
+    match e.raw_os_error() {
+        Some(libc::ENOSYS) => {
+            Unavailable::Unsupported("the kernel has no io_uring (ENOSYS)".into())
+        }
+        Some(libc::EPERM) => Unavailable::Unsupported(match sysctl() {
+            Some(v) if v != "0" => format!("kernel.io_uring_disabled = {v} (EPERM)"),
+            _ => "not permitted (EPERM; seccomp or a container policy)".into(),
+        }),
+        Some(libc::EINVAL) => Unavailable::Unsupported(
+            "the kernel refused the ring's parameters (EINVAL; a kernel too old for them)".into(),
+        ),
+        Some(libc::EMFILE) => Unavailable::Transient(
+            "too many open files in this process (EMFILE; see ulimit -n)".into(),
+        ),
+        Some(libc::ENFILE) => {
+            Unavailable::Transient("too many open files in the system (ENFILE)".into())
+        }
+        Some(libc::ENOMEM) => Unavailable::Transient(
+            "out of memory or over the locked-memory limit (ENOMEM; see ulimit -l)".into(),
+        ),
+        _ => Unavailable::Transient(format!("io_uring_setup failed: {e}")),
     }
 }
 
@@ -82,27 +140,54 @@ pub struct UringBackend {
     fixed_bufs: bool,
     /// The op in flight on each slot (user_data is the slot index).
     ops: Vec<Option<Op>>,
+    /// Entries in the submission queue that the kernel has not taken yet.
     queued: usize,
+    /// Requests the kernel has or will get: in the submission queue, in the kernel, or
+    /// waiting in `requeue`. Exactly the slots that are InFlight.
     in_flight: usize,
+    /// Requests that completed with EAGAIN/EINTR, to be queued again (still in flight).
     requeue: Vec<Op>,
     submit_batch: usize,
+    #[cfg(test)]
+    faults: Faults,
+}
+
+/// Failures the tests inject where the kernel would rarely produce them.
+#[cfg(test)]
+#[derive(Default)]
+pub(super) struct Faults {
+    /// The next this many pushes into the submission queue find it full.
+    pub(super) sq_full: u32,
+    /// The next this many io_uring_enter calls fail with EIO.
+    pub(super) enter: u32,
+    /// The next this many completions reaped read as EAGAIN.
+    pub(super) eagain: u32,
 }
 
 const MAX_FILES: u32 = 1024;
 
 impl UringBackend {
     /// A ring with `depth` slots of `slot_size` bytes aligned to `align`, submitting once
-    /// `submit_batch` requests are queued (see [`super::IoConfig::submit_batch`]).
+    /// `submit_batch` requests are queued (see [`super::IoConfig::submit_batch`]). Any
+    /// reason it cannot be set up is an [`Error::UringUnavailable`].
     pub fn new(depth: usize, slot_size: usize, align: usize, submit_batch: usize) -> Result<Self> {
-        let sup = support();
-        if let Some(why) = &sup.unavailable {
-            return Err(Error::UringUnavailable(why.clone()));
-        }
+        Self::open(depth, slot_size, align, submit_batch)
+            .map_err(|u| Error::UringUnavailable(u.why().to_owned()))
+    }
+
+    /// As [`UringBackend::new`], telling a lasting lack of io_uring from a transient one.
+    pub fn open(
+        depth: usize,
+        slot_size: usize,
+        align: usize,
+        submit_batch: usize,
+    ) -> std::result::Result<Self, Unavailable> {
+        let sup = support()?;
         let entries = (depth as u32).next_power_of_two().max(2);
         let ring = IoUring::builder()
             .setup_cqsize(entries * 2)
             .build(entries)
-            .map_err(|e| Error::UringUnavailable(explain(&e)))?;
+            .map_err(|e| classify(&e))?;
         let mut slab = Slab::new(depth, slot_size, align);
         let iovecs = slab.iovecs();
         let knobs = std::env::var("RIFFLE_URING").unwrap_or_default();
@@ -112,11 +197,11 @@ impl UringBackend {
             && sup.fixed_rw
             // SAFETY: the iovecs describe the slab's memory, which stays allocated and at
             // the same address for as long as the ring exists (the slab is freed in Drop
-            // only after the ring has no request in flight).
+            // only after the ring has no request in flight, and is never handed out).
             && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
         let fixed_files = want_files && ring.submitter().register_files_sparse(MAX_FILES).is_ok();
         if !fixed_bufs && !sup.plain_rw {
-            return Err(Error::UringUnavailable(
+            return Err(Unavailable::Unsupported(
                 "the kernel supports neither registered buffers nor IORING_OP_READ".into(),
             ));
         }
@@ -131,10 +216,33 @@ impl UringBackend {
             in_flight: 0,
             requeue: Vec::new(),
             submit_batch: submit_batch.max(1),
+            #[cfg(test)]
+            faults: Faults::default(),
         })
     }
 
-    fn sqe(&mut self, op: &Op, ptr: *mut u8) -> squeue::Entry {
+    /// The failures to inject (tests only).
+    #[cfg(test)]
+    pub(super) fn faults(&mut self) -> &mut Faults {
+        &mut self.faults
+    }
+
+    /// Requests waiting to be queued again after EAGAIN/EINTR (tests only).
+    #[cfg(test)]
+    pub(super) fn requeued(&self) -> usize {
+        self.requeue.len()
+    }
+
+    /// Completions posted and not reaped yet (tests only).
+    #[cfg(test)]
+    pub(super) fn cq_ready(&mut self) -> usize {
+        let mut cq = self.ring.completion();
+        cq.sync();
+        cq.len()
+    }
+
+    /// The submission entry for `op`, whose bytes are at `ptr` (from the slab).
+    fn sqe(&self, op: &Op, ptr: *mut u8) -> squeue::Entry {
         let raw = self.files[op.file.0 as usize].file().as_raw_fd();
         let len = op.len as u32;
         let idx = op.slot.index() as u16;
@@ -164,14 +272,21 @@ impl UringBackend {
         e.user_data(op.slot.index() as u64)
     }
 
+    /// Puts an entry in the submission queue. On `Err` it is not there.
     fn push_sqe(&mut self, entry: &squeue::Entry) -> Result<()> {
         loop {
+            #[cfg(test)]
+            let full = self.faults.sq_full > 0 && {
+                self.faults.sq_full -= 1;
+                true
+            };
+            #[cfg(not(test))]
+            let full = false;
             // SAFETY: the entry points into a slot that was marked in flight by Slab::start
             // (or stays in flight for a requeue), so its memory is neither reachable by the
             // caller nor freed until the completion is reaped in `reap`. The fd (or fixed
             // file) stays open: self.files holds it until the backend is dropped.
-            let pushed = unsafe { self.ring.submission().push(entry) };
-            if pushed.is_ok() {
+            if !full && unsafe { self.ring.submission().push(entry) }.is_ok() {
                 self.queued += 1;
                 return Ok(());
             }
@@ -182,6 +297,12 @@ impl UringBackend {
     }
 
     fn submit(&mut self, want: usize) -> Result<()> {
+        #[cfg(test)]
+        if self.faults.enter > 0 {
+            self.faults.enter -= 1;
+            let e = io::Error::from_raw_os_error(libc::EIO);
+            return Err(Error::io("io_uring", "io_uring_enter", None, e));
+        }
         loop {
             match self.ring.submit_and_wait(want) {
                 Ok(_) => {
@@ -211,6 +332,13 @@ impl UringBackend {
             let slot = cqe.user_data() as usize;
             let op = self.ops[slot].expect("completion for a slot with no op");
             let res = cqe.result();
+            #[cfg(test)]
+            let res = if self.faults.eagain > 0 {
+                self.faults.eagain -= 1;
+                -libc::EAGAIN
+            } else {
+                res
+            };
             if res == -libc::EAGAIN || res == -libc::EINTR {
                 // Transient: the same request goes again, the slot stays in flight.
                 self.requeue.push(op);
@@ -226,6 +354,19 @@ impl UringBackend {
             got += 1;
         }
         got
+    }
+
+    /// Queues the requeued requests again. Each leaves `requeue` only once it is in the
+    /// submission queue, so an error loses none: they stay in flight, and the next `wait`
+    /// (or Drop) tries again.
+    fn resubmit(&mut self) -> Result<()> {
+        while let Some(op) = self.requeue.last().copied() {
+            let ptr = self.slab.in_flight_ptr(op.slot, op.at, op.len);
+            let entry = self.sqe(&op, ptr);
+            self.push_sqe(&entry)?;
+            self.requeue.pop();
+        }
+        Ok(())
     }
 }
 
@@ -248,12 +389,32 @@ impl Backend for UringBackend {
         format!("{bufs}, {files}")
     }
 
-    fn slab(&self) -> &Slab {
-        &self.slab
+    fn depth(&self) -> usize {
+        self.slab.count()
     }
 
-    fn slab_mut(&mut self) -> &mut Slab {
-        &mut self.slab
+    fn slot_size(&self) -> usize {
+        self.slab.slot_size()
+    }
+
+    fn buffer_bytes(&self) -> usize {
+        self.slab.bytes()
+    }
+
+    fn acquire(&mut self) -> Option<SlotId> {
+        self.slab.acquire()
+    }
+
+    fn release(&mut self, slot: SlotId) {
+        self.slab.release(slot)
+    }
+
+    fn slot(&self, slot: SlotId) -> &[u8] {
+        self.slab.get(slot)
+    }
+
+    fn slot_mut(&mut self, slot: SlotId) -> &mut [u8] {
+        self.slab.get_mut(slot)
     }
 
     fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey> {
@@ -279,21 +440,24 @@ impl Backend for UringBackend {
     }
 
     fn push(&mut self, op: Op) -> Result<()> {
-        assert!(
-            op.len <= self.slab.slot_size(),
-            "request longer than a slot"
-        );
         assert!((op.file.0 as usize) < self.files.len(), "unknown file key");
-        let ptr = self.slab.start(op.slot);
+        let ptr = self.slab.start(op.slot, op.at, op.len);
         let entry = self.sqe(&op, ptr);
+        if let Err(e) = self.push_sqe(&entry) {
+            // The kernel never saw the request: nothing is in flight, the slot is the
+            // caller's again.
+            self.slab.abort(op.slot);
+            return Err(e);
+        }
         self.ops[op.slot.index()] = Some(op);
         self.in_flight += 1;
-        self.push_sqe(&entry)?;
         // Submit now so the device starts at once, unless this is the only request in
         // flight: then the caller's next call is a wait, which submits and waits in one
-        // system call (at queue depth 1 that saves a call per request).
+        // system call (at queue depth 1 that saves a call per request). The request is
+        // queued whatever happens here, so an error is left to the next wait, which submits
+        // the same queue and reports it.
         if self.queued >= self.submit_batch && self.in_flight > 1 {
-            self.submit(0)?;
+            let _ = self.submit(0);
         }
         Ok(())
     }
@@ -303,11 +467,7 @@ impl Backend for UringBackend {
         let mut got = 0;
         loop {
             got += self.reap(out);
-            for op in std::mem::take(&mut self.requeue) {
-                let ptr = self.slab.in_flight_ptr(op.slot);
-                let entry = self.sqe(&op, ptr);
-                self.push_sqe(&entry)?;
-            }
+            self.resubmit()?;
             if got >= min {
                 if self.queued > 0 {
                     self.submit(0)?;
@@ -331,6 +491,10 @@ impl Drop for UringBackend {
                 // The kernel may still write into the slots: leak them rather than free
                 // memory that is in use.
                 return;
+            }
+            #[cfg(test)]
+            for c in &sink {
+                super::tests::reaped_by_drop(c, self.slab.get(c.op.slot));
             }
             sink.clear();
         }

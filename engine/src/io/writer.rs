@@ -62,22 +62,21 @@ where
     };
     let mut backend = open_backend(&cfg, unit)?;
     let key = backend.add_file(file.clone())?;
-    let slot_size = backend.slab().slot_size() as u64;
-    let depth = backend.slab().count();
+    let slot_size = backend.slot_size() as u64;
+    let depth = backend.depth();
     let started = Instant::now();
     let mut next = 0u64;
     let mut ops = 0u64;
     let mut completions = Vec::with_capacity(depth);
-    let mut retries = 0u32;
+    // Short writes in a row without progress, per slot.
+    let mut stalled = vec![0u32; depth];
     let padded = size.div_ceil(unit as u64) * unit as u64;
     while next < padded || backend.in_flight() > 0 {
         while next < padded && backend.in_flight() < depth {
-            let slot = backend
-                .slab_mut()
-                .acquire()
-                .expect("a free slot below depth");
+            let slot = backend.acquire().expect("a free slot below depth");
+            stalled[slot.index()] = 0;
             let len = (padded - next).min(slot_size) as usize;
-            let buf = &mut backend.slab_mut().get_mut(slot)[..len];
+            let buf = &mut backend.slot_mut(slot)[..len];
             let real = ((size - next.min(size)) as usize).min(len);
             fill(next, &mut buf[..real]);
             buf[real..].fill(0);
@@ -86,6 +85,7 @@ where
                 file: key,
                 offset: next,
                 len,
+                at: 0,
                 kind: OpKind::Write,
                 tag: 0,
             })?;
@@ -95,16 +95,18 @@ where
         for c in completions.drain(..) {
             match c.result {
                 Ok(n) if n == c.op.len => {
-                    retries = 0;
                     ops += 1;
-                    backend.slab_mut().release(c.op.slot);
+                    backend.release(c.op.slot);
                 }
                 Ok(n) => {
-                    // A short write: write the same piece again; repeated short writes mean
-                    // the device is out of space.
-                    retries += 1;
-                    if retries > 8 {
-                        backend.slab_mut().release(c.op.slot);
+                    // A short write: write the rest where it stopped (rounded down to the
+                    // alignment); writes that make no progress, again and again, mean the
+                    // device is out of space.
+                    ops += 1;
+                    let keep = (c.op.at + n) / unit * unit;
+                    let stall = &mut stalled[c.op.slot.index()];
+                    *stall = if keep > c.op.at { 0 } else { *stall + 1 };
+                    if *stall > 8 {
                         return Err(Error::io(
                             file.path(),
                             "write",
@@ -112,12 +114,9 @@ where
                             std::io::Error::from_raw_os_error(libc::ENOSPC),
                         ));
                     }
-                    backend.push(c.op)?;
+                    backend.push(c.op.advance(keep - c.op.at))?;
                 }
-                Err(errno) => {
-                    backend.slab_mut().release(c.op.slot);
-                    return Err(completion_error(&file, &c.op, errno));
-                }
+                Err(errno) => return Err(completion_error(&file, &c.op, errno)),
             }
         }
     }

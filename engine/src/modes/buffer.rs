@@ -24,6 +24,7 @@ use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::IoConfig;
 use crate::order::{EpochKey, Split};
+use crate::pipeline::Stop;
 use crate::{Error, Result};
 
 /// Sequential reads in flight.
@@ -40,8 +41,8 @@ pub(crate) fn read(ds: Arc<Dataset>, opts: ReadOptions, size: u64) -> Result<Bat
     }
     let split = opts.check(ds.len())?;
     let plan = BufferPlan::new(&ds, &opts, &split, size)?;
-    BatchStream::spawn("riffle-buffer", plan.prefetch, move |tx, r| {
-        run(&ds, &opts, &plan, tx, r)
+    BatchStream::spawn("riffle-buffer", plan.prefetch, move |tx, stop, r| {
+        run(&ds, &opts, &plan, tx, stop, r)
     })
 }
 
@@ -194,7 +195,7 @@ impl ShuffleBuffer {
     }
 }
 
-/// The reason a scan callback stops early when the consumer has gone.
+/// The reason a scan callback stops early: the run is stopping (its consumer has gone).
 fn consumer_gone() -> Error {
     Error::Invalid("the consumer stopped reading".into())
 }
@@ -204,6 +205,7 @@ fn run(
     opts: &ReadOptions,
     plan: &BufferPlan,
     tx: &Sender<Result<Batch>>,
+    stop: &Stop,
     r: &mut ReadReport,
 ) -> Result<()> {
     let started = Instant::now();
@@ -244,18 +246,30 @@ fn run(
             Some(c) if c.epoch == epoch => c.batch,
             _ => 0,
         };
-        let mut em = Emitter::new(split, first_batch, epoch, mean, tx, &mut hist, &mut *r)
-            .lend_from(opts.lender.clone(), ds.size_stats().max);
+        let mut em = Emitter::new(
+            split,
+            first_batch,
+            epoch,
+            mean,
+            tx,
+            stop,
+            &mut hist,
+            &mut *r,
+        )
+        .lend_from(opts.lender.clone(), ds.size_stats().max);
         let mut first_id = 0u64;
         for (f, file) in ds.files().iter().zip(&files) {
             let end_id = first_id + f.records;
             let mut next = first_id;
             // The record being copied in: its slot and its byte range in the file.
             let mut current: Option<(usize, u64, u64)> = None;
+            // What this file's scan delivered, for the report of a scan cut short.
+            let mut delivered = 0u64;
             let scanned = crate::io::scan_file(file, &scan, |off, bytes| {
                 let chunk_end = off + bytes.len() as u64;
+                delivered += bytes.len() as u64;
                 loop {
-                    let (slot, start, stop) = match current {
+                    let (slot, start, end) = match current {
                         Some(c) => c,
                         None => {
                             if next == end_id {
@@ -272,18 +286,21 @@ fn run(
                             (slot, span.offset, span.offset + span.len)
                         }
                     };
-                    let (from, to) = (start.max(off), stop.min(chunk_end));
+                    let (from, to) = (start.max(off), end.min(chunk_end));
                     if to > from {
                         buf.slots[slot]
                             .extend_from_slice(&bytes[(from - off) as usize..(to - off) as usize]);
                     }
-                    if stop > chunk_end {
-                        current = Some((slot, start, stop));
+                    if end > chunk_end {
+                        current = Some((slot, start, end));
                         break;
                     }
                     current = None;
                 }
-                if em.stopped {
+                // Per chunk: while the buffer fills no batch is sent, so the emitter alone
+                // would not notice a stop until the buffer is full.
+                if em.stopped || stop.is_set() {
+                    em.stopped = true;
                     return Err(consumer_gone());
                 }
                 Ok(())
@@ -295,6 +312,7 @@ fn run(
                     backend.get_or_insert(s.backend);
                 }
                 Err(_) if em.stopped => {
+                    device_bytes += delivered;
                     stopped = true;
                     break;
                 }

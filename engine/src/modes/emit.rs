@@ -10,6 +10,7 @@ use hdrhistogram::Histogram;
 
 use super::{Batch, Payload, PayloadLender, ReadReport};
 use crate::order::{Split, Tail};
+use crate::pipeline::Stop;
 use crate::Result;
 
 /// Builds the batches of one rank from the epoch's record sequence, in order.
@@ -23,10 +24,13 @@ pub(crate) struct Emitter<'a> {
     /// The batch being filled: its index, end position, the batch, and when it started.
     cur: Option<(u64, u64, Batch, Instant)>,
     tx: &'a Sender<Result<Batch>>,
+    /// The run's stop flag, checked as each batch completes.
+    stop: &'a Stop,
     epoch: u64,
     hist: &'a mut Histogram<u64>,
     report: &'a mut ReadReport,
-    /// The consumer has gone: nothing more is sent.
+    /// The run is stopping (the flag was seen, or the consumer has gone): nothing more is
+    /// sent, and callers stop feeding records.
     pub(crate) stopped: bool,
     /// Mean record size of the dataset, to size each batch's payload once.
     mean_record: f64,
@@ -38,12 +42,14 @@ pub(crate) struct Emitter<'a> {
 impl<'a> Emitter<'a> {
     /// An emitter for `epoch` that sends this rank's batches from `first_batch` on (earlier
     /// ones are cut but not sent: a resume). `mean_record` sizes the payloads.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         split: Split,
         first_batch: u64,
         epoch: u64,
         mean_record: f64,
         tx: &'a Sender<Result<Batch>>,
+        stop: &'a Stop,
         hist: &'a mut Histogram<u64>,
         report: &'a mut ReadReport,
     ) -> Self {
@@ -56,6 +62,7 @@ impl<'a> Emitter<'a> {
             pad_needed: Self::pad_records(&split),
             cur: None,
             tx,
+            stop,
             epoch,
             hist,
             report,
@@ -154,6 +161,10 @@ impl Emitter<'_> {
         }
         if p + 1 == end {
             let (_, _, mut b, started) = self.cur.take().expect("current batch");
+            if self.stop.is_set() {
+                self.stopped = true;
+                return;
+            }
             b.payload.seal();
             b.ready_ns = super::monotonic_ns();
             if let Some((l, _)) = &self.lender {

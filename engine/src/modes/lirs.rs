@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use hdrhistogram::Histogram;
@@ -17,13 +17,20 @@ use super::{Baseline, Batch, Latency, Payload, PayloadLender, ReadOptions, ReadR
 use crate::dataset::Dataset;
 use crate::io::IoConfig;
 use crate::order::{EpochKey, EpochTable, Grouping, Split, Units};
+use crate::pipeline::Stop;
 use crate::{Error, Result};
 
-/// Batches as they arrive; [`BatchStream::report`] once it is exhausted.
+/// Batches as they arrive; [`BatchStream::report`] once it is exhausted. Dropping it (or
+/// [`finish`](BatchStream::finish)) stops the read at once, wherever it is (a two-pass
+/// scatter included): no more reads are issued, those in flight are reaped, and scratch
+/// piles are removed before it returns.
 pub struct BatchStream {
     rx: Receiver<Result<Batch>>,
     report: Arc<Mutex<ReadReport>>,
     thread: Option<JoinHandle<()>>,
+    /// The run's stop flag: set before the receiver is dropped, checked by every loop of
+    /// the run, so it does not wait for its next send to notice.
+    stop: Stop,
 }
 
 impl Iterator for BatchStream {
@@ -62,16 +69,31 @@ impl BatchStream {
             .clone()
     }
 
-    /// Stops the stream where it is (reads in flight are waited for) and returns what it
-    /// did up to there.
+    /// Stops the stream where it is (reads in flight are waited for, scratch removed) and
+    /// returns what it did up to there.
     pub fn finish(mut self) -> ReadReport {
         self.stop();
         self.report()
     }
 
+    /// Whether [`next`](Iterator::next) would return at once (a batch, an error or the
+    /// end), waiting up to `wait` for it. For a consumer that must not block on the
+    /// engine for long (the daemon takes a client's CLOSE while a scatter runs).
+    pub fn ready_within(&self, wait: Duration) -> bool {
+        if self.thread.is_none() {
+            return true;
+        }
+        let mut sel = crossbeam_channel::Select::new();
+        sel.recv(&self.rx);
+        sel.ready_timeout(wait).is_ok()
+    }
+
     fn stop(&mut self) {
-        // Dropping the receiver makes the I/O thread's next send fail; it then stops
-        // issuing reads, waits for those in flight, and exits.
+        // The flag stops the I/O thread and its helpers at their next check (a range, a
+        // chunk, a batch), wherever they are; the receiver dropped makes a send that is
+        // blocked fail. The thread then reaps the requests it has in flight, removes its
+        // scratch, and exits.
+        self.stop.set();
         let (_, dead) = crossbeam_channel::bounded(0);
         self.rx = dead;
         if let Some(t) = self.thread.take() {
@@ -122,8 +144,8 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     let units = units_for(&ds, &opts);
     let plan = MemoryPlan::new(&ds, &units, &opts)?;
     let prefetch = plan.prefetch;
-    BatchStream::spawn("riffle-lirs", prefetch, move |tx, r| {
-        run(&ds, &units, &opts, &plan, tx, r)
+    BatchStream::spawn("riffle-lirs", prefetch, move |tx, stop, r| {
+        run(&ds, &units, &opts, &plan, tx, stop, r)
     })
 }
 
@@ -160,18 +182,23 @@ pub fn memory_needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<u
 impl BatchStream {
     /// Runs `work` on a new I/O thread that sends batches through a channel of `capacity`
     /// and fills in the report; an error ends the stream as its last item.
+    ///
+    /// `work` checks the stop flag it is given between pieces of work and returns (`Ok`)
+    /// soon after it is set.
     pub(crate) fn spawn<F>(name: &str, capacity: usize, work: F) -> Result<BatchStream>
     where
-        F: FnOnce(&Sender<Result<Batch>>, &mut ReadReport) -> Result<()> + Send + 'static,
+        F: FnOnce(&Sender<Result<Batch>>, &Stop, &mut ReadReport) -> Result<()> + Send + 'static,
     {
         let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
         let report = Arc::new(Mutex::new(ReadReport::default()));
         let shared = report.clone();
+        let stop = Stop::default();
+        let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
                 let mut r = ReadReport::default();
-                let outcome = work(&tx, &mut r);
+                let outcome = work(&tx, &flag, &mut r);
                 *shared.lock().unwrap_or_else(|p| p.into_inner()) = r;
                 if let Err(e) = outcome {
                     let _ = tx.send(Err(e));
@@ -182,6 +209,7 @@ impl BatchStream {
             rx,
             report,
             thread: Some(thread),
+            stop,
         })
     }
 }
@@ -289,6 +317,7 @@ fn run(
     opts: &ReadOptions,
     plan: &MemoryPlan,
     tx: &Sender<Result<Batch>>,
+    stop: &Stop,
     r: &mut ReadReport,
 ) -> Result<()> {
     let started = Instant::now();
@@ -314,6 +343,9 @@ fn run(
     let epochs = opts.epoch_range()?;
     let mut total_reads = 0u64;
     for epoch in epochs {
+        if stop.is_set() {
+            break;
+        }
         let t = Instant::now();
         let key = EpochKey::new(opts.seed, epoch);
         let table = EpochTable::build(units.len(), &key);
@@ -345,7 +377,10 @@ fn run(
         loop {
             let ranges = std::iter::from_fn(|| {
                 let mut st = state.borrow_mut();
-                if st.stopped {
+                // Checked per read: once the stream is stopped, no read is issued and
+                // read_ranges only reaps those in flight.
+                if st.stopped || stop.is_set() {
+                    st.stopped = true;
                     return None;
                 }
                 while st.queue.is_empty() {
@@ -366,6 +401,10 @@ fn run(
             });
             reader.read_ranges(ranges, |i, bytes| {
                 let mut st = state.borrow_mut();
+                if st.stopped {
+                    // Reads reaped after a stop: nobody takes their batches.
+                    return;
+                }
                 let piece = st.pieces.remove(&i).expect("piece of a read");
                 let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
                 for &(from, len, to) in &piece.parts {

@@ -425,3 +425,5 @@ fn baselines_are_deterministic_permutations_of_their_kind() {
         );
     }
 }
+
+mod stop;

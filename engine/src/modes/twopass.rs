@@ -12,6 +12,7 @@
 //! whole: it is read again for each of several key sub-ranges, which keeps the order exact
 //! and the memory bounded.
 
+use std::cell::RefCell;
 use std::io::{BufReader, Read};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -24,8 +25,9 @@ use hdrhistogram::Histogram;
 use super::emit::Emitter;
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
-use crate::io::{IoConfig, LargeBuf};
+use crate::io::{IoConfig, LargeBuf, RangeReader};
 use crate::order::{EpochKey, Split, Units};
+use crate::pipeline::Stop;
 use crate::{Error, Result};
 
 /// log2 of the most piles one epoch uses.
@@ -47,8 +49,8 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     // missing, and removed again), locked while this process lives; each epoch's piles in
     // a directory inside it. It goes when the I/O thread ends, or on SIGINT/SIGTERM.
     let dir = crate::scratch::ScratchDir::new_in(&scratch, "two-pass")?;
-    BatchStream::spawn("riffle-two-pass", opts.prefetch, move |tx, r| {
-        run(&ds, &units, &opts, &plan, dir.path(), tx, r)
+    BatchStream::spawn("riffle-two-pass", opts.prefetch, move |tx, stop, r| {
+        run(&ds, &units, &opts, &plan, dir.path(), tx, stop, r)
     })
 }
 
@@ -270,6 +272,11 @@ impl PileSink {
         w.append(rest)
     }
 
+    /// Bytes framed into the piles so far.
+    fn bytes(&self) -> u64 {
+        self.writers.iter().map(|w| w.bytes).sum()
+    }
+
     fn finish(mut self, scratch_bytes: &mut u64) -> Result<PileSet> {
         let mut piles = Vec::with_capacity(self.writers.len());
         for w in self.writers.drain(..) {
@@ -285,6 +292,7 @@ impl PileSink {
 }
 
 /// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).
+#[derive(Clone, Copy, Debug)]
 struct Chunk {
     first: u64,
     end: u64,
@@ -293,31 +301,51 @@ struct Chunk {
     stop: u64,
 }
 
-/// Cuts the units into reads of about `target` bytes, never across files.
-fn chunks(ds: &Dataset, units: &Units, target: u64) -> Vec<Chunk> {
-    let mut out: Vec<Chunk> = Vec::new();
-    for u in 0..units.len() {
-        let r = units.records(u);
-        let a = ds.locate(r.start);
-        let b = ds.locate(r.end - 1);
-        let (start, stop) = (a.offset, b.offset + b.len);
-        match out.last_mut() {
-            Some(c) if c.file == a.file && c.end == u && stop - c.start <= target => {
-                c.end = u + 1;
-                c.stop = stop;
-            }
-            _ => out.push(Chunk {
-                first: u,
-                end: u + 1,
-                file: a.file,
-                start,
-                stop,
-            }),
-        }
-    }
-    out
+/// Cuts the units, in order, into reads of about `target` bytes, never across files; one
+/// at a time, so the scatter starts reading at once (and a stop is heard) rather than after
+/// the whole dataset's units are located.
+struct Chunker<'a> {
+    ds: &'a Dataset,
+    units: &'a Units,
+    target: u64,
+    next: u64,
 }
 
+impl Iterator for Chunker<'_> {
+    type Item = Chunk;
+
+    fn next(&mut self) -> Option<Chunk> {
+        let mut chunk: Option<Chunk> = None;
+        while self.next < self.units.len() {
+            let u = self.next;
+            let r = self.units.records(u);
+            let a = self.ds.locate(r.start);
+            let b = self.ds.locate(r.end - 1);
+            let (start, stop) = (a.offset, b.offset + b.len);
+            match &mut chunk {
+                Some(c) if c.file == a.file && stop - c.start <= self.target => {
+                    c.end = u + 1;
+                    c.stop = stop;
+                }
+                // Unit u starts the next chunk.
+                Some(_) => break,
+                None => {
+                    chunk = Some(Chunk {
+                        first: u,
+                        end: u + 1,
+                        file: a.file,
+                        start,
+                        stop,
+                    })
+                }
+            }
+            self.next += 1;
+        }
+        chunk
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run(
     ds: &Dataset,
     units: &Units,
@@ -325,6 +353,7 @@ fn run(
     plan: &PilePlan,
     scratch: &Path,
     tx: &Sender<Result<Batch>>,
+    stop: &Stop,
     r: &mut ReadReport,
 ) -> Result<()> {
     let started = Instant::now();
@@ -352,185 +381,260 @@ fn run(
         r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes + r.table_bytes;
     r.records_per_unit = units.mean_records();
     r.piles = plan.piles() as u64;
-    // A little under a slot, so an unaligned chunk's aligned extent still fits one read.
-    let chunks = chunks(ds, units, plan.scan_size - 8192);
     let epochs = opts.epoch_range()?;
     let mut pile_reads = 0u64;
     let last_epoch = epochs.end;
     let mut ready: Option<PileSet> = None;
     // Pile buffers, kept from pile to pile and epoch to epoch (two in use at once).
     let pool: std::sync::Mutex<Vec<LoadedPile>> = Default::default();
-    for epoch in epochs {
-        let key = EpochKey::new(opts.seed, epoch);
-        let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
-        let epoch_started = Instant::now();
-        // Piles for this epoch: rolled over from the previous epoch's pile pass, or a
-        // scatter of the dataset (the first epoch).
-        let set = match ready.take() {
-            Some(set) => set,
-            None => {
-                let mut sink = PileSink::new(scratch, plan)?;
-                let mut failure: Option<Error> = None;
-                let mut frame = Vec::new();
-                let mut locs = Vec::new();
-                reader.read_ranges(
-                    chunks
-                        .iter()
-                        .map(|c| (c.file, c.start, (c.stop - c.start) as usize)),
-                    |i, bytes| {
-                        if failure.is_some() {
-                            return;
-                        }
-                        let c = &chunks[i];
-                        for u in c.first..c.end {
-                            let ids = units.records(u);
-                            let k = key.key(u);
-                            frame.clear();
-                            locs.clear();
-                            locs.extend(ids.clone().map(|id| ds.locate(id)));
-                            FrameHead::encode(&mut frame, k, u, locs.iter().map(|l| l.len));
-                            for l in &locs {
-                                let from = (l.offset - c.start) as usize;
-                                frame.extend_from_slice(&bytes[from..from + l.len as usize]);
-                            }
-                            if let Err(e) = sink.add(plan, k, &frame) {
-                                failure = Some(e);
-                                return;
-                            }
-                        }
-                    },
-                )?;
-                if let Some(e) = failure {
-                    return Err(e);
-                }
-                sink.finish(&mut r.scratch_bytes)?
+    // Every way out (the last epoch, a stop, an error) reports what was done up to there.
+    let outcome = (|| -> Result<()> {
+        for epoch in epochs {
+            if stop.is_set() {
+                break;
             }
-        };
-        // Rolling: while this epoch is emitted, its frames are re-keyed and scattered for
-        // the next one, so a later epoch costs one sequential read and one write.
-        let rolling = epoch + 1 < last_epoch;
-        let next_key = EpochKey::new(opts.seed, epoch + 1);
-        let mut next = if rolling {
-            Some(PileSink::new(scratch, plan)?)
-        } else {
-            None
-        };
-
-        // Pile pass: each pile in key order, records out in sequence.
-        let first_batch = match opts.resume {
-            Some(c) if c.epoch == epoch => c.batch,
-            _ => 0,
-        };
-        let mut em = Emitter::new(
-            split,
-            first_batch,
-            epoch,
-            ds.size_stats().total as f64 / ds.len() as f64,
-            tx,
-            &mut hist,
-            &mut *r,
-        )
-        .lend_from(opts.lender.clone(), ds.size_stats().max);
-        // The pile pass, double buffered: a loader thread reads and sorts the next pile (or
-        // key sub-range of an oversized pile) while this thread emits the current one.
-        let mut loads = Vec::new();
-        for (index, (path, bytes)) in set.piles.iter().enumerate() {
-            let passes = bytes.div_ceil(plan.pile_budget).max(1);
-            let shift = if plan.bits == 0 { 0 } else { 64 - plan.bits };
-            let lo = if plan.bits == 0 {
-                0u128
-            } else {
-                (index as u128) << shift
-            };
-            let width: u128 = if plan.bits == 0 {
-                1u128 << 64
-            } else {
-                1u128 << shift
-            };
-            for pass in 0..passes {
-                let a = lo + width * pass as u128 / passes as u128;
-                let b = lo + width * (pass as u128 + 1) / passes as u128;
-                loads.push((path.clone(), *bytes, passes == 1, a, b, pass + 1 == passes));
-            }
-        }
-        crate::pipeline::pipelined(
-            loads,
-            |(path, bytes, whole, a, b, last), _| {
-                // Buffers of a pile already emitted, reused: fresh memory would be faulted
-                // in and zeroed page by page for every pile.
-                let mut p = pool
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pop()
-                    .unwrap_or_default();
-                p.data.clear();
-                p.frames.clear();
-                // Sized once with a little room, as far as the pile budget allows, so the
-                // next (slightly larger) pile does not regrow it.
-                let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
-                p.data.reserve_total(room as usize);
-                let loaded = if whole {
-                    load_whole_pile(&path, plan.scan_size as usize, &mut p.data, &mut p.frames)
-                } else {
-                    load_pile(&path, a, b, &mut p.data)
-                        .map(|()| frame_index(p.data.as_slice(), &mut p.frames))
-                };
-                if last {
-                    let _ = std::fs::remove_file(&path);
-                }
-                loaded?;
-                crate::order::sort_uniform(&mut p.frames, &mut p.scratch, |f| f.0);
-                Ok(p)
-            },
-            |p| {
-                pile_reads += 1;
-                // Rolling: a third thread re-scatters the pile for the next epoch, walking it
-                // in memory order, while this one emits it in key order.
-                let data = p.data.as_slice();
-                std::thread::scope(|scope| {
-                    let roll = next.as_mut().map(|sink| {
-                        std::thread::Builder::new()
-                            .name("riffle-rescatter".into())
-                            .spawn_scoped(scope, || rescatter(data, sink, plan, &next_key))
-                    });
-                    emit_frames(data, &p.frames, units, &mut em);
-                    match roll {
-                        None => Ok(()),
-                        Some(Err(e)) => Err(Error::Invalid(format!(
-                            "cannot start a re-scatter thread: {e}"
-                        ))),
-                        Some(Ok(h)) => h.join().unwrap_or_else(|_| {
-                            Err(Error::Invalid("the re-scatter thread panicked".into()))
-                        }),
+            let key = EpochKey::new(opts.seed, epoch);
+            let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+            let epoch_started = Instant::now();
+            // Piles for this epoch: rolled over from the previous epoch's pile pass, or a
+            // scatter of the dataset (the first epoch).
+            let set = match ready.take() {
+                Some(set) => set,
+                None => {
+                    let scattered = scatter(ds, units, plan, &mut reader, &key, scratch, stop)?;
+                    r.scratch_bytes += scattered.bytes;
+                    match scattered.piles {
+                        Some(set) => set,
+                        None => break,
                     }
-                })?;
-                pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
-                Ok(if em.stopped {
-                    ControlFlow::Break(())
+                }
+            };
+            // Rolling: while this epoch is emitted, its frames are re-keyed and scattered
+            // for the next one, so a later epoch costs one sequential read and one write.
+            let rolling = epoch + 1 < last_epoch;
+            let next_key = EpochKey::new(opts.seed, epoch + 1);
+            let mut next = if rolling {
+                Some(PileSink::new(scratch, plan)?)
+            } else {
+                None
+            };
+
+            // Pile pass: each pile in key order, records out in sequence.
+            let first_batch = match opts.resume {
+                Some(c) if c.epoch == epoch => c.batch,
+                _ => 0,
+            };
+            let mut em = Emitter::new(
+                split,
+                first_batch,
+                epoch,
+                ds.size_stats().total as f64 / ds.len() as f64,
+                tx,
+                stop,
+                &mut hist,
+                &mut *r,
+            )
+            .lend_from(opts.lender.clone(), ds.size_stats().max);
+            // The pile pass, double buffered: a loader thread reads and sorts the next pile
+            // (or key sub-range of an oversized pile) while this thread emits the current one.
+            let mut loads = Vec::new();
+            for (index, (path, bytes)) in set.piles.iter().enumerate() {
+                let passes = bytes.div_ceil(plan.pile_budget).max(1);
+                let shift = if plan.bits == 0 { 0 } else { 64 - plan.bits };
+                let lo = if plan.bits == 0 {
+                    0u128
                 } else {
-                    ControlFlow::Continue(None)
-                })
-            },
-        )?;
-        em.finish();
-        let stopped = em.stopped;
-        drop(em);
-        drop(set);
-        if stopped {
-            break;
+                    (index as u128) << shift
+                };
+                let width: u128 = if plan.bits == 0 {
+                    1u128 << 64
+                } else {
+                    1u128 << shift
+                };
+                for pass in 0..passes {
+                    let a = lo + width * pass as u128 / passes as u128;
+                    let b = lo + width * (pass as u128 + 1) / passes as u128;
+                    loads.push((path.clone(), *bytes, passes == 1, a, b, pass + 1 == passes));
+                }
+            }
+            crate::pipeline::pipelined(
+                loads,
+                stop,
+                |(path, bytes, whole, a, b, last), _| {
+                    // Buffers of a pile already emitted, reused: fresh memory would be
+                    // faulted in and zeroed page by page for every pile.
+                    let mut p = pool
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .pop()
+                        .unwrap_or_default();
+                    p.data.clear();
+                    p.frames.clear();
+                    // Sized once with a little room, as far as the pile budget allows, so
+                    // the next (slightly larger) pile does not regrow it.
+                    let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
+                    p.data.reserve_total(room as usize);
+                    let loaded = if whole {
+                        let size = plan.scan_size as usize;
+                        load_whole_pile(&path, size, &mut p.data, &mut p.frames, stop)
+                    } else {
+                        load_pile(&path, a, b, &mut p.data, stop)
+                            .map(|()| frame_index(p.data.as_slice(), &mut p.frames))
+                    };
+                    if last {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                    loaded?;
+                    crate::order::sort_uniform(&mut p.frames, &mut p.scratch, |f| f.0);
+                    Ok(p)
+                },
+                |p| {
+                    pile_reads += 1;
+                    // Rolling: a third thread re-scatters the pile for the next epoch,
+                    // walking it in memory order, while this one emits it in key order.
+                    let data = p.data.as_slice();
+                    std::thread::scope(|scope| {
+                        let roll = next.as_mut().map(|sink| {
+                            std::thread::Builder::new()
+                                .name("riffle-rescatter".into())
+                                .spawn_scoped(scope, || {
+                                    let done = rescatter(data, sink, plan, &next_key, stop);
+                                    if done.is_err() {
+                                        // The emitter and the loader stop too; this error is
+                                        // what the run returns.
+                                        stop.set();
+                                    }
+                                    done
+                                })
+                        });
+                        emit_frames(data, &p.frames, units, &mut em);
+                        match roll {
+                            None => Ok(()),
+                            Some(Err(e)) => Err(Error::Invalid(format!(
+                                "cannot start a re-scatter thread: {e}"
+                            ))),
+                            Some(Ok(h)) => h.join().unwrap_or_else(|_| {
+                                Err(Error::Invalid("the re-scatter thread panicked".into()))
+                            }),
+                        }
+                    })?;
+                    pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+                    Ok(if em.stopped {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(None)
+                    })
+                },
+            )?;
+            em.finish();
+            // Stopped, the next epoch's piles may be partial (the re-scatter gave up): they
+            // are dropped, never read.
+            let stopped = em.stopped || stop.is_set();
+            drop(em);
+            drop(set);
+            if stopped {
+                r.scratch_bytes += next.as_ref().map_or(0, PileSink::bytes);
+                break;
+            }
+            if let Some(n) = next {
+                ready = Some(n.finish(&mut r.scratch_bytes)?);
+            }
+            r.epoch_seconds.push(epoch_started.elapsed().as_secs_f64());
         }
-        if let Some(n) = next {
-            ready = Some(n.finish(&mut r.scratch_bytes)?);
-        }
-        r.epoch_seconds.push(epoch_started.elapsed().as_secs_f64());
-    }
+        Ok(())
+    })();
     let s = reader.stats();
     r.pile_loads = pile_reads;
     r.read_ops = s.read_ops + pile_reads;
     r.device_bytes = s.device_bytes;
     r.seconds = started.elapsed().as_secs_f64();
     r.batch_latency_us = Latency::of(&hist);
-    Ok(())
+    outcome
+}
+
+/// What a scatter wrote: the first epoch's piles, or `None` when the run was stopped
+/// part-way (the partial piles are gone with their directory), and the bytes framed into
+/// them.
+struct Scattered {
+    piles: Option<PileSet>,
+    bytes: u64,
+}
+
+/// The first epoch's piles: the dataset read in large sequential pieces, every unit framed
+/// under its key into its pile. The stop flag is checked per piece: once it is set (by the
+/// consumer, or here by a failed pile write) no more reads are issued, those in flight are
+/// reaped and skipped, and the piles are dropped.
+fn scatter(
+    ds: &Dataset,
+    units: &Units,
+    plan: &PilePlan,
+    reader: &mut RangeReader,
+    key: &EpochKey,
+    scratch: &Path,
+    stop: &Stop,
+) -> Result<Scattered> {
+    let mut sink = PileSink::new(scratch, plan)?;
+    let mut failure: Option<Error> = None;
+    let mut frame = Vec::new();
+    let mut locs = Vec::new();
+    // A little under a slot, so an unaligned chunk's aligned extent still fits one read.
+    let mut chunker = Chunker {
+        ds,
+        units,
+        target: plan.scan_size - 8192,
+        next: 0,
+    };
+    // The chunks handed to the reader, by request index.
+    let chunks = RefCell::new(Vec::new());
+    reader.read_ranges(
+        std::iter::from_fn(|| {
+            if stop.is_set() {
+                return None;
+            }
+            let c = chunker.next()?;
+            chunks.borrow_mut().push(c);
+            Some((c.file, c.start, (c.stop - c.start) as usize))
+        }),
+        |i, bytes| {
+            if stop.is_set() {
+                return;
+            }
+            let c = chunks.borrow()[i];
+            for u in c.first..c.end {
+                let ids = units.records(u);
+                let k = key.key(u);
+                frame.clear();
+                locs.clear();
+                locs.extend(ids.clone().map(|id| ds.locate(id)));
+                FrameHead::encode(&mut frame, k, u, locs.iter().map(|l| l.len));
+                for l in &locs {
+                    let from = (l.offset - c.start) as usize;
+                    frame.extend_from_slice(&bytes[from..from + l.len as usize]);
+                }
+                if let Err(e) = sink.add(plan, k, &frame) {
+                    // A full scratch disk: read nothing more of the dataset.
+                    failure = Some(e);
+                    stop.set();
+                    return;
+                }
+            }
+        },
+    )?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if stop.is_set() {
+        return Ok(Scattered {
+            piles: None,
+            bytes: sink.bytes(),
+        });
+    }
+    let mut bytes = 0;
+    let piles = sink.finish(&mut bytes)?;
+    Ok(Scattered {
+        piles: Some(piles),
+        bytes,
+    })
 }
 
 /// A pile (or key sub-range of one) in memory: its bytes and its frames, sorted by key.
@@ -549,6 +653,7 @@ fn load_whole_pile(
     read_size: usize,
     out: &mut LargeBuf,
     frames: &mut Vec<(u64, usize)>,
+    stop: &Stop,
 ) -> Result<()> {
     let file = Arc::new(crate::io::DataFile::open(
         path,
@@ -562,6 +667,8 @@ fn load_whole_pile(
     };
     let mut at = 0usize;
     crate::io::scan_file(&file, &cfg, |_, chunk| {
+        // Per chunk: a stopped run reads no more of the pile.
+        stop.check()?;
         // In pieces that stay in the L2 cache while their frame heads are read (walking
         // from head to head is a chain of dependent loads).
         for piece in chunk.chunks(256 << 10) {
@@ -576,14 +683,16 @@ fn load_whole_pile(
     Ok(())
 }
 
-/// The frames of a pile whose keys are in [lo, hi), as one buffer.
-fn load_pile(path: &Path, lo: u128, hi: u128, out: &mut LargeBuf) -> Result<()> {
+/// The frames of a pile whose keys are in [lo, hi), as one buffer (given up, with an
+/// error, once `stop` is set).
+fn load_pile(path: &Path, lo: u128, hi: u128, out: &mut LargeBuf, stop: &Stop) -> Result<()> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open pile", None, e))?;
     let mut rd = BufReader::with_capacity(1 << 20, f);
     let mut head = [0u8; HEAD];
     let mut lens = Vec::new();
     let mut at = 0u64;
     loop {
+        stop.check()?;
         match rd.read_exact(&mut head) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
@@ -733,10 +842,25 @@ fn frame_index(data: &[u8], frames: &mut Vec<(u64, usize)>) {
 }
 
 /// Re-scatters a loaded pile's frames, in the order they lie in memory (sequential, so
-/// cheap), into the next epoch's piles under their new keys.
-fn rescatter(data: &[u8], sink: &mut PileSink, plan: &PilePlan, key: &EpochKey) -> Result<()> {
+/// cheap), into the next epoch's piles under their new keys. Gives up (`Ok`, the next
+/// piles left partial) once `stop` is set, checked every megabyte.
+fn rescatter(
+    data: &[u8],
+    sink: &mut PileSink,
+    plan: &PilePlan,
+    key: &EpochKey,
+    stop: &Stop,
+) -> Result<()> {
+    const CHECK_EVERY: usize = 1 << 20;
     let mut at = 0;
+    let mut check_at = 0;
     while at < data.len() {
+        if at >= check_at {
+            if stop.is_set() {
+                return Ok(());
+            }
+            check_at = at + CHECK_EVERY;
+        }
         let f = frame_at(data, at).ok_or_else(|| {
             Error::Invalid(format!("a loaded pile ends inside a frame at byte {at}"))
         })?;
@@ -774,153 +898,4 @@ fn emit_frames(data: &[u8], frames: &[(u64, usize)], units: &Units, em: &mut Emi
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Loading a pile in key sub-ranges returns each frame exactly once overall.
-    #[test]
-    fn key_sub_ranges_partition_a_pile() {
-        let dir = tempfile::tempdir_in(".").unwrap();
-        let path = dir.path().join("pile");
-        let mut bytes = Vec::new();
-        let keys: Vec<u64> = (0..500u64).map(|u| EpochKey::new(1, 2).key(u)).collect();
-        for (u, &k) in keys.iter().enumerate() {
-            bytes.extend_from_slice(&k.to_le_bytes());
-            bytes.extend_from_slice(&(u as u64).to_le_bytes());
-            bytes.extend_from_slice(&1u32.to_le_bytes());
-            bytes.extend_from_slice(&3u32.to_le_bytes());
-            bytes.extend_from_slice(b"abc");
-        }
-        std::fs::write(&path, &bytes).unwrap();
-        let mut seen = Vec::new();
-        for pass in 0..7u128 {
-            let (a, b) = ((1u128 << 64) * pass / 7, (1u128 << 64) * (pass + 1) / 7);
-            let mut buf = LargeBuf::default();
-            load_pile(&path, a, b, &mut buf).unwrap();
-            let data = buf.as_slice();
-            let mut at = 0;
-            while at < data.len() {
-                let k = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
-                assert!((a..b).contains(&(k as u128)));
-                seen.push(k);
-                at += 20 + 4 + 3;
-            }
-        }
-        seen.sort_unstable();
-        let mut want = keys.clone();
-        want.sort_unstable();
-        assert_eq!(seen, want);
-    }
-
-    /// Regression (issue 13): pile frames stored record lengths as u32, so a record of
-    /// 4 GiB or more was framed with its length cut and the pile pass failed with "pile
-    /// ends inside a frame". A unit with such a record gets a wide frame (u64 lengths).
-    #[test]
-    fn frames_carry_lengths_of_4_gib_and_more() {
-        let big = u32::MAX as u64 + 2;
-        let mut head = Vec::new();
-        FrameHead::encode(&mut head, 7, 9, [3, big].into_iter());
-        assert_eq!(head.len(), HEAD + 2 * 8);
-        let h = FrameHead::parse(&head);
-        assert_eq!(
-            h,
-            FrameHead {
-                key: 7,
-                unit: 9,
-                n: 2,
-                wide: true
-            }
-        );
-        let lens = &head[HEAD..];
-        assert_eq!((h.len(lens, 0), h.len(lens, 1)), (3, big as usize));
-        assert_eq!(h.body(lens), Some(big as usize + 3));
-        // Without its 4 GiB of bytes the frame is incomplete, not misread.
-        assert!(frame_at(&head, 0).is_none());
-        // Small records keep u32 lengths.
-        let mut narrow = Vec::new();
-        FrameHead::encode(&mut narrow, 1, 2, [5, 6].into_iter());
-        assert_eq!(narrow.len(), HEAD + 2 * 4);
-        assert!(!FrameHead::parse(&narrow).wide);
-        // Lengths that add up past the address space are a damaged frame, not a panic.
-        let mut bad = Vec::new();
-        FrameHead::encode(&mut bad, 1, 2, [u64::MAX, u64::MAX].into_iter());
-        assert!(FrameHead::parse(&bad).body(&bad[HEAD..]).is_none());
-        assert!(frame_at(&bad, 0).is_none());
-    }
-
-    /// Narrow and wide frames side by side: every reader of piles parses both the same.
-    #[test]
-    fn wide_and_narrow_frames_read_back_alike() {
-        let dir = tempfile::tempdir_in(".").unwrap();
-        let path = dir.path().join("pile");
-        let mut bytes = Vec::new();
-        let mut want = Vec::new();
-        for u in 0..300u64 {
-            let k = EpochKey::new(3, 4).key(u);
-            let recs: Vec<Vec<u8>> = (0..u % 4)
-                .map(|r| vec![r as u8 + 1; (u + r) as usize % 7])
-                .collect();
-            let at = bytes.len();
-            FrameHead::encode(&mut bytes, k, u, recs.iter().map(|r| r.len() as u64));
-            if u % 3 == 0 {
-                // Rewrite as a wide frame (the scatter makes one only for a 4 GiB record).
-                let h = FrameHead::parse(&bytes[at..]);
-                let lens: Vec<u64> = (0..h.n)
-                    .map(|i| h.len(&bytes[at + HEAD..], i) as u64)
-                    .collect();
-                bytes.truncate(at + 16);
-                bytes.extend_from_slice(&(h.n as u32 | WIDE).to_le_bytes());
-                for l in lens {
-                    bytes.extend_from_slice(&l.to_le_bytes());
-                }
-            }
-            for r in &recs {
-                bytes.extend_from_slice(r);
-            }
-            want.push((k, u, recs));
-        }
-        let mut frames = Vec::new();
-        assert_eq!(index_frames(&bytes, 0, &mut frames), bytes.len());
-        assert_eq!(frames.len(), 300);
-        let read_back = |data: &[u8], at: usize| {
-            let f = frame_at(data, at).unwrap();
-            let h = f.head;
-            let lens = &data[at + HEAD..at + HEAD + h.lens_bytes()];
-            let mut off = at + HEAD + lens.len();
-            let recs: Vec<Vec<u8>> = (0..h.n)
-                .map(|i| {
-                    let r = data[off..off + h.len(lens, i)].to_vec();
-                    off += r.len();
-                    r
-                })
-                .collect();
-            assert_eq!(off, f.end);
-            (h.key, h.unit, recs)
-        };
-        let got: Vec<_> = frames
-            .iter()
-            .map(|&(_, at)| read_back(&bytes, at))
-            .collect();
-        assert_eq!(got, want);
-        // Loaded in key sub-ranges, every frame comes back whole exactly once.
-        std::fs::write(&path, &bytes).unwrap();
-        let mut seen = Vec::new();
-        for pass in 0..3u128 {
-            let (a, b) = ((1u128 << 64) * pass / 3, (1u128 << 64) * (pass + 1) / 3);
-            let mut buf = LargeBuf::default();
-            load_pile(&path, a, b, &mut buf).unwrap();
-            let mut fr = Vec::new();
-            frame_index(buf.as_slice(), &mut fr);
-            seen.extend(fr.iter().map(|&(_, at)| read_back(buf.as_slice(), at)));
-        }
-        seen.sort_by_key(|f| f.1);
-        assert_eq!(seen, want);
-        // A pile cut inside a frame is refused by the loader, naming where.
-        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
-        let mut buf = LargeBuf::default();
-        let e = load_pile(&path, 0, 1 << 64, &mut buf)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("read pile"), "{e}");
-    }
-}
+mod tests;

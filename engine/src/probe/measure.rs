@@ -83,7 +83,7 @@ pub fn read_point(path: &Path, spec: &ReadSpec, cfg: &IoConfig) -> Result<Point>
     };
     let mut backend = open_backend(&cfg, unit)?;
     let key = backend.add_file(file.clone())?;
-    let depth = backend.slab().count();
+    let depth = backend.depth();
     let mut rng = SmallRng::seed_from_u64(spec.seed);
     let mut seq_next = 0u64;
     let mut next_offset = move || {
@@ -106,7 +106,7 @@ pub fn read_point(path: &Path, spec: &ReadSpec, cfg: &IoConfig) -> Result<Point>
         if !stopping {
             let now = Instant::now();
             while backend.in_flight() < depth {
-                let slot = backend.slab_mut().acquire().expect("free slot below depth");
+                let slot = backend.acquire().expect("free slot below depth");
                 issued_at[slot.index()] = now;
                 let offset = next_offset();
                 backend.push(Op {
@@ -114,6 +114,7 @@ pub fn read_point(path: &Path, spec: &ReadSpec, cfg: &IoConfig) -> Result<Point>
                     file: key,
                     offset,
                     len: bs,
+                    at: 0,
                     kind: OpKind::Read,
                     tag: 0,
                 })?;
@@ -125,7 +126,7 @@ pub fn read_point(path: &Path, spec: &ReadSpec, cfg: &IoConfig) -> Result<Point>
         backend.wait(1, &mut completions)?;
         let now = Instant::now();
         for c in completions.drain(..) {
-            backend.slab_mut().release(c.op.slot);
+            backend.release(c.op.slot);
             match c.result {
                 Ok(n) if n == bs => {}
                 Ok(n) => {

@@ -27,6 +27,11 @@ const MAX_CREDITS: u32 = 16;
 /// How long a new connection has to say HELLO (an idle connection holds a client slot).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest the connection thread waits for the engine before it looks at the socket
+/// (and the daemon's shutdown) again: a two-pass stream's first batch comes only after
+/// its scatter, seconds or minutes away, and a CLOSE must not wait for it.
+const ENGINE_WAIT: Duration = Duration::from_millis(20);
+
 pub(super) fn error_frame(code: &str, message: &str, fatal: bool) -> Vec<u8> {
     proto::json_frame(
         Kind::Error,
@@ -64,6 +69,8 @@ struct Stream {
     credits: u32,
     /// A batch taken from the engine that did not fit the ring yet.
     pending: Option<(Batch, Instant)>,
+    /// Since when the connection has been waiting for the engine's next batch.
+    asked: Option<Instant>,
 }
 
 impl Stream {
@@ -332,7 +339,13 @@ impl Conn {
                 continue;
             }
             if st.pending.is_none() {
-                let asked = Instant::now();
+                let asked = *st.asked.get_or_insert_with(Instant::now);
+                if !st.batches.ready_within(ENGINE_WAIT) {
+                    // Nothing yet: take what the client sent (a CLOSE stops the stream
+                    // where it is, scatter included) and look again.
+                    continue;
+                }
+                st.asked = None;
                 match st.batches.next() {
                     None => {
                         let sent = self.close_stream();
@@ -741,6 +754,7 @@ impl Conn {
             inline_next: 0,
             credits,
             pending: None,
+            asked: None,
         });
         Ok(())
     }

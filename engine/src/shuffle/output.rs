@@ -163,7 +163,7 @@ impl OutputWriter {
 
 /// Whether `path` exists and is a FIFO or a character device (following links: `>(cmd)`
 /// and /dev/stdout on a pipe are links to one).
-fn is_stream(path: &Path) -> bool {
+pub(super) fn is_stream(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo() || m.file_type().is_char_device())
 }

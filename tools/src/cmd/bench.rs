@@ -15,7 +15,10 @@ pub struct Args {
     /// on the real device and emulated hdd), convergence (SGD on label-sorted data fed by
     /// each mode), au (accelerator utilisation with a simulated compute time per batch),
     /// modes (every mode x record size x device, with shuffle quality), peers (numpy memmap
-    /// and a Python shuffle buffer under a 1 GiB memory limit, 3 GB of data), or all.
+    /// and a Python shuffle buffer under a 1 GiB memory limit, 3 GB of data), scale
+    /// (100,000 files, a 20 GiB two-pass under `ulimit -n 256`, a 4 GB shuffle, 100 million
+    /// tiny records; about 60 GB of data and 15 minutes, 7 GB with --quick; not in `all`),
+    /// or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -46,6 +49,10 @@ pub struct Args {
     /// emulated classes (hdd, sata-ssd; root). Default: real,hdd (modes: real,hdd,sata-ssd).
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// scale: the cases to run, comma separated: many-files, two-pass-large, shuffle,
+    /// tiny-records (default: all four).
+    #[arg(long, value_delimiter = ',')]
+    pub cases: Vec<String>,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -61,6 +68,7 @@ pub fn run(args: Args) -> Result<()> {
         "au" => au(&args),
         "modes" => modes(&args),
         "peers" => peers(&args),
+        "scale" => scale(&args),
         "all" => {
             parity(&args)?;
             probe_check(&args)?;
@@ -74,7 +82,7 @@ pub fn run(args: Args) -> Result<()> {
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
-                 convergence, au, modes, peers and all"
+                 convergence, au, modes, peers, scale and all"
             )
         }
     }
@@ -144,6 +152,24 @@ fn lirs(args: &Args) -> Result<()> {
         3 + 4 * opts.repeats,
         |p| riffle_bench::lirs::run(&opts, p),
         riffle_bench::lirs::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn scale(args: &Args) -> Result<()> {
+    let opts = riffle_bench::scale::ScaleOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        quick: args.quick,
+        keep: args.keep,
+        repeats: args.repeats.unwrap_or(if args.quick { 1 } else { 2 }),
+        cases: args.cases.clone(),
+    };
+    suite(
+        args,
+        5,
+        |p| riffle_bench::scale::run(&opts, p),
+        riffle_bench::scale::markdown,
         |r| &r.report_dir,
     )
 }

@@ -41,7 +41,8 @@ pub struct Args {
     #[arg(long, value_parser = super::dataset::parse_sep)]
     pub sep: Option<u8>,
     /// Where temporary piles go, for inputs larger than --memory (default: the output's
-    /// directory, or the system temp directory for `-o -`).
+    /// directory; for `-o -`, a FIFO or a device, the first input file's directory, or the
+    /// system temp directory when every input is a stream).
     ///
     /// The piles go in a private directory `.riffle-scratch-KIND-PID-RANDOM` there (made
     /// if the location is missing, and removed again), removed when the run ends, also on
