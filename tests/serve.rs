@@ -648,6 +648,56 @@ fn sigterm_tells_clients_and_removes_the_socket() {
     }
 }
 
+/// Regression (issue 15): the accept loop was woken by connecting to the daemon's own
+/// socket path, so with the socket file removed, or taken by another daemon, SIGTERM was
+/// ignored. Now it is woken through a pipe: the daemon ends within a second, and removes
+/// the socket path only if it is still its own.
+#[test]
+fn sigterm_stops_the_daemon_whatever_happened_to_its_socket_path() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 2_000, 64);
+    let sock = sb.path().join("s.sock");
+    let term_and_wait = |d: &mut Daemon| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(d.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let started = Instant::now();
+        loop {
+            if let Some(st) = d.child.try_wait().unwrap() {
+                assert!(st.success(), "{st}");
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "no exit 5 s after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    // The socket file removed.
+    let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    std::fs::remove_file(&sock).unwrap();
+    let took = term_and_wait(&mut d);
+    assert!(took < Duration::from_secs(1), "exit took {took:?}");
+    // The path taken by another daemon after the first one's file was removed: the first
+    // stops, and the second's socket is left in place, still served.
+    let mut first = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    std::fs::remove_file(&sock).unwrap();
+    let mut second = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let took = term_and_wait(&mut first);
+    assert!(took < Duration::from_secs(1), "exit took {took:?}");
+    assert!(sock.exists(), "the other daemon's socket was removed");
+    let mut c = second.client();
+    c.send(&proto::json_frame(Kind::Open, &OpenRequest::new("train", 16)))
+        .unwrap();
+    assert_eq!(c.frame().unwrap().0, Kind::Opened);
+    drop(c);
+    term_and_wait(&mut second);
+    assert!(!sock.exists());
+}
+
 #[test]
 fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
     let sb = Sandbox::new();

@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde_json::json;
 
 use super::conn::{error_frame, Conn};
@@ -59,6 +61,9 @@ pub struct ServeConfig {
 pub struct Server {
     listener: UnixListener,
     shared: Arc<Shared>,
+    /// The socket file's identity (device, inode), so shutdown removes it only if the path
+    /// still names this daemon's socket, not one another daemon bound there since.
+    socket_id: (u64, u64),
 }
 
 /// Stops a running [`Server`] from another thread (a signal handler thread).
@@ -68,17 +73,20 @@ pub struct Shutdown {
 }
 
 impl Shutdown {
-    /// Asks the server to stop: no new connections; open ones are told and closed.
+    /// Asks the server to stop: no new connections; open ones are told and closed. The
+    /// accept loop is woken through a pipe of its own, whatever happened to the socket's
+    /// path (removed, or taken by another daemon).
     pub fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept loop.
-        let _ = UnixStream::connect(&self.shared.cfg.socket);
+        let _ = nix::unistd::write(&self.shared.wake.1, &[1]);
     }
 }
 
 pub(super) struct Shared {
     pub(super) cfg: ServeConfig,
     pub(super) stopping: AtomicBool,
+    /// The accept loop's wake-up pipe (read end, write end).
+    wake: (OwnedFd, OwnedFd),
     /// A clone of every live connection's socket, to end them at shutdown.
     pub(super) conns: Mutex<HashMap<u64, UnixStream>>,
     stats: Mutex<Stats>,
@@ -154,12 +162,19 @@ impl Server {
         let listener = bound.map_err(|e| Error::io(path, "bind", None, e))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.socket_mode))
             .map_err(|e| Error::io(path, "chmod", None, e))?;
+        let socket_id = std::fs::symlink_metadata(path)
+            .map(|m| (m.dev(), m.ino()))
+            .map_err(|e| Error::io(path, "stat", None, e))?;
+        let wake = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| Error::io(path, "make the wake-up pipe", None, e.into()))?;
         let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
         Ok(Server {
             listener,
+            socket_id,
             shared: Arc::new(Shared {
                 cfg,
                 stopping: AtomicBool::new(false),
+                wake,
                 conns: Mutex::new(HashMap::new()),
                 stats: Mutex::new(Stats {
                     started: Instant::now(),
@@ -200,10 +215,29 @@ impl Server {
         let mut threads: Vec<(u64, JoinHandle<()>)> = Vec::new();
         let mut next_id = 0u64;
         loop {
-            let accepted = self.listener.accept();
+            // Wait for a connection or the wake-up pipe, never for the filesystem.
+            let ready = {
+                let mut fds = [
+                    PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.shared.wake.0.as_fd(), PollFlags::POLLIN),
+                ];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
+                    Err(nix::errno::Errno::EINTR) => false,
+                    Err(e) => {
+                        crate::notice::once("serve-poll", &format!("poll failed: {e}"));
+                        std::thread::sleep(Duration::from_millis(50));
+                        false
+                    }
+                }
+            };
             if self.shared.stopping.load(Ordering::SeqCst) {
                 break;
             }
+            if !ready {
+                continue;
+            }
+            let accepted = self.listener.accept();
             let sock = match accepted {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -292,7 +326,10 @@ impl Server {
         for (_, t) in threads {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.shared.cfg.socket);
+        let path = &self.shared.cfg.socket;
+        if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == self.socket_id) {
+            let _ = std::fs::remove_file(path);
+        }
         Ok(())
     }
 }

@@ -336,9 +336,7 @@ impl Ring {
         nix::unistd::ftruncate(&fd, len as i64).map_err(|e| os("ftruncate of the memfd", e))?;
         fcntl(
             &fd,
-            FcntlArg::F_ADD_SEALS(
-                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-            ),
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
         )
         .map_err(|e| os("sealing the memfd", e))?;
         // SAFETY: a fresh shared mapping of a file of exactly `len` bytes that cannot shrink
@@ -357,11 +355,20 @@ impl Ring {
             )
         }
         .map_err(|e| os("mmap of the memfd", e))?;
-        Ok(Ring {
+        let ring = Ring {
             fd,
             ptr: ptr.cast(),
             len,
-        })
+        };
+        // Only the mapping above may write: from here on, no writable mapping and no
+        // write() through any descriptor of this file (a client reopening
+        // /proc/self/fd/N read-write included), and no more seals.
+        fcntl(
+            &ring.fd,
+            FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_FUTURE_WRITE | SealFlag::F_SEAL_SEAL),
+        )
+        .map_err(|e| os("sealing the memfd against writes", e))?;
+        Ok(ring)
     }
 
     /// Copies `src` to byte `at`. Panics if that runs past the end.
@@ -586,5 +593,53 @@ mod tests {
         assert_eq!(m.bytes(100, 5).unwrap(), b"HELLO");
         // The sealed memfd cannot be shrunk by whoever holds it.
         assert!(nix::unistd::ftruncate(&ring.fd, 0).is_err());
+    }
+
+    /// Regression (issue 15): memfd inodes are 0777, so a client could reopen the passed
+    /// descriptor read-write through /proc and scribble on the ring the daemon writes.
+    /// The write seal refuses a writable mapping and write() through any descriptor.
+    #[test]
+    fn a_client_cannot_write_the_ring_even_through_a_reopened_descriptor() {
+        use std::os::unix::fs::FileExt;
+        let ring = Ring::new("riffle-test", 1 << 16).unwrap();
+        let passed = ring.client_fd().unwrap();
+        let reopened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", passed.as_raw_fd()))
+            .expect("memfds are 0777: the reopen itself succeeds");
+        let e = reopened.write_at(b"evil", 100).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+        for fd in [passed.as_fd(), reopened.as_fd()] {
+            // SAFETY: a fresh mapping that is unmapped at once if it is ever made.
+            let writable = unsafe {
+                mmap(
+                    None,
+                    NonZeroUsize::new(4096).unwrap(),
+                    ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                    MapFlags::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            };
+            match writable {
+                Ok(p) => {
+                    // SAFETY: just mapped, 4096 bytes, used by nothing.
+                    let _ = unsafe { munmap(p, 4096) };
+                    panic!("a writable shared mapping of the ring was allowed");
+                }
+                // EACCES for the read-only descriptor; EPERM (the seal) for the one
+                // reopened read-write.
+                Err(e) => assert!(
+                    matches!(e, nix::errno::Errno::EPERM | nix::errno::Errno::EACCES),
+                    "{e}"
+                ),
+            }
+        }
+        // The daemon's own mapping still writes, and a read-only one still reads.
+        // SAFETY: nothing else uses this ring.
+        unsafe { ring.write(100, b"fine") };
+        let m = Mapping::new(&passed, 1 << 16).unwrap();
+        assert_eq!(m.bytes(100, 4).unwrap(), b"fine");
     }
 }

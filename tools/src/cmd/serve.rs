@@ -157,9 +157,23 @@ pub fn run(a: Args) -> Result<()> {
     std::thread::Builder::new()
         .name("riffle-signals".into())
         .spawn(move || {
-            if let Ok(sig) = signals.wait() {
-                eprintln!("riffle serve: {sig}, shutting down");
-                stop.shutdown();
+            // The first signal stops the daemon gracefully (clients are told, the socket
+            // removed); a second one while that is under way ends it at once, its
+            // scratch removed first.
+            let mut first = true;
+            while let Ok(sig) = signals.wait() {
+                if first {
+                    eprintln!("riffle serve: {sig}, shutting down");
+                    stop.shutdown();
+                    first = false;
+                } else {
+                    let (_, bytes) = riffle::scratch::remove_live();
+                    eprintln!(
+                        "riffle serve: {sig} again, exiting now (removed {} of scratch)",
+                        human_bytes(bytes as f64)
+                    );
+                    std::process::exit(128 + sig as i32);
+                }
             }
         })
         .context("starting the signal thread")?;
