@@ -690,8 +690,11 @@ fn sigterm_stops_the_daemon_whatever_happened_to_its_socket_path() {
     assert!(took < Duration::from_secs(1), "exit took {took:?}");
     assert!(sock.exists(), "the other daemon's socket was removed");
     let mut c = second.client();
-    c.send(&proto::json_frame(Kind::Open, &OpenRequest::new("train", 16)))
-        .unwrap();
+    c.send(&proto::json_frame(
+        Kind::Open,
+        &OpenRequest::new("train", 16),
+    ))
+    .unwrap();
     assert_eq!(c.frame().unwrap().0, Kind::Opened);
     drop(c);
     term_and_wait(&mut second);
