@@ -35,6 +35,16 @@ pub enum Error {
     /// A request that the engine cannot honour (bad argument, budget too small, ...).
     #[error("{0}")]
     Invalid(String),
+    /// `riffle serve` refused or ended a request, and said why: `code` is its reason
+    /// (`busy`, `shutdown`, `bad_request`, `unknown_dataset`, `engine`, ...; see
+    /// docs/protocol.md), `message` its words.
+    #[error("riffle serve: {message} ({code})")]
+    Daemon {
+        /// The daemon's reason, as a word a program can match.
+        code: String,
+        /// What it said.
+        message: String,
+    },
 }
 
 fn at_offset(offset: Option<u64>) -> String {
@@ -57,6 +67,14 @@ impl Error {
             op,
             offset,
             err: source,
+        }
+    }
+
+    /// The daemon's reason (`busy`, `shutdown`, ...), when `riffle serve` said why.
+    pub fn daemon_code(&self) -> Option<&str> {
+        match self {
+            Error::Daemon { code, .. } => Some(code),
+            _ => None,
         }
     }
 

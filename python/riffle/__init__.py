@@ -12,8 +12,11 @@ from .client import (
     PROTOCOL_VERSION,
     Batch,
     Client,
+    RiffleBadRequest,
+    RiffleBusy,
     RiffleConnectionError,
     RiffleError,
+    RiffleShutdown,
     Stream,
 )
 
@@ -21,8 +24,11 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Batch",
     "Client",
+    "RiffleBadRequest",
+    "RiffleBusy",
     "RiffleConnectionError",
     "RiffleError",
+    "RiffleShutdown",
     "Stream",
 ]
 __version__ = "0.1.0"

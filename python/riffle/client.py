@@ -39,6 +39,29 @@ class RiffleError(Exception):
         self.fatal = fatal
 
 
+class RiffleBusy(RiffleError):
+    """The daemon serves as many clients as it may (`--max-clients`): try again later."""
+
+
+class RiffleShutdown(RiffleError):
+    """The daemon is stopping (SIGTERM): resume from `state_dict()` once it is back."""
+
+
+class RiffleBadRequest(RiffleError, ValueError):
+    """The daemon refused a request as malformed or impossible (`bad_request`,
+    `unknown_dataset`, `too_large`, `version`)."""
+
+
+_BY_CODE = {
+    "busy": RiffleBusy,
+    "shutdown": RiffleShutdown,
+    "bad_request": RiffleBadRequest,
+    "unknown_dataset": RiffleBadRequest,
+    "too_large": RiffleBadRequest,
+    "version": RiffleBadRequest,
+}
+
+
 class RiffleConnectionError(RiffleError, ConnectionError):
     """The connection to the daemon failed or was closed: resume from `state_dict()` on a
     new `Client`."""
@@ -174,7 +197,51 @@ class Client:
         try:
             self._sock.sendall(data)
         except OSError as e:
+            # The daemon may have said why before closing (busy, shutdown): say that.
+            said = self._said_before_closing()
+            if said is not None:
+                raise said from e
             raise RiffleConnectionError(f"{self.path}: send failed: {e}") from e
+
+    def _said_before_closing(self, patience=3.0):
+        """An ERROR frame among what the daemon sent before it closed, or None. The daemon
+        stops reading before it writes its last word (at shutdown), so this waits for the
+        end of the connection, for `patience` seconds at most (the daemon closes every
+        connection within 2 s of a shutdown)."""
+        deadline = time.monotonic() + patience
+        try:
+            while True:
+                avail = len(self._buf) - self._start
+                if avail >= 5:
+                    (n,) = _U32.unpack_from(self._buf, self._start)
+                    if n == 0:
+                        return None
+                    if avail >= 4 + n:
+                        s = self._start
+                        kind = self._buf[s + 4]
+                        body = bytes(self._buf[s + 5 : s + 4 + n])
+                        self._start = s + 4 + n
+                        if kind == ERROR:
+                            return _error(body)
+                        continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._sock.settimeout(left)
+                try:
+                    data = self._sock.recv(_CHUNK)
+                except OSError:
+                    return None
+                if not data:
+                    return None
+                self._buf += data
+        except Exception:  # noqa: BLE001 - best effort: the caller reports its own error
+            return None
+        finally:
+            try:
+                self._sock.settimeout(None)
+            except OSError:
+                pass
 
     def _send_json(self, kind, obj):
         body = json.dumps(obj).encode()
@@ -288,7 +355,8 @@ class Client:
 def _error(body):
     try:
         e = json.loads(body)
-        return RiffleError(e["message"], e.get("code", "daemon"), e.get("fatal", False))
+        code = e.get("code", "daemon")
+        return _BY_CODE.get(code, RiffleError)(e["message"], code, e.get("fatal", False))
     except (ValueError, KeyError):
         return RiffleError("the daemon sent an unreadable error", "protocol")
 

@@ -323,3 +323,57 @@ def test_a_new_stream_on_a_client_closes_the_old_one(daemon):
         assert sum(len(b) for b in new) == 3000
         with pytest.raises(riffle.RiffleError, match="another stream was opened"):
             next(old)
+
+
+def test_a_full_daemon_says_busy_every_time_not_broken_pipe(data):
+    # Regression (issue 15): the daemon wrote `busy` and closed before reading HELLO, so the
+    # client's HELLO met a closed socket and 19 of 20 tries raised "Broken pipe".
+    d = Daemon({"train": data}, "--max-clients", "1")
+    try:
+        # The start-up check's own connection may still hold the one slot for a moment.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                holder = riffle.Client(d.socket)
+                break
+            except riffle.RiffleBusy:
+                assert time.monotonic() < deadline, "the slot never came free"
+                time.sleep(0.02)
+        with holder:
+            kinds = []
+            for _ in range(20):
+                try:
+                    riffle.Client(d.socket).close()
+                    kinds.append("connected")
+                except riffle.RiffleBusy as e:
+                    assert e.code == "busy" and "--max-clients" in e.message, e
+                    kinds.append("busy")
+                except riffle.RiffleError as e:
+                    kinds.append(f"{type(e).__name__}: {e}")
+            assert kinds == ["busy"] * 20, kinds
+            assert holder.datasets == ["train"]
+    finally:
+        d.stop()
+
+
+def test_a_streaming_client_is_told_shutdown_at_sigterm(data):
+    d = Daemon({"train": data})
+    try:
+        c = riffle.Client(d.socket)
+        it = iter(c.stream("train", 10, epochs=100))
+        next(it)
+        d.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(riffle.RiffleShutdown) as e:
+            for _ in it:
+                pass
+        assert e.value.code == "shutdown"
+        assert d.proc.wait(timeout=10) == 0
+    finally:
+        d.stop()
+
+
+def test_bad_requests_raise_a_value_error_kind(daemon):
+    with riffle.Client(daemon.socket) as c:
+        with pytest.raises(riffle.RiffleBadRequest) as e:
+            next(iter(c.stream("nope", 10)))
+        assert isinstance(e.value, ValueError) and e.value.code == "unknown_dataset"

@@ -29,7 +29,10 @@ use crate::{Error, Result};
 /// The daemon's answer was an `ERROR` frame, or the connection failed.
 fn daemon_error(body: &[u8]) -> Error {
     match serde_json::from_slice::<proto::ErrorMsg>(body) {
-        Ok(e) => Error::Invalid(format!("riffle serve: {} ({})", e.message, e.code)),
+        Ok(e) => Error::Daemon {
+            code: e.code,
+            message: e.message,
+        },
         Err(_) => Error::Invalid("riffle serve sent an unreadable error".into()),
     }
 }
@@ -85,9 +88,50 @@ impl Client {
         self.sock.set_read_timeout(t).map_err(gone)
     }
 
-    /// Sends raw bytes (tests use it to misbehave).
+    /// Sends raw bytes (tests use it to misbehave). When the daemon has closed the
+    /// connection, the error is what it said before closing (`busy`, `shutdown`, ...), if
+    /// it said anything.
     pub fn send(&mut self, bytes: &[u8]) -> Result<()> {
-        self.sock.write_all(bytes).map_err(gone)
+        match self.sock.write_all(bytes) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.said_before_closing().unwrap_or_else(|| gone(e))),
+        }
+    }
+
+    /// An `ERROR` frame the daemon sent before it closed. The daemon stops reading before
+    /// it writes its last word (at shutdown), so this reads to the end of the connection,
+    /// for 3 s at most (the daemon closes every connection within 2 s of a shutdown).
+    fn said_before_closing(&mut self) -> Option<Error> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let old = self.sock.read_timeout().ok().flatten();
+        let mut said = None;
+        while said.is_none() {
+            match self.buf.next(u32::MAX as usize) {
+                Ok(Some((k, body))) => {
+                    if Kind::from_u8(k) == Some(Kind::Error) {
+                        said = Some(daemon_error(body));
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(_) => break,
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || self.sock.set_read_timeout(Some(left)).is_err() {
+                break;
+            }
+            const CHUNK: usize = 64 * 1024;
+            let spare = self.buf.spare(CHUNK);
+            match shm::recv_with_fds(&self.sock, spare, &mut self.fds) {
+                Ok(n) if n > 0 => self.buf.filled(CHUNK, n),
+                _ => {
+                    self.buf.filled(CHUNK, 0);
+                    break;
+                }
+            }
+        }
+        let _ = self.sock.set_read_timeout(old);
+        said
     }
 
     /// The next frame from the daemon.
