@@ -160,6 +160,12 @@ fn random_suffix() -> String {
         .collect()
 }
 
+/// Where a run's scratch goes: the location given (`--scratch`), or the directory of the
+/// dataset's first file (`.` for a bare name).
+pub fn location(given: Option<&Path>, first_file: &Path) -> PathBuf {
+    given.map_or_else(|| parent_dir(first_file).to_path_buf(), Path::to_path_buf)
+}
+
 /// The directory a path's file is in (`.` for a bare name).
 pub fn parent_dir(path: &Path) -> &Path {
     path.parent()

@@ -693,11 +693,7 @@ impl Conn {
                 announce_ready(&wire, &ring, &shared, credits, b)
             })))
         });
-        let root = cfg
-            .scratch
-            .clone()
-            .or_else(|| ds.files()[0].path.parent().map(Path::to_path_buf))
-            .unwrap_or_else(std::env::temp_dir);
+        let root = crate::scratch::location(cfg.scratch.as_deref(), &ds.files()[0].path);
         let mode = match cfg.mode {
             ServeMode::Auto => planned_mode(ds, &opts, &root),
             m => m,

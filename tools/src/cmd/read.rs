@@ -126,15 +126,7 @@ pub fn parse_grouping(name: &str, unit: u64) -> Result<Grouping> {
 
 /// Where two-pass piles go: `--scratch`, or the directory of the first data file.
 pub fn scratch_dir(given: Option<&PathBuf>, ds: &Dataset) -> PathBuf {
-    match given {
-        Some(s) => s.clone(),
-        None => ds.files()[0]
-            .path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."))
-            .to_path_buf(),
-    }
+    riffle::scratch::location(given.map(PathBuf::as_path), &ds.files()[0].path)
 }
 
 /// The planner's view of the device holding the dataset: its cached profile, or a quick

@@ -125,17 +125,8 @@ pub fn run(a: Args) -> Result<()> {
         }
         // Scratch of an earlier daemon that was killed (SIGKILL, a crash) goes now, not
         // when the first two-pass stream opens.
-        let root = a.scratch.clone().or_else(|| {
-            ds.files().first().and_then(|f| f.path.parent()).map(|p| {
-                if p.as_os_str().is_empty() {
-                    ".".into()
-                } else {
-                    p.to_path_buf()
-                }
-            })
-        });
-        if let Some(root) = root {
-            riffle::scratch::reclaim(&root);
+        if let Some(first) = ds.files().first() {
+            riffle::scratch::reclaim(&riffle::scratch::location(a.scratch.as_deref(), &first.path));
         }
         datasets.push((d.name.clone(), Arc::new(ds)));
     }
