@@ -884,3 +884,78 @@ fn end_counts_every_batch_announced_even_those_cut_short_by_close() {
     let s = c.stats().unwrap();
     assert_eq!(s["streams_now"], 0, "{s}");
 }
+
+/// Regression (issue 15): the HELLO limit was per read, so a HELLO trickled a byte at a
+/// time held a slot for as long as the trickle lasted; after HELLO there was no limit at
+/// all. Now the whole handshake has 10 s, and a client that leaves the daemon waiting on
+/// it longer than --idle-timeout (no stream open, or a stream stalled on its acks) is told
+/// `timeout` and its slot freed, while a client that reads goes on.
+#[test]
+fn slow_and_idle_clients_lose_their_slot_and_honest_ones_do_not() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &["--idle-timeout", "1", "--max-clients", "8"],
+    );
+    // A HELLO trickled so that it would take 14 s: cut off 10 s after connecting.
+    let trickler = {
+        let sock = sock.clone();
+        std::thread::spawn(move || {
+            let mut s = UnixStream::connect(&sock).unwrap();
+            let started = Instant::now();
+            let bytes = hello();
+            let gap = Duration::from_secs(14) / bytes.len() as u32;
+            for b in &bytes {
+                if s.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(gap);
+            }
+            let e = expect_fatal_error(&mut s);
+            (started.elapsed(), e)
+        })
+    };
+    // Greeted, then silent.
+    let mut silent = UnixStream::connect(&sock).unwrap();
+    silent.write_all(&hello()).unwrap();
+    // A stream opened and never acknowledged.
+    let mut stalled = d.client();
+    stalled
+        .send(&proto::json_frame(
+            Kind::Open,
+            &OpenRequest::new("train", 16),
+        ))
+        .unwrap();
+    assert_eq!(stalled.frame().unwrap().0, Kind::Opened);
+    // An honest client reads three epochs meanwhile (it acks as it reads).
+    let mut honest = d.client();
+    let mut req = OpenRequest::new("train", 64);
+    req.epochs = 3;
+    let got = read_all(&mut honest, req);
+    assert_eq!(got.len() as u64, 3 * 20_000u64.div_ceil(64));
+    drop(honest);
+    let started = Instant::now();
+    let e = expect_fatal_error(&mut silent);
+    assert_eq!(e["code"], "timeout", "{e}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let e = loop {
+        match stalled.frame() {
+            Ok((Kind::Error, body)) => break serde_json::from_slice::<Value>(&body).unwrap(),
+            Ok(_) => continue,
+            Err(e) => panic!("closed without saying why: {e}"),
+        }
+    };
+    assert_eq!(e["code"], "timeout", "{e}");
+    let (took, e) = trickler.join().unwrap();
+    assert_eq!(e["code"], "timeout", "{e}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(14),
+        "the trickled HELLO was cut off after {took:?} (its writes end at 14 s)"
+    );
+    // Only the stats query's own connection is left.
+    d.wait_stats("every slot freed", |s| s["clients"] == 1);
+}

@@ -24,7 +24,8 @@ use crate::order::{Grouping, Split, Tail};
 /// Most batches a stream sends before it needs an ack.
 const MAX_CREDITS: u32 = 16;
 
-/// How long a new connection has to say HELLO (an idle connection holds a client slot).
+/// How long a new connection has for its whole handshake (an idle connection holds a
+/// client slot): the HELLO must be complete by then, however it trickles in.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest the connection thread waits for the engine before it looks at the socket
@@ -175,6 +176,12 @@ pub(super) struct Conn {
     buf: FrameBuf,
     stream: Option<Stream>,
     out: Vec<u8>,
+    /// When the daemon, waiting on this client, gives up: the end of the handshake's
+    /// time, then `idle_timeout` after the client's last frame. Only waits on the client
+    /// count (no stream open, or a stream stalled on its acks); `None`: no limit.
+    deadline: Option<Instant>,
+    /// Whether HELLO was answered (the deadline is then the idle limit).
+    greeted: bool,
 }
 
 impl Conn {
@@ -188,6 +195,8 @@ impl Conn {
             buf: FrameBuf::default(),
             stream: None,
             out: Vec::new(),
+            deadline: Some(Instant::now() + HELLO_TIMEOUT),
+            greeted: false,
         }
     }
 
@@ -224,12 +233,31 @@ impl Conn {
                 Err(_) => return Err(Leave::Gone),
             }
         }
+        if block {
+            // A blocking read waits no longer than the deadline, whatever trickles in.
+            let left = self
+                .deadline
+                .map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(self.timed_out());
+            }
+            let _ = self.wire.sock.set_read_timeout(left);
+        }
         const CHUNK: usize = 64 * 1024;
         let spare = self.buf.spare(CHUNK);
         let got = loop {
             match (&self.wire.sock).read(spare) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    self.buf.filled(CHUNK, 0);
+                    return Err(self.timed_out());
+                }
                 Err(_) => {
                     self.buf.filled(CHUNK, 0);
                     return Err(Leave::Gone);
@@ -243,12 +271,36 @@ impl Conn {
         Ok(true)
     }
 
+    fn timed_out(&self) -> Leave {
+        Leave::Fatal(
+            "timeout",
+            if self.greeted {
+                format!(
+                    "the client sent nothing for {} s while the daemon waited on it \
+                     (--idle-timeout)",
+                    self.shared.cfg.idle_timeout.unwrap_or_default().as_secs()
+                )
+            } else {
+                format!(
+                    "no complete HELLO within {} s of connecting",
+                    HELLO_TIMEOUT.as_secs()
+                )
+            },
+        )
+    }
+
     /// The next whole frame, reading as needed (or only what is there when `block` is
-    /// false). Oversized or zero lengths end the connection.
+    /// false). Oversized or zero lengths end the connection. Every frame moves the idle
+    /// deadline on (once the handshake is done).
     fn frame(&mut self, block: bool) -> Result<Option<(u8, Vec<u8>)>, Leave> {
         loop {
             match self.buf.next(proto::MAX_FRAME) {
-                Ok(Some((k, body))) => return Ok(Some((k, body.to_vec()))),
+                Ok(Some((k, body))) => {
+                    if self.greeted {
+                        self.deadline = self.shared.cfg.idle_timeout.map(|t| Instant::now() + t);
+                    }
+                    return Ok(Some((k, body.to_vec())));
+                }
                 Ok(None) => {}
                 Err(0) => {
                     return Err(Leave::Fatal(
@@ -278,11 +330,11 @@ impl Conn {
     }
 
     fn handshake(&mut self) -> Result<(), Leave> {
-        // A connection that never says HELLO would hold a client slot for ever. (A read
-        // that times out ends the connection like any failed read.)
-        let _ = self.wire.sock.set_read_timeout(Some(HELLO_TIMEOUT));
+        // A connection that never completes HELLO would hold a client slot for ever: the
+        // whole handshake has HELLO_TIMEOUT from the accept (the deadline set in `new`).
         let (kind, body) = self.frame(true)?.expect("a blocking read returns a frame");
-        let _ = self.wire.sock.set_read_timeout(None);
+        self.greeted = true;
+        self.deadline = self.shared.cfg.idle_timeout.map(|t| Instant::now() + t);
         if kind != Kind::Hello as u8 {
             return Err(Leave::Fatal(
                 "protocol",

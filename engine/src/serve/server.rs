@@ -53,6 +53,10 @@ pub struct ServeConfig {
     pub mode: ServeMode,
     /// Two-pass: where the piles go.
     pub scratch: Option<PathBuf>,
+    /// How long a connection may leave the daemon waiting on it (no stream open, or a
+    /// stream stalled until the client acknowledges) before it is closed with a `timeout`
+    /// error; `None`: no limit.
+    pub idle_timeout: Option<Duration>,
     /// Reads in flight per stream.
     pub queue_depth: usize,
 }

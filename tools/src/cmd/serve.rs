@@ -42,6 +42,12 @@ pub struct Args {
     /// Reads in flight per stream.
     #[arg(long, default_value_t = 64)]
     pub queue_depth: usize,
+    /// Seconds a client may leave the daemon waiting on it (connected with no stream
+    /// open, or with a stream stalled until it acknowledges a batch) before it is closed
+    /// with a `timeout` error and its slot freed; 0 for no limit. The handshake (HELLO)
+    /// always has 10 s in all.
+    #[arg(long, default_value_t = 600)]
+    pub idle_timeout: u64,
     /// Permission bits of the socket, in octal.
     #[arg(long, default_value = "600", value_parser = parse_mode)]
     pub socket_mode: u32,
@@ -126,7 +132,10 @@ pub fn run(a: Args) -> Result<()> {
         // Scratch of an earlier daemon that was killed (SIGKILL, a crash) goes now, not
         // when the first two-pass stream opens.
         if let Some(first) = ds.files().first() {
-            riffle::scratch::reclaim(&riffle::scratch::location(a.scratch.as_deref(), &first.path));
+            riffle::scratch::reclaim(&riffle::scratch::location(
+                a.scratch.as_deref(),
+                &first.path,
+            ));
         }
         datasets.push((d.name.clone(), Arc::new(ds)));
     }
@@ -143,6 +152,7 @@ pub fn run(a: Args) -> Result<()> {
         mode,
         scratch: a.scratch,
         queue_depth: a.queue_depth,
+        idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
     })?;
     let stop = server.shutdown_handle();
     std::thread::Builder::new()
