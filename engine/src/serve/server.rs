@@ -286,14 +286,14 @@ impl Server {
             let t = std::thread::Builder::new()
                 .name(format!("riffle-conn-{id}"))
                 .spawn(move || {
+                    // Frees the slot however the thread ends, a panic included (it is
+                    // counted, and only this connection goes).
+                    let _slot = SlotGuard {
+                        shared: shared.clone(),
+                        id,
+                    };
                     let mut c = Conn::new(sock, shared.clone());
                     c.serve();
-                    drop(c);
-                    shared
-                        .conns
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
                 });
             match t {
                 Ok(t) => threads.push((id, t)),
@@ -335,6 +335,34 @@ impl Server {
             let _ = std::fs::remove_file(path);
         }
         Ok(())
+    }
+}
+
+/// A connection's place in `Shared::conns`, given back when its thread ends.
+struct SlotGuard {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let sock = self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+        if std::thread::panicking() {
+            *self
+                .shared
+                .stats()
+                .errors
+                .entry("panic".into())
+                .or_default() += 1;
+            if let Some(s) = sock {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
     }
 }
 
