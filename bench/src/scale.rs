@@ -499,13 +499,20 @@ pub fn markdown(r: &ScaleReport) -> String {
         r.cold_cache
     ));
     s.push_str("| case | measured | reference | ratio | target | met | notes |\n|---|---:|---:|---:|---|---|---|\n");
+    // Byte figures read better as sizes.
+    let show = |v: f64, unit: &str| {
+        if unit.contains("bytes") {
+            format!("{} ({unit})", riffle::size::human_bytes(v))
+        } else {
+            format!("{v:.1} {unit}")
+        }
+    };
     for row in &r.rows {
         s.push_str(&format!(
-            "| {} | {:.1} {} | {:.1} ({}) | {:.2} | {} | {} | {} |\n",
+            "| {} | {} | {} ({}) | {:.2} | {} | {} | {} |\n",
             row.case,
-            row.value,
-            row.unit,
-            row.reference,
+            show(row.value, &row.unit),
+            show(row.reference, if row.unit.contains("bytes") { "bytes" } else { "" }),
             row.reference_is,
             row.ratio,
             row.target,

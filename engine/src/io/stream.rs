@@ -25,6 +25,8 @@ pub struct StreamWriter {
     done: Vec<super::Completion>,
     /// Short writes in a row without progress, per slot.
     stalled: Vec<u32>,
+    /// Write requests completed (a short write's rest counts again).
+    ops: u64,
 }
 
 impl StreamWriter {
@@ -63,6 +65,7 @@ impl StreamWriter {
             fill: 0,
             offset: 0,
             done: Vec::new(),
+            ops: 0,
         })
     }
 
@@ -95,19 +98,59 @@ impl StreamWriter {
         Ok(())
     }
 
+    /// Appends `len` bytes that `fill(offset, buf)` writes straight into the slots, piece
+    /// by piece (`offset` is the piece's position in the file): no copy.
+    pub fn write_with<F>(&mut self, mut len: u64, fill: &mut F) -> Result<()>
+    where
+        F: FnMut(u64, &mut [u8]),
+    {
+        while len > 0 {
+            let slot = match self.current {
+                Some(s) => s,
+                None => {
+                    let s = self.free_slot()?;
+                    self.current = Some(s);
+                    self.fill = 0;
+                    s
+                }
+            };
+            let size = self.backend.slot_size();
+            let n = ((size - self.fill) as u64).min(len) as usize;
+            let at = self.position();
+            fill(
+                at,
+                &mut self.backend.slot_mut(slot)[self.fill..self.fill + n],
+            );
+            self.fill += n;
+            len -= n as u64;
+            if self.fill == size {
+                self.submit(size)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes what is left, waits for every write, cuts the padding off and syncs.
     /// Returns the file's length.
     pub fn finish(self) -> Result<u64> {
-        self.close(true)
+        self.close(true).map(|(len, _, _)| len)
     }
 
     /// [`finish`](Self::finish) without the sync: for scratch files read back by this
     /// process and deleted, which need no durability.
     pub fn finish_scratch(self) -> Result<u64> {
-        self.close(false)
+        self.close(false).map(|(len, _, _)| len)
     }
 
-    fn close(mut self, sync: bool) -> Result<u64> {
+    /// [`finish`](Self::finish), and what the writer did: (length, write requests
+    /// completed, backend, whether the writes bypassed the page cache).
+    pub fn finish_counted(self) -> Result<(u64, u64, super::BackendKind, bool)> {
+        let direct = self.file.direct();
+        self.close(true)
+            .map(|(len, ops, kind)| (len, ops, kind, direct))
+    }
+
+    fn close(mut self, sync: bool) -> Result<(u64, u64, super::BackendKind)> {
         let len = self.position();
         if self.fill > 0 {
             let padded = self.fill.div_ceil(self.unit) * self.unit;
@@ -122,10 +165,11 @@ impl StreamWriter {
             .file()
             .set_len(len)
             .map_err(|e| Error::io(self.file.path(), "truncate", Some(len), e))?;
+        let kind = self.backend.kind();
         if sync {
             self.file.sync_data()?;
         }
-        Ok(len)
+        Ok((len, self.ops, kind))
     }
 
     fn submit(&mut self, len: usize) -> Result<()> {
@@ -164,6 +208,7 @@ impl StreamWriter {
         let mut first = waited.err();
         let mut done = std::mem::take(&mut self.done);
         for c in done.drain(..) {
+            self.ops += 1;
             let err = match c.result {
                 Ok(n) if n == c.op.len => None,
                 Ok(n) => {

@@ -156,10 +156,20 @@ impl PilePlan {
                 budget.saturating_sub(writers(piles, buf_for(piles))) / 4,
             )
         });
-        if pile_budget < (stats.max + FRAME_HEAD + 8) * 2 {
+        let need = (stats.max + FRAME_HEAD + 8) * 2;
+        if pile_budget < need {
+            // Name what does not fit: after the fixed part, the pile writers' buffers (one
+            // set per pile) usually take what is left, not the pile itself.
+            let piles = 1u64 << bits;
+            let writer_bytes = writers(piles, buf_for(piles));
             return Err(Error::Invalid(format!(
-                "--memory is too small for two-pass: after indexes, buffers and batches ({fixed} bytes) \
-                 there is no room for a pile of even two of the largest units"
+                "--memory is too small for two-pass: indexes, buffers and batches take {fixed} bytes \
+                 and the {piles} pile writers' buffers {writer_bytes} bytes, leaving {budget_left} of the \
+                 {budget} bytes that remain; two piles of two of the largest units need {need_total} \
+                 bytes (at least {min_memory} bytes of --memory with these writers)",
+                budget_left = budget.saturating_sub(writer_bytes),
+                need_total = need * 4,
+                min_memory = fixed + writer_bytes + need * 4,
             )));
         }
         // A frame counts its unit's records in 31 bits: only page grouping over billions of
