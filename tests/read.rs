@@ -712,3 +712,77 @@ fn two_pass_reads_a_record_over_4_gib() {
         "{v}"
     );
 }
+
+/// Regression (issue 14, item 5): two-pass of 100,000 records of 100 B was refused at
+/// `--memory 2M` (page grouping) and `1M` (record grouping) although 1.6 MB remained:
+/// the plan fell back to 4,096 piles whose writer buffers took it all. It now picks a pile
+/// count whose writers leave room for the pile, delivers the lirs order, and a budget that
+/// is really too small is refused naming the pile writers' buffers.
+#[test]
+fn two_pass_under_a_small_budget_takes_fewer_piles_instead_of_refusing() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("small.npy");
+    make(&sb, &data, "npy", 100_000, 100);
+    for (grouping, memory) in [("page", "2M"), ("record", "1M")] {
+        let base = ["--batch-size", "256", "--grouping", grouping];
+        let lirs = read_ids(&sb, &data, &base, &[]);
+        let mut args = base.to_vec();
+        args.extend(["--mode", "two-pass", "--memory", memory]);
+        let two_pass = read_ids(&sb, &data, &args, &[]);
+        assert_eq!(lirs, two_pass, "{grouping} at {memory}");
+    }
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args([
+            "--batch-size",
+            "256",
+            "--mode",
+            "two-pass",
+            "--memory",
+            "300K",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(err.contains("pile writers' buffers take"), "{err}");
+    assert!(err.contains("at least"), "{err}");
+}
+
+/// Regression (issue 14, item 2): two-pass held a file and a ring open per pile, so
+/// `ulimit -n 256` failed with EMFILE. The pile count now fits the open-file limit and the
+/// batches are still the lirs order.
+#[test]
+fn two_pass_under_ulimit_256_fits_its_piles_and_keeps_the_lirs_order() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("mid.npy");
+    make(&sb, &data, "npy", 400_000, 100);
+    let lirs = read_ids(&sb, &data, &["--batch-size", "256"], &[]);
+    let ids = sb.path().join("capped-ids.txt");
+    let (o, most) = crate::shuffle::under_fd_limit_256(
+        &sb,
+        &[
+            "read".as_ref(),
+            data.as_os_str(),
+            "--batch-size".as_ref(),
+            "256".as_ref(),
+            "--mode".as_ref(),
+            "two-pass".as_ref(),
+            "--memory".as_ref(),
+            "2M".as_ref(),
+            "--json".as_ref(),
+            "--ids-out".as_ref(),
+            ids.as_os_str(),
+        ],
+    );
+    assert_ok(&o);
+    assert!(most < 256, "{most} files open");
+    let capped: Vec<Vec<u64>> = std::fs::read_to_string(&ids)
+        .unwrap()
+        .lines()
+        .map(|l| l.split(' ').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(lirs, capped);
+}

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 
 use crate::{assert_ok, gen, text, Sandbox};
 
@@ -700,4 +700,91 @@ fn a_fifo_or_device_output_is_written_into_and_a_directory_refused() {
     let o = run_within(c, None, LIMIT);
     crate::datasets::assert_bad(&o, &dir, None, "directory");
     assert!(text(&o.stderr).contains("-o -"), "{}", text(&o.stderr));
+}
+
+/// Runs `riffle ARGS` under a soft open-file limit of 256 (`ulimit -n 256`), counting the
+/// process's open files every few milliseconds: its output and the most seen.
+pub(crate) fn under_fd_limit_256(sb: &Sandbox, args: &[&std::ffi::OsStr]) -> (Output, usize) {
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c")
+        .arg("ulimit -n 256 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_riffle"))
+        .args(args)
+        .env("XDG_CACHE_HOME", sb.path().join("cache"))
+        .env_remove("RIFFLE_IO")
+        .env_remove("RIFFLE_DIRECT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    let fd_dir = format!("/proc/{}/fd", child.id());
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(d) = std::fs::read_dir(&fd_dir) {
+                    most = most.max(d.count());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            most
+        })
+    };
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    (out, sampler.join().unwrap())
+}
+
+/// Regression (issue 14, item 2): every pile held a file and a ring open while written,
+/// so `ulimit -n 256` made a shuffle of many piles fail with EMFILE. The pile count now
+/// fits the open-file limit (a larger pile is read in key sub-ranges) and the output is
+/// the same as with the piles an unlimited run takes.
+#[test]
+fn shuffle_under_ulimit_256_fits_its_piles_and_gives_the_same_output() {
+    let sb = Sandbox::new();
+    let input = sb.data().join("in.jsonl");
+    gen(&sb, &input, "lines", 400_000, 100, &[]);
+    let free = sb.data().join("free.jsonl");
+    let o = sb
+        .cmd()
+        .arg("shuffle")
+        .arg(&input)
+        .arg("-o")
+        .arg(&free)
+        .args(["--seed", "3", "--memory", "1M", "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let free_piles = serde_json::from_slice::<serde_json::Value>(&o.stderr).unwrap()["piles"]
+        .as_u64()
+        .unwrap();
+    let capped = sb.data().join("capped.jsonl");
+    let (o, most) = under_fd_limit_256(
+        &sb,
+        &[
+            "shuffle".as_ref(),
+            input.as_os_str(),
+            "-o".as_ref(),
+            capped.as_os_str(),
+            "--seed".as_ref(),
+            "3".as_ref(),
+            "--memory".as_ref(),
+            "1M".as_ref(),
+            "--json".as_ref(),
+        ],
+    );
+    assert_ok(&o);
+    let piles = serde_json::from_slice::<serde_json::Value>(&o.stderr).unwrap()["piles"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        piles < free_piles,
+        "{piles} piles under the limit, {free_piles} without"
+    );
+    assert!(most < 256, "{most} files open");
+    assert_eq!(
+        std::fs::read(&free).unwrap(),
+        std::fs::read(&capped).unwrap()
+    );
 }

@@ -41,6 +41,7 @@ pub mod io;
 pub mod modes;
 pub mod notice;
 pub mod order;
+mod piles;
 mod pipeline;
 pub mod plan;
 pub mod probe;

@@ -745,8 +745,12 @@ impl Piles {
         let dir = crate::scratch::ScratchDir::new_in(tmpdir, "shuffle")?;
         // Piles of about a quarter of the budget; their write buffers share another quarter.
         let target = (memory / 4).max(1 << 20);
+        // At most 4096 piles, and no more than the open-file limit allows: each holds a
+        // file and a ring open while it is written; a larger pile is read in key
+        // sub-ranges.
+        let max_bits = crate::piles::max_pile_bits(12);
         let mut bits = 0;
-        while (estimate >> bits) > target && bits < 12 {
+        while (estimate >> bits) > target && bits < max_bits {
             bits += 1;
         }
         let piles = 1usize << bits;

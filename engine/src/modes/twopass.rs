@@ -137,41 +137,54 @@ impl PilePlan {
         // The fewest piles whose expected size with headroom (s + 6 sqrt(s) units) fits the
         // pile budget; more piles cost more writer slots, so stop when that stops paying.
         let mut choice = None;
-        // At most 4096 piles: each holds a file and a ring open while it is written.
-        for bits in 0..=MAX_PILE_BITS {
+        // A pile's share holds at least two of the largest units.
+        let need = (stats.max + FRAME_HEAD + 8) * 2;
+        // At most 4096 piles, and no more than the open-file limit allows: each holds a
+        // file and a ring open while it is written.
+        let max_bits = crate::piles::max_pile_bits(MAX_PILE_BITS);
+        for bits in 0..=max_bits {
             let piles = 1u64 << bits;
             // Two piles in memory at once (double buffering): a quarter each.
             let pile_budget = budget.saturating_sub(writers(piles, buf_for(piles))) / 4;
             let s = units.len() as f64 / piles as f64;
-            if (s + 6.0 * s.sqrt()) * mean <= pile_budget as f64 {
+            if (s + 6.0 * s.sqrt()) * mean <= pile_budget as f64 && pile_budget >= need {
                 choice = Some((bits, pile_budget));
                 break;
             }
         }
-        // Nothing fits with headroom: the most piles, read back in key sub-ranges.
-        let (bits, pile_budget) = choice.unwrap_or_else(|| {
-            let piles = 1u64 << MAX_PILE_BITS;
-            (
-                MAX_PILE_BITS,
-                budget.saturating_sub(writers(piles, buf_for(piles))) / 4,
-            )
-        });
-        let need = (stats.max + FRAME_HEAD + 8) * 2;
-        if pile_budget < need {
-            // Name what does not fit: after the fixed part, the pile writers' buffers (one
-            // set per pile) usually take what is left, not the pile itself.
+        let pile_budget_of = |bits: u32| {
             let piles = 1u64 << bits;
-            let writer_bytes = writers(piles, buf_for(piles));
+            budget.saturating_sub(writers(piles, buf_for(piles))) / 4
+        };
+        // Nothing fits with headroom: piles read back in key sub-ranges. Every pile is read
+        // once per sub-range, so take the pile count with the fewest passes over a pile
+        // (more piles make smaller piles, but their writers leave less for the pile);
+        // among equals the most piles. Only counts whose pile holds two of the largest
+        // units qualify: under a small budget that is fewer piles than the most.
+        let choice = choice.or_else(|| {
+            (0..=max_bits)
+                .filter(|&bits| pile_budget_of(bits) >= need)
+                .min_by_key(|&bits| {
+                    let pile = frames.div_ceil(1u64 << bits);
+                    (pile.div_ceil(pile_budget_of(bits)), std::cmp::Reverse(bits))
+                })
+                .map(|bits| (bits, pile_budget_of(bits)))
+        });
+        let Some((bits, pile_budget)) = choice else {
+            // Name what does not fit: after the fixed part, the pile writers' buffers (one
+            // set per pile) take what is left, not the pile itself.
+            let piles = 1u64 << max_bits.min(4);
+            let writer_bytes = writers(1, buf_for(1));
             return Err(Error::Invalid(format!(
-                "--memory is too small for two-pass: indexes, buffers and batches take {fixed} bytes \
-                 and the {piles} pile writers' buffers {writer_bytes} bytes, leaving {budget_left} of the \
-                 {budget} bytes that remain; two piles of two of the largest units need {need_total} \
-                 bytes (at least {min_memory} bytes of --memory with these writers)",
-                budget_left = budget.saturating_sub(writer_bytes),
+                "--memory is too small for two-pass: indexes, buffers and batches take {fixed} bytes, \
+                 leaving {budget}; the pile writers' buffers take {writer_bytes} bytes for one pile \
+                 ({many} for {piles}) and two piles in memory of two of the largest units {need_total} \
+                 bytes more (at least {min_memory} bytes of --memory)",
+                many = writers(piles, buf_for(piles)),
                 need_total = need * 4,
                 min_memory = fixed + writer_bytes + need * 4,
             )));
-        }
+        };
         // A frame counts its unit's records in 31 bits: only page grouping over billions of
         // records could make a unit that holds more.
         if records > MAX_FRAME_RECORDS {
