@@ -3,9 +3,9 @@
 # bound 2*size/seq_read + 2*size/seq_write from `riffle probe` (measured in each round),
 # before (the binary of main before this change) and after, alternating, cold cache.
 set -euo pipefail
+BEFORE=$(realpath "${BEFORE:?set BEFORE to the reference binary}")
+AFTER=$(realpath "${AFTER:-target/release/riffle}")
 cd "${DATA_DIR:?set DATA_DIR to the directory holding big4g.jsonl}"
-BEFORE=${BEFORE:?set BEFORE to the reference binary}
-AFTER=${AFTER:-target/release/riffle}
 IN=big4g.jsonl
 SIZE=$(stat -c %s $IN)
 ROUNDS=${ROUNDS:-3}
