@@ -112,8 +112,21 @@ impl Command {
     }
 }
 
+/// Raises the soft limit on open files to the hard limit: a dataset of many files, and
+/// the piles of a large two-pass run, need more than the usual soft 1024. Silent when it
+/// works; a failure only leaves the limit as it was.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    raise_open_file_limit();
     // `serve` stops gracefully on its own signal thread; every other command is stopped by
     // this one, which removes the scratch the run has live first.
     if !matches!(cli.command, Command::Serve(_)) {

@@ -264,7 +264,9 @@ impl UringBackend {
                 }
             };
         }
-        let e = if self.fixed_files {
+        // The first MAX_FILES files are registered; any beyond use their plain fd, so the
+        // file count has no ceiling.
+        let e = if self.fixed_files && op.file.0 < MAX_FILES {
             build!(types::Fixed(op.file.0))
         } else {
             build!(types::Fd(raw))
@@ -419,12 +421,7 @@ impl Backend for UringBackend {
 
     fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey> {
         let key = FileKey(self.files.len() as u32);
-        if self.fixed_files {
-            if key.0 >= MAX_FILES {
-                return Err(Error::Invalid(format!(
-                    "more than {MAX_FILES} files in one ring"
-                )));
-            }
+        if self.fixed_files && key.0 < MAX_FILES {
             let fd = file.file().as_raw_fd();
             self.ring
                 .submitter()
