@@ -13,7 +13,6 @@
 //! and the memory bounded.
 
 use std::cell::RefCell;
-use std::io::{BufReader, Read};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -707,35 +706,52 @@ fn load_whole_pile(
 }
 
 /// The frames of a pile whose keys are in [lo, hi), as one buffer (given up, with an
-/// error, once `stop` is set).
+/// error, once `stop` is set). Read with large direct reads, like a whole pile; a frame
+/// split between reads waits in `carry` until it is whole.
 fn load_pile(path: &Path, lo: u128, hi: u128, out: &mut LargeBuf, stop: &Stop) -> Result<()> {
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open pile", None, e))?;
-    let mut rd = BufReader::with_capacity(1 << 20, f);
-    let mut head = [0u8; HEAD];
-    let mut lens = Vec::new();
+    let file = Arc::new(crate::io::DataFile::open(
+        path,
+        crate::io::Access::Read,
+        true,
+    )?);
+    let cfg = IoConfig {
+        depth: 4,
+        slot_size: 1 << 20,
+        ..IoConfig::default()
+    };
+    let mut carry: Vec<u8> = Vec::new();
+    // File offset of `carry[0]`.
     let mut at = 0u64;
-    loop {
+    crate::io::scan_file(&file, &cfg, |_, chunk| {
         stop.check()?;
-        match rd.read_exact(&mut head) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-            Err(e) => return Err(Error::io(path, "read pile", Some(at), e)),
+        carry.extend_from_slice(chunk);
+        let mut pos = 0usize;
+        while carry.len() - pos >= HEAD {
+            let h = FrameHead::parse(&carry[pos..pos + HEAD]);
+            let lens_end = pos + HEAD + h.lens_bytes();
+            if carry.len() < lens_end {
+                break;
+            }
+            let body = h
+                .body(&carry[pos + HEAD..lens_end])
+                .ok_or_else(|| inside_a_frame(path, at + pos as u64))?;
+            let end = lens_end
+                .checked_add(body)
+                .ok_or_else(|| inside_a_frame(path, at + pos as u64))?;
+            if carry.len() < end {
+                break;
+            }
+            if (lo..hi).contains(&(h.key as u128)) {
+                out.extend_from_slice(&carry[pos..end]);
+            }
+            pos = end;
         }
-        let h = FrameHead::parse(&head);
-        lens.resize(h.lens_bytes(), 0);
-        rd.read_exact(&mut lens)
-            .map_err(|e| Error::io(path, "read pile", Some(at), e))?;
-        let body = h.body(&lens).ok_or_else(|| inside_a_frame(path, at))?;
-        if (lo..hi).contains(&(h.key as u128)) {
-            out.extend_from_slice(&head);
-            out.extend_from_slice(&lens);
-            rd.read_exact(out.append_space(body))
-                .map_err(|e| Error::io(path, "read pile", Some(at), e))?;
-        } else {
-            std::io::copy(&mut (&mut rd).take(body as u64), &mut std::io::sink())
-                .map_err(|e| Error::io(path, "read pile", Some(at), e))?;
-        }
-        at += (HEAD + lens.len() + body) as u64;
+        carry.drain(..pos);
+        at += pos as u64;
+        Ok(())
+    })?;
+    if !carry.is_empty() {
+        return Err(inside_a_frame(path, at));
     }
     Ok(())
 }
