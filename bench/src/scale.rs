@@ -512,7 +512,14 @@ pub fn markdown(r: &ScaleReport) -> String {
             "| {} | {} | {} ({}) | {:.2} | {} | {} | {} |\n",
             row.case,
             show(row.value, &row.unit),
-            show(row.reference, if row.unit.contains("bytes") { "bytes" } else { "" }),
+            show(
+                row.reference,
+                if row.unit.contains("bytes") {
+                    "bytes"
+                } else {
+                    ""
+                }
+            ),
             row.reference_is,
             row.ratio,
             row.target,
