@@ -205,13 +205,13 @@ fn scratch_location(data: &Path, scratch: &Path, which: &str) -> PathBuf {
     }
 }
 
-#[test]
-fn sigint_and_sigterm_remove_the_scratch_and_exit_130_and_143() {
-    let sb = Sandbox::new();
+/// A JSONL input big enough to interrupt mid-run (in the sandbox's data directory), and
+/// where its output goes.
+fn big_input(sb: &Sandbox) -> (PathBuf, PathBuf, PathBuf) {
     let data = sb.data();
     let input = data.join("in.jsonl");
     gen(
-        &sb,
+        sb,
         &input,
         "lines",
         1_500_000,
@@ -219,25 +219,43 @@ fn sigint_and_sigterm_remove_the_scratch_and_exit_130_and_143() {
         &["--size-jitter", "0.5"],
     );
     let out = data.join("out.jsonl");
+    (data, input, out)
+}
+
+/// Starts `which` and returns it once it has scratch in its location (made on demand
+/// for a two-pass read's `--scratch`: waited for first).
+fn start_until_scratch(
+    sb: &Sandbox,
+    (data, input, out): &(PathBuf, PathBuf, PathBuf),
+    scratch: &Path,
+    which: &str,
+) -> Child {
+    let watch = scratch_location(data, scratch, which);
+    let mut child = interruptible(sb, input, out, scratch, which)
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !watch.exists() && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !wait_for_scratch(&mut child, &watch) {
+        panic!("{which} finished before it could be stopped: make the input bigger");
+    }
+    child
+}
+
+#[test]
+fn sigint_and_sigterm_remove_the_scratch_and_exit_130_and_143() {
+    let sb = Sandbox::new();
+    let job = big_input(&sb);
+    let (data, _, out) = job.clone();
     let scratch = sb.path().join("scratch-not-yet");
     for (which, sig, code) in [
         ("shuffle", Signal::SIGINT, 130),
         ("two-pass", Signal::SIGTERM, 143),
         ("two-pass", Signal::SIGINT, 130),
     ] {
-        // The two-pass read's scratch location is made on demand: wait where it will be.
-        let watch = scratch_location(&data, &scratch, which);
-        let mut child = interruptible(&sb, &input, &out, &scratch, which)
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while which == "two-pass" && !watch.exists() && started.elapsed() < Duration::from_secs(30)
-        {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        if !wait_for_scratch(&mut child, &watch) {
-            panic!("{which} finished before it could be interrupted: make the input bigger");
-        }
+        let child = start_until_scratch(&sb, &job, &scratch, which);
         signal(&child, sig);
         let o = child.wait_with_output().unwrap();
         let err = text(&o.stderr);
@@ -260,27 +278,13 @@ fn sigint_and_sigterm_remove_the_scratch_and_exit_130_and_143() {
 #[test]
 fn sigkill_leaves_scratch_that_the_next_run_reclaims() {
     let sb = Sandbox::new();
-    let data = sb.data();
-    let input = data.join("in.jsonl");
-    gen(
-        &sb,
-        &input,
-        "lines",
-        1_500_000,
-        100,
-        &["--size-jitter", "0.5"],
-    );
-    let out = data.join("out.jsonl");
+    let job = big_input(&sb);
+    let (data, input, out) = job.clone();
     let scratch = sb.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     for which in ["shuffle", "two-pass"] {
         let watch = scratch_location(&data, &scratch, which);
-        let mut child = interruptible(&sb, &input, &out, &scratch, which)
-            .spawn()
-            .unwrap();
-        if !wait_for_scratch(&mut child, &watch) {
-            panic!("{which} finished before it could be killed: make the input bigger");
-        }
+        let mut child = start_until_scratch(&sb, &job, &scratch, which);
         child.kill().unwrap();
         child.wait().unwrap();
         let left = riffle_entries(&watch);

@@ -281,12 +281,13 @@ impl Drop for TempFile {
 /// Commits a set of temporary files together: each synced, then all renamed into place,
 /// then each directory synced once. A failure leaves the rest uncommitted (and removed).
 pub fn commit_all(files: Vec<(TempFile, PathBuf)>) -> Result<()> {
+    let created = 0o666 & !umask();
     for (t, dest) in &files {
         // Private while written; once complete, the mode a plain create would have given
         // (or the mode of the file it replaces).
         let mode = match std::fs::metadata(dest) {
             Ok(m) if m.is_file() => m.mode() & 0o7777,
-            _ => 0o666 & !umask(),
+            _ => created,
         };
         t.file
             .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))

@@ -126,6 +126,9 @@ pub fn shuffle(
     let mut header: Vec<u8> = Vec::new();
     let mut mem = MemoryRecords::default();
     let mut piles: Option<Piles> = None;
+    // Every input is classified before any is read, so a missing file or a directory late
+    // in the list fails at once rather than after the others were read.
+    let sources = classify(inputs)?;
     // Piles go beside the output file; for a stream (stdout, a FIFO, /dev/null) beside the
     // first input file (a disk that holds data, unlike /dev or a /tmp that may be memory),
     // else in the temp directory.
@@ -133,20 +136,15 @@ pub fn shuffle(
         let beside = |p: &Path| crate::scratch::parent_dir(p).to_path_buf();
         match output {
             Output::File(p) if !output::is_stream(p) => beside(p),
-            _ => inputs
+            _ => sources
                 .iter()
-                .find_map(|i| match i {
-                    Input::File(p) if std::fs::metadata(p).is_ok_and(|m| m.is_file()) => {
-                        Some(beside(p))
-                    }
-                    _ => None,
+                .find_map(|s| match s {
+                    Source::File { path, .. } => Some(beside(path)),
+                    Source::Stream { .. } => None,
                 })
                 .unwrap_or_else(std::env::temp_dir),
         }
     });
-    // Every input is classified before any is read, so a missing file or a directory late
-    // in the list fails at once rather than after the others were read.
-    let sources = classify(inputs)?;
     // Files tell their size: reserve once rather than let the buffer double past it.
     let estimate: u64 = sources.iter().map(Source::size).sum();
     if estimate > 0 && estimate <= opts.memory / 2 {

@@ -76,26 +76,11 @@ impl StreamWriter {
 
     /// Appends `bytes`.
     pub fn write(&mut self, mut bytes: &[u8]) -> Result<()> {
-        while !bytes.is_empty() {
-            let slot = match self.current {
-                Some(s) => s,
-                None => {
-                    let s = self.free_slot()?;
-                    self.current = Some(s);
-                    self.fill = 0;
-                    s
-                }
-            };
-            let size = self.backend.slot_size();
-            let n = (size - self.fill).min(bytes.len());
-            self.backend.slot_mut(slot)[self.fill..self.fill + n].copy_from_slice(&bytes[..n]);
-            self.fill += n;
-            bytes = &bytes[n..];
-            if self.fill == size {
-                self.submit(size)?;
-            }
-        }
-        Ok(())
+        self.write_with(bytes.len() as u64, &mut |_, buf: &mut [u8]| {
+            let (now, rest) = bytes.split_at(buf.len());
+            buf.copy_from_slice(now);
+            bytes = rest;
+        })
     }
 
     /// Appends `len` bytes that `fill(offset, buf)` writes straight into the slots, piece
