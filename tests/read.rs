@@ -820,3 +820,36 @@ fn more_files_than_the_registered_table_read_like_one_file_on_both_backends() {
         assert!(o.stdout == bytes, "{io}: other bytes than the one file's");
     }
 }
+
+/// Regression: `--prefetch 18446744073709551615` panicked ("bounded channel capacity is
+/// too large") after the planner's arithmetic had wrapped. It is a usage error now, and
+/// the library refuses it too.
+#[test]
+fn a_read_ahead_past_the_limit_is_refused_not_a_panic() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.npy");
+    make(&sb, &data, "npy", 1000, 16);
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "10", "--prefetch", "18446744073709551615"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("at most 65536"),
+        "{}",
+        text(&o.stderr)
+    );
+    let ds = riffle::dataset::Dataset::open(
+        &[&data],
+        &riffle::dataset::OpenOptions::default(),
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    let mut opts = riffle::modes::ReadOptions::new(10);
+    opts.prefetch = usize::MAX;
+    let e = riffle::modes::read(ds.into(), opts).err().expect("refused");
+    assert!(e.to_string().contains("read-ahead"), "{e}");
+}

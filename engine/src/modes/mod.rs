@@ -50,6 +50,10 @@ impl Baseline {
     }
 }
 
+/// The most batches a stream reads ahead of its consumer: memory for them is planned up
+/// front, so the bound keeps that arithmetic (and the channel holding them) finite.
+pub const MAX_PREFETCH: usize = 1 << 16;
+
 /// What to read.
 #[derive(Clone, Debug)]
 pub struct ReadOptions {
@@ -73,7 +77,7 @@ pub struct ReadOptions {
     pub resume: Option<Cursor>,
     /// I/O (queue depth = `io.depth`).
     pub io: IoConfig,
-    /// Batches read ahead of the consumer.
+    /// Batches read ahead of the consumer (at most [`MAX_PREFETCH`]).
     pub prefetch: usize,
     /// Hard ceiling on engine-owned memory (tables, buffers, read-ahead), if any.
     pub memory: Option<u64>,
@@ -103,9 +107,15 @@ impl ReadOptions {
     }
 
     /// Checks the options against a dataset of `records` before anything is read: the
-    /// split of batches over ranks, the epochs, and the resume cursor (in those epochs, not
-    /// past the end of its own). Returns the split.
+    /// read-ahead, the split of batches over ranks, the epochs, and the resume cursor (in
+    /// those epochs, not past the end of its own). Returns the split.
     pub(crate) fn check(&self, records: u64) -> crate::Result<Split> {
+        if self.prefetch > MAX_PREFETCH {
+            return Err(crate::Error::Invalid(format!(
+                "a read-ahead of {} batches is more than the {MAX_PREFETCH} a stream may hold",
+                self.prefetch
+            )));
+        }
         let split = Split::new(records, self.batch, self.rank, self.world, self.tail)?;
         self.epoch_range()?;
         if let Some(c) = self.resume {

@@ -85,8 +85,8 @@ pub struct Args {
     /// padding).
     #[arg(long)]
     pub pad: bool,
-    /// Batches read ahead of the consumer.
-    #[arg(long, default_value_t = 4)]
+    /// Batches read ahead of the consumer (at most 65536).
+    #[arg(long, default_value_t = 4, value_parser = parse_prefetch)]
     pub prefetch: usize,
     /// Resume mid-epoch from a cursor: EPOCH:BATCH@WORLD, EPOCH:BATCH or EPOCH+RECORDS.
     ///
@@ -373,4 +373,17 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn parse_prefetch(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|_| format!("'{s}': expected a number of batches"))?;
+    if n > modes::MAX_PREFETCH {
+        return Err(format!(
+            "{n}: at most {} batches are read ahead",
+            modes::MAX_PREFETCH
+        ));
+    }
+    Ok(n)
 }
