@@ -872,3 +872,38 @@ fn empty_files_are_skipped_with_a_notice_by_read_index_and_shuffle() {
     assert_bad(&o, &none.join("x.jsonl"), Some(0), "no records");
     assert!(!out.exists(), "no output for no records");
 }
+
+/// Regression: `riffle gen` added record sizes in wrapping arithmetic (`--record-size
+/// 18446744073709551615` wrote an empty file and exit 0) and summed every record's size
+/// before noticing a file could never fit (`--records 18446744073709551615` ran for ever).
+/// Both are refused at once now, and nothing is written.
+#[test]
+fn gen_sizes_past_2_pow_64_or_the_free_space_are_refused_at_once() {
+    let sb = Sandbox::new();
+    let out = sb.data().join("g.txt");
+    for (records, size, words) in [
+        ("18446744073709551615", "100", "more than 2^64 bytes"),
+        ("10", "18446744073709551615", "more than 2^64 bytes"),
+        ("100000000000000", "100", "free"),
+    ] {
+        let started = std::time::Instant::now();
+        let o = sb
+            .cmd()
+            .arg("gen")
+            .arg(&out)
+            .args([
+                "--format",
+                "lines",
+                "--records",
+                records,
+                "--record-size",
+                size,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+        assert!(text(&o.stderr).contains(words), "{}", text(&o.stderr));
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        assert!(!out.exists());
+    }
+}

@@ -173,7 +173,26 @@ impl GenSpec {
                 ));
             }
         }
+        // The largest a record can be (jitter, a TFRecord frame's 16 bytes) times the
+        // records must be a file size, not a number that wraps.
+        let largest = ((self.record_size as f64) * (1.0 + self.jitter)).ceil() as u64;
+        largest
+            .checked_add(16)
+            .and_then(|f| f.checked_mul(self.records))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{} records of up to {largest} bytes are more than 2^64 bytes",
+                    self.records
+                ))
+            })?;
         Ok(())
+    }
+
+    /// Bytes the file takes at least (every record at its smallest), without visiting
+    /// every record.
+    fn least_bytes(&self) -> u64 {
+        let smallest = ((self.record_size as f64) * (1.0 - self.jitter)).floor() as u64;
+        self.records.saturating_mul(smallest.max(1))
     }
 }
 
@@ -185,6 +204,21 @@ pub fn generate(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<GenReport> {
     spec.check()?;
+    // Refused before the sizes are added up (a pass over every record) or anything is
+    // written: a file that cannot fit.
+    let dir = crate::scratch::parent_dir(out);
+    if let Ok(free) = crate::probe::free_bytes(dir) {
+        if spec.least_bytes() > free {
+            return Err(Error::Invalid(format!(
+                "{}: {} records need at least {}, and {} has {} free",
+                out.display(),
+                spec.records,
+                crate::size::human_bytes(spec.least_bytes() as f64),
+                dir.display(),
+                crate::size::human_bytes(free as f64)
+            )));
+        }
+    }
     let started = Instant::now();
     let header = spec.header();
     let total = header.len() as u64 + (0..spec.records).map(|i| spec.frame_len(i)).sum::<u64>();
