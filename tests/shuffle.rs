@@ -737,9 +737,9 @@ pub(crate) fn under_fd_limit_256(sb: &Sandbox, args: &[&std::ffi::OsStr]) -> (Ou
 }
 
 /// Regression (issue 14, item 2): every pile held a file and a ring open while written,
-/// so `ulimit -n 256` made a shuffle of many piles fail with EMFILE. The pile count now
-/// fits the open-file limit (a larger pile is read in key sub-ranges) and the output is
-/// the same as with the piles an unlimited run takes.
+/// so `ulimit -n 256` made a shuffle of many piles fail with EMFILE. Piles now share a few
+/// group files and one ring: the limit changes neither the pile count nor the output, and
+/// the run holds few files open.
 #[test]
 fn shuffle_under_ulimit_256_fits_its_piles_and_gives_the_same_output() {
     let sb = Sandbox::new();
@@ -778,11 +778,9 @@ fn shuffle_under_ulimit_256_fits_its_piles_and_gives_the_same_output() {
     let piles = serde_json::from_slice::<serde_json::Value>(&o.stderr).unwrap()["piles"]
         .as_u64()
         .unwrap();
-    assert!(
-        piles < free_piles,
-        "{piles} piles under the limit, {free_piles} without"
-    );
-    assert!(most < 256, "{most} files open");
+    assert_eq!(piles, free_piles, "the limit changed the pile count");
+    assert!(piles >= 64, "{piles} piles: too few to tell");
+    assert!(most <= 48, "{most} files open for {piles} piles");
     assert_eq!(
         std::fs::read(&free).unwrap(),
         std::fs::read(&capped).unwrap()

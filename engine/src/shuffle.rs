@@ -19,7 +19,9 @@ use std::time::Instant;
 
 use crate::format::tfrecord::masked_crc;
 use crate::format::Format;
+use crate::io::IoConfig;
 use crate::order::EpochKey;
+use crate::piles::{frame, Layout, PileReader, PileWriter};
 use crate::pipeline::Stop;
 use crate::{Error, Result};
 
@@ -96,8 +98,6 @@ pub struct ShuffleReport {
 
 /// Bytes per record of the epoch table an in-memory shuffle builds at the end.
 const TABLE_PER_RECORD: u64 = 4;
-/// Bytes of frame head per record in a pile: key and length.
-const FRAME_HEAD: usize = 12;
 
 /// Shuffles `inputs` into `output`.
 pub fn shuffle(
@@ -159,8 +159,8 @@ pub fn shuffle(
         let name = input.name();
         let mut skipped = 0u64;
         let mut keep_header = n == 0;
-        // Pile frames store lengths as u32.
-        let max_record = (opts.memory / 4).min(u32::MAX as u64);
+        // A record must fit a pile's share of the budget to be sorted in memory.
+        let max_record = opts.memory / 4;
         let result = for_each_record(input, cut, max_record, &name, small_reads, |offset, rec| {
             rep.bytes += rec.len() as u64 + cut.sep().is_some() as u64;
             if skipped < skip {
@@ -216,12 +216,14 @@ pub fn shuffle(
             rep.in_memory = true;
             mem.sort_and_write(&mut out, &key)
         }
-        Some(mut p) => {
-            p.finish()?;
-            rep.piles = p.count() as u64;
-            rep.scratch_bytes = p.written();
+        Some(p) => {
             let budget = opts.memory / 2;
-            p.drain_in_order(budget, &mut out, &mut rep.pile_loads)
+            p.drain_in_order(budget, &mut out)
+                .map(|(piles, bytes, loads)| {
+                    rep.piles = piles;
+                    rep.scratch_bytes = bytes;
+                    rep.pile_loads = loads;
+                })
         }
     };
     written?;
@@ -730,227 +732,93 @@ impl MemoryRecords {
     }
 }
 
-/// Pile files in a temporary directory (removed when dropped, on error too), written with
-/// direct sequential writes.
+/// Piles in a scratch directory of their own (removed when dropped, on error too),
+/// written and read through the pile store.
 struct Piles {
     dir: crate::scratch::ScratchDir,
-    bits: u32,
-    writers: Vec<(PathBuf, Option<crate::io::StreamWriter>, u64)>,
+    writer: PileWriter,
 }
 
 impl Piles {
     fn new(tmpdir: &Path, estimate: u64, memory: u64) -> Result<Piles> {
         let dir = crate::scratch::ScratchDir::new_in(tmpdir, "shuffle")?;
-        // Piles of about a quarter of the budget; their write buffers share another quarter.
+        // Piles of about a quarter of the budget (a larger one is read in key sub-ranges),
+        // at most 4096; their fill buffers share an eighth, from 16 KiB to 1 MiB each, and
+        // the writes in flight another eighth (4 MiB at most).
         let target = (memory / 4).max(1 << 20);
-        // At most 4096 piles, and no more than the open-file limit allows: each holds a
-        // file and a ring open while it is written; a larger pile is read in key
-        // sub-ranges.
-        let max_bits = crate::piles::max_pile_bits(12);
         let mut bits = 0;
-        while (estimate >> bits) > target && bits < max_bits {
+        while (estimate >> bits) > target && bits < 12 {
             bits += 1;
         }
-        let piles = 1usize << bits;
-        // Two slots per pile; below 256 KiB a slab is not rounded up to huge pages.
-        let per_pile = ((memory / 4) as usize / piles).clamp(16 << 10, 2 << 20);
-        let slot = if per_pile >= (2 << 20) {
-            1 << 20
-        } else {
-            (per_pile / 2).clamp(8 << 10, 96 << 10)
-        };
-        let cfg = crate::io::IoConfig {
-            depth: 2,
-            slot_size: slot,
-            ..crate::io::IoConfig::default()
-        };
-        let writers = (0..piles)
-            .map(|i| {
-                let path = dir.path().join(format!("pile-{i:05}"));
-                let w = crate::io::StreamWriter::create(&path, &cfg)?;
-                Ok((path, Some(w), 0u64))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Piles { dir, bits, writers })
-    }
-
-    fn count(&self) -> usize {
-        self.writers.len()
-    }
-
-    fn written(&self) -> u64 {
-        self.writers.iter().map(|w| w.2).sum()
+        let extent = ((memory / 8) / (1u64 << bits)).clamp(16 << 10, 1 << 20) as usize;
+        let in_flight = ((memory / 8) as usize).min(4 << 20);
+        let layout = Layout::new(bits, extent, in_flight);
+        let writer = PileWriter::new(dir.path(), layout, &IoConfig::default())?;
+        Ok(Piles { dir, writer })
     }
 
     fn add(&mut self, key: u64, rec: &[u8]) -> Result<()> {
-        let i = if self.bits == 0 {
-            0
-        } else {
-            (key >> (64 - self.bits)) as usize
-        };
-        let (_, w, n) = &mut self.writers[i];
-        let w = w.as_mut().expect("pile open for writing");
-        let mut head = [0u8; FRAME_HEAD];
-        head[..8].copy_from_slice(&key.to_le_bytes());
-        head[8..].copy_from_slice(&(rec.len() as u32).to_le_bytes());
-        w.write(&head)?;
-        w.write(rec)?;
-        *n += (FRAME_HEAD + rec.len()) as u64;
-        Ok(())
+        self.writer.frame(key, &[rec])
     }
 
-    fn finish(&mut self) -> Result<()> {
-        for (_, w, _) in &mut self.writers {
-            if let Some(w) = w.take() {
-                w.finish_scratch()?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Each pile in key order (in key sub-ranges when it exceeds `budget`), sorted, out.
+    /// Every pile in key order (in key sub-ranges when it exceeds `budget`), sorted, out.
     /// A second thread loads and sorts the next pile while this one writes the current one
-    /// (double buffering: two piles in memory at most).
-    fn drain_in_order(self, budget: u64, out: &mut OutputWriter, loads: &mut u64) -> Result<()> {
-        let shift = if self.bits == 0 { 0 } else { 64 - self.bits };
-        let width: u128 = if self.bits == 0 { 1 << 64 } else { 1 << shift };
-        let mut plan = Vec::new();
-        for (i, (path, _, size)) in self.writers.into_iter().enumerate() {
-            let lo = if self.bits == 0 {
-                0
-            } else {
-                (i as u128) << shift
-            };
-            let passes = (size * 3 / 2).div_ceil(budget.max(1)).max(1) as u128;
-            for pass in 0..passes {
-                let last = pass + 1 == passes;
-                let (a, b) = (lo + width * pass / passes, lo + width * (pass + 1) / passes);
-                plan.push((path.clone(), a, b, (size / passes as u64) as usize, last));
-            }
-        }
+    /// (double buffering: two piles in memory at most). Returns (piles, bytes written to
+    /// them, loads).
+    fn drain_in_order(self, budget: u64, out: &mut OutputWriter) -> Result<(u64, u64, u64)> {
+        let set = self.writer.finish()?;
+        let (piles, bytes) = (set.len() as u64, set.bytes());
+        // A pile's records, their index (16 bytes each) and the sort's scratch.
+        let loads = set.into_loads(|size| (size * 3 / 2).div_ceil(budget.max(1)));
+        let mut count = 0u64;
+        let mut loader = PileReader::new(&IoConfig::default());
         // Double buffered: the next pile is loaded and sorted while this one is written;
         // spent buffers go back to the loader (fresh pages cost a fault and a clear each).
-        // An output that fails (a full disk) stops the load under way at its next chunk.
+        // An output that fails (a full disk) stops the load under way at its next extent.
         let stop = Stop::default();
         crate::pipeline::pipelined(
-            plan,
+            loads.jobs,
             &stop,
-            |(path, a, b, expect, last), reuse| {
-                let loaded = load(&path, a, b, expect, reuse, &stop);
-                if last {
-                    let _ = std::fs::remove_file(&path);
-                }
-                let mut p = loaded?;
+            |load, reuse: Option<Loaded>| {
+                let mut p = reuse.unwrap_or_default();
+                p.data.clear();
+                p.data
+                    .reserve_total((load.expect + load.expect / 8) as usize);
+                loader.load(load, &mut p.data, &mut p.index, &stop)?;
                 crate::order::sort_uniform(&mut p.index, &mut p.scratch, |r| r.0);
                 Ok(p)
             },
             |p| {
-                *loads += 1;
+                count += 1;
                 let data = p.data.as_slice();
                 // Records are visited in key order, all over the pile: ask for the next
                 // ones early so their cache misses overlap this one's copy.
                 const AHEAD: usize = 8;
-                for (i, &(_, off, len)) in p.index.iter().enumerate() {
-                    if let Some(&(_, ahead, alen)) = p.index.get(i + AHEAD) {
-                        for line in (ahead..ahead + alen.min(1024)).step_by(64) {
+                for (i, &(_, at)) in p.index.iter().enumerate() {
+                    if let Some(&(_, ahead)) = p.index.get(i + AHEAD) {
+                        for line in (ahead..data.len().min(ahead + 1024)).step_by(64) {
                             crate::io::prefetch(&data[line..]);
                         }
                     }
-                    out.record(&data[off..off + len])?;
+                    let f = frame::at(data, at);
+                    out.record(&data[f.body..f.end])?;
                 }
                 Ok(std::ops::ControlFlow::Continue(Some(p)))
             },
         )?;
+        drop(loads.dir);
         drop(self.dir);
-        Ok(())
+        Ok((piles, bytes, count))
     }
 }
 
-/// A loaded pile: the record bytes (on huge pages: they are read in random order), and
-/// (key, offset, length) per record.
+/// A loaded pile: its frames (on huge pages: they are read in random order), and
+/// (key, offset) per frame.
 #[derive(Default)]
 struct Loaded {
     data: crate::io::LargeBuf,
-    index: Vec<(u64, usize, usize)>,
-    scratch: Vec<(u64, usize, usize)>,
-}
-
-/// The records of a pile with keys in [lo, hi), read with large direct reads (given up,
-/// with an error, once `stop` is set).
-fn load(
-    path: &Path,
-    lo: u128,
-    hi: u128,
-    expect: usize,
-    reuse: Option<Loaded>,
-    stop: &Stop,
-) -> Result<Loaded> {
-    let file = std::sync::Arc::new(crate::io::DataFile::open(
-        path,
-        crate::io::Access::Read,
-        true,
-    )?);
-    let mut loaded = reuse.unwrap_or_default();
-    let Loaded { data, index, .. } = &mut loaded;
-    data.clear();
-    index.clear();
-    data.reserve_total(expect + expect / 8);
-    // A frame split between chunks waits in `carry` until it is whole.
-    let mut carry: Vec<u8> = Vec::new();
-    let mut keep = |frame_key: u64, rec: &[u8], data: &mut crate::io::LargeBuf| {
-        if (lo..hi).contains(&(frame_key as u128)) {
-            index.push((frame_key, data.len(), rec.len()));
-            data.extend_from_slice(rec);
-        }
-    };
-    crate::io::scan_file(&file, &crate::io::scan_config(), |_, chunk| {
-        stop.check()?;
-        let mut at = 0usize;
-        if !carry.is_empty() {
-            // Complete the carried frame from the front of this chunk.
-            if carry.len() < FRAME_HEAD {
-                let n = (FRAME_HEAD - carry.len()).min(chunk.len());
-                carry.extend_from_slice(&chunk[..n]);
-                at = n;
-            }
-            if carry.len() >= FRAME_HEAD {
-                let len = u32::from_le_bytes(carry[8..12].try_into().expect("4 bytes")) as usize;
-                let need = FRAME_HEAD + len - carry.len();
-                let n = need.min(chunk.len() - at);
-                carry.extend_from_slice(&chunk[at..at + n]);
-                at += n;
-                if carry.len() == FRAME_HEAD + len {
-                    let k = u64::from_le_bytes(carry[..8].try_into().expect("8 bytes"));
-                    keep(k, &carry[FRAME_HEAD..], data);
-                    carry.clear();
-                }
-            }
-        }
-        while at < chunk.len() {
-            let rest = &chunk[at..];
-            if rest.len() < FRAME_HEAD {
-                carry.extend_from_slice(rest);
-                break;
-            }
-            let len = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes")) as usize;
-            if rest.len() < FRAME_HEAD + len {
-                carry.extend_from_slice(rest);
-                break;
-            }
-            let k = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
-            keep(k, &rest[FRAME_HEAD..FRAME_HEAD + len], data);
-            at += FRAME_HEAD + len;
-        }
-        Ok(())
-    })?;
-    if !carry.is_empty() {
-        return Err(Error::BadInput {
-            path: path.into(),
-            offset: Some(file.size() - carry.len() as u64),
-            what: "a temporary pile ends inside a record (was the scratch disk changed?)".into(),
-        });
-    }
-    Ok(loaded)
+    index: Vec<(u64, usize)>,
+    scratch: Vec<(u64, usize)>,
 }
 
 #[cfg(test)]

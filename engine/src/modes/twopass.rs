@@ -26,15 +26,17 @@ use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::{IoConfig, LargeBuf, RangeReader};
 use crate::order::{EpochKey, Split, Units};
+use crate::piles::{frame, Layout, PileReader, PileSet, PileWriter};
 use crate::pipeline::Stop;
 use crate::{Error, Result};
 
 /// log2 of the most piles one epoch uses.
 const MAX_PILE_BITS: u32 = 12;
 
-/// Bytes of a frame besides the record bytes and their lengths: key, unit id, record
-/// count (see [`FrameHead`]). Each record adds its length: 4 bytes, 8 in a wide frame.
-const FRAME_HEAD: u64 = HEAD as u64;
+/// Bytes of a frame besides the record bytes and their lengths: the store's key and length
+/// ([`frame::HEAD`]), the unit id and the record count (see [`Body`]). Each record adds its
+/// length: 4 bytes, 8 in a wide frame.
+const FRAME_HEAD: u64 = (frame::HEAD + BODY_HEAD) as u64;
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
 pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> Result<BatchStream> {
@@ -61,25 +63,20 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
         return Err(Error::Invalid("the dataset has no records".into()));
     }
     let plan = PilePlan::new(ds, units, opts)?;
-    let pile_slab = plan.writer_bytes();
     let scan = crate::io::footprint(plan.scan_size as usize * 4) as u64;
     let memory = units.bytes()
         + ds.index_bytes()
         + 2 * scan
-        + pile_slab * plan.piles() as u64
+        + plan.writer_bytes()
         + (opts.prefetch as u64 + 1) * plan.batch_bytes
         + 2 * plan.pile_budget;
     // Every unit as a frame; while rolling, the next epoch's piles grow as this epoch's are
     // consumed, so the peak is about one epoch's frames plus a pile.
     let frames = ds.size_stats().total + units.len() * FRAME_HEAD + ds.len() * 4;
-    let scratch = frames + frames / plan.piles() as u64;
+    // Group files are removed as their last pile is read: the peak is one epoch's frames
+    // and one group's.
+    let scratch = frames + frames / plan.layout.groups() as u64;
     Ok((memory, scratch, plan.piles() as u64))
-}
-
-/// Writes in flight per pile writer: two when many piles share the device's queue; more
-/// when there are few, or a single pile would be written at queue depth two.
-fn writer_depth(piles: u64) -> usize {
-    (8 / piles.max(1)).clamp(2, 8) as usize
 }
 
 /// Pile count and memory shares.
@@ -88,8 +85,10 @@ struct PilePlan {
     bits: u32,
     /// Most bytes of one pile held in memory.
     pile_budget: u64,
-    /// Write buffer per pile.
-    buf_size: usize,
+    /// How the piles are written.
+    layout: Layout,
+    /// Bytes of frames the scatter writes.
+    frames: u64,
     batch_bytes: u64,
     /// Size of the scatter's sequential reads (4 of them in flight).
     scan_size: u64,
@@ -118,29 +117,24 @@ impl PilePlan {
             Some(m) => m.saturating_sub(fixed),
             None => 512 << 20,
         };
-        // The pile writers' slots (two per pile, direct writes) come off the top; half of
-        // the rest is for the pile being ordered.
-        let writers = |piles: u64, buf: usize| {
-            piles * crate::io::footprint(writer_depth(piles) * (buf / 2).max(4096)) as u64
+        // The pile writer (a fill buffer per pile, the writes in flight, the extent lists)
+        // comes off the top; half of the rest is for the pile being ordered.
+        // Writes (and a pile's reads) in flight: as much as the scatter's reads.
+        let in_flight = (4 * scan_size as usize).min(4 << 20);
+        let writers = |piles: u64, extent: usize| {
+            let l = Layout::new(piles.trailing_zeros(), extent, in_flight);
+            l.writer_bytes() + l.extent_list_bytes(frames)
         };
-        // Each pile's share of a quarter of the budget: whole huge pages when it is large
-        // enough, otherwise kept under the huge-page threshold (which would round it up).
-        let buf_for = |piles: u64| {
-            let share = (budget / 4) / piles;
-            if share >= 2 << 20 {
-                2 << 20
-            } else {
-                share.clamp(8 << 10, 240 << 10) as usize
-            }
-        };
+        // Each pile's fill buffer (one write) is its share of an eighth of the budget, from
+        // 16 KiB to 1 MiB (the writes in flight take about as much again).
+        let buf_for = |piles: u64| ((budget / 8) / piles).clamp(16 << 10, 1 << 20) as usize;
         // The fewest piles whose expected size with headroom (s + 6 sqrt(s) units) fits the
         // pile budget; more piles cost more writer slots, so stop when that stops paying.
         let mut choice = None;
         // A pile's share holds at least two of the largest units.
         let need = (stats.max + FRAME_HEAD + 8) * 2;
-        // At most 4096 piles, and no more than the open-file limit allows: each holds a
-        // file and a ring open while it is written.
-        let max_bits = crate::piles::max_pile_bits(MAX_PILE_BITS);
+        // At most 4096 piles (they share a few files, whatever their count).
+        let max_bits = MAX_PILE_BITS;
         for bits in 0..=max_bits {
             let piles = 1u64 << bits;
             // Two piles in memory at once (double buffering): a quarter each.
@@ -200,11 +194,11 @@ impl PilePlan {
             }
         }
         let piles = 1u64 << bits;
-        let buf_size = buf_for(piles);
         Ok(PilePlan {
             bits,
             pile_budget,
-            buf_size,
+            layout: Layout::new(bits, buf_for(piles), in_flight),
+            frames,
             batch_bytes,
             scan_size,
         })
@@ -214,102 +208,9 @@ impl PilePlan {
         1 << self.bits
     }
 
-    /// Memory of one pile writer's slots.
+    /// Memory of the pile writer: fill buffers, writes in flight, extent lists.
     fn writer_bytes(&self) -> u64 {
-        let slot = (self.buf_size / 2).max(4096);
-        crate::io::footprint(writer_depth(self.piles() as u64) * slot) as u64
-    }
-
-    fn pile_of(&self, key: u64) -> usize {
-        if self.bits == 0 {
-            0
-        } else {
-            (key >> (64 - self.bits)) as usize
-        }
-    }
-}
-
-struct PileWriter {
-    path: PathBuf,
-    writer: crate::io::StreamWriter,
-    bytes: u64,
-}
-
-impl PileWriter {
-    fn append(&mut self, frame: &[u8]) -> Result<()> {
-        self.writer.write(frame)?;
-        self.bytes += frame.len() as u64;
-        Ok(())
-    }
-}
-
-/// Piles being written for one epoch, in their own temporary directory.
-struct PileSink {
-    dir: tempfile::TempDir,
-    writers: Vec<PileWriter>,
-}
-
-/// Piles written and closed: (path, bytes) in key order; removed with the directory.
-struct PileSet {
-    _dir: tempfile::TempDir,
-    piles: Vec<(PathBuf, u64)>,
-}
-
-impl PileSink {
-    fn new(scratch: &Path, plan: &PilePlan) -> Result<PileSink> {
-        // Inside the run's private directory: no one else can plant anything here.
-        let dir = tempfile::Builder::new()
-            .prefix("epoch-")
-            .tempdir_in(scratch)
-            .map_err(|e| Error::io(scratch, "create pile directory", None, e))?;
-        // Piles are written with direct sequential writes: two slots each.
-        let cfg = IoConfig {
-            depth: writer_depth(plan.piles() as u64),
-            slot_size: (plan.buf_size / 2).max(4096),
-            ..IoConfig::default()
-        };
-        debug_assert!(plan.piles() > 0);
-        let writers = (0..plan.piles())
-            .map(|i| {
-                let path = dir.path().join(format!("pile-{i:05}"));
-                let writer = crate::io::StreamWriter::create(&path, &cfg)?;
-                Ok(PileWriter {
-                    path,
-                    writer,
-                    bytes: 0,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(PileSink { dir, writers })
-    }
-
-    fn add(&mut self, plan: &PilePlan, key: u64, frame: &[u8]) -> Result<()> {
-        self.writers[plan.pile_of(key)].append(frame)
-    }
-
-    /// Appends a frame given as its new key and the rest of an existing frame.
-    fn add_rekeyed(&mut self, plan: &PilePlan, key: u64, rest: &[u8]) -> Result<()> {
-        let w = &mut self.writers[plan.pile_of(key)];
-        w.append(&key.to_le_bytes())?;
-        w.append(rest)
-    }
-
-    /// Bytes framed into the piles so far.
-    fn bytes(&self) -> u64 {
-        self.writers.iter().map(|w| w.bytes).sum()
-    }
-
-    fn finish(mut self, scratch_bytes: &mut u64) -> Result<PileSet> {
-        let mut piles = Vec::with_capacity(self.writers.len());
-        for w in self.writers.drain(..) {
-            w.writer.finish_scratch()?;
-            *scratch_bytes += w.bytes;
-            piles.push((w.path, w.bytes));
-        }
-        Ok(PileSet {
-            _dir: self.dir,
-            piles,
-        })
+        self.layout.writer_bytes() + self.layout.extent_list_bytes(self.frames)
     }
 }
 
@@ -393,10 +294,9 @@ fn run(
     r.queue_depth = scan.depth;
     r.units_bytes = units.bytes();
     r.index_bytes = ds.index_bytes();
-    let pile_slab = plan.writer_bytes();
-    // The scatter's reader, the pile loader's reads (same size), and one set of pile
-    // writers (the next epoch's while rolling; this epoch's are closed by then).
-    r.buffer_bytes = 2 * reader.buffer_bytes() as u64 + pile_slab * plan.piles() as u64;
+    // The scatter's reader, the pile loader's reads (no more), and one pile writer (the
+    // next epoch's while rolling; this epoch's is closed by then).
+    r.buffer_bytes = 2 * reader.buffer_bytes() as u64 + plan.writer_bytes();
     r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
     r.table_bytes = 2 * plan.pile_budget;
     r.memory_bytes =
@@ -423,7 +323,8 @@ fn run(
             let set = match ready.take() {
                 Some(set) => set,
                 None => {
-                    let scattered = scatter(ds, units, plan, &mut reader, &key, scratch, stop)?;
+                    let scattered =
+                        scatter(ds, units, plan, &opts.io, &mut reader, &key, scratch, stop)?;
                     r.scratch_bytes += scattered.bytes;
                     match scattered.piles {
                         Some(set) => set,
@@ -436,7 +337,7 @@ fn run(
             let rolling = epoch + 1 < last_epoch;
             let next_key = EpochKey::new(opts.seed, epoch + 1);
             let mut next = if rolling {
-                Some(PileSink::new(scratch, plan)?)
+                Some(PileWriter::new(scratch, plan.layout, &opts.io)?)
             } else {
                 None
             };
@@ -459,30 +360,12 @@ fn run(
             .lend_from(opts.lender.clone(), ds.size_stats().max);
             // The pile pass, double buffered: a loader thread reads and sorts the next pile
             // (or key sub-range of an oversized pile) while this thread emits the current one.
-            let mut loads = Vec::new();
-            for (index, (path, bytes)) in set.piles.iter().enumerate() {
-                let passes = bytes.div_ceil(plan.pile_budget).max(1);
-                let shift = if plan.bits == 0 { 0 } else { 64 - plan.bits };
-                let lo = if plan.bits == 0 {
-                    0u128
-                } else {
-                    (index as u128) << shift
-                };
-                let width: u128 = if plan.bits == 0 {
-                    1u128 << 64
-                } else {
-                    1u128 << shift
-                };
-                for pass in 0..passes {
-                    let a = lo + width * pass as u128 / passes as u128;
-                    let b = lo + width * (pass as u128 + 1) / passes as u128;
-                    loads.push((path.clone(), *bytes, passes == 1, a, b, pass + 1 == passes));
-                }
-            }
+            let loads = set.into_loads(|bytes| bytes.div_ceil(plan.pile_budget));
+            let mut loader = PileReader::new(&opts.io);
             crate::pipeline::pipelined(
-                loads,
+                loads.jobs,
                 stop,
-                |(path, bytes, whole, a, b, last), _| {
+                |load, _| {
                     // Buffers of a pile already emitted, reused: fresh memory would be
                     // faulted in and zeroed page by page for every pile.
                     let mut p = pool
@@ -491,22 +374,12 @@ fn run(
                         .pop()
                         .unwrap_or_default();
                     p.data.clear();
-                    p.frames.clear();
                     // Sized once with a little room, as far as the pile budget allows, so
                     // the next (slightly larger) pile does not regrow it.
+                    let bytes = load.expect;
                     let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
                     p.data.reserve_total(room as usize);
-                    let loaded = if whole {
-                        let size = plan.scan_size as usize;
-                        load_whole_pile(&path, size, &mut p.data, &mut p.frames, stop)
-                    } else {
-                        load_pile(&path, a, b, &mut p.data, stop)
-                            .map(|()| frame_index(p.data.as_slice(), &mut p.frames))
-                    };
-                    if last {
-                        let _ = std::fs::remove_file(&path);
-                    }
-                    loaded?;
+                    loader.load(load, &mut p.data, &mut p.frames, stop)?;
                     crate::order::sort_uniform(&mut p.frames, &mut p.scratch, |f| f.0);
                     Ok(p)
                 },
@@ -520,7 +393,7 @@ fn run(
                             std::thread::Builder::new()
                                 .name("riffle-rescatter".into())
                                 .spawn_scoped(scope, || {
-                                    let done = rescatter(data, sink, plan, &next_key, stop);
+                                    let done = rescatter(data, sink, &next_key, stop);
                                     if done.is_err() {
                                         // The emitter and the loader stop too; this error is
                                         // what the run returns.
@@ -529,15 +402,21 @@ fn run(
                                     done
                                 })
                         });
-                        emit_frames(data, &p.frames, units, &mut em);
+                        let emitted = emit_frames(data, &p.frames, units, &mut em);
+                        if emitted.is_err() {
+                            stop.set();
+                        }
                         match roll {
-                            None => Ok(()),
+                            None => emitted,
                             Some(Err(e)) => Err(Error::Invalid(format!(
                                 "cannot start a re-scatter thread: {e}"
                             ))),
-                            Some(Ok(h)) => h.join().unwrap_or_else(|_| {
-                                Err(Error::Invalid("the re-scatter thread panicked".into()))
-                            }),
+                            Some(Ok(h)) => h
+                                .join()
+                                .unwrap_or_else(|_| {
+                                    Err(Error::Invalid("the re-scatter thread panicked".into()))
+                                })
+                                .and(emitted),
                         }
                     })?;
                     pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
@@ -553,13 +432,15 @@ fn run(
             // are dropped, never read.
             let stopped = em.stopped || stop.is_set();
             drop(em);
-            drop(set);
+            drop(loads.dir);
             if stopped {
-                r.scratch_bytes += next.as_ref().map_or(0, PileSink::bytes);
+                r.scratch_bytes += next.as_ref().map_or(0, PileWriter::bytes);
                 break;
             }
             if let Some(n) = next {
-                ready = Some(n.finish(&mut r.scratch_bytes)?);
+                let set = n.finish()?;
+                r.scratch_bytes += set.bytes();
+                ready = Some(set);
             }
             r.epoch_seconds.push(epoch_started.elapsed().as_secs_f64());
         }
@@ -586,18 +467,20 @@ struct Scattered {
 /// under its key into its pile. The stop flag is checked per piece: once it is set (by the
 /// consumer, or here by a failed pile write) no more reads are issued, those in flight are
 /// reaped and skipped, and the piles are dropped.
+#[allow(clippy::too_many_arguments)]
 fn scatter(
     ds: &Dataset,
     units: &Units,
     plan: &PilePlan,
+    io: &IoConfig,
     reader: &mut RangeReader,
     key: &EpochKey,
     scratch: &Path,
     stop: &Stop,
 ) -> Result<Scattered> {
-    let mut sink = PileSink::new(scratch, plan)?;
+    let mut sink = PileWriter::new(scratch, plan.layout, io)?;
     let mut failure: Option<Error> = None;
-    let mut frame = Vec::new();
+    let mut head = Vec::new();
     let mut locs = Vec::new();
     // A little under a slot, so an unaligned chunk's aligned extent still fits one read.
     let mut chunker = Chunker {
@@ -624,16 +507,20 @@ fn scatter(
             let c = chunks.borrow()[i];
             for u in c.first..c.end {
                 let ids = units.records(u);
-                let k = key.key(u);
-                frame.clear();
                 locs.clear();
                 locs.extend(ids.clone().map(|id| ds.locate(id)));
-                FrameHead::encode(&mut frame, k, u, locs.iter().map(|l| l.len));
-                for l in &locs {
-                    let from = (l.offset - c.start) as usize;
-                    frame.extend_from_slice(&bytes[from..from + l.len as usize]);
-                }
-                if let Err(e) = sink.add(plan, k, &frame) {
+                head.clear();
+                let body = Body::encode(&mut head, u, locs.iter().map(|l| l.len));
+                // Straight into the pile's buffer: the head, then each record's bytes.
+                let framed = sink.begin(key.key(u), body).and_then(|pile| {
+                    sink.append(pile, &head)?;
+                    for l in &locs {
+                        let from = (l.offset - c.start) as usize;
+                        sink.append(pile, &bytes[from..from + l.len as usize])?;
+                    }
+                    Ok(())
+                });
+                if let Err(e) = framed {
                     // A full scratch disk: read nothing more of the dataset.
                     failure = Some(e);
                     stop.set();
@@ -651,15 +538,15 @@ fn scatter(
             bytes: sink.bytes(),
         });
     }
-    let mut bytes = 0;
-    let piles = sink.finish(&mut bytes)?;
+    let piles = sink.finish()?;
     Ok(Scattered {
+        bytes: piles.bytes(),
         piles: Some(piles),
-        bytes,
     })
 }
 
-/// A pile (or key sub-range of one) in memory: its bytes and its frames, sorted by key.
+/// A pile (or key sub-range of one) in memory: its frames, and their (key, offset), sorted
+/// by key.
 #[derive(Default)]
 struct LoadedPile {
     data: LargeBuf,
@@ -667,121 +554,22 @@ struct LoadedPile {
     scratch: Vec<(u64, usize)>,
 }
 
-/// A whole pile into `out` (sized by the caller), read with large direct reads; its frames'
-/// (key, offset) into `frames`, found as each piece arrives (while it is still in the
-/// cache).
-fn load_whole_pile(
-    path: &Path,
-    read_size: usize,
-    out: &mut LargeBuf,
-    frames: &mut Vec<(u64, usize)>,
-    stop: &Stop,
-) -> Result<()> {
-    let file = Arc::new(crate::io::DataFile::open(
-        path,
-        crate::io::Access::Read,
-        true,
-    )?);
-    let cfg = IoConfig {
-        depth: 4,
-        slot_size: read_size,
-        ..IoConfig::default()
-    };
-    let mut at = 0usize;
-    crate::io::scan_file(&file, &cfg, |_, chunk| {
-        // Per chunk: a stopped run reads no more of the pile.
-        stop.check()?;
-        // In pieces that stay in the L2 cache while their frame heads are read (walking
-        // from head to head is a chain of dependent loads).
-        for piece in chunk.chunks(256 << 10) {
-            out.extend_from_slice(piece);
-            at = index_frames(out.as_slice(), at, frames);
-        }
-        Ok(())
-    })?;
-    if at != out.len() {
-        return Err(inside_a_frame(path, at as u64));
-    }
-    Ok(())
-}
+/// Bytes of a two-pass frame body's head: the unit id (u64) and a u32 word holding the
+/// record count, with [`WIDE`] set when the record lengths that follow are u64 rather than
+/// u32. Then come the lengths (little-endian, like the rest) and the records' bytes.
+const BODY_HEAD: usize = 8 + 4;
 
-/// The frames of a pile whose keys are in [lo, hi), as one buffer (given up, with an
-/// error, once `stop` is set). Read with large direct reads, like a whole pile; a frame
-/// split between reads waits in `carry` until it is whole.
-fn load_pile(path: &Path, lo: u128, hi: u128, out: &mut LargeBuf, stop: &Stop) -> Result<()> {
-    let file = Arc::new(crate::io::DataFile::open(
-        path,
-        crate::io::Access::Read,
-        true,
-    )?);
-    let cfg = IoConfig {
-        depth: 4,
-        slot_size: 1 << 20,
-        ..IoConfig::default()
-    };
-    let mut carry: Vec<u8> = Vec::new();
-    // File offset of `carry[0]`.
-    let mut at = 0u64;
-    crate::io::scan_file(&file, &cfg, |_, chunk| {
-        stop.check()?;
-        carry.extend_from_slice(chunk);
-        let mut pos = 0usize;
-        while carry.len() - pos >= HEAD {
-            let h = FrameHead::parse(&carry[pos..pos + HEAD]);
-            let lens_end = pos + HEAD + h.lens_bytes();
-            if carry.len() < lens_end {
-                break;
-            }
-            let body = h
-                .body(&carry[pos + HEAD..lens_end])
-                .ok_or_else(|| inside_a_frame(path, at + pos as u64))?;
-            let end = lens_end
-                .checked_add(body)
-                .ok_or_else(|| inside_a_frame(path, at + pos as u64))?;
-            if carry.len() < end {
-                break;
-            }
-            if (lo..hi).contains(&(h.key as u128)) {
-                out.extend_from_slice(&carry[pos..end]);
-            }
-            pos = end;
-        }
-        carry.drain(..pos);
-        at += pos as u64;
-        Ok(())
-    })?;
-    if !carry.is_empty() {
-        return Err(inside_a_frame(path, at));
-    }
-    Ok(())
-}
-
-fn inside_a_frame(path: &Path, at: u64) -> Error {
-    Error::BadInput {
-        path: path.into(),
-        offset: Some(at),
-        what: "pile ends inside a frame".into(),
-    }
-}
-
-/// Bytes of a frame's head: key (u64), unit id (u64), and a u32 word holding the record
-/// count, with [`WIDE`] set when the record lengths that follow are u64 rather than u32.
-/// Then come the lengths (little-endian, like the rest) and the records' bytes.
-const HEAD: usize = 8 + 8 + 4;
-
-/// Set in a frame's count word when its record lengths are u64: a unit holding a record of
+/// Set in a body's count word when its record lengths are u64: a unit holding a record of
 /// 4 GiB or more. Other frames keep u32 lengths, so piles of small records stay small.
 const WIDE: u32 = 1 << 31;
 
 /// Most records one frame (one unit) holds: the count word's bits below [`WIDE`].
 const MAX_FRAME_RECORDS: u64 = WIDE as u64 - 1;
 
-/// A frame's head, parsed: every reader of piles (the loaders, the re-scatter, the pile
-/// pass) goes through [`FrameHead::parse`] and [`frame_at`], and the scatter writes frames
-/// with [`FrameHead::encode`].
+/// A two-pass frame's body head, parsed: the scatter writes it with [`Body::encode`], the
+/// pile pass and the re-scatter read it with [`Body::parse`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FrameHead {
-    key: u64,
+struct Body {
     unit: u64,
     /// Records in the frame.
     n: usize,
@@ -789,17 +577,17 @@ struct FrameHead {
     wide: bool,
 }
 
-impl FrameHead {
-    /// Appends the head of a frame for `unit` under `key`, and its records' lengths, to
-    /// `out` (the caller appends the records' bytes). The unit has at most
+impl Body {
+    /// Appends the body head of `unit` and its records' lengths to `out` (the caller
+    /// appends the records' bytes); returns the whole body's length. The unit has at most
     /// [`MAX_FRAME_RECORDS`] records (`PilePlan::new` checks it before any I/O).
-    fn encode(out: &mut Vec<u8>, key: u64, unit: u64, lens: impl Iterator<Item = u64> + Clone) {
-        let (n, longest) = lens
+    fn encode(out: &mut Vec<u8>, unit: u64, lens: impl Iterator<Item = u64> + Clone) -> u64 {
+        let (n, longest, total) = lens
             .clone()
-            .fold((0u64, 0u64), |(n, m), l| (n + 1, m.max(l)));
+            .fold((0u64, 0u64, 0u64), |(n, m, t), l| (n + 1, m.max(l), t + l));
         debug_assert!(n <= MAX_FRAME_RECORDS, "a unit of {n} records");
         let wide = longest > u32::MAX as u64;
-        out.extend_from_slice(&key.to_le_bytes());
+        let start = out.len();
         out.extend_from_slice(&unit.to_le_bytes());
         out.extend_from_slice(&(n as u32 | if wide { WIDE } else { 0 }).to_le_bytes());
         for l in lens {
@@ -809,18 +597,19 @@ impl FrameHead {
                 out.extend_from_slice(&(l as u32).to_le_bytes());
             }
         }
+        (out.len() - start) as u64 + total
     }
 
-    /// The head of the frame that starts `head` (at least [`HEAD`] bytes).
+    /// The head of a body, or `None` when it is too short to hold its lengths.
     #[inline]
-    fn parse(head: &[u8]) -> FrameHead {
-        let word = u32::from_le_bytes(head[16..20].try_into().expect("4 bytes"));
-        FrameHead {
-            key: u64::from_le_bytes(head[..8].try_into().expect("8 bytes")),
-            unit: u64::from_le_bytes(head[8..16].try_into().expect("8 bytes")),
+    fn parse(body: &[u8]) -> Option<Body> {
+        let word = u32::from_le_bytes(body.get(8..12)?.try_into().expect("4 bytes"));
+        let b = Body {
+            unit: u64::from_le_bytes(body[..8].try_into().expect("8 bytes")),
             n: (word & !WIDE) as usize,
             wide: word & WIDE != 0,
-        }
+        };
+        (body.len() >= BODY_HEAD + b.lens_bytes()).then_some(b)
     }
 
     /// Bytes of the lengths after the head.
@@ -829,7 +618,7 @@ impl FrameHead {
         self.n * if self.wide { 8 } else { 4 }
     }
 
-    /// Length `i` from the frame's lengths.
+    /// Length `i` from the body's lengths.
     #[inline]
     fn len(&self, lens: &[u8], i: usize) -> usize {
         if self.wide {
@@ -838,58 +627,19 @@ impl FrameHead {
             u32::from_le_bytes(lens[i * 4..i * 4 + 4].try_into().expect("4 bytes")) as usize
         }
     }
-
-    /// Bytes of the records, or `None` when the lengths add up past the address space (a
-    /// damaged pile).
-    fn body(&self, lens: &[u8]) -> Option<usize> {
-        (0..self.n).try_fold(0usize, |sum, i| sum.checked_add(self.len(lens, i)))
-    }
 }
 
-/// A whole frame of a pile in memory.
-#[derive(Clone, Copy, Debug)]
-struct Frame {
-    head: FrameHead,
-    /// Where the next frame starts.
-    end: usize,
-}
-
-/// The frame that starts at `at` in `data`, or `None` when `data` ends inside it.
-#[inline]
-fn frame_at(data: &[u8], at: usize) -> Option<Frame> {
-    let head = FrameHead::parse(data.get(at..at.checked_add(HEAD)?)?);
-    let lens = at + HEAD;
-    let body = lens.checked_add(head.lens_bytes())?;
-    let end = body.checked_add(head.body(data.get(lens..body)?)?)?;
-    (end <= data.len()).then_some(Frame { head, end })
-}
-
-/// The (key, offset) of every whole frame of `data` from `at` on, appended to `frames`.
-/// Returns where the first incomplete frame starts (`data.len()` when none is).
-fn index_frames(data: &[u8], mut at: usize, frames: &mut Vec<(u64, usize)>) -> usize {
-    while let Some(f) = frame_at(data, at) {
-        frames.push((f.head.key, at));
-        at = f.end;
-    }
-    at
-}
-
-/// The frames of a loaded pile as (key, offset), in file order.
-fn frame_index(data: &[u8], frames: &mut Vec<(u64, usize)>) {
-    let end = index_frames(data, 0, frames);
-    debug_assert_eq!(end, data.len(), "a pile ends with a whole frame");
+/// A frame whose body does not hold what its head says (the scratch was changed).
+fn damaged(what: &str) -> Error {
+    Error::Invalid(format!(
+        "a two-pass pile frame is damaged ({what}); was the scratch directory changed?"
+    ))
 }
 
 /// Re-scatters a loaded pile's frames, in the order they lie in memory (sequential, so
 /// cheap), into the next epoch's piles under their new keys. Gives up (`Ok`, the next
 /// piles left partial) once `stop` is set, checked every megabyte.
-fn rescatter(
-    data: &[u8],
-    sink: &mut PileSink,
-    plan: &PilePlan,
-    key: &EpochKey,
-    stop: &Stop,
-) -> Result<()> {
+fn rescatter(data: &[u8], sink: &mut PileWriter, key: &EpochKey, stop: &Stop) -> Result<()> {
     const CHECK_EVERY: usize = 1 << 20;
     let mut at = 0;
     let mut check_at = 0;
@@ -900,18 +650,32 @@ fn rescatter(
             }
             check_at = at + CHECK_EVERY;
         }
-        let f = frame_at(data, at).ok_or_else(|| {
-            Error::Invalid(format!("a loaded pile ends inside a frame at byte {at}"))
-        })?;
-        sink.add_rekeyed(plan, key.key(f.head.unit), &data[at + 8..f.end])?;
+        let f = match frame::parse(data, at) {
+            frame::Parsed::Whole(f) => f,
+            _ => {
+                return Err(damaged(&format!(
+                    "a loaded pile ends inside a frame at byte {at}"
+                )))
+            }
+        };
+        let body = &data[f.body..f.end];
+        let unit = Body::parse(body)
+            .ok_or_else(|| damaged("a body shorter than its head"))?
+            .unit;
+        sink.frame(key.key(unit), &[body])?;
         at = f.end;
     }
     Ok(())
 }
 
-/// Emits the records of a pile's frames in key order (`frames` from [`index_frames`], so
-/// every one is whole).
-fn emit_frames(data: &[u8], frames: &[(u64, usize)], units: &Units, em: &mut Emitter<'_>) {
+/// Emits the records of a pile's frames in key order (`frames` from the loader, so every
+/// one is whole).
+fn emit_frames(
+    data: &[u8],
+    frames: &[(u64, usize)],
+    units: &Units,
+    em: &mut Emitter<'_>,
+) -> Result<()> {
     // Frames are visited in key order, all over the pile: ask for the next ones' lines
     // early so their cache misses overlap this one's copying.
     const AHEAD: usize = 8;
@@ -922,18 +686,31 @@ fn emit_frames(data: &[u8], frames: &[(u64, usize)], units: &Units, em: &mut Emi
                 crate::io::prefetch(&data[line..]);
             }
         }
-        let h = FrameHead::parse(&data[at..at + HEAD]);
-        let lens = &data[at + HEAD..at + HEAD + h.lens_bytes()];
-        let mut off = at + HEAD + lens.len();
-        for (i, id) in units.records(h.unit).enumerate() {
-            let len = h.len(lens, i);
-            em.push(id, &data[off..off + len]);
+        let f = frame::at(data, at);
+        let body = &data[f.body..f.end];
+        let b = Body::parse(body).ok_or_else(|| damaged("a body shorter than its head"))?;
+        if b.unit >= units.len() {
+            return Err(damaged(&format!("unit {} of {}", b.unit, units.len())));
+        }
+        let records = units.records(b.unit);
+        if records.end - records.start != b.n as u64 {
+            return Err(damaged(&format!("unit {} with {} records", b.unit, b.n)));
+        }
+        let lens = &body[BODY_HEAD..BODY_HEAD + b.lens_bytes()];
+        let mut off = BODY_HEAD + lens.len();
+        for (i, id) in records.enumerate() {
+            let len = b.len(lens, i);
+            let Some(rec) = off.checked_add(len).and_then(|end| body.get(off..end)) else {
+                return Err(damaged("record lengths past the frame's end"));
+            };
+            em.push(id, rec);
             off += len;
         }
         if em.stopped {
-            return;
+            return Ok(());
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,27 +1,31 @@
-//! What piles (two-pass and `shuffle`) share. For now: how many piles a run may open at
-//! once. Each pile writer holds its file and its ring open while it is written, so the
-//! pile count is capped by the soft open-file limit; a pile over its memory share is read
-//! back in key sub-ranges, so fewer piles cost passes, never correctness.
+//! The pile store that two-pass and `shuffle` share: frames (`frame.rs`: a key, a length
+//! that may pass 4 GiB, a body) scattered by key into piles, written with direct I/O
+//! through one ring into a few group files, and read back pile by pile in key order, whole
+//! or in key sub-ranges, through another (`store.rs`). A run's open files do not grow with
+//! its pile count: a set of piles holds at most [`store::MAX_GROUPS`] files, fewer when the
+//! open-file limit is low.
 
-/// Open files a pile writer may hold: its file, its ring, and one to spare.
-pub(crate) const FDS_PER_PILE: u64 = 3;
+pub(crate) mod frame;
+pub(crate) mod store;
 
-/// Open files kept for everything else a run holds (the dataset's files, the reader's and
-/// the scatter's rings, the output, stdio).
-const RESERVED_FDS: u64 = 96;
+pub(crate) use store::{Layout, PileReader, PileSet, PileWriter};
 
-/// The most pile bits (`1 << bits` piles) a run may use: `ceiling`, or fewer so that the
-/// pile writers fit the soft open-file limit (`ulimit -n`).
-pub(crate) fn max_pile_bits(ceiling: u32) -> u32 {
+/// Open files kept for everything else a run holds (the dataset's files, rings, the
+/// output, stdio) when sizing group files against the open-file limit.
+const RESERVED_FDS: u64 = 48;
+
+/// log2 of the most group files a set of piles may hold open: 16, or fewer so that two sets
+/// (one being read, the next being written) fit the soft open-file limit (`ulimit -n`).
+pub(crate) fn max_group_bits() -> u32 {
     match open_file_limit() {
-        Some(limit) => bits_within(limit, ceiling),
-        None => ceiling,
+        Some(limit) => bits_within(limit),
+        None => store::MAX_GROUPS.trailing_zeros(),
     }
 }
 
-fn bits_within(limit: u64, ceiling: u32) -> u32 {
-    let piles = (limit.saturating_sub(RESERVED_FDS) / FDS_PER_PILE).max(1);
-    (63 - piles.leading_zeros()).min(ceiling)
+fn bits_within(limit: u64) -> u32 {
+    let groups = (limit.saturating_sub(RESERVED_FDS) / 2).max(1);
+    (63 - groups.leading_zeros()).min(store::MAX_GROUPS.trailing_zeros())
 }
 
 /// The soft limit on open files, from `/proc/self/limits` (None when unlimited or unknown).
@@ -44,11 +48,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pile_count_fits_the_open_file_limit() {
-        assert_eq!(bits_within(256, 12), 5, "(256 - 96) / 3 = 53 piles: 32");
-        assert_eq!(bits_within(1024, 12), 8);
-        assert_eq!(bits_within(1 << 20, 12), 12);
-        assert_eq!(bits_within(10, 12), 0, "one pile at least");
+    fn group_files_fit_the_open_file_limit() {
+        assert_eq!(bits_within(256), 4, "16 group files: 32 for two sets");
+        assert_eq!(bits_within(64), 3, "(64 - 48) / 2 = 8");
+        assert_eq!(bits_within(1 << 20), 4);
+        assert_eq!(bits_within(10), 0, "one group file at least");
         let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
                       Max open files            256                  524288               files     \n";
         assert_eq!(parse_limits(limits), Some(256));

@@ -23,7 +23,7 @@ fn pile_bytes(dir: &Path) -> u64 {
         .flatten()
         .map(|e| match e.file_type() {
             Ok(t) if t.is_dir() => pile_bytes(&e.path()),
-            Ok(t) if t.is_file() && e.file_name().to_string_lossy().starts_with("pile-") => {
+            Ok(t) if t.is_file() && e.file_name().to_string_lossy().starts_with("group-") => {
                 e.metadata().map_or(0, |m| m.len())
             }
             _ => 0,

@@ -1,0 +1,966 @@
+//! The pile store: frames scattered into piles by key, written with direct I/O through one
+//! ring, read back pile by pile (whole, or one key sub-range at a time) through another.
+//!
+//! Piles do not get a file each. They are grouped: pile `p` of `P` lives in group file
+//! `p * G / P` of `G` (at most [`MAX_GROUPS`]), so a run holds a constant number of files
+//! open whatever its pile count. Each pile gathers its frames in a fill buffer of one
+//! extent; a full buffer is copied into one of the writer's slots and written at the end of
+//! its group file, so every group file is written front to back, and a pile is the list of
+//! its extents there. Groups hold consecutive piles, and piles are read in key order: once
+//! a group's last pile is loaded its file is removed, so the scratch a pass holds shrinks
+//! as it goes.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::frame::{self, Parsed};
+use crate::io::{
+    completion_error, open_backend, Access, Backend, Completion, DataFile, FileKey, IoConfig,
+    LargeBuf, Op, OpKind, SlotId,
+};
+use crate::pipeline::Stop;
+use crate::{Error, Result};
+
+/// The most group files one set of piles writes.
+pub(crate) const MAX_GROUPS: usize = 16;
+
+/// Group files are grown (`fallocate`) ahead of their writes by 64 extents (1 to 64 MiB at
+/// a time): a full disk is found early, and the writes land inside the file in allocated
+/// space, which ext4 lets run in parallel (a write that extends a file is serialised).
+fn reserve_step(extent: usize) -> u64 {
+    (extent as u64 * 64).clamp(1 << 20, 64 << 20)
+}
+
+/// How a set of piles is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// log2 of the pile count: pile `key >> (64 - bits)`.
+    pub bits: u32,
+    /// Bytes per write (a pile's fill buffer; a multiple of 4 KiB).
+    pub extent: usize,
+    /// Writes in flight.
+    pub depth: usize,
+    /// Reads in flight when a pile is loaded.
+    pub read_depth: usize,
+    /// log2 of the group files.
+    group_bits: u32,
+}
+
+impl Layout {
+    /// `1 << bits` piles written in extents of about `extent` bytes, with about
+    /// `in_flight` bytes of writes (and of reads, when loading) in flight: at least two
+    /// requests, at most 32 writes and 64 reads.
+    pub(crate) fn new(bits: u32, extent: usize, in_flight: usize) -> Layout {
+        let extent = extent.max(4096).div_ceil(4096) * 4096;
+        Layout {
+            bits,
+            extent,
+            depth: (in_flight / extent).clamp(2, 32),
+            read_depth: (in_flight / extent).clamp(2, 64),
+            group_bits: bits.min(super::max_group_bits()),
+        }
+    }
+
+    /// Number of piles.
+    pub(crate) fn piles(&self) -> usize {
+        1 << self.bits
+    }
+
+    /// Number of group files.
+    pub(crate) fn groups(&self) -> usize {
+        1 << self.group_bits
+    }
+
+    /// The pile that holds `key`.
+    #[inline]
+    pub(crate) fn pile_of(&self, key: u64) -> usize {
+        if self.bits == 0 {
+            0
+        } else {
+            (key >> (64 - self.bits)) as usize
+        }
+    }
+
+    fn group_of(&self, pile: usize) -> usize {
+        pile >> (self.bits - self.group_bits)
+    }
+
+    /// The keys of pile `p`: `[lo, hi)`.
+    pub(crate) fn keys(&self, pile: usize) -> (u128, u128) {
+        let width = 1u128 << (64 - self.bits);
+        (pile as u128 * width, (pile as u128 + 1) * width)
+    }
+
+    /// Memory a writer of this layout holds: a fill buffer per pile and the slots in
+    /// flight.
+    pub(crate) fn writer_bytes(&self) -> u64 {
+        (self.piles() + self.depth) as u64 * self.extent as u64
+    }
+
+    /// Memory the extent lists of `bytes` of frames take (16 bytes per extent).
+    pub(crate) fn extent_list_bytes(&self, bytes: u64) -> u64 {
+        (bytes / self.extent as u64 + self.piles() as u64) * 16
+    }
+}
+
+/// Where a pile's bytes are: `len` bytes of frames at `offset` of its group file (written
+/// rounded up to the alignment).
+#[derive(Clone, Copy, Debug)]
+struct Extent {
+    offset: u64,
+    len: u64,
+}
+
+/// A group file: removed when the last owner (the set, or the loads of its piles) lets go.
+#[derive(Debug)]
+struct GroupFile {
+    file: Arc<DataFile>,
+}
+
+impl Drop for GroupFile {
+    fn drop(&mut self) {
+        // Scratch: the directory goes too, so a file already gone is fine.
+        let _ = std::fs::remove_file(self.file.path());
+    }
+}
+
+struct Fill {
+    buf: Vec<u8>,
+    extents: Vec<Extent>,
+    bytes: u64,
+}
+
+struct GroupOut {
+    file: Arc<GroupFile>,
+    key: FileKey,
+    /// Where the next extent goes.
+    end: u64,
+    /// Bytes allocated ahead (`fallocate`), or `u64::MAX` when the filesystem cannot.
+    reserved: u64,
+}
+
+/// Piles being written.
+pub(crate) struct PileWriter {
+    layout: Layout,
+    extent: usize,
+    unit: usize,
+    dir: tempfile::TempDir,
+    backend: Box<dyn Backend>,
+    groups: Vec<GroupOut>,
+    piles: Vec<Fill>,
+    done: Vec<Completion>,
+    /// Short writes in a row without progress, per slot.
+    stalled: Vec<u32>,
+    written: u64,
+}
+
+impl PileWriter {
+    /// A writer whose group files go in a new directory inside `parent` (private scratch
+    /// of the run; removed with the set).
+    pub(crate) fn new(parent: &Path, layout: Layout, io: &IoConfig) -> Result<PileWriter> {
+        let dir = tempfile::Builder::new()
+            .prefix("piles-")
+            .tempdir_in(parent)
+            .map_err(|e| Error::io(parent, "create pile directory", None, e))?;
+        let mut files = Vec::with_capacity(layout.groups());
+        for g in 0..layout.groups() {
+            let path = dir.path().join(format!("group-{g:02}"));
+            let file = DataFile::open(&path, Access::Write, io.direct)?;
+            files.push(Arc::new(GroupFile {
+                file: Arc::new(file),
+            }));
+        }
+        let unit = files
+            .iter()
+            .map(|g| g.file.alignment().unit())
+            .max()
+            .unwrap_or(512)
+            .max(512);
+        let extent = layout.extent.div_ceil(unit) * unit;
+        let cfg = IoConfig {
+            depth: layout.depth,
+            slot_size: extent,
+            backend: crate::emulate::write_backend(io.backend),
+            direct: io.direct,
+            ..IoConfig::default()
+        };
+        let mut backend = open_backend(&cfg, unit)?;
+        let mut groups = Vec::with_capacity(files.len());
+        for file in files {
+            let key = backend.add_file(file.file.clone())?;
+            groups.push(GroupOut {
+                file,
+                key,
+                end: 0,
+                reserved: 0,
+            });
+        }
+        let piles = (0..layout.piles())
+            .map(|_| Fill {
+                buf: Vec::new(),
+                extents: Vec::new(),
+                bytes: 0,
+            })
+            .collect();
+        Ok(PileWriter {
+            layout,
+            extent,
+            unit,
+            dir,
+            stalled: vec![0; backend.depth()],
+            backend,
+            groups,
+            piles,
+            done: Vec::new(),
+            written: 0,
+        })
+    }
+
+    /// Bytes of frames given so far.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.piles.iter().map(|p| p.bytes).sum()
+    }
+
+    /// Appends the head of a frame under `key` whose body is `len` bytes to the pile of
+    /// `key`; the caller appends the body with [`PileWriter::append`] to the same pile.
+    /// Returns the pile.
+    #[inline]
+    pub(crate) fn begin(&mut self, key: u64, len: u64) -> Result<usize> {
+        let pile = self.layout.pile_of(key);
+        let (h, n) = frame::head(key, len);
+        self.append(pile, &h[..n])?;
+        Ok(pile)
+    }
+
+    /// A whole frame: `key` and its body given in parts.
+    pub(crate) fn frame(&mut self, key: u64, parts: &[&[u8]]) -> Result<()> {
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        let pile = self.begin(key, len)?;
+        for p in parts {
+            self.append(pile, p)?;
+        }
+        Ok(())
+    }
+
+    /// Appends bytes to a pile (part of a frame begun with [`PileWriter::begin`]).
+    #[inline]
+    pub(crate) fn append(&mut self, pile: usize, mut bytes: &[u8]) -> Result<()> {
+        while !bytes.is_empty() {
+            let extent = self.extent;
+            let fill = &mut self.piles[pile];
+            if fill.buf.capacity() == 0 {
+                fill.buf.reserve_exact(extent);
+            }
+            let n = (extent - fill.buf.len()).min(bytes.len());
+            fill.buf.extend_from_slice(&bytes[..n]);
+            fill.bytes += n as u64;
+            bytes = &bytes[n..];
+            if fill.buf.len() == extent {
+                self.flush(pile)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a pile's fill buffer (padded to the alignment) at the end of its group file.
+    fn flush(&mut self, pile: usize) -> Result<()> {
+        let len = self.piles[pile].buf.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let slot = self.free_slot()?;
+        let padded = len.div_ceil(self.unit) * self.unit;
+        let s = self.backend.slot_mut(slot);
+        s[..len].copy_from_slice(&self.piles[pile].buf);
+        s[len..padded].fill(0);
+        self.piles[pile].buf.clear();
+        let g = self.layout.group_of(pile);
+        if let Err(e) = self.reserve(g, padded as u64) {
+            self.backend.release(slot);
+            return Err(e);
+        }
+        let out = &mut self.groups[g];
+        let offset = out.end;
+        out.end += padded as u64;
+        self.piles[pile].extents.push(Extent {
+            offset,
+            len: len as u64,
+        });
+        let op = Op {
+            slot,
+            file: out.key,
+            offset,
+            len: padded,
+            at: 0,
+            kind: OpKind::Write,
+            tag: 0,
+        };
+        self.written += padded as u64;
+        self.backend
+            .push(op)
+            .inspect_err(|_| self.backend.release(slot))
+    }
+
+    /// Makes sure `more` bytes past the group's end are allocated: a full disk fails here,
+    /// naming the file, before the write is queued.
+    fn reserve(&mut self, g: usize, more: u64) -> Result<()> {
+        let out = &mut self.groups[g];
+        let need = out.end + more;
+        if out.reserved >= need {
+            return Ok(());
+        }
+        let step = reserve_step(self.extent);
+        let upto = need.div_ceil(step) * step;
+        let file = &out.file.file;
+        match nix::fcntl::fallocate(
+            file.file(),
+            nix::fcntl::FallocateFlags::empty(),
+            out.reserved as i64,
+            (upto - out.reserved) as i64,
+        ) {
+            Ok(()) => out.reserved = upto,
+            Err(nix::errno::Errno::EOPNOTSUPP) => out.reserved = u64::MAX,
+            Err(e) => {
+                return Err(Error::io(
+                    file.path(),
+                    "allocate pile space",
+                    Some(out.reserved),
+                    std::io::Error::from(e),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn free_slot(&mut self) -> Result<SlotId> {
+        loop {
+            if let Some(s) = self.backend.acquire() {
+                return Ok(s);
+            }
+            self.reap(1)?;
+        }
+    }
+
+    /// Waits for at least `min` writes. A short write goes on where it stopped (rounded down
+    /// to the alignment); eight in a row that write nothing new mean the disk is full.
+    fn reap(&mut self, min: usize) -> Result<()> {
+        let waited = self.backend.wait(min, &mut self.done);
+        // Completions appended before a failed wait are handled too: their slots are held.
+        let mut first = waited.err();
+        let mut done = std::mem::take(&mut self.done);
+        for c in done.drain(..) {
+            let file = &self.groups[c.op.file.0 as usize].file.file;
+            let err = match c.result {
+                Ok(n) if n == c.op.len => None,
+                Ok(n) => {
+                    let keep = (c.op.at + n) / self.unit * self.unit;
+                    let stall = &mut self.stalled[c.op.slot.index()];
+                    *stall = if keep > c.op.at { 0 } else { *stall + 1 };
+                    if *stall <= 8 {
+                        match self.backend.push(c.op.advance(keep - c.op.at)) {
+                            Ok(()) => continue,
+                            Err(e) => Some(e),
+                        }
+                    } else {
+                        Some(Error::io(
+                            file.path(),
+                            "write",
+                            Some(c.op.offset + n as u64),
+                            std::io::Error::from_raw_os_error(libc::ENOSPC),
+                        ))
+                    }
+                }
+                Err(errno) => Some(completion_error(file, &c.op, errno)),
+            };
+            self.stalled[c.op.slot.index()] = 0;
+            self.backend.release(c.op.slot);
+            if first.is_none() {
+                first = err;
+            }
+        }
+        self.done = done;
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Writes what is left in the fill buffers and waits for every write: the piles, ready
+    /// to be read. Not synced: piles are scratch, read back by this process.
+    pub(crate) fn finish(mut self) -> Result<PileSet> {
+        for p in 0..self.piles.len() {
+            self.flush(p)?;
+        }
+        while self.backend.in_flight() > 0 {
+            self.reap(self.backend.in_flight())?;
+        }
+        // The space allocated ahead and not written goes back.
+        for g in &self.groups {
+            let file = &g.file.file;
+            file.file()
+                .set_len(g.end)
+                .map_err(|e| Error::io(file.path(), "truncate", Some(g.end), e))?;
+        }
+        let PileWriter {
+            layout,
+            extent,
+            dir,
+            backend,
+            groups,
+            piles,
+            ..
+        } = self;
+        // The ring lets go of its files; the set holds them until their piles are read.
+        drop(backend);
+        let piles = piles
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| Pile {
+                group: groups[layout.group_of(i)].file.clone(),
+                extents: f.extents.into(),
+                bytes: f.bytes,
+            })
+            .collect();
+        Ok(PileSet {
+            layout,
+            extent,
+            piles,
+            dir,
+        })
+    }
+}
+
+/// One pile written: its group file and its extents there.
+struct Pile {
+    group: Arc<GroupFile>,
+    extents: Arc<[Extent]>,
+    bytes: u64,
+}
+
+/// Piles written and closed, in key order; their files are removed as they are read, the
+/// rest (and the directory) when the set is dropped.
+pub(crate) struct PileSet {
+    layout: Layout,
+    extent: usize,
+    piles: Vec<Pile>,
+    dir: tempfile::TempDir,
+}
+
+/// One load of the pile pass: a pile, whole or one key sub-range of it.
+pub(crate) struct Load {
+    group: Arc<GroupFile>,
+    extents: Arc<[Extent]>,
+    extent: usize,
+    read_depth: usize,
+    /// The pile's bytes of frames.
+    pub bytes: u64,
+    /// About how many of them this load keeps (the pile's share for one pass).
+    pub expect: u64,
+    /// Keys wanted: `[lo, hi)`.
+    pub lo: u128,
+    /// See `lo`.
+    pub hi: u128,
+    /// Whether this is the whole pile (one pass).
+    pub whole: bool,
+}
+
+/// The loads of a pile pass and the directory they read from (keep it until the pass is
+/// over; the files go as their last load is dropped).
+pub(crate) struct Loads {
+    /// In key order.
+    pub jobs: Vec<Load>,
+    /// The set's directory.
+    pub dir: tempfile::TempDir,
+}
+
+impl PileSet {
+    /// Number of piles.
+    pub(crate) fn len(&self) -> usize {
+        self.piles.len()
+    }
+
+    /// Bytes of frames in all piles.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.piles.iter().map(|p| p.bytes).sum()
+    }
+
+    /// The pile pass: every pile in key order, in as many key sub-ranges as `passes(bytes)`
+    /// says for a pile of `bytes` (at least one).
+    pub(crate) fn into_loads(self, passes: impl Fn(u64) -> u64) -> Loads {
+        let mut jobs = Vec::new();
+        for (i, p) in self.piles.into_iter().enumerate() {
+            let (lo, hi) = self.layout.keys(i);
+            let n = passes(p.bytes).max(1) as u128;
+            for pass in 0..n {
+                jobs.push(Load {
+                    group: p.group.clone(),
+                    extents: p.extents.clone(),
+                    extent: self.extent,
+                    read_depth: self.layout.read_depth,
+                    bytes: p.bytes,
+                    expect: p.bytes.div_ceil(n as u64),
+                    lo: lo + (hi - lo) * pass / n,
+                    hi: lo + (hi - lo) * (pass + 1) / n,
+                    whole: n == 1,
+                });
+            }
+        }
+        Loads {
+            jobs,
+            dir: self.dir,
+        }
+    }
+}
+
+/// Reads loads, keeping one ring while they come from the same group file.
+#[derive(Default)]
+pub(crate) struct PileReader {
+    ring: Option<(Arc<GroupFile>, Box<dyn Backend>, FileKey)>,
+    io: IoConfig,
+}
+
+impl PileReader {
+    /// A reader with `io`'s backend choice and direct flag.
+    pub(crate) fn new(io: &IoConfig) -> PileReader {
+        PileReader {
+            ring: None,
+            io: io.clone(),
+        }
+    }
+
+    /// Loads `load` into `out` (cleared first): the frames whose keys it wants, back to back,
+    /// and their (key, offset in `out`) into `frames` in file order. Given up, with an
+    /// error, once `stop` is set (checked per extent).
+    pub(crate) fn load(
+        &mut self,
+        load: Load,
+        out: &mut LargeBuf,
+        frames: &mut Vec<(u64, usize)>,
+        stop: &Stop,
+    ) -> Result<()> {
+        out.clear();
+        frames.clear();
+        let same = matches!(&self.ring, Some((g, _, _)) if Arc::ptr_eq(g, &load.group));
+        if !same {
+            // The previous group's ring (and its hold on the file) goes first.
+            self.ring = None;
+            let file = &load.group.file;
+            let unit = file.alignment().unit().max(512);
+            let slot = load.extent.div_ceil(unit) * unit;
+            let cfg = IoConfig {
+                depth: load.read_depth,
+                slot_size: slot,
+                backend: self.io.backend,
+                direct: self.io.direct,
+                ..IoConfig::default()
+            };
+            let mut backend = open_backend(&cfg, unit)?;
+            let key = backend.add_file(file.clone())?;
+            self.ring = Some((load.group.clone(), backend, key));
+        }
+        let (group, backend, key) = self.ring.as_mut().expect("a ring");
+        let path = group.file.path().to_path_buf();
+        let file = group.file.clone();
+        let unit = file.alignment().unit().max(512);
+        if load.whole {
+            out.reserve_total(load.bytes as usize);
+            let mut at = 0usize;
+            read_extents(
+                backend.as_mut(),
+                *key,
+                &file,
+                &load.extents,
+                unit,
+                |chunk| {
+                    stop.check()?;
+                    out.extend_from_slice(chunk);
+                    at = index(out.as_slice(), at, frames, &path)?;
+                    Ok(())
+                },
+            )?;
+            if at != out.len() {
+                return Err(inside_a_frame(&path, &load.extents, at as u64));
+            }
+        } else {
+            // A frame split between extents waits in `carry` until it is whole.
+            let mut carry: Vec<u8> = Vec::new();
+            let mut consumed = 0u64;
+            read_extents(
+                backend.as_mut(),
+                *key,
+                &file,
+                &load.extents,
+                unit,
+                |chunk| {
+                    stop.check()?;
+                    carry.extend_from_slice(chunk);
+                    let mut pos = 0usize;
+                    loop {
+                        match frame::parse(&carry, pos) {
+                            Parsed::Whole(f) => {
+                                if (load.lo..load.hi).contains(&(f.key as u128)) {
+                                    frames.push((f.key, out.len()));
+                                    out.extend_from_slice(&carry[pos..f.end]);
+                                }
+                                pos = f.end;
+                            }
+                            Parsed::Partial => break,
+                            Parsed::Damaged => {
+                                return Err(inside_a_frame(
+                                    &path,
+                                    &load.extents,
+                                    consumed + pos as u64,
+                                ))
+                            }
+                        }
+                    }
+                    carry.drain(..pos);
+                    consumed += pos as u64;
+                    Ok(())
+                },
+            )?;
+            if !carry.is_empty() {
+                return Err(inside_a_frame(&path, &load.extents, consumed));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The (key, offset) of every whole frame of `data` from `at` on; returns where the first
+/// incomplete frame starts.
+fn index(data: &[u8], mut at: usize, frames: &mut Vec<(u64, usize)>, path: &Path) -> Result<usize> {
+    loop {
+        match frame::parse(data, at) {
+            Parsed::Whole(f) => {
+                frames.push((f.key, at));
+                at = f.end;
+            }
+            Parsed::Partial => return Ok(at),
+            Parsed::Damaged => {
+                return Err(Error::BadInput {
+                    path: path.into(),
+                    offset: None,
+                    what: format!("a pile holds a damaged frame at its byte {at}"),
+                })
+            }
+        }
+    }
+}
+
+/// A pile that ends inside a frame: the offset in its group file of the extent holding byte
+/// `at` of the pile.
+fn inside_a_frame(path: &Path, extents: &[Extent], at: u64) -> Error {
+    let mut pos = 0u64;
+    let mut file_offset = None;
+    for e in extents {
+        if at < pos + e.len {
+            file_offset = Some(e.offset + (at - pos));
+            break;
+        }
+        pos += e.len;
+    }
+    Error::BadInput {
+        path: path.into(),
+        offset: file_offset,
+        what: format!(
+            "pile ends inside a frame (byte {at} of the pile; was the scratch directory changed?)"
+        ),
+    }
+}
+
+/// Reads `extents` of a file in order, at the backend's depth, and hands each extent's
+/// bytes to `f` in that order. A short read goes on where it stopped.
+fn read_extents(
+    backend: &mut dyn Backend,
+    key: FileKey,
+    file: &DataFile,
+    extents: &[Extent],
+    unit: usize,
+    mut f: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let depth = backend.depth();
+    let mut ready: std::collections::HashMap<u64, SlotId> = Default::default();
+    let (mut next_submit, mut next_deliver) = (0usize, 0usize);
+    let mut stalled = vec![0u32; depth];
+    let mut done = Vec::with_capacity(depth);
+    let outcome = (|| -> Result<()> {
+        while next_deliver < extents.len() {
+            while next_submit < extents.len() && backend.in_flight() + ready.len() < depth {
+                let e = extents[next_submit];
+                let slot = backend.acquire().expect("a free slot below depth");
+                stalled[slot.index()] = 0;
+                let op = Op {
+                    slot,
+                    file: key,
+                    offset: e.offset,
+                    len: (e.len as usize).div_ceil(unit) * unit,
+                    at: 0,
+                    kind: OpKind::Read,
+                    tag: next_submit as u64,
+                };
+                backend.push(op).inspect_err(|_| backend.release(slot))?;
+                next_submit += 1;
+            }
+            if let Some(slot) = ready.remove(&(next_deliver as u64)) {
+                let len = extents[next_deliver].len as usize;
+                let r = f(&backend.slot(slot)[..len]);
+                backend.release(slot);
+                r?;
+                next_deliver += 1;
+                continue;
+            }
+            let waited = backend.wait(1, &mut done);
+            let mut first = waited.err();
+            for c in done.drain(..) {
+                let want = extents[c.op.tag as usize].len as usize;
+                let err = match c.result {
+                    Ok(n) if c.op.at + n >= want => {
+                        ready.insert(c.op.tag, c.op.slot);
+                        continue;
+                    }
+                    Ok(n) => {
+                        let got = c.op.at + n;
+                        let keep = got / unit * unit;
+                        let stall = &mut stalled[c.op.slot.index()];
+                        *stall = if keep > c.op.at { 0 } else { *stall + 1 };
+                        if *stall <= 8 {
+                            match backend.push(c.op.advance(keep - c.op.at)) {
+                                Ok(()) => continue,
+                                Err(e) => Some(e),
+                            }
+                        } else {
+                            Some(Error::BadInput {
+                                path: file.path().into(),
+                                offset: Some(c.op.offset + n as u64),
+                                what:
+                                    "a pile file ended early (was the scratch directory changed?)"
+                                        .into(),
+                            })
+                        }
+                    }
+                    Err(errno) => Some(completion_error(file, &c.op, errno)),
+                };
+                backend.release(c.op.slot);
+                if first.is_none() {
+                    first = err;
+                }
+            }
+            if let Some(e) = first {
+                return Err(e);
+            }
+        }
+        Ok(())
+    })();
+    // Slots of extents read but not delivered go back; those in flight are reaped by the
+    // next load or when the ring is dropped.
+    for (_, slot) in ready.drain() {
+        backend.release(slot);
+    }
+    if outcome.is_err() {
+        // Whatever is still in flight is waited for here, so the next load starts clean.
+        while backend.in_flight() > 0 {
+            if backend.wait(backend.in_flight(), &mut done).is_err() {
+                break;
+            }
+            for c in done.drain(..) {
+                backend.release(c.op.slot);
+            }
+        }
+    }
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::BackendChoice;
+
+    /// Frames of every size, from empty to several extents long, under random keys.
+    fn frames(n: u64, seed: u64) -> Vec<(u64, Vec<u8>)> {
+        let key = crate::order::EpochKey::new(seed, 0);
+        (0..n)
+            .map(|i| {
+                let len = match i % 10 {
+                    0 => 0,
+                    1 => 9_000 + i as usize,
+                    _ => (i * 37 % 700) as usize,
+                };
+                (
+                    key.key(i),
+                    (0..len).map(|j| (i as usize + j) as u8).collect(),
+                )
+            })
+            .collect()
+    }
+
+    fn written(
+        layout: Layout,
+        all: &[(u64, Vec<u8>)],
+        backend: BackendChoice,
+    ) -> (tempfile::TempDir, PileSet) {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let io = IoConfig {
+            backend,
+            ..IoConfig::default()
+        };
+        let mut w = PileWriter::new(dir.path(), layout, &io).unwrap();
+        for (k, body) in all {
+            // Bodies in two parts, as the two-pass scatter gives them.
+            let (a, b) = body.split_at(body.len() / 3);
+            w.frame(*k, &[a, b]).unwrap();
+        }
+        let set = w.finish().unwrap();
+        (dir, set)
+    }
+
+    /// Every frame comes back from its pile, whole and in the order written, whether the
+    /// pile is read whole or in key sub-ranges, on both backends; frames span extents.
+    #[test]
+    fn piles_read_back_whole_and_in_key_sub_ranges() {
+        let all = frames(3000, 7);
+        let layout = Layout::new(5, 4096, 64 << 10);
+        assert_eq!(layout.groups(), 16.min(1 << super::super::max_group_bits()));
+        for backend in [BackendChoice::Uring, BackendChoice::Pread] {
+            for passes in [1u64, 3] {
+                let (_dir, set) = written(layout, &all, backend);
+                assert_eq!(set.len(), 32);
+                let total: u64 = all
+                    .iter()
+                    .map(|(_, b)| (frame::head_len(b.len() as u64) + b.len()) as u64)
+                    .sum();
+                assert_eq!(set.bytes(), total);
+                let loads = set.into_loads(|_| passes);
+                assert_eq!(loads.jobs.len() as u64, 32 * passes);
+                let mut reader = PileReader::new(&IoConfig {
+                    backend,
+                    ..IoConfig::default()
+                });
+                let mut got: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); 32];
+                let (mut out, mut index) = (LargeBuf::default(), Vec::new());
+                for (i, load) in loads.jobs.into_iter().enumerate() {
+                    let pile = i / passes as usize;
+                    let (lo, hi) = (load.lo, load.hi);
+                    assert_eq!(load.whole, passes == 1);
+                    reader
+                        .load(load, &mut out, &mut index, &Stop::default())
+                        .unwrap();
+                    for &(k, at) in &index {
+                        assert!((lo..hi).contains(&(k as u128)));
+                        let f = frame::at(out.as_slice(), at);
+                        assert_eq!(f.key, k);
+                        got[pile].push((k, out.as_slice()[f.body..f.end].to_vec()));
+                    }
+                }
+                for (pile, frames) in got.iter().enumerate() {
+                    let mut want: Vec<_> = all
+                        .iter()
+                        .filter(|(k, _)| layout.pile_of(*k) == pile)
+                        .cloned()
+                        .collect();
+                    let mut frames = frames.clone();
+                    if passes > 1 {
+                        // Sub-ranges give each frame once; across them the order is by range.
+                        want.sort();
+                        frames.sort();
+                    }
+                    assert!(
+                        frames == want,
+                        "{backend:?}, {passes} passes: pile {pile} differs"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Thousands of piles hold no more files than [`MAX_GROUPS`], while written and while
+    /// read: the open files of a run do not grow with its pile count.
+    #[test]
+    fn thousands_of_piles_share_a_few_files() {
+        let all = frames(20_000, 11);
+        let (dir, set) = written(Layout::new(12, 4096, 64 << 10), &all, BackendChoice::Auto);
+        assert_eq!(set.len(), 4096);
+        let files = std::fs::read_dir(
+            dir.path()
+                .read_dir()
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path(),
+        )
+        .unwrap()
+        .count();
+        assert!((1..=MAX_GROUPS).contains(&files), "{files} pile files");
+        let mut distinct: Vec<_> = set.piles.iter().map(|p| Arc::as_ptr(&p.group)).collect();
+        distinct.dedup();
+        assert_eq!(distinct.len(), files);
+        let mut n = 0;
+        let mut reader = PileReader::default();
+        let (mut out, mut index) = (LargeBuf::default(), Vec::new());
+        for load in set.into_loads(|_| 1).jobs {
+            reader
+                .load(load, &mut out, &mut index, &Stop::default())
+                .unwrap();
+            n += index.len();
+        }
+        assert_eq!(n, all.len());
+    }
+
+    /// A group file goes as soon as the last load of its piles is dropped, not at the end
+    /// of the pass: the scratch a pass holds shrinks as it goes.
+    #[test]
+    fn group_files_go_as_their_piles_are_read() {
+        let all = frames(2000, 3);
+        let (dir, set) = written(Layout::new(4, 4096, 64 << 10), &all, BackendChoice::Auto);
+        let groups = set.piles.iter().map(|p| p.group.file.path().to_path_buf());
+        let mut groups: Vec<_> = groups.collect();
+        groups.dedup();
+        assert!(groups.len() > 1);
+        let loads = set.into_loads(|_| 1);
+        let mut jobs = loads.jobs.into_iter();
+        let per_group = 16 / groups.len();
+        let mut reader = PileReader::default();
+        let (mut out, mut index) = (LargeBuf::default(), Vec::new());
+        for _ in 0..per_group {
+            assert!(groups[0].exists());
+            reader
+                .load(jobs.next().unwrap(), &mut out, &mut index, &Stop::default())
+                .unwrap();
+        }
+        // The reader keeps the group's ring until it moves on; the next group lets go.
+        reader
+            .load(jobs.next().unwrap(), &mut out, &mut index, &Stop::default())
+            .unwrap();
+        assert!(!groups[0].exists(), "read group file still there");
+        assert!(groups[1].exists());
+        drop(jobs);
+        drop(reader);
+        drop(loads.dir);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// A group file cut short (the scratch changed under the run) is an error naming the
+    /// file, never a panic or a wrong pile; so is a stopped run.
+    #[test]
+    fn a_cut_group_file_and_a_stop_are_errors() {
+        let all = frames(500, 5);
+        let (_dir, set) = written(Layout::new(0, 4096, 64 << 10), &all, BackendChoice::Auto);
+        let path = set.piles[0].group.file.path().to_path_buf();
+        let size = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(size - 5000).unwrap();
+        let mut loads = set.into_loads(|_| 1);
+        let load = loads.jobs.pop().unwrap();
+        let (mut out, mut index) = (LargeBuf::default(), Vec::new());
+        let e = PileReader::default()
+            .load(load, &mut out, &mut index, &Stop::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&path.display().to_string()), "{e}");
+
+        let (_dir, set) = written(Layout::new(0, 4096, 64 << 10), &all, BackendChoice::Auto);
+        let stop = Stop::default();
+        stop.set();
+        let load = set.into_loads(|_| 1).jobs.pop().unwrap();
+        let e = PileReader::default().load(load, &mut out, &mut index, &stop);
+        assert!(e.unwrap_err().to_string().contains("stopped"));
+    }
+}
