@@ -66,10 +66,10 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
     let scan = crate::io::footprint(plan.scan_size as usize * 4) as u64;
     let memory = units.bytes()
         + ds.index_bytes()
-        + 2 * scan
+        + scan
         + plan.writer_bytes()
         + (opts.prefetch as u64 + 1) * plan.batch_bytes
-        + 2 * plan.pile_budget;
+        + 2 * plan.pile_memory;
     // Every unit as a frame; while rolling, the next epoch's piles grow as this epoch's are
     // consumed, so the peak is about one epoch's frames plus a pile.
     let frames = ds.size_stats().total + units.len() * FRAME_HEAD + ds.len() * 4;
@@ -83,8 +83,10 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
 #[derive(Clone, Copy, Debug)]
 struct PilePlan {
     bits: u32,
-    /// Most bytes of one pile held in memory.
+    /// Most bytes of frames of one pile held in memory.
     pile_budget: u64,
+    /// What such a pile takes in memory: its frames, room, index and sort scratch.
+    pile_memory: u64,
     /// How the piles are written.
     layout: Layout,
     /// Bytes of frames the scatter writes.
@@ -112,43 +114,59 @@ impl PilePlan {
         let fixed = units.bytes()
             + ds.index_bytes()
             + (opts.prefetch as u64 + 1) * batch_bytes
-            + 2 * scan_bytes; // the scatter's reader and the pile loader's
+            + scan_bytes; // the scatter's reader (the pile loader's reads are the store's)
         let budget = match opts.memory {
             Some(m) => m.saturating_sub(fixed),
             None => 512 << 20,
         };
+        // The pile store's I/O in flight scales with this (twice as much writing, three times
+        // as much reading): as much as the scatter's reads, 4 MiB at most, and no more than
+        // a sixteenth of the budget.
+        let in_flight = (4 * scan_size as usize)
+            .min(4 << 20)
+            .min((budget / 16) as usize);
         // The pile writer (a fill buffer per pile, the writes in flight, the extent lists)
-        // comes off the top; half of the rest is for the pile being ordered.
-        // Writes (and a pile's reads) in flight: as much as the scatter's reads.
-        let in_flight = (4 * scan_size as usize).min(4 << 20);
+        // comes off the top; the rest holds two loaded piles (double buffering), each its
+        // frames, a sixteenth of room, and 32 bytes per frame (its index entry and the
+        // sort's scratch).
         let writers = |piles: u64, extent: usize| {
             let l = Layout::new(piles.trailing_zeros(), extent, in_flight);
-            l.writer_bytes() + l.extent_list_bytes(frames)
+            l.writer_bytes() + l.extent_list_bytes(frames) + l.reader_bytes()
         };
-        // Each pile's fill buffer (one write) is its share of an eighth of the budget, from
-        // 16 KiB to 1 MiB (the writes in flight take about as much again).
+        // When no pile count fits with headroom: each pile's fill buffer is its share of an
+        // eighth of the budget, from 16 KiB to 1 MiB.
         let buf_for = |piles: u64| ((budget / 8) / piles).clamp(16 << 10, 1 << 20) as usize;
-        // The fewest piles whose expected size with headroom (s + 6 sqrt(s) units) fits the
-        // pile budget; more piles cost more writer slots, so stop when that stops paying.
-        let mut choice = None;
         // A pile's share holds at least two of the largest units.
         let need = (stats.max + FRAME_HEAD + 8) * 2;
         // At most 4096 piles (they share a few files, whatever their count).
         let max_bits = MAX_PILE_BITS;
-        for bits in 0..=max_bits {
-            let piles = 1u64 << bits;
-            // Two piles in memory at once (double buffering): a quarter each.
-            let pile_budget = budget.saturating_sub(writers(piles, buf_for(piles))) / 4;
-            let s = units.len() as f64 / piles as f64;
-            if (s + 6.0 * s.sqrt()) * mean <= pile_budget as f64 && pile_budget >= need {
-                choice = Some((bits, pile_budget));
-                break;
-            }
-        }
-        let pile_budget_of = |bits: u32| {
-            let piles = 1u64 << bits;
-            budget.saturating_sub(writers(piles, buf_for(piles))) / 4
+        let per_byte = 1.0 + 1.0 / 16.0 + 32.0 / mean;
+        let pile_budget_of = |bits: u32, extent: usize| {
+            let left = budget.saturating_sub(writers(1u64 << bits, extent));
+            ((left / 2) as f64 / per_byte) as u64
         };
+        // With headroom (s + 6 sqrt(s) units per pile, two piles in memory), each pile count
+        // leaves some memory for the piles' fill buffers, and a pile is read back in pieces
+        // of that size: the larger, the faster (random 52 KiB reads ran at 70% of 1 MiB ones
+        // here). Take the count whose piles fit with the largest fill buffer (up to 1 MiB;
+        // at least 16 KiB), the fewest piles among equals.
+        let fit = |bits: u32| -> Option<(usize, u64)> {
+            let piles = 1u64 << bits;
+            let s = units.len() as f64 / piles as f64;
+            let pile = (((s + 6.0 * s.sqrt()) * mean) as u64).max(need);
+            let left = budget.checked_sub((2.0 * pile as f64 * per_byte) as u64)?;
+            let mut extent = ((left / piles).min(1 << 20) as usize) / 4096 * 4096;
+            while extent >= 16 << 10 {
+                if writers(piles, extent) <= left {
+                    return Some((extent, pile_budget_of(bits, extent)));
+                }
+                extent = extent * 7 / 8 / 4096 * 4096;
+            }
+            None
+        };
+        let choice = (0..=max_bits)
+            .filter_map(|bits| fit(bits).map(|(extent, budget)| (bits, extent, budget)))
+            .max_by_key(|&(bits, extent, _)| (extent, std::cmp::Reverse(bits)));
         // Nothing fits with headroom: piles read back in key sub-ranges. Every pile is read
         // once per sub-range, so take the pile count with the fewest passes over a pile
         // (more piles make smaller piles, but their writers leave less for the pile);
@@ -156,26 +174,31 @@ impl PilePlan {
         // units qualify: under a small budget that is fewer piles than the most.
         let choice = choice.or_else(|| {
             (0..=max_bits)
-                .filter(|&bits| pile_budget_of(bits) >= need)
+                .filter(|&bits| pile_budget_of(bits, buf_for(1u64 << bits)) >= need)
                 .min_by_key(|&bits| {
                     let pile = frames.div_ceil(1u64 << bits);
-                    (pile.div_ceil(pile_budget_of(bits)), std::cmp::Reverse(bits))
+                    let budget = pile_budget_of(bits, buf_for(1u64 << bits));
+                    (pile.div_ceil(budget), std::cmp::Reverse(bits))
                 })
-                .map(|bits| (bits, pile_budget_of(bits)))
+                .map(|bits| {
+                    let extent = buf_for(1u64 << bits);
+                    (bits, extent, pile_budget_of(bits, extent))
+                })
         });
-        let Some((bits, pile_budget)) = choice else {
+        let Some((bits, extent, pile_budget)) = choice else {
             // Name what does not fit: after the fixed part, the pile writers' buffers (one
             // set per pile) take what is left, not the pile itself.
             let piles = 1u64 << max_bits.min(4);
             let writer_bytes = writers(1, buf_for(1));
+            let need_total = (2.0 * need as f64 * per_byte).ceil() as u64 + 2;
             return Err(Error::Invalid(format!(
                 "--memory is too small for two-pass: indexes, buffers and batches take {fixed} bytes, \
                  leaving {budget}; the pile writers' buffers take {writer_bytes} bytes for one pile \
                  ({many} for {piles}) and two piles in memory of two of the largest units {need_total} \
                  bytes more (at least {min_memory} bytes of --memory)",
                 many = writers(piles, buf_for(piles)),
-                need_total = need * 4,
-                min_memory = fixed + writer_bytes + need * 4,
+                need_total = need_total,
+                min_memory = fixed + writer_bytes + need_total,
             )));
         };
         // A frame counts its unit's records in 31 bits: only page grouping over billions of
@@ -193,11 +216,11 @@ impl PilePlan {
                 )));
             }
         }
-        let piles = 1u64 << bits;
         Ok(PilePlan {
             bits,
             pile_budget,
-            layout: Layout::new(bits, buf_for(piles), in_flight),
+            pile_memory: (pile_budget as f64 * per_byte) as u64,
+            layout: Layout::new(bits, extent, in_flight),
             frames,
             batch_bytes,
             scan_size,
@@ -208,9 +231,12 @@ impl PilePlan {
         1 << self.bits
     }
 
-    /// Memory of the pile writer: fill buffers, writes in flight, extent lists.
+    /// Memory of the pile store: the writer's fill buffers and writes in flight, the
+    /// extent lists, the loader's reads in flight.
     fn writer_bytes(&self) -> u64 {
-        self.layout.writer_bytes() + self.layout.extent_list_bytes(self.frames)
+        self.layout.writer_bytes()
+            + self.layout.extent_list_bytes(self.frames)
+            + self.layout.reader_bytes()
     }
 }
 
@@ -296,9 +322,9 @@ fn run(
     r.index_bytes = ds.index_bytes();
     // The scatter's reader, the pile loader's reads (no more), and one pile writer (the
     // next epoch's while rolling; this epoch's is closed by then).
-    r.buffer_bytes = 2 * reader.buffer_bytes() as u64 + plan.writer_bytes();
+    r.buffer_bytes = reader.buffer_bytes() as u64 + plan.writer_bytes();
     r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
-    r.table_bytes = 2 * plan.pile_budget;
+    r.table_bytes = 2 * plan.pile_memory;
     r.memory_bytes =
         r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes + r.table_bytes;
     r.records_per_unit = units.mean_records();

@@ -24,11 +24,11 @@ use crate::{Error, Result};
 /// The most group files one set of piles writes.
 pub(crate) const MAX_GROUPS: usize = 16;
 
-/// Group files are grown (`fallocate`) ahead of their writes by 64 extents (1 to 64 MiB at
+/// Group files are grown (`fallocate`) ahead of their writes by 8 writes (1 to 16 MiB at
 /// a time): a full disk is found early, and the writes land inside the file in allocated
 /// space, which ext4 lets run in parallel (a write that extends a file is serialised).
-fn reserve_step(extent: usize) -> u64 {
-    (extent as u64 * 64).clamp(1 << 20, 64 << 20)
+fn reserve_step(slot: usize) -> u64 {
+    (slot as u64 * 8).clamp(1 << 20, 16 << 20)
 }
 
 /// How a set of piles is laid out.
@@ -36,8 +36,11 @@ fn reserve_step(extent: usize) -> u64 {
 pub(crate) struct Layout {
     /// log2 of the pile count: pile `key >> (64 - bits)`.
     pub bits: u32,
-    /// Bytes per write (a pile's fill buffer; a multiple of 4 KiB).
+    /// Bytes of a pile's fill buffer (a multiple of 4 KiB): its piece of a group file.
     pub extent: usize,
+    /// Bytes per write: the extents of several piles of one group are gathered into one
+    /// write (a multiple of `extent`).
+    pub slot: usize,
     /// Writes in flight.
     pub depth: usize,
     /// Reads in flight when a pile is loaded.
@@ -48,15 +51,25 @@ pub(crate) struct Layout {
 
 impl Layout {
     /// `1 << bits` piles written in extents of about `extent` bytes, with about
-    /// `in_flight` bytes of writes (and of reads, when loading) in flight: at least two
-    /// requests, at most 32 writes and 64 reads.
+    /// `2 * in_flight` bytes of writes and `3 * in_flight` of reads (when loading) in
+    /// flight: at least two requests, at most 32 writes and 64 reads. (Reading 20 GiB of
+    /// piles in 197 KiB extents here: 64 reads in flight ran 1.2x faster than 21.) From 4 MiB in flight on, the extents of a
+    /// group are written about 1 MiB at a time (measured here: 60 KiB writes spread over
+    /// 16 files ran at 65% of 1 MiB sequential writes); under less, one extent at a time.
     pub(crate) fn new(bits: u32, extent: usize, in_flight: usize) -> Layout {
         let extent = extent.max(4096).div_ceil(4096) * 4096;
+        let combine = if in_flight >= 4 << 20 {
+            ((1 << 20) / extent).max(1)
+        } else {
+            1
+        };
+        let slot = extent * combine;
         Layout {
             bits,
             extent,
-            depth: (in_flight / extent).clamp(2, 32),
-            read_depth: (in_flight / extent).clamp(2, 64),
+            slot,
+            depth: (2 * in_flight / slot).clamp(2, 32),
+            read_depth: (3 * in_flight / extent).clamp(2, 64),
             group_bits: bits.min(super::max_group_bits()),
         }
     }
@@ -91,10 +104,16 @@ impl Layout {
         (pile as u128 * width, (pile as u128 + 1) * width)
     }
 
-    /// Memory a writer of this layout holds: a fill buffer per pile and the slots in
-    /// flight.
+    /// Memory a writer of this layout holds: a fill buffer per pile, a write being
+    /// gathered per group, and the writes in flight.
     pub(crate) fn writer_bytes(&self) -> u64 {
-        (self.piles() + self.depth) as u64 * self.extent as u64
+        self.piles() as u64 * self.extent as u64
+            + (self.groups() + self.depth) as u64 * self.slot as u64
+    }
+
+    /// Memory a reader of this layout holds: its reads in flight.
+    pub(crate) fn reader_bytes(&self) -> u64 {
+        self.read_depth as u64 * self.extent as u64
     }
 
     /// Memory the extent lists of `bytes` of frames take (16 bytes per extent).
@@ -133,6 +152,9 @@ struct Fill {
 struct GroupOut {
     file: Arc<GroupFile>,
     key: FileKey,
+    /// The write being gathered (extents of this group's piles), and its bytes so far.
+    current: Option<SlotId>,
+    fill: usize,
     /// Where the next extent goes.
     end: u64,
     /// Bytes allocated ahead (`fallocate`), or `u64::MAX` when the filesystem cannot.
@@ -178,8 +200,9 @@ impl PileWriter {
             .max(512);
         let extent = layout.extent.div_ceil(unit) * unit;
         let cfg = IoConfig {
-            depth: layout.depth,
-            slot_size: extent,
+            // A write being gathered per group, and those in flight.
+            depth: layout.groups() + layout.depth,
+            slot_size: extent * (layout.slot / layout.extent),
             backend: crate::emulate::write_backend(io.backend),
             direct: io.direct,
             ..IoConfig::default()
@@ -191,6 +214,8 @@ impl PileWriter {
             groups.push(GroupOut {
                 file,
                 key,
+                current: None,
+                fill: 0,
                 end: 0,
                 reserved: 0,
             });
@@ -262,40 +287,66 @@ impl PileWriter {
         Ok(())
     }
 
-    /// Writes a pile's fill buffer (padded to the alignment) at the end of its group file.
+    /// Moves a pile's fill buffer (padded to the alignment) into its group's write, which
+    /// goes out when the next extent would not fit.
     fn flush(&mut self, pile: usize) -> Result<()> {
         let len = self.piles[pile].buf.len();
         if len == 0 {
             return Ok(());
         }
-        let slot = self.free_slot()?;
         let padded = len.div_ceil(self.unit) * self.unit;
-        let s = self.backend.slot_mut(slot);
-        s[..len].copy_from_slice(&self.piles[pile].buf);
-        s[len..padded].fill(0);
-        self.piles[pile].buf.clear();
         let g = self.layout.group_of(pile);
-        if let Err(e) = self.reserve(g, padded as u64) {
+        if self.groups[g].current.is_some()
+            && self.groups[g].fill + padded > self.backend.slot_size()
+        {
+            self.submit(g)?;
+        }
+        let slot = match self.groups[g].current {
+            Some(s) => s,
+            None => {
+                let s = self.free_slot()?;
+                self.groups[g].current = Some(s);
+                self.groups[g].fill = 0;
+                s
+            }
+        };
+        let at = self.groups[g].fill;
+        let s = self.backend.slot_mut(slot);
+        s[at..at + len].copy_from_slice(&self.piles[pile].buf);
+        s[at + len..at + padded].fill(0);
+        self.piles[pile].buf.clear();
+        let out = &mut self.groups[g];
+        out.fill += padded;
+        self.piles[pile].extents.push(Extent {
+            offset: out.end + at as u64,
+            len: len as u64,
+        });
+        Ok(())
+    }
+
+    /// Writes group `g`'s gathered extents at the end of its file.
+    fn submit(&mut self, g: usize) -> Result<()> {
+        let Some(slot) = self.groups[g].current.take() else {
+            return Ok(());
+        };
+        let len = self.groups[g].fill;
+        if let Err(e) = self.reserve(g, len as u64) {
             self.backend.release(slot);
             return Err(e);
         }
         let out = &mut self.groups[g];
-        let offset = out.end;
-        out.end += padded as u64;
-        self.piles[pile].extents.push(Extent {
-            offset,
-            len: len as u64,
-        });
         let op = Op {
             slot,
             file: out.key,
-            offset,
-            len: padded,
+            offset: out.end,
+            len,
             at: 0,
             kind: OpKind::Write,
             tag: 0,
         };
-        self.written += padded as u64;
+        out.end += len as u64;
+        out.fill = 0;
+        self.written += len as u64;
         self.backend
             .push(op)
             .inspect_err(|_| self.backend.release(slot))
@@ -309,7 +360,7 @@ impl PileWriter {
         if out.reserved >= need {
             return Ok(());
         }
-        let step = reserve_step(self.extent);
+        let step = reserve_step(self.backend.slot_size());
         let upto = need.div_ceil(step) * step;
         let file = &out.file.file;
         match nix::fcntl::fallocate(
@@ -388,6 +439,9 @@ impl PileWriter {
         for p in 0..self.piles.len() {
             self.flush(p)?;
         }
+        for g in 0..self.groups.len() {
+            self.submit(g)?;
+        }
         while self.backend.in_flight() > 0 {
             self.reap(self.backend.in_flight())?;
         }
@@ -449,8 +503,6 @@ pub(crate) struct Load {
     extents: Arc<[Extent]>,
     extent: usize,
     read_depth: usize,
-    /// The pile's bytes of frames.
-    pub bytes: u64,
     /// About how many of them this load keeps (the pile's share for one pass).
     pub expect: u64,
     /// Keys wanted: `[lo, hi)`.
@@ -494,7 +546,6 @@ impl PileSet {
                     extents: p.extents.clone(),
                     extent: self.extent,
                     read_depth: self.layout.read_depth,
-                    bytes: p.bytes,
                     expect: p.bytes.div_ceil(n as u64),
                     lo: lo + (hi - lo) * pass / n,
                     hi: lo + (hi - lo) * (pass + 1) / n,
@@ -560,22 +611,39 @@ impl PileReader {
         let file = group.file.clone();
         let unit = file.alignment().unit().max(512);
         if load.whole {
-            out.reserve_total(load.bytes as usize);
-            let mut at = 0usize;
+            // Each extent is copied to its place as its read completes; frames are indexed
+            // over the prefix that is complete, while it is still in the cache.
+            let n = load.extents.len();
+            let mut starts = Vec::with_capacity(n + 1);
+            let mut total = 0usize;
+            for e in load.extents.iter() {
+                starts.push(total);
+                total += e.len as usize;
+            }
+            starts.push(total);
+            out.reserve_total(total);
+            let dst = out.append_space(total);
+            let mut arrived = vec![false; n];
+            let (mut prefix, mut at) = (0usize, 0usize);
             read_extents(
                 backend.as_mut(),
                 *key,
                 &file,
                 &load.extents,
                 unit,
-                |chunk| {
+                false,
+                |i, chunk| {
                     stop.check()?;
-                    out.extend_from_slice(chunk);
-                    at = index(out.as_slice(), at, frames, &path)?;
+                    dst[starts[i]..starts[i + 1]].copy_from_slice(chunk);
+                    arrived[i] = true;
+                    while prefix < n && arrived[prefix] {
+                        prefix += 1;
+                    }
+                    at = index(&dst[..starts[prefix]], at, frames, &path)?;
                     Ok(())
                 },
             )?;
-            if at != out.len() {
+            if at != total {
                 return Err(inside_a_frame(&path, &load.extents, at as u64));
             }
         } else {
@@ -588,7 +656,8 @@ impl PileReader {
                 &file,
                 &load.extents,
                 unit,
-                |chunk| {
+                true,
+                |_, chunk| {
                     stop.check()?;
                     carry.extend_from_slice(chunk);
                     let mut pos = 0usize;
@@ -666,23 +735,25 @@ fn inside_a_frame(path: &Path, extents: &[Extent], at: u64) -> Error {
     }
 }
 
-/// Reads `extents` of a file in order, at the backend's depth, and hands each extent's
-/// bytes to `f` in that order. A short read goes on where it stopped.
+/// Reads `extents` of a file, at the backend's depth, and hands each extent's bytes to
+/// `f(index, bytes)`: in order when `in_order`, else as each read completes (a slow read
+/// then holds up nothing but itself). A short read goes on where it stopped.
 fn read_extents(
     backend: &mut dyn Backend,
     key: FileKey,
     file: &DataFile,
     extents: &[Extent],
     unit: usize,
-    mut f: impl FnMut(&[u8]) -> Result<()>,
+    in_order: bool,
+    mut f: impl FnMut(usize, &[u8]) -> Result<()>,
 ) -> Result<()> {
     let depth = backend.depth();
     let mut ready: std::collections::HashMap<u64, SlotId> = Default::default();
-    let (mut next_submit, mut next_deliver) = (0usize, 0usize);
+    let (mut next_submit, mut next_deliver, mut delivered) = (0usize, 0usize, 0usize);
     let mut stalled = vec![0u32; depth];
     let mut done = Vec::with_capacity(depth);
     let outcome = (|| -> Result<()> {
-        while next_deliver < extents.len() {
+        while delivered < extents.len() {
             while next_submit < extents.len() && backend.in_flight() + ready.len() < depth {
                 let e = extents[next_submit];
                 let slot = backend.acquire().expect("a free slot below depth");
@@ -701,10 +772,11 @@ fn read_extents(
             }
             if let Some(slot) = ready.remove(&(next_deliver as u64)) {
                 let len = extents[next_deliver].len as usize;
-                let r = f(&backend.slot(slot)[..len]);
+                let r = f(next_deliver, &backend.slot(slot)[..len]);
                 backend.release(slot);
                 r?;
                 next_deliver += 1;
+                delivered += 1;
                 continue;
             }
             let waited = backend.wait(1, &mut done);
@@ -713,8 +785,12 @@ fn read_extents(
                 let want = extents[c.op.tag as usize].len as usize;
                 let err = match c.result {
                     Ok(n) if c.op.at + n >= want => {
-                        ready.insert(c.op.tag, c.op.slot);
-                        continue;
+                        if in_order {
+                            ready.insert(c.op.tag, c.op.slot);
+                            continue;
+                        }
+                        delivered += 1;
+                        f(c.op.tag as usize, &backend.slot(c.op.slot)[..want]).err()
                     }
                     Ok(n) => {
                         let got = c.op.at + n;
@@ -816,9 +892,22 @@ mod tests {
     #[test]
     fn piles_read_back_whole_and_in_key_sub_ranges() {
         let all = frames(3000, 7);
-        let layout = Layout::new(5, 4096, 64 << 10);
-        assert_eq!(layout.groups(), 16.min(1 << super::super::max_group_bits()));
-        for backend in [BackendChoice::Uring, BackendChoice::Pread] {
+        // One extent per write, and extents of a group gathered into 1 MiB writes.
+        let layouts = [
+            Layout::new(5, 4096, 64 << 10),
+            Layout::new(5, 4096, 4 << 20),
+        ];
+        assert_eq!((layouts[0].slot, layouts[1].slot), (4096, 1 << 20));
+        assert_eq!(
+            layouts[0].groups(),
+            16.min(1 << super::super::max_group_bits())
+        );
+        for (layout, backend) in [
+            (layouts[0], BackendChoice::Uring),
+            (layouts[0], BackendChoice::Pread),
+            (layouts[1], BackendChoice::Uring),
+            (layouts[1], BackendChoice::Pread),
+        ] {
             for passes in [1u64, 3] {
                 let (_dir, set) = written(layout, &all, backend);
                 assert_eq!(set.len(), 32);
