@@ -194,27 +194,11 @@ impl StreamWriter {
         let mut done = std::mem::take(&mut self.done);
         for c in done.drain(..) {
             self.ops += 1;
-            let err = match c.result {
-                Ok(n) if n == c.op.len => None,
-                Ok(n) => {
-                    let keep = (c.op.at + n) / self.unit * self.unit;
-                    let stall = &mut self.stalled[c.op.slot.index()];
-                    *stall = if keep > c.op.at { 0 } else { *stall + 1 };
-                    if *stall <= 8 {
-                        match self.backend.push(c.op.advance(keep - c.op.at)) {
-                            Ok(()) => continue,
-                            Err(e) => Some(e),
-                        }
-                    } else {
-                        Some(Error::io(
-                            self.file.path(),
-                            "write",
-                            Some(c.op.offset + n as u64),
-                            std::io::Error::from_raw_os_error(libc::ENOSPC),
-                        ))
-                    }
-                }
-                Err(errno) => Some(completion_error(&self.file, &c.op, errno)),
+            let stall = &mut self.stalled[c.op.slot.index()];
+            let err = match settle_write(self.backend.as_mut(), &c, self.unit, stall, &self.file) {
+                Ok(false) => continue,
+                Ok(true) => None,
+                Err(e) => Some(e),
             };
             self.stalled[c.op.slot.index()] = 0;
             self.backend.release(c.op.slot);
@@ -224,6 +208,37 @@ impl StreamWriter {
         }
         self.done = done;
         first.map_or(Ok(()), Err)
+    }
+}
+
+/// Settles a write's completion: `Ok(true)` when the write is whole (the caller releases
+/// the slot), `Ok(false)` when it stopped short and its rest was queued (the slot stays in
+/// flight; rounded down to the alignment `unit`), an error when it failed or eight short
+/// writes in a row wrote nothing new (a full device; the caller releases the slot).
+/// `stall` counts those short writes for the slot.
+pub(crate) fn settle_write(
+    backend: &mut dyn Backend,
+    c: &super::Completion,
+    unit: usize,
+    stall: &mut u32,
+    file: &DataFile,
+) -> Result<bool> {
+    match c.result {
+        Ok(n) if n == c.op.len => Ok(true),
+        Ok(n) => {
+            let keep = (c.op.at + n) / unit * unit;
+            *stall = if keep > c.op.at { 0 } else { *stall + 1 };
+            if *stall > 8 {
+                return Err(Error::io(
+                    file.path(),
+                    "write",
+                    Some(c.op.offset + n as u64),
+                    std::io::Error::from_raw_os_error(libc::ENOSPC),
+                ));
+            }
+            backend.push(c.op.advance(keep - c.op.at)).map(|()| false)
+        }
+        Err(errno) => Err(completion_error(file, &c.op, errno)),
     }
 }
 

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use super::frame::{self, Parsed};
 use crate::io::{
-    completion_error, open_backend, Access, Backend, Completion, DataFile, FileKey, IoConfig,
-    LargeBuf, Op, OpKind, SlotId,
+    completion_error, open_backend, settle_write, Access, Backend, Completion, DataFile, FileKey,
+    IoConfig, LargeBuf, Op, OpKind, SlotId,
 };
 use crate::pipeline::Stop;
 use crate::{Error, Result};
@@ -401,27 +401,11 @@ impl PileWriter {
         let mut done = std::mem::take(&mut self.done);
         for c in done.drain(..) {
             let file = &self.groups[c.op.file.0 as usize].file.file;
-            let err = match c.result {
-                Ok(n) if n == c.op.len => None,
-                Ok(n) => {
-                    let keep = (c.op.at + n) / self.unit * self.unit;
-                    let stall = &mut self.stalled[c.op.slot.index()];
-                    *stall = if keep > c.op.at { 0 } else { *stall + 1 };
-                    if *stall <= 8 {
-                        match self.backend.push(c.op.advance(keep - c.op.at)) {
-                            Ok(()) => continue,
-                            Err(e) => Some(e),
-                        }
-                    } else {
-                        Some(Error::io(
-                            file.path(),
-                            "write",
-                            Some(c.op.offset + n as u64),
-                            std::io::Error::from_raw_os_error(libc::ENOSPC),
-                        ))
-                    }
-                }
-                Err(errno) => Some(completion_error(file, &c.op, errno)),
+            let stall = &mut self.stalled[c.op.slot.index()];
+            let err = match settle_write(self.backend.as_mut(), &c, self.unit, stall, file) {
+                Ok(false) => continue,
+                Ok(true) => None,
+                Err(e) => Some(e),
             };
             self.stalled[c.op.slot.index()] = 0;
             self.backend.release(c.op.slot);
