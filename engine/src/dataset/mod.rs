@@ -184,33 +184,38 @@ impl Dataset {
         }
     }
 
-    /// Opens the files for reading records through the I/O core.
+    /// A reader of the files through the I/O core. Files are opened when first read, at
+    /// most [`open_file_cap`] at once (least recently used closed first), so the dataset's
+    /// file count never meets the open-file limit.
     pub fn reader(&self, cfg: &IoConfig) -> Result<RangeReader> {
-        RangeReader::with_files(self.open_files(cfg.direct)?, cfg)
-    }
-
-    /// Opens the files (O_DIRECT when `direct` and the filesystem allows it), refusing any
-    /// whose size changed since the dataset was opened.
-    pub fn open_files(&self, direct: bool) -> Result<Vec<Arc<DataFile>>> {
         let files = self
             .files
             .iter()
-            .map(|f| DataFile::open(&f.path, Access::Read, direct).map(Arc::new))
-            .collect::<Result<Vec<_>>>()?;
-        for (f, df) in self.files.iter().zip(&files) {
-            if df.size() != f.size {
-                return Err(Error::BadInput {
-                    path: f.path.clone(),
-                    offset: None,
-                    what: format!(
-                        "the file changed since the dataset was opened ({} bytes, was {})",
-                        df.size(),
-                        f.size
-                    ),
-                });
-            }
+            .map(|f| io::LazyFile {
+                path: f.path.clone(),
+                size: f.size,
+            })
+            .collect();
+        RangeReader::lazy(files, cfg, open_file_cap())
+    }
+
+    /// Opens file `i` (O_DIRECT when `direct` and the filesystem allows it), refusing it if
+    /// its size changed since the dataset was opened.
+    pub fn open_one(&self, i: usize, direct: bool) -> Result<Arc<DataFile>> {
+        let f = &self.files[i];
+        let df = DataFile::open(&f.path, Access::Read, direct)?;
+        if df.size() != f.size {
+            return Err(Error::BadInput {
+                path: f.path.clone(),
+                offset: None,
+                what: format!(
+                    "the file changed since the dataset was opened ({} bytes, was {})",
+                    df.size(),
+                    f.size
+                ),
+            });
         }
-        Ok(files)
+        Ok(Arc::new(df))
     }
 
     /// Reads records `ids` and calls `done(position in ids, bytes)` in completion order.
@@ -310,6 +315,15 @@ fn is_data_file(path: &Path) -> bool {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     !(name.starts_with('.') || name.ends_with(".ridx") || name.contains(".ridx.tmp"))
+}
+
+/// Dataset files a reader keeps open at once: a quarter of the soft open-file limit, from 16
+/// to 1,024 (io_uring's registered-file table here, so every open file is a fixed one).
+pub fn open_file_cap() -> usize {
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    (limit / 4).clamp(16, 1024) as usize
 }
 
 /// Expands paths, directories and globs into the ordered list of files.

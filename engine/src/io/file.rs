@@ -76,7 +76,10 @@ impl DataFile {
     /// the file allows it, as [`DataFile::open`] does.
     pub fn create(file: File, path: &Path, want_direct: bool) -> Result<DataFile> {
         let align = align::detect(&file);
-        let fs_type = device::fs_type(path);
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io(path, "stat", None, e))?;
+        let fs_type = device::fs_type_of(std::os::unix::fs::MetadataExt::dev(&meta), path);
         let reason = if !want_direct {
             Some("direct I/O not requested".to_owned())
         } else if std::env::var("RIFFLE_DIRECT").is_ok_and(|v| v == "0") {
@@ -123,10 +126,7 @@ impl DataFile {
                 );
             }
         }
-        let size = file
-            .metadata()
-            .map_err(|e| Error::io(path, "stat", None, e))?
-            .len();
+        let size = meta.len();
         Ok(DataFile {
             file,
             path: path.into(),

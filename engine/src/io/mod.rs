@@ -28,7 +28,7 @@ use serde::Serialize;
 use buffer::Slab;
 pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, SlotId};
 pub use file::{file_type_name, Access, DataFile};
-pub use reader::{RangeReader, ReadStats};
+pub use reader::{LazyFile, RangeReader, ReadStats};
 pub use scan::{scan_config, scan_file, ScanReport};
 pub(crate) use stream::settle_write;
 pub use stream::StreamWriter;
@@ -217,9 +217,13 @@ pub trait Backend: Send {
     fn slot(&self, slot: SlotId) -> &[u8];
     /// The bytes of a held slot, to fill before a write. Panics if the slot is not held.
     fn slot_mut(&mut self, slot: SlotId) -> &mut [u8];
-    /// Registers a file; the backend keeps it open until it is dropped.
+    /// Registers a file; the backend keeps it open until it is removed or the backend is
+    /// dropped. Keys of removed files are given out again.
     fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey>;
-    /// The file behind a key.
+    /// Lets go of a file (closing it unless someone else holds it). Panics if a request on
+    /// it is queued or in flight: a file is never closed under the kernel.
+    fn remove_file(&mut self, key: FileKey);
+    /// The file behind a key. Panics on a removed key.
     fn file(&self, key: FileKey) -> &Arc<DataFile>;
     /// Queues a request on a held slot (panics otherwise, or if `op.at + op.len` exceeds
     /// the slot). On `Ok` the slot is in flight until its completion is returned by

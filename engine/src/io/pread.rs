@@ -33,7 +33,10 @@ unsafe impl Send for SlotPtr {}
 /// A pread/pwrite thread pool with its own slots and files.
 pub struct PreadBackend {
     slab: Slab,
-    files: Vec<Arc<DataFile>>,
+    /// Files by key; `None` for a removed key, which `free` lists for reuse. A job holds
+    /// its own reference to its file, so the fd outlives the job whatever happens here.
+    files: Vec<Option<Arc<DataFile>>>,
+    free: Vec<u32>,
     jobs: Option<Sender<Job>>,
     done: Receiver<Completion>,
     workers: Vec<JoinHandle<()>>,
@@ -58,6 +61,7 @@ impl PreadBackend {
         PreadBackend {
             slab: Slab::new(depth, slot_size, align),
             files: Vec::new(),
+            free: Vec::new(),
             jobs: Some(jobs_tx),
             done: done_rx,
             workers,
@@ -142,18 +146,37 @@ impl Backend for PreadBackend {
     }
 
     fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey> {
-        self.files.push(file);
-        Ok(FileKey(self.files.len() as u32 - 1))
+        match self.free.pop() {
+            Some(k) => {
+                self.files[k as usize] = Some(file);
+                Ok(FileKey(k))
+            }
+            None => {
+                self.files.push(Some(file));
+                Ok(FileKey(self.files.len() as u32 - 1))
+            }
+        }
+    }
+
+    fn remove_file(&mut self, key: FileKey) {
+        // A job in flight holds its own reference: its fd stays open until it is done.
+        self.files[key.0 as usize]
+            .take()
+            .expect("removing an unknown file key");
+        self.free.push(key.0);
     }
 
     fn file(&self, key: FileKey) -> &Arc<DataFile> {
-        &self.files[key.0 as usize]
+        self.files[key.0 as usize]
+            .as_ref()
+            .expect("a removed file key")
     }
 
     fn push(&mut self, op: Op) -> Result<()> {
         let file = self
             .files
             .get(op.file.0 as usize)
+            .and_then(Option::as_ref)
             .expect("unknown file key")
             .clone();
         let ptr = SlotPtr(self.slab.start(op.slot, op.at, op.len));

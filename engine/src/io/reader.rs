@@ -6,8 +6,8 @@
 //! its slot), and hands the caller exactly the requested bytes, clipped at the end of the
 //! file.
 
-use std::collections::{HashMap, VecDeque};
-use std::path::Path;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{
@@ -23,9 +23,39 @@ const MAX_RETRIES: u32 = 8;
 /// Reads byte ranges of a set of files through one backend.
 pub struct RangeReader {
     backend: Box<dyn Backend>,
-    keys: Vec<FileKey>,
+    /// Each file's key while it is open.
+    keys: Vec<Option<FileKey>>,
+    /// Files opened when first read, at most `cap` at once (None: all opened up front).
+    lazy: Option<Lazy>,
     unit: usize,
     stats: ReadStats,
+}
+
+/// A file a reader opens when it first reads it.
+#[derive(Clone, Debug)]
+pub struct LazyFile {
+    /// Its path.
+    pub path: PathBuf,
+    /// The size it had when the dataset was opened (a file found another size is refused).
+    pub size: u64,
+}
+
+/// The bounded cache of open files: least recently used first out, never a file with a
+/// read planned or in flight (`pins`).
+struct Lazy {
+    files: Vec<LazyFile>,
+    direct: bool,
+    cap: usize,
+    /// Pieces planned or in flight per file.
+    pins: Vec<u32>,
+    /// Last use of each open file, and the open files by last use.
+    used: Vec<u64>,
+    by_use: BTreeMap<u64, usize>,
+    tick: u64,
+    /// Whether every file opened so far is read with O_DIRECT.
+    all_direct: bool,
+    /// Files opened (a file opened again after eviction counts again).
+    opens: u64,
 }
 
 /// Counters of what a reader did.
@@ -54,6 +84,8 @@ struct Piece {
     want_end: u64,
     /// Short reads in a row that made no progress.
     retries: u32,
+    /// The file's alignment.
+    unit: usize,
 }
 
 /// A request that spans several pieces, assembled as they complete.
@@ -84,14 +116,127 @@ impl RangeReader {
         let mut backend = open_backend(cfg, unit)?;
         let keys = files
             .into_iter()
-            .map(|f| backend.add_file(f))
+            .map(|f| backend.add_file(f).map(Some))
             .collect::<Result<Vec<_>>>()?;
         Ok(RangeReader {
             backend,
             keys,
+            lazy: None,
             unit,
             stats: ReadStats::default(),
         })
+    }
+
+    /// A reader that opens each file when it first reads it and holds at most `cap` open
+    /// (at least the queue depth plus one): a dataset of 100,000 files needs no more fds
+    /// than one of a thousand. A file that is gone, unreadable or of another size than
+    /// given is an error naming it, when it is read.
+    pub fn lazy(files: Vec<LazyFile>, cfg: &IoConfig, cap: usize) -> Result<Self> {
+        let first = files
+            .first()
+            .ok_or_else(|| Error::Invalid("a reader needs at least one file".into()))?;
+        // The alignment from the first file; a later one that needs more than the slots
+        // give is refused when it is opened.
+        let probe = DataFile::open(&first.path, Access::Read, cfg.direct)?;
+        let unit = probe.alignment().unit().max(512);
+        drop(probe);
+        let backend = open_backend(cfg, unit)?;
+        let n = files.len();
+        let cap = cap.max(backend.depth() + 1);
+        Ok(RangeReader {
+            backend,
+            keys: vec![None; n],
+            lazy: Some(Lazy {
+                files,
+                direct: cfg.direct,
+                cap,
+                pins: vec![0; n],
+                used: vec![0; n],
+                by_use: BTreeMap::new(),
+                tick: 0,
+                all_direct: true,
+                opens: 0,
+            }),
+            unit,
+            stats: ReadStats::default(),
+        })
+    }
+
+    /// Files open now, and files opened so far (a lazy reader's cache; for an eager one,
+    /// its file count twice).
+    pub fn open_files(&self) -> (usize, u64) {
+        match &self.lazy {
+            Some(l) => (l.by_use.len(), l.opens),
+            None => (self.keys.len(), self.keys.len() as u64),
+        }
+    }
+
+    /// The key of file `i`, opening it (and closing the least recently used file with
+    /// nothing planned on it) when it is not open.
+    fn key_of(&mut self, i: usize) -> Result<FileKey> {
+        let Some(slot) = self.keys.get(i) else {
+            return Err(Error::Invalid(format!("file index {i} out of range")));
+        };
+        let Some(lazy) = self.lazy.as_mut() else {
+            return slot.ok_or_else(|| Error::Invalid(format!("file index {i} is closed")));
+        };
+        lazy.tick += 1;
+        if let Some(key) = *slot {
+            lazy.by_use.remove(&lazy.used[i]);
+            lazy.used[i] = lazy.tick;
+            lazy.by_use.insert(lazy.tick, i);
+            return Ok(key);
+        }
+        if lazy.by_use.len() >= lazy.cap {
+            let victim = lazy
+                .by_use
+                .iter()
+                .find(|(_, &f)| lazy.pins[f] == 0)
+                .map(|(&t, &f)| (t, f));
+            if let Some((t, f)) = victim {
+                lazy.by_use.remove(&t);
+                let key = self.keys[f].take().expect("an open file");
+                self.backend.remove_file(key);
+            }
+        }
+        let spec = &lazy.files[i];
+        let file = DataFile::open(&spec.path, Access::Read, lazy.direct)?;
+        if file.size() != spec.size {
+            return Err(Error::BadInput {
+                path: spec.path.clone(),
+                offset: None,
+                what: format!(
+                    "the file changed since the dataset was opened ({} bytes, was {})",
+                    file.size(),
+                    spec.size
+                ),
+            });
+        }
+        let unit = file.alignment().unit().max(512);
+        if !self.backend.slot_size().is_multiple_of(unit) {
+            return Err(Error::BadInput {
+                path: spec.path.clone(),
+                offset: None,
+                what: format!(
+                    "needs {unit}-byte alignment, more than the reader's {}-byte slots allow \
+                     (a dataset across filesystems with different alignments)",
+                    self.backend.slot_size()
+                ),
+            });
+        }
+        lazy.all_direct &= file.direct();
+        lazy.opens += 1;
+        let key = self.backend.add_file(Arc::new(file))?;
+        self.keys[i] = Some(key);
+        lazy.used[i] = lazy.tick;
+        lazy.by_use.insert(lazy.tick, i);
+        Ok(key)
+    }
+
+    fn pin(&mut self, file: usize, by: i32) {
+        if let Some(l) = self.lazy.as_mut() {
+            l.pins[file] = l.pins[file].saturating_add_signed(by);
+        }
     }
 
     /// The backend in use.
@@ -104,9 +249,17 @@ impl RangeReader {
         self.backend.features()
     }
 
-    /// Whether every file is read with O_DIRECT.
+    /// Whether every file is read with O_DIRECT (for a lazy reader: every file opened so
+    /// far).
     pub fn direct(&self) -> bool {
-        self.keys.iter().all(|&k| self.backend.file(k).direct())
+        match &self.lazy {
+            Some(l) => l.all_direct,
+            None => self
+                .keys
+                .iter()
+                .flatten()
+                .all(|&k| self.backend.file(k).direct()),
+        }
     }
 
     /// The alignment every read is rounded to.
@@ -119,9 +272,10 @@ impl RangeReader {
         self.backend.buffer_bytes()
     }
 
-    /// The file behind index `i`.
-    pub fn file(&self, i: usize) -> &DataFile {
-        self.backend.file(self.keys[i])
+    /// The file behind index `i`, if it is open.
+    pub fn file(&self, i: usize) -> Option<&DataFile> {
+        let key = (*self.keys.get(i)?)?;
+        Some(self.backend.file(key))
     }
 
     /// What the reader has done so far.
@@ -167,7 +321,7 @@ impl RangeReader {
                     let slot = self.backend.acquire().expect("a free slot below depth");
                     let op = Op {
                         slot,
-                        file: self.keys[piece.file],
+                        file: self.keys[piece.file].expect("a planned piece's file is open"),
                         offset: piece.start,
                         len: piece.len,
                         at: 0,
@@ -197,7 +351,9 @@ impl RangeReader {
                     let pushed = match outcome {
                         Ok(Some(rest)) => self.backend.push(rest),
                         Ok(None) => {
+                            let f = piece.file;
                             slots[i] = None;
+                            self.pin(f, -1);
                             self.backend.release(c.op.slot);
                             continue;
                         }
@@ -220,6 +376,10 @@ impl RangeReader {
                 self.backend.release(c.op.slot);
             }
             self.drain();
+            // Nothing is planned or in flight any more.
+            if let Some(l) = self.lazy.as_mut() {
+                l.pins.iter_mut().for_each(|p| *p = 0);
+            }
         }
         result
     }
@@ -236,17 +396,16 @@ impl RangeReader {
         assemblies: &mut HashMap<usize, Assembly>,
         done: &mut F,
     ) -> Result<()> {
-        let Some(&key) = self.keys.get(file) else {
-            return Err(Error::Invalid(format!("file index {file} out of range")));
-        };
+        let key = self.key_of(file)?;
         let size = self.backend.file(key).size();
+        let unit = self.backend.file(key).alignment().unit().max(512);
         let want_start = offset.min(size);
         let want_end = offset.saturating_add(len as u64).min(size);
         if want_end <= want_start {
             done(request, &[]);
             return Ok(());
         }
-        let unit = self.unit as u64;
+        let unit = unit as u64;
         let slot = self.backend.slot_size() as u64;
         let start = want_start / unit * unit;
         let end = want_end.div_ceil(unit) * unit;
@@ -273,7 +432,9 @@ impl RangeReader {
                 want_start: want_start.max(s),
                 want_end: want_end.min(e),
                 retries: 0,
+                unit: unit as usize,
             });
+            self.pin(file, 1);
             s = e;
         }
         Ok(())
@@ -303,7 +464,7 @@ impl RangeReader {
             // down to the alignment (direct reads must start aligned; the partial unit is
             // read again). Reads that bring nothing new, again and again, mean the file
             // shrank under us.
-            let keep = got / self.unit * self.unit;
+            let keep = got / piece.unit * piece.unit;
             if keep > c.op.at {
                 piece.retries = 0;
             } else if piece.retries >= MAX_RETRIES {

@@ -577,3 +577,100 @@ fn only_a_lasting_lack_of_io_uring_is_remembered() {
         assert_eq!(again, first);
     }
 }
+
+/// A lazy reader holds no more files open than its cap (evicting the least recently used
+/// file with nothing planned on it), opens files again when they come back, and returns
+/// the same bytes as a reader that opened everything up front, on both backends.
+#[test]
+fn a_lazy_reader_keeps_its_cap_and_returns_the_same_bytes() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let n = 60;
+    let files: Vec<_> = (0..n)
+        .map(|i| random_file(dir.path(), &format!("f{i:03}"), 5000 + i * 731, i as u64))
+        .collect();
+    let mut rng = SmallRng::seed_from_u64(9);
+    let reqs: Vec<(usize, u64, usize)> = (0..2000)
+        .map(|_| {
+            let f = rng.random_range(0..n);
+            let len = files[f].1.len() as u64;
+            let off = rng.random_range(0..len);
+            (f, off, rng.random_range(1..3000))
+        })
+        .collect();
+    let want: Vec<Vec<u8>> = reqs
+        .iter()
+        .map(|&(f, off, len)| {
+            let d = &files[f].1;
+            let end = (off as usize + len).min(d.len());
+            d[off as usize..end].to_vec()
+        })
+        .collect();
+    for backend in [BackendChoice::Uring, BackendChoice::Pread] {
+        let cfg = IoConfig {
+            depth: 4,
+            slot_size: 64 << 10,
+            backend,
+            ..IoConfig::default()
+        };
+        let lazy = files
+            .iter()
+            .map(|(p, d)| LazyFile {
+                path: p.clone(),
+                size: d.len() as u64,
+            })
+            .collect();
+        let mut r = RangeReader::lazy(lazy, &cfg, 5).unwrap();
+        let mut got = vec![None; reqs.len()];
+        let mut most = 0;
+        r.read_ranges(reqs.iter().copied(), |i, b| {
+            got[i] = Some(b.to_vec());
+        })
+        .unwrap();
+        most = most.max(r.open_files().0);
+        let got: Vec<Vec<u8>> = got.into_iter().map(Option::unwrap).collect();
+        assert!(got == want, "{backend:?}: other bytes than the files'");
+        assert!(most <= 5, "{backend:?}: {most} files open, cap 5");
+        let (_, opens) = r.open_files();
+        assert!(
+            opens > n as u64,
+            "{backend:?}: {opens} opens: nothing was evicted"
+        );
+    }
+}
+
+/// A file that changed or went away after the dataset was listed is an error naming it
+/// when it is read, not a panic; the reader reads the other files afterwards.
+#[test]
+fn a_lazy_reader_names_a_file_gone_or_changed() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let (a, _) = random_file(dir.path(), "a", 10_000, 1);
+    let (b, db) = random_file(dir.path(), "b", 10_000, 2);
+    let (c, _) = random_file(dir.path(), "c", 10_000, 3);
+    let lazy = [(&a, 10_000), (&b, 10_000), (&c, 10_000)]
+        .iter()
+        .map(|(p, s)| LazyFile {
+            path: (*p).clone(),
+            size: *s,
+        })
+        .collect();
+    let mut r = RangeReader::lazy(lazy, &IoConfig::default(), 16).unwrap();
+    std::fs::remove_file(&a).unwrap();
+    std::fs::write(&c, b"shorter").unwrap();
+    let e = r
+        .read_ranges([(0, 0, 100)], |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&a.display().to_string()), "{e}");
+    let e = r
+        .read_ranges([(2, 0, 100)], |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&c.display().to_string()) && e.contains("changed"),
+        "{e}"
+    );
+    let mut got = Vec::new();
+    r.read_ranges([(1, 10, 50)], |_, bytes| got = bytes.to_vec())
+        .unwrap();
+    assert_eq!(got, db[10..60]);
+}

@@ -135,7 +135,9 @@ pub struct UringBackend {
     // reaped every in-flight request, and the slab is freed only if that succeeded.
     ring: IoUring,
     slab: ManuallyDrop<Slab>,
-    files: Vec<Arc<DataFile>>,
+    /// Files by key; `None` for a removed key, which `free` lists for reuse.
+    files: Vec<Option<Arc<DataFile>>>,
+    free: Vec<u32>,
     fixed_files: bool,
     fixed_bufs: bool,
     /// The op in flight on each slot (user_data is the slot index).
@@ -209,6 +211,7 @@ impl UringBackend {
             ring,
             slab: ManuallyDrop::new(slab),
             files: Vec::new(),
+            free: Vec::new(),
             fixed_files,
             fixed_bufs,
             ops: vec![None; depth],
@@ -243,7 +246,7 @@ impl UringBackend {
 
     /// The submission entry for `op`, whose bytes are at `ptr` (from the slab).
     fn sqe(&self, op: &Op, ptr: *mut u8) -> squeue::Entry {
-        let raw = self.files[op.file.0 as usize].file().as_raw_fd();
+        let raw = self.file(op.file).file().as_raw_fd();
         let len = op.len as u32;
         let idx = op.slot.index() as u16;
         macro_rules! build {
@@ -420,7 +423,10 @@ impl Backend for UringBackend {
     }
 
     fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey> {
-        let key = FileKey(self.files.len() as u32);
+        let key = FileKey(match self.free.last() {
+            Some(&k) => k,
+            None => self.files.len() as u32,
+        });
         if self.fixed_files && key.0 < MAX_FILES {
             let fd = file.file().as_raw_fd();
             self.ring
@@ -428,16 +434,43 @@ impl Backend for UringBackend {
                 .register_files_update(key.0, &[fd])
                 .map_err(|e| Error::io(file.path(), "register file with io_uring", None, e))?;
         }
-        self.files.push(file);
+        if self.free.pop().is_none() {
+            self.files.push(None);
+        }
+        self.files[key.0 as usize] = Some(file);
         Ok(key)
     }
 
+    fn remove_file(&mut self, key: FileKey) {
+        assert!(
+            self.ops.iter().flatten().all(|op| op.file != key),
+            "removing a file with a request in flight"
+        );
+        let file = self.files[key.0 as usize]
+            .take()
+            .expect("removing an unknown file key");
+        if self.fixed_files && key.0 < MAX_FILES {
+            // An empty slot (-1): the ring lets go of its reference. Should the kernel
+            // refuse, the slot keeps the file open until it is reused or the ring dropped.
+            let _ = self.ring.submitter().register_files_update(key.0, &[-1]);
+        }
+        drop(file);
+        self.free.push(key.0);
+    }
+
     fn file(&self, key: FileKey) -> &Arc<DataFile> {
-        &self.files[key.0 as usize]
+        self.files[key.0 as usize]
+            .as_ref()
+            .expect("a removed file key")
     }
 
     fn push(&mut self, op: Op) -> Result<()> {
-        assert!((op.file.0 as usize) < self.files.len(), "unknown file key");
+        assert!(
+            self.files
+                .get(op.file.0 as usize)
+                .is_some_and(Option::is_some),
+            "unknown file key"
+        );
         let ptr = self.slab.start(op.slot, op.at, op.len);
         let entry = self.sqe(&op, ptr);
         if let Err(e) = self.push_sqe(&entry) {

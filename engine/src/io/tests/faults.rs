@@ -117,6 +117,9 @@ impl Backend for Short {
     fn add_file(&mut self, file: Arc<DataFile>) -> crate::Result<FileKey> {
         self.inner.add_file(file)
     }
+    fn remove_file(&mut self, key: FileKey) {
+        self.inner.remove_file(key)
+    }
     fn file(&self, key: FileKey) -> &Arc<DataFile> {
         self.inner.file(key)
     }
