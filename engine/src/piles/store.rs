@@ -418,6 +418,14 @@ impl PileWriter {
         first.map_or(Ok(()), Err)
     }
 
+    /// Waits for every write in flight (what is still being gathered stays).
+    pub(crate) fn settle(&mut self) -> Result<()> {
+        while self.backend.in_flight() > 0 {
+            self.reap(self.backend.in_flight())?;
+        }
+        Ok(())
+    }
+
     /// Writes what is left in the fill buffers and waits for every write: the piles, ready
     /// to be read. Not synced: piles are scratch, read back by this process.
     pub(crate) fn finish(mut self) -> Result<PileSet> {
