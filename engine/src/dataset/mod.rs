@@ -508,8 +508,33 @@ fn open_file(
         offset,
         what,
     };
-    let file = Arc::new(DataFile::open(path, Access::Read, opts.scan_io.direct)?);
-    let size = file.size();
+    // Formats indexed by a scan need the file open; fixed records and `.npy` need only its
+    // size (the header is read by path), so a dataset of 100,000 such files is listed with
+    // a stat each, and the reader opens them when it reads them.
+    let file = match format {
+        Format::Fixed { .. } | Format::Npy => None,
+        _ => Some(Arc::new(DataFile::open(
+            path,
+            Access::Read,
+            opts.scan_io.direct,
+        )?)),
+    };
+    let size = match &file {
+        Some(f) => f.size(),
+        None => {
+            let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "stat", None, e))?;
+            if !meta.file_type().is_file() {
+                return Err(bad(
+                    None,
+                    format!(
+                        "is {}, not a regular file: random access needs a file",
+                        io::file_type_name(&meta.file_type())
+                    ),
+                ));
+            }
+            meta.len()
+        }
+    };
     if size == 0 {
         return Err(bad(Some(0), "empty file: no records".into()));
     }
@@ -573,8 +598,13 @@ fn open_file(
             )
         }
         Format::Lines { .. } | Format::TfRecord { .. } => {
-            let (ix, origin) =
-                index::load_or_build(&file, format, opts.stale, &opts.scan_io, progress)?;
+            let (ix, origin) = index::load_or_build(
+                file.as_ref().expect("indexed formats are opened"),
+                format,
+                opts.stale,
+                &opts.scan_io,
+                progress,
+            )?;
             let n = ix.len();
             (Layout::Indexed(ix), n, Some(origin))
         }
