@@ -1,6 +1,6 @@
 //! `riffle read` as a user runs it: the ids it writes, its JSON, its errors.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -791,6 +791,20 @@ fn two_pass_under_ulimit_256_fits_its_piles_and_keeps_the_lirs_order() {
     assert_eq!(lirs, capped);
 }
 
+/// `n` records of 4 KiB in one file, and the same records each in a file of its own in a
+/// directory: (the file, the directory, the records' bytes).
+fn one_file_and_a_file_per_record(sb: &Sandbox, n: u64) -> (PathBuf, PathBuf, Vec<u8>) {
+    let one = sb.data().join("one.bin");
+    gen(sb, &one, "fixed", n, 4096, &[]);
+    let bytes = std::fs::read(&one).unwrap();
+    let dir = sb.data().join("files");
+    std::fs::create_dir(&dir).unwrap();
+    for (i, r) in bytes.chunks(4096).enumerate() {
+        std::fs::write(dir.join(format!("{i:05}.bin")), r).unwrap();
+    }
+    (one, dir, bytes)
+}
+
 /// Regression (issue 14): io_uring refused more than 1,024 files in one ring ("more than
 /// 1024 files in one ring") while pread read them, so the backends disagreed. Files past
 /// the registered table now use their plain fds: 1,500 files of one record each read as
@@ -798,15 +812,8 @@ fn two_pass_under_ulimit_256_fits_its_piles_and_keeps_the_lirs_order() {
 #[test]
 fn more_files_than_the_registered_table_read_like_one_file_on_both_backends() {
     let sb = Sandbox::new();
-    let one = sb.data().join("one.bin");
     let n = 1_500u64;
-    gen(&sb, &one, "fixed", n, 4096, &[]);
-    let bytes = std::fs::read(&one).unwrap();
-    let dir = sb.data().join("files");
-    std::fs::create_dir(&dir).unwrap();
-    for (i, r) in bytes.chunks(4096).enumerate() {
-        std::fs::write(dir.join(format!("{i:05}.bin")), r).unwrap();
-    }
+    let (one, dir, bytes) = one_file_and_a_file_per_record(&sb, n);
     let args = ["--format", "fixed:4K", "--batch-size", "64", "--seed", "3"];
     let want = read_ids(&sb, &one, &args, &[("RIFFLE_IO", "uring")]);
     for io in ["uring", "pread"] {
@@ -866,15 +873,8 @@ fn a_read_ahead_past_the_limit_is_refused_not_a_panic() {
 #[test]
 fn more_files_than_the_open_file_limit_read_like_one_file() {
     let sb = Sandbox::new();
-    let one = sb.data().join("one.bin");
     let n = 600u64;
-    gen(&sb, &one, "fixed", n, 4096, &[]);
-    let bytes = std::fs::read(&one).unwrap();
-    let dir = sb.data().join("files");
-    std::fs::create_dir(&dir).unwrap();
-    for (i, r) in bytes.chunks(4096).enumerate() {
-        std::fs::write(dir.join(format!("{i:05}.bin")), r).unwrap();
-    }
+    let (one, dir, _) = one_file_and_a_file_per_record(&sb, n);
     let args = ["--format", "fixed:4K", "--batch-size", "32", "--seed", "5"];
     let want = read_ids(&sb, &one, &args, &[]);
     for mode in ["lirs", "two-pass", "buffer"] {

@@ -203,19 +203,7 @@ impl Dataset {
     /// its size changed since the dataset was opened.
     pub fn open_one(&self, i: usize, direct: bool) -> Result<Arc<DataFile>> {
         let f = &self.files[i];
-        let df = DataFile::open(&f.path, Access::Read, direct)?;
-        if df.size() != f.size {
-            return Err(Error::BadInput {
-                path: f.path.clone(),
-                offset: None,
-                what: format!(
-                    "the file changed since the dataset was opened ({} bytes, was {})",
-                    df.size(),
-                    f.size
-                ),
-            });
-        }
-        Ok(Arc::new(df))
+        DataFile::open_listed(&f.path, direct, f.size).map(Arc::new)
     }
 
     /// Reads records `ids` and calls `done(position in ids, bytes)` in completion order.

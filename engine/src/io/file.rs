@@ -71,6 +71,23 @@ impl DataFile {
         Self::create(file, path, want_direct)
     }
 
+    /// Opens `path` for reading as [`DataFile::open`] does, and refuses it unless it still
+    /// has the `size` it was listed with (a dataset's file changed since it was opened).
+    pub fn open_listed(path: &Path, want_direct: bool, size: u64) -> Result<DataFile> {
+        let file = Self::open(path, Access::Read, want_direct)?;
+        if file.size() != size {
+            return Err(Error::BadInput {
+                path: path.into(),
+                offset: None,
+                what: format!(
+                    "the file changed since the dataset was opened ({} bytes, was {size})",
+                    file.size()
+                ),
+            });
+        }
+        Ok(file)
+    }
+
     /// Takes a file already open (read-write for writing, such as a
     /// [`crate::scratch::TempFile`]'s handle) and turns on O_DIRECT when `want_direct` and
     /// the file allows it, as [`DataFile::open`] does.

@@ -30,7 +30,7 @@ pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, SlotId};
 pub use file::{file_type_name, Access, DataFile};
 pub use reader::{LazyFile, RangeReader, ReadStats};
 pub use scan::{scan_config, scan_file, ScanReport};
-pub(crate) use stream::settle_write;
+pub(crate) use stream::reap_writes;
 pub use stream::StreamWriter;
 pub use writer::{pattern_filler, write_file, write_temp, WriteReport};
 

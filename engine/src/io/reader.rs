@@ -200,18 +200,7 @@ impl RangeReader {
             }
         }
         let spec = &lazy.files[i];
-        let file = DataFile::open(&spec.path, Access::Read, lazy.direct)?;
-        if file.size() != spec.size {
-            return Err(Error::BadInput {
-                path: spec.path.clone(),
-                offset: None,
-                what: format!(
-                    "the file changed since the dataset was opened ({} bytes, was {})",
-                    file.size(),
-                    spec.size
-                ),
-            });
-        }
+        let file = DataFile::open_listed(&spec.path, lazy.direct, spec.size)?;
         let unit = file.alignment().unit().max(512);
         if !self.backend.slot_size().is_multiple_of(unit) {
             return Err(Error::BadInput {

@@ -188,27 +188,53 @@ impl StreamWriter {
     /// (rounded down to the alignment; its slot stays in flight); eight in a row that write
     /// nothing new mean the device is full.
     fn reap(&mut self, min: usize) -> Result<()> {
-        let waited = self.backend.wait(min, &mut self.done);
-        // Completions appended before a failed wait are handled too: their slots are held.
-        let mut first = waited.err();
-        let mut done = std::mem::take(&mut self.done);
-        for c in done.drain(..) {
-            self.ops += 1;
-            let stall = &mut self.stalled[c.op.slot.index()];
-            let err = match settle_write(self.backend.as_mut(), &c, self.unit, stall, &self.file) {
-                Ok(false) => continue,
-                Ok(true) => None,
-                Err(e) => Some(e),
-            };
-            self.stalled[c.op.slot.index()] = 0;
-            self.backend.release(c.op.slot);
-            if first.is_none() {
-                first = err;
-            }
-        }
-        self.done = done;
-        first.map_or(Ok(()), Err)
+        let file = &self.file;
+        let (handled, outcome) = reap_writes(
+            self.backend.as_mut(),
+            min,
+            &mut self.done,
+            &mut self.stalled,
+            self.unit,
+            |_| file,
+        );
+        self.ops += handled;
+        outcome
     }
+}
+
+/// Waits for at least `min` write completions and settles each: a whole write's slot is
+/// released; a short one goes on where it stopped (rounded down to the alignment `unit`;
+/// its slot stays in flight); a failed one, or eight short writes in a row on a slot that
+/// write nothing new (a full device, counted in `stalled`), releases its slot and is the
+/// error returned, after every completion was handled (also those a failed wait left in
+/// `done`). Returns the completions handled, and the outcome. `file_of` names the file of a
+/// key for errors.
+pub(crate) fn reap_writes<'f>(
+    backend: &mut dyn Backend,
+    min: usize,
+    done: &mut Vec<super::Completion>,
+    stalled: &mut [u32],
+    unit: usize,
+    file_of: impl Fn(FileKey) -> &'f DataFile,
+) -> (u64, Result<()>) {
+    let waited = backend.wait(min, done);
+    let mut first = waited.err();
+    let mut handled = 0;
+    for c in done.drain(..) {
+        handled += 1;
+        let stall = &mut stalled[c.op.slot.index()];
+        let err = match settle_write(backend, &c, unit, stall, file_of(c.op.file)) {
+            Ok(false) => continue,
+            Ok(true) => None,
+            Err(e) => Some(e),
+        };
+        stalled[c.op.slot.index()] = 0;
+        backend.release(c.op.slot);
+        if first.is_none() {
+            first = err;
+        }
+    }
+    (handled, first.map_or(Ok(()), Err))
 }
 
 /// Settles a write's completion: `Ok(true)` when the write is whole (the caller releases
@@ -216,7 +242,7 @@ impl StreamWriter {
 /// flight; rounded down to the alignment `unit`), an error when it failed or eight short
 /// writes in a row wrote nothing new (a full device; the caller releases the slot).
 /// `stall` counts those short writes for the slot.
-pub(crate) fn settle_write(
+fn settle_write(
     backend: &mut dyn Backend,
     c: &super::Completion,
     unit: usize,

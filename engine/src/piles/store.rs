@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::frame::{self, Parsed};
 use crate::io::{
-    completion_error, open_backend, settle_write, Access, Backend, Completion, DataFile, FileKey,
+    completion_error, open_backend, reap_writes, Access, Backend, Completion, DataFile, FileKey,
     IoConfig, LargeBuf, Op, OpKind, SlotId,
 };
 use crate::pipeline::Stop;
@@ -396,26 +396,16 @@ impl PileWriter {
     /// Waits for at least `min` writes. A short write goes on where it stopped (rounded down
     /// to the alignment); eight in a row that write nothing new mean the disk is full.
     fn reap(&mut self, min: usize) -> Result<()> {
-        let waited = self.backend.wait(min, &mut self.done);
-        // Completions appended before a failed wait are handled too: their slots are held.
-        let mut first = waited.err();
-        let mut done = std::mem::take(&mut self.done);
-        for c in done.drain(..) {
-            let file = &self.groups[c.op.file.0 as usize].file.file;
-            let stall = &mut self.stalled[c.op.slot.index()];
-            let err = match settle_write(self.backend.as_mut(), &c, self.unit, stall, file) {
-                Ok(false) => continue,
-                Ok(true) => None,
-                Err(e) => Some(e),
-            };
-            self.stalled[c.op.slot.index()] = 0;
-            self.backend.release(c.op.slot);
-            if first.is_none() {
-                first = err;
-            }
-        }
-        self.done = done;
-        first.map_or(Ok(()), Err)
+        let groups = &self.groups;
+        reap_writes(
+            self.backend.as_mut(),
+            min,
+            &mut self.done,
+            &mut self.stalled,
+            self.unit,
+            |key| &groups[key.0 as usize].file.file,
+        )
+        .1
     }
 
     /// Waits for every write in flight (what is still being gathered stays).
@@ -581,16 +571,16 @@ impl PileReader {
     ) -> Result<()> {
         out.clear();
         frames.clear();
+        let file = load.group.file.clone();
+        let path = file.path().to_path_buf();
+        let unit = file.alignment().unit().max(512);
         let same = matches!(&self.ring, Some((g, _, _)) if Arc::ptr_eq(g, &load.group));
         if !same {
             // The previous group's ring (and its hold on the file) goes first.
             self.ring = None;
-            let file = &load.group.file;
-            let unit = file.alignment().unit().max(512);
-            let slot = load.extent.div_ceil(unit) * unit;
             let cfg = IoConfig {
                 depth: load.read_depth,
-                slot_size: slot,
+                slot_size: load.extent.div_ceil(unit) * unit,
                 backend: self.io.backend,
                 direct: self.io.direct,
                 ..IoConfig::default()
@@ -599,10 +589,7 @@ impl PileReader {
             let key = backend.add_file(file.clone())?;
             self.ring = Some((load.group.clone(), backend, key));
         }
-        let (group, backend, key) = self.ring.as_mut().expect("a ring");
-        let path = group.file.path().to_path_buf();
-        let file = group.file.clone();
-        let unit = file.alignment().unit().max(512);
+        let (_, backend, key) = self.ring.as_mut().expect("a ring");
         if load.whole {
             // Each extent is copied to its place as its read completes; frames are indexed
             // over the prefix that is complete, while it is still in the cache.
