@@ -242,7 +242,7 @@ fn run(
         let epoch_started = Instant::now();
         let key = EpochKey::new(opts.seed, epoch);
         let mut rng = SmallRng::seed_from_u64(key.key(u64::MAX));
-        let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+        let split = opts.split(ds.len())?;
         let first_batch = match opts.resume {
             Some(c) if c.epoch == epoch => c.batch,
             _ => 0,
@@ -257,7 +257,8 @@ fn run(
             &mut hist,
             &mut *r,
         )
-        .lend_from(opts.lender.clone(), ds.size_stats().max);
+        .lend_from(opts.lender.clone(), ds.size_stats().max)
+        .shared(opts.ranks.clone());
         let mut first_id = 0u64;
         for (i, f) in ds.files().iter().enumerate() {
             let file = &ds.open_one(i, scan.direct)?;

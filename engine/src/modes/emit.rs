@@ -8,7 +8,9 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
 
-use super::{Batch, Payload, PayloadLender, ReadReport};
+use std::sync::Arc;
+
+use super::{Batch, Payload, PayloadLender, Ranks, ReadReport};
 use crate::order::{Split, Tail};
 use crate::pipeline::Stop;
 use crate::Result;
@@ -37,6 +39,10 @@ pub(crate) struct Emitter<'a> {
     /// Where batches are assembled when the consumer lends memory, and the longest record
     /// (a batch asks for room for its records at that size, then gives back the rest).
     lender: Option<(PayloadLender, u64)>,
+    /// A shared pass's ranks: a batch of a rank not in it is skipped.
+    ranks: Option<Arc<Ranks>>,
+    /// Positions before this belong to a skipped batch.
+    skip_end: u64,
 }
 
 impl<'a> Emitter<'a> {
@@ -69,6 +75,8 @@ impl<'a> Emitter<'a> {
             stopped: false,
             mean_record,
             lender: None,
+            ranks: None,
+            skip_end: 0,
         }
     }
 
@@ -76,6 +84,12 @@ impl<'a> Emitter<'a> {
     /// dataset's longest record.
     pub(crate) fn lend_from(mut self, lender: Option<PayloadLender>, max_record: u64) -> Self {
         self.lender = lender.map(|l| (l, max_record));
+        self
+    }
+
+    /// Skips the batches of ranks not in `ranks` (a shared pass), when given.
+    pub(crate) fn shared(mut self, ranks: Option<Arc<Ranks>>) -> Self {
+        self.ranks = ranks;
         self
     }
 
@@ -117,10 +131,19 @@ impl Emitter<'_> {
             return;
         }
         let j = g / self.split.world;
-        if j < self.first_batch {
+        if j < self.first_batch || p < self.skip_end {
             return;
         }
         let split = self.split;
+        if self.cur.is_none() {
+            // The first record of batch `j`: decide it once, for all its records.
+            if let Some(r) = &self.ranks {
+                if !r.wanted(self.epoch, g) {
+                    self.skip_end = split.positions(j).end;
+                    return;
+                }
+            }
+        }
         let epoch = self.epoch;
         let (_, end, batch, _) = self.cur.get_or_insert_with(|| {
             let positions = split.positions(j);

@@ -4,7 +4,7 @@
 //! ahead of the consumer by a bounded number of batches.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -31,6 +31,8 @@ pub struct BatchStream {
     /// The run's stop flag: set before the receiver is dropped, checked by every loop of
     /// the run, so it does not wait for its next send to notice.
     stop: Stop,
+    /// Dropped when the stream stops: a stream fed by a shared pass leaves its job.
+    guard: Option<Box<dyn Send>>,
 }
 
 impl Iterator for BatchStream {
@@ -80,9 +82,7 @@ impl BatchStream {
     /// end), waiting up to `wait` for it. For a consumer that must not block on the
     /// engine for long (the daemon takes a client's CLOSE while a scatter runs).
     pub fn ready_within(&self, wait: Duration) -> bool {
-        if self.thread.is_none() {
-            return true;
-        }
+        // Once the sender is gone (the end, or a stop) the receiver is ready at once.
         let mut sel = crossbeam_channel::Select::new();
         sel.recv(&self.rx);
         sel.ready_timeout(wait).is_ok()
@@ -96,6 +96,7 @@ impl BatchStream {
         self.stop.set();
         let (_, dead) = crossbeam_channel::bounded(0);
         self.rx = dead;
+        self.guard = None;
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -210,7 +211,20 @@ impl BatchStream {
             report,
             thread: Some(thread),
             stop,
+            guard: None,
         })
+    }
+
+    /// A stream of the batches another thread sends through `rx` (a shared pass's fan-out);
+    /// `guard` is dropped when the stream stops or is dropped.
+    pub(crate) fn fed(rx: Receiver<Result<Batch>>, guard: Box<dyn Send>) -> BatchStream {
+        BatchStream {
+            rx,
+            report: Default::default(),
+            thread: None,
+            stop: Stop::default(),
+            guard: Some(guard),
+        }
     }
 }
 
@@ -305,6 +319,9 @@ struct EpochState<'a> {
     handed: usize,
     pending: HashMap<u64, Pending>,
     done: BTreeMap<u64, Pending>,
+    /// Batches skipped (a shared pass's ranks that did not join) still ahead of
+    /// `next_send`; `next_send` is either `next_batch` or a batch being read.
+    skipped: BTreeSet<u64>,
     reads: u64,
     next_send: u64,
     stopped: bool,
@@ -350,7 +367,7 @@ fn run(
         let key = EpochKey::new(opts.seed, epoch);
         let table = EpochTable::build(units.len(), &key);
         r.table_seconds += t.elapsed().as_secs_f64();
-        let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+        let split = opts.split(ds.len())?;
         let first = match opts.resume {
             Some(c) if c.epoch == epoch => c.batch.min(split.batches()),
             _ => 0,
@@ -367,6 +384,7 @@ fn run(
             handed: 0,
             pending: HashMap::new(),
             done: BTreeMap::new(),
+            skipped: BTreeSet::new(),
             reads: 0,
             next_send: first,
             stopped: false,
@@ -390,6 +408,16 @@ fn run(
                         || st.next_batch - st.next_send >= plan.assembling
                     {
                         return None;
+                    }
+                    let j = st.next_batch;
+                    if !opts.wanted(epoch, j) {
+                        st.next_batch += 1;
+                        if st.next_send == j {
+                            st.next_send += 1;
+                        } else {
+                            st.skipped.insert(j);
+                        }
+                        continue;
                     }
                     plan_batch(&mut st, ds, opts.lender.as_ref());
                 }
@@ -426,6 +454,10 @@ fn run(
                     st.done.insert(piece.batch, b);
                     loop {
                         let index = st.next_send;
+                        if st.skipped.remove(&index) {
+                            st.next_send += 1;
+                            continue;
+                        }
                         let Some(b) = st.done.remove(&index) else {
                             break;
                         };

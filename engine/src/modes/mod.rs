@@ -8,6 +8,7 @@ mod cursor;
 mod emit;
 pub mod lirs;
 mod payload;
+mod share;
 pub mod twopass;
 mod walk;
 
@@ -16,6 +17,7 @@ use serde::Serialize;
 pub use cursor::{Cursor, Resume};
 pub use lirs::{read, BatchStream};
 pub use payload::{Lender, Lent, Payload, PayloadLender};
+pub use share::{PassEnded, Ranks, SharedPass, StartPass};
 pub use twopass::read_two_pass;
 
 use crate::io::IoConfig;
@@ -87,6 +89,10 @@ pub struct ReadOptions {
     /// Memory to assemble batches in, lent by the consumer (the daemon's shared ring);
     /// the engine's own when `None` or when the lender has no room.
     pub lender: Option<PayloadLender>,
+    /// Every rank's batches, not only `rank`'s, for a pass shared by the ranks that joined
+    /// `ranks` (see [`SharedPass`]): batches come in global order, each `index` a global
+    /// batch, and a batch of a rank not in the set is skipped (not read, not sent).
+    pub ranks: Option<std::sync::Arc<Ranks>>,
 }
 
 impl ReadOptions {
@@ -116,12 +122,28 @@ impl ReadOptions {
                 self.prefetch
             )));
         }
-        let split = Split::new(records, self.batch, self.rank, self.world, self.tail)?;
+        let split = self.split(records)?;
         self.epoch_range()?;
         if let Some(c) = self.resume {
             c.check(&split)?;
         }
         Ok(split)
+    }
+
+    /// The batches of an epoch of `records` this read delivers: its rank's, or with
+    /// [`ReadOptions::ranks`] every rank's (a view with one rank of the same global batches).
+    pub(crate) fn split(&self, records: u64) -> crate::Result<Split> {
+        let split = Split::new(records, self.batch, self.rank, self.world, self.tail)?;
+        Ok(match self.ranks {
+            Some(_) => split.all_ranks(),
+            None => split,
+        })
+    }
+
+    /// Whether global batch `g` of `epoch` is read: always, unless the read is shared and
+    /// the batch's rank is not in it (see [`Ranks`]).
+    pub(crate) fn wanted(&self, epoch: u64, g: u64) -> bool {
+        self.ranks.as_ref().is_none_or(|r| r.wanted(epoch, g))
     }
 
     /// One epoch of `batch`-record batches, seed 0, one rank, record grouping.
@@ -141,6 +163,7 @@ impl ReadOptions {
             memory: None,
             baseline: None,
             lender: None,
+            ranks: None,
         }
     }
 }

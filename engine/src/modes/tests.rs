@@ -426,4 +426,5 @@ fn baselines_are_deterministic_permutations_of_their_kind() {
     }
 }
 
+mod share;
 mod stop;

@@ -25,7 +25,7 @@ use super::emit::Emitter;
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::{IoConfig, LargeBuf, RangeReader};
-use crate::order::{EpochKey, Split, Units};
+use crate::order::{EpochKey, Units};
 use crate::piles::{frame, Layout, PileReader, PileSet, PileWriter};
 use crate::pipeline::Stop;
 use crate::{Error, Result};
@@ -342,7 +342,7 @@ fn run(
                 break;
             }
             let key = EpochKey::new(opts.seed, epoch);
-            let split = Split::new(ds.len(), opts.batch, opts.rank, opts.world, opts.tail)?;
+            let split = opts.split(ds.len())?;
             let epoch_started = Instant::now();
             // Piles for this epoch: rolled over from the previous epoch's pile pass, or a
             // scatter of the dataset (the first epoch).
@@ -383,7 +383,8 @@ fn run(
                 &mut hist,
                 &mut *r,
             )
-            .lend_from(opts.lender.clone(), ds.size_stats().max);
+            .lend_from(opts.lender.clone(), ds.size_stats().max)
+            .shared(opts.ranks.clone());
             // The pile pass, double buffered: a loader thread reads and sorts the next pile
             // (or key sub-range of an oversized pile) while this thread emits the current one.
             let loads = set.into_loads(|bytes| bytes.div_ceil(plan.pile_budget));

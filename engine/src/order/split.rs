@@ -94,6 +94,16 @@ impl Split {
         })
     }
 
+    /// The same global batches seen as one rank's: every rank's batches, in global order
+    /// (batch `j` of the view is global batch `j`), for a pass shared by the ranks.
+    pub fn all_ranks(self) -> Split {
+        Split {
+            rank: 0,
+            world: 1,
+            ..self
+        }
+    }
+
     /// Batches this rank gets.
     pub fn batches(&self) -> u64 {
         self.global_batches / self.world

@@ -697,6 +697,7 @@ impl Conn {
             memory: None,
             baseline: None,
             lender: None,
+            ranks: None,
         };
         opts.epoch_range().map_err(|e| bad(e.to_string()))?;
         // The ring: room for several of the largest possible batches, within the share.

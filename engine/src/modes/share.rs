@@ -1,0 +1,305 @@
+//! One engine pass shared by the ranks of a job.
+//!
+//! The ranks of a job (same dataset, seed, epochs, batch size, grouping, world, tail and
+//! resume point) read disjoint batches of one epoch sequence: rank `r` of `W` takes global
+//! batches `r, r + W, ...`. A [`SharedPass`] runs the job's engine pass once, over every
+//! rank's batches in global order ([`ReadOptions::ranks`]), and hands each batch to the
+//! stream of its rank. Only the batches of ranks that have joined are read (LIRS) or
+//! assembled (two-pass, whose scatter and pile pass read everything anyway).
+//!
+//! Joining is decided per rank: a rank may join while the pass has not yet decided its
+//! first batch (whether to read it or skip it), which in LIRS means before the pass starts
+//! (it waits up to a join window for the whole world) and in two-pass any time during the
+//! first epoch's scatter. A rank that comes later, or twice, is refused by
+//! [`SharedPass::join`]; the caller then runs a pass of its own for it.
+//!
+//! Back-pressure: each rank's stream holds at most a few batches; the pass waits on the
+//! slowest stream that is still there. A stream that goes away (dropped) leaves the job at
+//! once: its batches are no longer read, and when every rank has left the pass stops.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{SendTimeoutError, Sender};
+
+use super::{Batch, BatchStream, ReadOptions, ReadReport};
+use crate::{Error, Result};
+
+/// Which ranks of a shared pass want their batches (see the module docs).
+#[derive(Debug)]
+pub struct Ranks {
+    world: u64,
+    first_epoch: u64,
+    /// The first epoch's global batch where the job starts (a resume point's batch times
+    /// the world).
+    start: u64,
+    state: Mutex<RanksState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct RanksState {
+    joined: BTreeSet<u64>,
+    /// Global batches of the first epoch decided (read or skipped) so far.
+    decided: u64,
+    /// The pass is past its first epoch: no rank may join any more.
+    closed: bool,
+    /// Some rank joined at some point.
+    ever: bool,
+}
+
+impl Ranks {
+    /// The ranks of a world of `world`, none joined, for a pass that starts at global
+    /// batch `start` of `first_epoch`.
+    pub fn new(world: u64, first_epoch: u64, start: u64) -> Ranks {
+        Ranks {
+            world,
+            first_epoch,
+            start,
+            state: Mutex::new(RanksState::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RanksState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Decides global batch `g` of `epoch`: whether its rank is in the job (then it is read
+    /// and sent). Called by the engine in batch order, once per batch.
+    pub(crate) fn wanted(&self, epoch: u64, g: u64) -> bool {
+        let mut s = self.lock();
+        if epoch == self.first_epoch {
+            s.decided = s.decided.max(g.saturating_add(1));
+        } else {
+            s.closed = true;
+        }
+        s.joined.contains(&(g % self.world))
+    }
+
+    /// Adds `rank` to the job: false when it is already in, outside the world, or the
+    /// pass has already decided its first batch.
+    fn join(&self, rank: u64) -> bool {
+        let mut s = self.lock();
+        let first = self.start.saturating_add(rank);
+        if rank >= self.world || s.closed || s.decided > first || s.joined.contains(&rank) {
+            return false;
+        }
+        s.joined.insert(rank);
+        s.ever = true;
+        self.changed.notify_all();
+        true
+    }
+
+    fn leave(&self, rank: u64) {
+        let mut s = self.lock();
+        s.joined.remove(&rank);
+        self.changed.notify_all();
+    }
+
+    /// Every rank that joined has left.
+    fn deserted(&self) -> bool {
+        let s = self.lock();
+        s.ever && s.joined.is_empty()
+    }
+
+    /// Ranks in the job now.
+    pub fn joined(&self) -> u64 {
+        self.lock().joined.len() as u64
+    }
+
+    /// Waits until every rank of the world has joined, every rank that joined has left,
+    /// or `until`.
+    fn wait_for_world(&self, until: Instant) {
+        let mut s = self.lock();
+        loop {
+            let now = Instant::now();
+            if (s.joined.len() as u64) >= self.world
+                || (s.ever && s.joined.is_empty())
+                || now >= until
+            {
+                return;
+            }
+            s = self
+                .changed
+                .wait_timeout(s, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// How a shared pass is started, and told it ended.
+pub type StartPass = Box<dyn FnOnce(ReadOptions) -> Result<BatchStream> + Send>;
+/// Called once with what the pass did, when it has ended (or was stopped).
+pub type PassEnded = Box<dyn FnOnce(ReadReport) + Send>;
+
+/// One engine pass fanned out to the streams of its ranks (see the module docs).
+pub struct SharedPass {
+    ranks: Arc<Ranks>,
+    /// Each joined rank's stream.
+    subs: Mutex<HashMap<u64, Sender<Result<Batch>>>>,
+    /// Batches a rank's stream holds before the pass waits for it.
+    capacity: usize,
+}
+
+/// How long the fan-out waits on one stream before it looks again whether that stream
+/// (or the whole job) has gone.
+const SEND_WAIT: Duration = Duration::from_millis(20);
+
+impl SharedPass {
+    /// Starts the pass of the job `opts` (the options of any one of its ranks; `resume` in
+    /// that rank's batches): a thread waits up to `window` for every rank of the world to
+    /// join, then runs `start` with options for every rank's batches and hands each batch
+    /// to its rank's stream (`capacity` batches each). `ended` gets the pass's report.
+    pub fn spawn(
+        opts: &ReadOptions,
+        window: Duration,
+        capacity: usize,
+        start: StartPass,
+        ended: PassEnded,
+    ) -> Result<Arc<SharedPass>> {
+        let world = opts.world;
+        let first_epoch = opts.resume.map_or(opts.first_epoch, |c| c.epoch);
+        let mut all = opts.clone();
+        all.resume = match opts.resume {
+            Some(mut c) => {
+                c.batch = c.batch.checked_mul(world).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "resume batch {} times a world of {world} overflows",
+                        c.batch
+                    ))
+                })?;
+                Some(c)
+            }
+            None => None,
+        };
+        let start_at = all.resume.map_or(0, |c| c.batch);
+        let ranks = Arc::new(Ranks::new(world, first_epoch, start_at));
+        all.ranks = Some(ranks.clone());
+        all.lender = None;
+        let pass = Arc::new(SharedPass {
+            ranks,
+            subs: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        });
+        let me = pass.clone();
+        let until = Instant::now() + window;
+        std::thread::Builder::new()
+            .name("riffle-job".into())
+            .spawn(move || me.run(all, until, start, ended))
+            .map_err(|e| Error::Invalid(format!("cannot start a job's thread: {e}")))?;
+        Ok(pass)
+    }
+
+    fn subs(&self) -> MutexGuard<'_, HashMap<u64, Sender<Result<Batch>>>> {
+        self.subs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The batches of `rank`, as a stream of its own, or `None` when the rank cannot join
+    /// (already in, or the pass has gone past its first batch).
+    pub fn join(self: &Arc<Self>, rank: u64) -> Option<BatchStream> {
+        let (tx, rx) = crossbeam_channel::bounded(self.capacity);
+        let mut subs = self.subs();
+        if subs.contains_key(&rank) {
+            return None;
+        }
+        // The sender is in place before the rank is: a batch decided for it finds it.
+        subs.insert(rank, tx);
+        if !self.ranks.join(rank) {
+            subs.remove(&rank);
+            return None;
+        }
+        drop(subs);
+        let leave = Leave {
+            pass: self.clone(),
+            rank,
+        };
+        Some(BatchStream::fed(rx, Box::new(leave)))
+    }
+
+    /// The ranks in the job now.
+    pub fn ranks(&self) -> &Ranks {
+        &self.ranks
+    }
+
+    fn run(&self, all: ReadOptions, until: Instant, start: StartPass, ended: PassEnded) {
+        self.ranks.wait_for_world(until);
+        let report = if self.ranks.deserted() {
+            ReadReport::default()
+        } else {
+            match start(all) {
+                Ok(stream) => self.fan_out(stream),
+                Err(e) => {
+                    self.broadcast(&e);
+                    ReadReport::default()
+                }
+            }
+        };
+        // Every stream sees its end once it has taken what was sent to it.
+        self.subs().clear();
+        ended(report);
+    }
+
+    fn broadcast(&self, e: &Error) {
+        let subs: Vec<_> = self.subs().values().cloned().collect();
+        for tx in subs {
+            let _ = tx.send_timeout(Err(Error::Invalid(e.to_string())), SEND_WAIT);
+        }
+    }
+
+    /// Hands every batch of `stream` to its rank's stream, in order, until the pass ends
+    /// or every rank has left; returns the pass's report.
+    fn fan_out(&self, mut stream: BatchStream) -> ReadReport {
+        let world = self.ranks.world;
+        loop {
+            if self.ranks.deserted() {
+                break;
+            }
+            if !stream.ready_within(SEND_WAIT) {
+                continue;
+            }
+            let mut b = match stream.next() {
+                None => break,
+                Some(Err(e)) => {
+                    self.broadcast(&e);
+                    break;
+                }
+                Some(Ok(b)) => b,
+            };
+            let rank = b.index % world;
+            b.index /= world;
+            let Some(tx) = self.subs().get(&rank).cloned() else {
+                // Its rank left after the batch was decided.
+                continue;
+            };
+            let mut item = Ok(b);
+            loop {
+                match tx.send_timeout(item, SEND_WAIT) {
+                    Ok(()) | Err(SendTimeoutError::Disconnected(_)) => break,
+                    Err(SendTimeoutError::Timeout(back)) => {
+                        if self.ranks.deserted() {
+                            break;
+                        }
+                        item = back;
+                    }
+                }
+            }
+        }
+        stream.finish()
+    }
+}
+
+/// Takes a rank out of its job when its stream is dropped.
+struct Leave {
+    pass: Arc<SharedPass>,
+    rank: u64,
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.pass.subs().remove(&self.rank);
+        self.pass.ranks.leave(self.rank);
+    }
+}

@@ -1,0 +1,161 @@
+//! A pass shared by the ranks of a job gives every rank exactly the batches it gets from a
+//! read of its own (ids, bytes, indexes), in LIRS and two-pass; only the joined ranks'
+//! batches are read; a rank that comes too late is refused; when every rank has left the
+//! pass stops.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::make;
+use crate::gen::GenFormat;
+use crate::modes::{read, read_two_pass, Batch, Cursor, ReadOptions, SharedPass};
+use crate::order::{Grouping, Tail};
+
+fn opts(world: u64, tail: Tail, grouping: Grouping) -> ReadOptions {
+    ReadOptions {
+        seed: 11,
+        epochs: 2,
+        world,
+        tail,
+        grouping,
+        ..ReadOptions::new(7)
+    }
+}
+
+/// Starts a shared pass of `o` (two-pass when `scratch` is given) whose end records the
+/// records it read into `read_records`.
+fn spawn(
+    ds: &Arc<crate::dataset::Dataset>,
+    o: &ReadOptions,
+    scratch: Option<std::path::PathBuf>,
+    window: Duration,
+    read_records: Arc<AtomicU64>,
+) -> Arc<SharedPass> {
+    let ds = ds.clone();
+    SharedPass::spawn(
+        o,
+        window,
+        2,
+        Box::new(move |all| match scratch {
+            Some(dir) => read_two_pass(ds, all, dir),
+            None => read(ds, all),
+        }),
+        Box::new(move |r| read_records.store(r.records, Ordering::SeqCst)),
+    )
+    .unwrap()
+}
+
+fn solo(ds: &Arc<crate::dataset::Dataset>, o: &ReadOptions, rank: u64) -> Vec<Batch> {
+    read(ds.clone(), ReadOptions { rank, ..o.clone() })
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
+}
+
+#[test]
+fn every_rank_gets_its_own_batches_from_one_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 1_000, 40, 0.5);
+    for two_pass in [false, true] {
+        for (tail, grouping) in [
+            (Tail::Pad, Grouping::Record),
+            (Tail::DropLast, Grouping::Page { unit: 4096 }),
+        ] {
+            let mut o = opts(4, tail, grouping);
+            o.memory = Some(4 << 20);
+            let done = Arc::new(AtomicU64::new(u64::MAX));
+            let scratch = two_pass.then(|| dir.path().to_path_buf());
+            let pass = spawn(&ds, &o, scratch, Duration::from_secs(10), done.clone());
+            let streams: Vec<_> = (0..4).map(|r| pass.join(r).expect("joins")).collect();
+            assert!(pass.join(2).is_none(), "a rank joins once");
+            assert!(pass.join(4).is_none(), "rank 4 is outside a world of 4");
+            // Each rank is consumed on a thread of its own, as a daemon's connections do.
+            let got: Vec<Vec<Batch>> = std::thread::scope(|s| {
+                let hs: Vec<_> = streams
+                    .into_iter()
+                    .map(|st| s.spawn(move || st.map(|b| b.unwrap()).collect::<Vec<_>>()))
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let mut total = 0;
+            for (r, batches) in got.iter().enumerate() {
+                let want = solo(&ds, &o, r as u64);
+                assert!(!want.is_empty());
+                assert_eq!(
+                    batches, &want,
+                    "rank {r}, two-pass {two_pass}, {tail:?} {grouping:?}"
+                );
+                total += want.iter().map(|b| b.ids.len() as u64).sum::<u64>();
+            }
+            // The pass's end is reported once every stream has its batches.
+            let t = std::time::Instant::now();
+            while done.load(Ordering::SeqCst) == u64::MAX && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(
+                done.load(Ordering::SeqCst),
+                total,
+                "one pass read them all once"
+            );
+        }
+    }
+}
+
+#[test]
+fn only_the_joined_ranks_are_read_and_a_resume_is_in_rank_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 1_200, 40, 0.5);
+    let mut o = opts(4, Tail::DropLast, Grouping::Record);
+    o.resume = Some(Cursor { epoch: 0, batch: 3 });
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    // A short window: ranks 1 and 3 never come.
+    let pass = spawn(&ds, &o, None, Duration::from_millis(50), done.clone());
+    let a = pass.join(0).unwrap();
+    let b = pass.join(2).unwrap();
+    let (ga, gb) = std::thread::scope(|s| {
+        let ha = s.spawn(move || a.map(|b| b.unwrap()).collect::<Vec<_>>());
+        let hb = s.spawn(move || b.map(|b| b.unwrap()).collect::<Vec<_>>());
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    assert_eq!(ga, solo(&ds, &o, 0));
+    assert_eq!(gb, solo(&ds, &o, 2));
+    assert_eq!(ga[0].index, 3, "the resume point is in the rank's batches");
+    // The pass started without ranks 1 and 3: they are refused now (their batches were
+    // skipped), and nothing of theirs was read.
+    assert!(pass.join(1).is_none());
+    let t = std::time::Instant::now();
+    while done.load(Ordering::SeqCst) == u64::MAX && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mine: u64 = ga.iter().chain(&gb).map(|b| b.ids.len() as u64).sum();
+    assert_eq!(done.load(Ordering::SeqCst), mine);
+}
+
+#[test]
+fn a_pass_every_rank_left_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 20_000, 40, 0.5);
+    let mut o = opts(2, Tail::DropLast, Grouping::Record);
+    o.epochs = 50;
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let pass = spawn(&ds, &o, None, Duration::from_secs(5), done.clone());
+    let mut a = pass.join(0).unwrap();
+    let b = pass.join(1).unwrap();
+    assert!(a.next().unwrap().is_ok());
+    drop(b);
+    // Rank 0 alone still gets its batches in order.
+    let second = a.next().unwrap().unwrap();
+    assert_eq!(second.index, 1);
+    drop(a);
+    let t = std::time::Instant::now();
+    while done.load(Ordering::SeqCst) == u64::MAX && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let read = done.load(Ordering::SeqCst);
+    assert!(read != u64::MAX, "the pass ended");
+    assert!(
+        read < 20_000,
+        "the pass stopped long before its 50 epochs ({read} records read)"
+    );
+}
