@@ -278,6 +278,68 @@ fn four_ranks_together_receive_an_exact_permutation() {
     assert_eq!(ids, (0..4000).collect::<Vec<_>>());
 }
 
+/// Bytes the process has read from storage (direct reads included).
+fn read_bytes(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    let line = s.lines().find(|l| l.starts_with("read_bytes:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn the_ranks_of_one_job_share_one_pass() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 1024);
+    let size = std::fs::metadata(&data).unwrap().len();
+    for mode in ["lirs", "two-pass"] {
+        let sock = sb.path().join(format!("{mode}.sock"));
+        let scratch = sb.path().join("scratch");
+        let d = Daemon::start(
+            &sb,
+            &sock,
+            &[("train", &data)],
+            &["--mode", mode, "--scratch", scratch.to_str().unwrap()],
+        );
+        let before = read_bytes(d.child.id());
+        let req = |rank| {
+            let mut r = OpenRequest::new("train", 100);
+            r.seed = 5;
+            r.rank = rank;
+            r.world = 4;
+            r
+        };
+        let got: Vec<Got> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|rank| {
+                    let d = &d;
+                    s.spawn(move || read_all(&mut d.client(), req(rank)))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, g) in got.iter().enumerate() {
+            same_batches(g, &in_process(&data, &req(rank as u64)));
+        }
+        let s = d.stats();
+        assert_eq!(s["jobs_total"], 1, "{mode}: one pass for the job: {s}");
+        assert_eq!(s["streams_shared"], 4, "{s}");
+        // One pass: the dataset read once (two-pass: and its piles once), not once per rank.
+        let read = read_bytes(d.child.id()) - before;
+        let bound = if mode == "lirs" {
+            3 * size / 2
+        } else {
+            5 * size / 2
+        };
+        assert!(
+            read <= bound,
+            "{mode}: the daemon read {read} bytes for a job over a dataset of {size}"
+        );
+        // A fifth stream of the same job after the pass: a new pass, the same batches.
+        let late = read_all(&mut d.client(), req(2));
+        same_batches(&late, &in_process(&data, &req(2)));
+        assert_eq!(d.stats()["jobs_total"], 2);
+    }
+}
+
 #[test]
 fn sixty_four_clients_at_once() {
     let sb = Sandbox::new();

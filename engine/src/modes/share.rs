@@ -139,9 +139,16 @@ pub type PassEnded = Box<dyn FnOnce(ReadReport) + Send>;
 pub struct SharedPass {
     ranks: Arc<Ranks>,
     /// Each joined rank's stream.
-    subs: Mutex<HashMap<u64, Sender<Result<Batch>>>>,
+    subs: Mutex<Subs>,
     /// Batches a rank's stream holds before the pass waits for it.
     capacity: usize,
+}
+
+#[derive(Default)]
+struct Subs {
+    streams: HashMap<u64, Sender<Result<Batch>>>,
+    /// The pass is over: nobody joins any more.
+    ended: bool,
 }
 
 /// How long the fan-out waits on one stream before it looks again whether that stream
@@ -181,7 +188,7 @@ impl SharedPass {
         all.lender = None;
         let pass = Arc::new(SharedPass {
             ranks,
-            subs: Mutex::new(HashMap::new()),
+            subs: Mutex::new(Subs::default()),
             capacity: capacity.max(1),
         });
         let me = pass.clone();
@@ -193,7 +200,7 @@ impl SharedPass {
         Ok(pass)
     }
 
-    fn subs(&self) -> MutexGuard<'_, HashMap<u64, Sender<Result<Batch>>>> {
+    fn subs(&self) -> MutexGuard<'_, Subs> {
         self.subs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -202,13 +209,13 @@ impl SharedPass {
     pub fn join(self: &Arc<Self>, rank: u64) -> Option<BatchStream> {
         let (tx, rx) = crossbeam_channel::bounded(self.capacity);
         let mut subs = self.subs();
-        if subs.contains_key(&rank) {
+        if subs.ended || subs.streams.contains_key(&rank) {
             return None;
         }
         // The sender is in place before the rank is: a batch decided for it finds it.
-        subs.insert(rank, tx);
+        subs.streams.insert(rank, tx);
         if !self.ranks.join(rank) {
-            subs.remove(&rank);
+            subs.streams.remove(&rank);
             return None;
         }
         drop(subs);
@@ -238,12 +245,15 @@ impl SharedPass {
             }
         };
         // Every stream sees its end once it has taken what was sent to it.
-        self.subs().clear();
+        let mut subs = self.subs();
+        subs.ended = true;
+        subs.streams.clear();
+        drop(subs);
         ended(report);
     }
 
     fn broadcast(&self, e: &Error) {
-        let subs: Vec<_> = self.subs().values().cloned().collect();
+        let subs: Vec<_> = self.subs().streams.values().cloned().collect();
         for tx in subs {
             let _ = tx.send_timeout(Err(Error::Invalid(e.to_string())), SEND_WAIT);
         }
@@ -270,7 +280,7 @@ impl SharedPass {
             };
             let rank = b.index % world;
             b.index /= world;
-            let Some(tx) = self.subs().get(&rank).cloned() else {
+            let Some(tx) = self.subs().streams.get(&rank).cloned() else {
                 // Its rank left after the batch was decided.
                 continue;
             };
@@ -299,7 +309,7 @@ struct Leave {
 
 impl Drop for Leave {
     fn drop(&mut self) {
-        self.pass.subs().remove(&self.rank);
+        self.pass.subs().streams.remove(&self.rank);
         self.pass.ranks.leave(self.rank);
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::unix::net::UnixStream;
 
+use super::job::JobKey;
 use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Transport};
 use super::ring::ALIGN;
 use super::server::{ServeMode, Shared};
@@ -737,27 +738,53 @@ impl Conn {
             }
             Transport::Inline => (None, 4),
         };
-        // Batches are assembled straight in the ring when it has room, and announced from
-        // the engine's thread as they complete (once OPENED is out).
-        *self.wire.lock() = WireState::default();
-        opts.lender = ring.as_ref().map(|r| {
-            let (wire, ring, shared) = (self.wire.clone(), r.clone(), self.shared.clone());
-            r.lender(Some(Arc::new(move |b: &mut Batch| {
-                announce_ready(&wire, &ring, &shared, credits, b)
-            })))
-        });
         let root = crate::scratch::location(cfg.scratch.as_deref(), &ds.files()[0].path);
         let mode = match cfg.mode {
             ServeMode::Auto => planned_mode(ds, &opts, &root),
             m => m,
         };
-        let batches = match mode {
-            ServeMode::Lirs | ServeMode::Auto => modes::read(ds.clone(), opts),
-            // The engine makes its own private scratch directory in `root` and removes it
-            // when its thread ends.
-            ServeMode::TwoPass => modes::read_two_pass(ds.clone(), opts, root),
-        }
-        .map_err(|e| ("engine", e.to_string()))?;
+        *self.wire.lock() = WireState::default();
+        let (batches, job) = if req.world > 1 {
+            // The ranks of a job share one pass; its batches are copied into the ring.
+            let key = JobKey {
+                dataset: req.dataset.clone(),
+                seed: req.seed,
+                first_epoch: req.epoch,
+                epochs: req.epochs,
+                batch: req.batch_size,
+                world: req.world,
+                tail: req.tail.clone(),
+                grouping: req.grouping.clone(),
+                resume: req.resume.map(|c| (c.epoch, c.batch)),
+                mode: match mode {
+                    ServeMode::TwoPass => ServeMode::TwoPass,
+                    _ => ServeMode::Lirs,
+                },
+            };
+            let (stream, id, _new) = self
+                .shared
+                .jobs
+                .open(&self.shared, key, &opts, ds, root)
+                .map_err(|e| ("engine", e.to_string()))?;
+            (stream, Some(id))
+        } else {
+            // Batches are assembled straight in the ring when it has room, and announced
+            // from the engine's thread as they complete (once OPENED is out).
+            opts.lender = ring.as_ref().map(|r| {
+                let (wire, ring, shared) = (self.wire.clone(), r.clone(), self.shared.clone());
+                r.lender(Some(Arc::new(move |b: &mut Batch| {
+                    announce_ready(&wire, &ring, &shared, credits, b)
+                })))
+            });
+            let stream = match mode {
+                ServeMode::Lirs | ServeMode::Auto => modes::read(ds.clone(), opts),
+                // The engine makes its own private scratch directory in `root` and removes
+                // it when its thread ends.
+                ServeMode::TwoPass => modes::read_two_pass(ds.clone(), opts, root),
+            }
+            .map_err(|e| ("engine", e.to_string()))?;
+            (stream, None)
+        };
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
         let opened = proto::Opened {
             records: ds.len(),
@@ -770,6 +797,8 @@ impl Conn {
                 ServeMode::Lirs | ServeMode::Auto => "lirs".into(),
                 ServeMode::TwoPass => "two-pass".into(),
             },
+            pass: if job.is_some() { "shared" } else { "own" }.into(),
+            job,
         };
         let frame = proto::json_frame(Kind::Opened, &opened);
         let fd = match &ring {
@@ -794,6 +823,11 @@ impl Conn {
             let mut s = self.shared.stats();
             s.streams_total += 1;
             s.streams_now += 1;
+            if job.is_some() {
+                s.streams_shared += 1;
+            } else {
+                s.streams_own += 1;
+            }
         }
         self.stream = Some(Stream {
             batches,

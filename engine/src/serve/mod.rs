@@ -6,10 +6,12 @@
 //!   unsafe code here);
 //! - `server.rs`: the daemon: the socket, the accept loop, shutdown, the counters;
 //! - `conn.rs`: one connection's thread: handshake, streams, flow control;
+//! - `job.rs`: the jobs whose ranks share one engine pass;
 //! - `client.rs`: a Rust client (tests and benches use it).
 
 pub mod client;
 mod conn;
+mod job;
 pub mod proto;
 pub mod ring;
 pub mod server;

@@ -167,6 +167,13 @@ pub struct Opened {
     pub max_batch_bytes: u64,
     /// The mode reading the dataset.
     pub mode: String,
+    /// How the stream is read: `shared` (one pass for the ranks of its job), `own` (a
+    /// pass of its own: a world of one rank).
+    #[serde(default)]
+    pub pass: String,
+    /// The job's id in the daemon's stats, when the pass is shared.
+    #[serde(default)]
+    pub job: Option<u64>,
 }
 
 /// `END`: why the stream stopped and where it stopped.

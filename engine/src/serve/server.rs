@@ -26,7 +26,7 @@ use crate::dataset::Dataset;
 use crate::{Error, Result};
 
 /// How the daemon reads datasets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ServeMode {
     /// Random reads (LIRS).
     Lirs,
@@ -59,6 +59,9 @@ pub struct ServeConfig {
     pub idle_timeout: Option<Duration>,
     /// Reads in flight per stream.
     pub queue_depth: usize,
+    /// How long a new LIRS job's pass waits for the other ranks of its world before it
+    /// starts (ranks that come later start a pass of their own).
+    pub join_window: Duration,
 }
 
 /// A bound socket, ready to [`Server::run`].
@@ -95,6 +98,8 @@ pub(super) struct Shared {
     pub(super) conns: Mutex<HashMap<u64, UnixStream>>,
     stats: Mutex<Stats>,
     pub(super) ring_bytes_now: AtomicU64,
+    /// The jobs whose ranks share a pass.
+    pub(super) jobs: super::job::Jobs,
 }
 
 pub(super) struct Stats {
@@ -111,6 +116,12 @@ pub(super) struct Stats {
     pub(super) records: u64,
     pub(super) bytes: u64,
     pub(super) read_ops: u64,
+    /// Shared passes started, and running now.
+    pub(super) jobs_total: u64,
+    pub(super) jobs_now: u64,
+    /// Streams served by a shared pass, and by a pass of their own.
+    pub(super) streams_shared: u64,
+    pub(super) streams_own: u64,
     pub(super) errors: HashMap<String, u64>,
     /// Per batch: from the connection thread asking the engine for it to its notification
     /// written, or to the batch reaching the connection thread when the engine's thread
@@ -192,11 +203,16 @@ impl Server {
                     records: 0,
                     bytes: 0,
                     read_ops: 0,
+                    jobs_total: 0,
+                    jobs_now: 0,
+                    streams_shared: 0,
+                    streams_own: 0,
                     errors: HashMap::new(),
                     batch_us: hist(),
                     send_us: hist(),
                 }),
                 ring_bytes_now: AtomicU64::new(0),
+                jobs: Default::default(),
             }),
         })
     }
@@ -398,6 +414,11 @@ impl Shared {
             "records": s.records,
             "bytes": s.bytes,
             "read_ops": s.read_ops,
+            "jobs_total": s.jobs_total,
+            "jobs_now": s.jobs_now,
+            "streams_shared": s.streams_shared,
+            "streams_own": s.streams_own,
+            "jobs": self.jobs.json(),
             "iops": s.read_ops as f64 / secs.max(1e-9),
             "records_per_s": s.records as f64 / secs.max(1e-9),
             "bytes_per_s": s.bytes as f64 / secs.max(1e-9),

@@ -210,6 +210,7 @@ pub fn run(a: Args) -> Result<()> {
             _ => None,
         },
         lender: None,
+        ranks: None,
     };
     let mut ids_out = match &a.ids_out {
         Some(p) => Some(std::io::BufWriter::new(

@@ -48,6 +48,14 @@ pub struct Args {
     /// always has 10 s in all.
     #[arg(long, default_value_t = 600)]
     pub idle_timeout: u64,
+    /// Milliseconds a new LIRS job waits for the other ranks of its world before its
+    /// shared pass starts. Streams that OPEN the same job (dataset, seed, epochs, batch
+    /// size, grouping, world > 1, tail, resume point) share one pass, which reads only
+    /// the batches of the ranks that joined; a rank that comes after the pass decided its
+    /// first batch starts a new pass of the job (two-pass jobs take ranks during the whole
+    /// scatter).
+    #[arg(long, default_value_t = 500)]
+    pub join_window: u64,
     /// Permission bits of the socket, in octal.
     #[arg(long, default_value = "600", value_parser = parse_mode)]
     pub socket_mode: u32,
@@ -152,6 +160,7 @@ pub fn run(a: Args) -> Result<()> {
         mode,
         scratch: a.scratch,
         queue_depth: a.queue_depth,
+        join_window: std::time::Duration::from_millis(a.join_window),
         idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
     })?;
     let stop = server.shutdown_handle();
