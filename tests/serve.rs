@@ -341,6 +341,69 @@ fn the_ranks_of_one_job_share_one_pass() {
 }
 
 #[test]
+fn one_memory_budget_admits_streams_waits_and_refuses_with_the_numbers() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 50_000, 1000);
+    let sock = sb.path().join("s.sock");
+    // Room for a few streams (a 1 MiB ring and a pass of some MiB each), no more.
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &[
+            "--memory",
+            "24M",
+            "--max-clients",
+            "24",
+            "--admit-wait",
+            "1",
+        ],
+    );
+    let base = d.stats()["memory_used"].as_u64().unwrap();
+    let mut open = Vec::new();
+    // Streams held open (never read: OPEN sent, OPENED taken) until one is refused.
+    let refused: Value = loop {
+        let mut c = d.client();
+        let mut req = OpenRequest::new("train", 64);
+        req.seed = open.len() as u64;
+        c.send(&proto::json_frame(Kind::Open, &req)).unwrap();
+        let (k, body) = c.frame().unwrap();
+        match k {
+            Kind::Opened => open.push(c),
+            Kind::Error => break serde_json::from_slice(&body).unwrap(),
+            k => panic!("{k:?}"),
+        }
+        assert!(open.len() < 24, "24 streams fit in 24M");
+    };
+    assert!(
+        !open.is_empty(),
+        "not even one stream was admitted: {refused}"
+    );
+    assert_eq!(refused["code"], "busy", "{refused}");
+    let msg = refused["message"].as_str().unwrap();
+    assert!(msg.contains("needs") && msg.contains("free"), "{msg}");
+    let s = d.stats();
+    assert!(s["memory_used"].as_u64().unwrap() <= 24 << 20, "{s}");
+    // A stream that closes gives its memory back: the next one is admitted.
+    drop(open.pop());
+    let mut c = d.client();
+    let got = {
+        let mut st = c.open(OpenRequest::new("train", 64)).unwrap();
+        let mut n = 0;
+        while let Some(b) = st.next_batch().unwrap() {
+            n += b.ids().len();
+        }
+        n
+    };
+    assert_eq!(got, 50_000);
+    drop(open);
+    drop(c);
+    d.wait_stats("memory given back", |s| {
+        s["memory_used"].as_u64() == Some(base)
+    });
+}
+
+#[test]
 fn sixty_four_clients_at_once() {
     let sb = Sandbox::new();
     let data = dataset(&sb, "d.npy", 2000, 64);
@@ -528,14 +591,15 @@ fn garbage_oversized_frames_and_bad_acks_get_an_error_and_leave_others_alone() {
 #[test]
 fn clients_that_never_ack_stall_only_themselves_and_memory_stays_bounded() {
     let sb = Sandbox::new();
-    // 40 MB of records; each stalled stream may hold at most its ring (1 MiB here).
+    // 40 MB of records; each stalled stream may hold at most its ring (1 MiB here) and
+    // its pass's memory, all within --memory.
     let data = dataset(&sb, "d.npy", 40_000, 1000);
     let sock = sb.path().join("s.sock");
     let d = Daemon::start(
         &sb,
         &sock,
         &[("train", &data)],
-        &["--memory", "16M", "--max-clients", "16"],
+        &["--memory", "64M", "--max-clients", "64"],
     );
     let before = d.rss_bytes();
     let mut stalled = Vec::new();
@@ -573,6 +637,7 @@ fn clients_that_never_ack_stall_only_themselves_and_memory_stays_bounded() {
     assert_eq!(got.len(), 40_000usize.div_ceil(64));
     let s = d.stats();
     assert!(s["ring_bytes"].as_u64().unwrap() <= s["ring_bytes_limit"].as_u64().unwrap());
+    assert!(s["memory_used"].as_u64().unwrap() <= 64 << 20, "{s}");
     let grown = d.rss_bytes().saturating_sub(before);
     assert!(
         grown < 64 << 20,

@@ -8,7 +8,7 @@
 //! utilisation with a simulated compute time per batch), [`modes`] (every mode x record
 //! size x device, with shuffle quality), [`peers`] (numpy memmap and a Python shuffle buffer
 //! under a memory limit), [`scale`] (100,000 files, hundreds of piles under a small fd limit,
-//! 100 million records). [`plot`] draws their SVG
+//! 100 million records), [`node`] (the daemon serving the 16 streams of one job). [`plot`] draws their SVG
 //! charts.
 
 pub mod au;
@@ -18,6 +18,7 @@ pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
 pub mod modes;
+pub mod node;
 pub mod peers;
 pub mod planner;
 pub mod plot;

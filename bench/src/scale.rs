@@ -96,13 +96,13 @@ pub struct ScaleReport {
     pub report_dir: String,
 }
 
-fn riffle_bin() -> Result<PathBuf> {
+pub(crate) fn riffle_bin() -> Result<PathBuf> {
     std::env::current_exe().context("finding the riffle binary")
 }
 
 /// Runs `riffle ARGS` (under `ulimit -n` when given), sampling its fds and memory; fails
 /// with its stderr if it fails.
-fn run_riffle(args: &[&str], nofile: Option<u64>) -> Result<Run> {
+pub(crate) fn run_riffle(args: &[&str], nofile: Option<u64>) -> Result<Run> {
     run_riffle_env(args, nofile, &[])
 }
 
@@ -191,7 +191,13 @@ fn probe_seq(dir: &Path) -> Result<(f64, f64)> {
 }
 
 /// `riffle gen PATH --format F --records N --record-size S EXTRA...` unless PATH exists.
-fn gen(path: &Path, format: &str, records: u64, size: &str, extra: &[&str]) -> Result<()> {
+pub(crate) fn gen(
+    path: &Path,
+    format: &str,
+    records: u64,
+    size: &str,
+    extra: &[&str],
+) -> Result<()> {
     if path.exists() {
         return Ok(());
     }
@@ -211,7 +217,7 @@ fn gen(path: &Path, format: &str, records: u64, size: &str, extra: &[&str]) -> R
     run_riffle(&args, None).map(drop)
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     if s.is_empty() {
@@ -224,7 +230,7 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn num(v: &Value, key: &str) -> f64 {
+pub(crate) fn num(v: &Value, key: &str) -> f64 {
     v.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN)
 }
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::unix::net::UnixStream;
 
+use super::budget::{pass_needs, Grant, PASS_MAX};
 use super::job::JobKey;
 use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Transport};
 use super::ring::ALIGN;
@@ -63,6 +64,8 @@ impl From<std::io::Error> for Leave {
 struct Stream {
     /// The engine (two-pass's scratch directory is its thread's, removed when it ends).
     batches: BatchStream,
+    /// The daemon memory its ring and its own pass hold (given back when it closes).
+    _grants: (Option<Grant>, Option<Grant>),
     transport: Transport,
     ring: Option<Arc<SharedRing>>,
     /// Inline: batches sent and not yet acknowledged (slot ids).
@@ -722,21 +725,35 @@ impl Conn {
                 ),
             ));
         }
-        let (ring, credits) = match req.transport {
+        let budget = self.shared.budget.clone();
+        let stopping = &self.shared.stopping;
+        let (ring, credits, ring_grant) = match req.transport {
             Transport::Shm => {
                 // Room for the batches the client may hold (its credits) and those the
                 // engine is assembling in the ring or has queued, so that the engine is
-                // rarely refused a region (and the batch then copied).
+                // rarely refused a region (and the batch then copied); less when the
+                // daemon's memory is short, down to one largest batch.
                 let want = req
                     .ring_bytes
                     .unwrap_or_else(|| largest.saturating_mul(MAX_CREDITS as u64 + 8).max(4 << 20));
-                let size = want.min(share).max(largest);
-                let size = size.div_ceil(4096) * 4096;
-                let ring = SharedRing::new(&format!("riffle-{}", req.dataset), size as usize)
-                    .map_err(|e| ("shm", e.to_string()))?;
-                (Some(ring), MAX_CREDITS)
+                let want = want.min(share).max(largest).div_ceil(4096) * 4096;
+                let least = largest.div_ceil(4096) * 4096;
+                let grant = budget
+                    .take("this stream's ring", cfg.admit_wait, stopping, |free| {
+                        let fits = want.min(free / 4096 * 4096);
+                        if fits >= least {
+                            Ok(fits)
+                        } else {
+                            Err(least)
+                        }
+                    })
+                    .map_err(|m| ("busy", m))?;
+                let ring =
+                    SharedRing::new(&format!("riffle-{}", req.dataset), grant.bytes() as usize)
+                        .map_err(|e| ("shm", e.to_string()))?;
+                (Some(ring), MAX_CREDITS, Some(grant))
             }
-            Transport::Inline => (None, 4),
+            Transport::Inline => (None, 4, None),
         };
         let root = crate::scratch::location(cfg.scratch.as_deref(), &ds.files()[0].path);
         let mode = match cfg.mode {
@@ -744,6 +761,7 @@ impl Conn {
             m => m,
         };
         *self.wire.lock() = WireState::default();
+        let mut pass_grant = None;
         let (batches, job) = if req.world > 1 {
             // The ranks of a job share one pass; its batches are copied into the ring.
             let key = JobKey {
@@ -761,11 +779,7 @@ impl Conn {
                     _ => ServeMode::Lirs,
                 },
             };
-            let (stream, id, _new) = self
-                .shared
-                .jobs
-                .open(&self.shared, key, &opts, ds, root)
-                .map_err(|e| ("engine", e.to_string()))?;
+            let (stream, id, _new) = self.shared.jobs.open(&self.shared, key, &opts, ds, root)?;
             (stream, Some(id))
         } else {
             // Batches are assembled straight in the ring when it has room, and announced
@@ -776,6 +790,9 @@ impl Conn {
                     announce_ready(&wire, &ring, &shared, credits, b)
                 })))
             });
+            let grant = admit_pass(&self.shared, ds, &mut opts, mode == ServeMode::TwoPass)
+                .map_err(|m| ("busy", m))?;
+            pass_grant = Some(grant);
             let stream = match mode {
                 ServeMode::Lirs | ServeMode::Auto => modes::read(ds.clone(), opts),
                 // The engine makes its own private scratch directory in `root` and removes
@@ -831,6 +848,7 @@ impl Conn {
         }
         self.stream = Some(Stream {
             batches,
+            _grants: (ring_grant, pass_grant),
             transport: req.transport,
             ring,
             inline_outstanding: Vec::new(),
@@ -871,6 +889,31 @@ impl Drop for Conn {
     fn drop(&mut self) {
         self.close_stream();
     }
+}
+
+/// Takes from the daemon's budget the memory a pass of `opts` over `ds` needs (at most
+/// [`PASS_MAX`], a quarter of `--memory`, or what is free) and sets `opts.memory` to it:
+/// waits up to `--admit-wait` for room, else says what it needed and what was free.
+pub(super) fn admit_pass(
+    shared: &Shared,
+    ds: &crate::dataset::Dataset,
+    opts: &mut ReadOptions,
+    two_pass: bool,
+) -> Result<Grant, String> {
+    let budget = shared.budget.clone();
+    let o = opts.clone();
+    let grant = budget.take(
+        "a read of this job",
+        shared.cfg.admit_wait,
+        &shared.stopping,
+        |free| {
+            let cap = PASS_MAX.min(budget.total() / 4).min(free);
+            pass_needs(ds, &o, two_pass, cap)
+        },
+    )?;
+    // The engine counts the dataset's index in its ceiling; the daemon holds it once.
+    opts.memory = Some(grant.bytes() + ds.index_bytes());
+    Ok(grant)
 }
 
 /// The planner's mode for a stream: two-pass or LIRS from the cached profile of the

@@ -19,7 +19,6 @@ use serde_json::json;
 use super::server::{ServeMode, Shared};
 use crate::dataset::Dataset;
 use crate::modes::{self, BatchStream, ReadOptions, SharedPass};
-use crate::Result;
 
 /// What makes two streams ranks of the same job.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -68,7 +67,7 @@ impl Jobs {
         opts: &ReadOptions,
         ds: &Arc<Dataset>,
         root: PathBuf,
-    ) -> Result<(BatchStream, u64, bool)> {
+    ) -> std::result::Result<(BatchStream, u64, bool), (&'static str, String)> {
         let mut jobs = self.lock();
         jobs.retain(|_, j| j.pass.strong_count() > 0);
         if let Some(j) = jobs.get(&key) {
@@ -85,6 +84,10 @@ impl Jobs {
             ServeMode::TwoPass => std::time::Duration::ZERO,
             _ => shared.cfg.join_window,
         };
+        // The pass's memory, held until it ends.
+        let mut opts = opts.clone();
+        let grant = super::conn::admit_pass(shared, ds, &mut opts, key.mode == ServeMode::TwoPass)
+            .map_err(|m| ("busy", m))?;
         let (ds2, mode) = (ds.clone(), key.mode);
         let start: modes::StartPass = Box::new(move |all| match mode {
             ServeMode::TwoPass => modes::read_two_pass(ds2, all, root),
@@ -92,11 +95,13 @@ impl Jobs {
         });
         let sh = shared.clone();
         let ended: modes::PassEnded = Box::new(move |r| {
+            drop(grant);
             let mut s = sh.stats();
             s.read_ops += r.read_ops;
             s.jobs_now = s.jobs_now.saturating_sub(1);
         });
-        let pass = SharedPass::spawn(opts, window, PER_RANK, start, ended)?;
+        let pass = SharedPass::spawn(&opts, window, PER_RANK, start, ended)
+            .map_err(|e| ("engine", e.to_string()))?;
         {
             let mut s = shared.stats();
             s.jobs_total += 1;

@@ -7,8 +7,10 @@
 //! - `server.rs`: the daemon: the socket, the accept loop, shutdown, the counters;
 //! - `conn.rs`: one connection's thread: handshake, streams, flow control;
 //! - `job.rs`: the jobs whose ranks share one engine pass;
+//! - `budget.rs`: the daemon's one memory budget, which rings and passes take from;
 //! - `client.rs`: a Rust client (tests and benches use it).
 
+mod budget;
 pub mod client;
 mod conn;
 mod job;

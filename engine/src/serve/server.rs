@@ -45,7 +45,8 @@ pub struct ServeConfig {
     pub socket_mode: u32,
     /// The datasets clients may ask for, by name.
     pub datasets: Vec<(String, Arc<Dataset>)>,
-    /// Shared memory for all rings together; each client's share is this / `max_clients`.
+    /// The daemon's memory: the datasets' indexes, every stream's ring (each at most this /
+    /// `max_clients`) and every engine pass (tables, buffers, read-ahead, piles).
     pub memory: u64,
     /// Connections served at once; more are refused with a `busy` error.
     pub max_clients: usize,
@@ -59,6 +60,9 @@ pub struct ServeConfig {
     pub idle_timeout: Option<Duration>,
     /// Reads in flight per stream.
     pub queue_depth: usize,
+    /// How long an OPEN waits for room in `memory` (for its ring and its pass) before it
+    /// is refused with `busy`.
+    pub admit_wait: Duration,
     /// How long a new LIRS job's pass waits for the other ranks of its world before it
     /// starts (ranks that come later start a pass of their own).
     pub join_window: Duration,
@@ -100,6 +104,8 @@ pub(super) struct Shared {
     pub(super) ring_bytes_now: AtomicU64,
     /// The jobs whose ranks share a pass.
     pub(super) jobs: super::job::Jobs,
+    /// `--memory`: indexes, rings and passes.
+    pub(super) budget: Arc<super::budget::Budget>,
 }
 
 pub(super) struct Stats {
@@ -183,6 +189,13 @@ impl Server {
         let wake = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| Error::io(path, "make the wake-up pipe", None, e.into()))?;
         let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+        let (cfg_memory, index_bytes) = (
+            cfg.memory,
+            cfg.datasets
+                .iter()
+                .map(|(_, d)| d.index_bytes())
+                .sum::<u64>(),
+        );
         Ok(Server {
             listener,
             socket_id,
@@ -213,6 +226,7 @@ impl Server {
                 }),
                 ring_bytes_now: AtomicU64::new(0),
                 jobs: Default::default(),
+                budget: super::budget::Budget::new(cfg_memory, index_bytes),
             }),
         })
     }
@@ -427,6 +441,8 @@ impl Shared {
             "ring_bytes": self.ring_bytes_now.load(Ordering::Relaxed),
             "ring_bytes_limit": self.ring_share() * self.cfg.max_clients as u64,
             "ring_share": self.ring_share(),
+            "memory_used": self.budget.used(),
+            "memory_limit": self.budget.total(),
             "errors": s.errors,
             "datasets": self.cfg.datasets.iter().map(|(n, d)| json!({"name": n, "records": d.len()})).collect::<Vec<_>>(),
         })

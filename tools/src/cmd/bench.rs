@@ -18,7 +18,8 @@ pub struct Args {
     /// and a Python shuffle buffer under a 1 GiB memory limit, 3 GB of data), scale
     /// (100,000 files, a 20 GiB two-pass under `ulimit -n 256`, a 4 GB shuffle, 100 million
     /// tiny records; about 60 GB of data and 15 minutes, 7 GB with --quick; not in `all`),
-    /// or all.
+    /// node (`riffle serve` feeding 16 streams of one job, LIRS and two-pass, against an
+    /// in-process read; 2 GiB of data, a few minutes; not in `all`), or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -69,6 +70,7 @@ pub fn run(args: Args) -> Result<()> {
         "modes" => modes(&args),
         "peers" => peers(&args),
         "scale" => scale(&args),
+        "node" => node(&args),
         "all" => {
             parity(&args)?;
             probe_check(&args)?;
@@ -82,7 +84,7 @@ pub fn run(args: Args) -> Result<()> {
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
-                 convergence, au, modes, peers, scale and all"
+                 convergence, au, modes, peers, scale, node and all"
             )
         }
     }
@@ -241,6 +243,26 @@ fn modes(args: &Args) -> Result<()> {
         opts.devices.len() * 24,
         |p| riffle_bench::modes::run(&opts, p),
         riffle_bench::modes::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn node(args: &Args) -> Result<()> {
+    let opts = riffle_bench::node::NodeOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        quick: args.quick,
+        keep: args.keep,
+        repeats: args
+            .repeats
+            .unwrap_or(if args.quick { 1 } else { 3 })
+            .max(1),
+    };
+    suite(
+        args,
+        3,
+        |p| riffle_bench::node::run(&opts, p),
+        riffle_bench::node::markdown,
         |r| &r.report_dir,
     )
 }

@@ -19,8 +19,11 @@ pub struct Args {
     /// FORMAT as in `riffle read --format`). Repeat for several.
     #[arg(long = "dataset", required = true, value_parser = parse_dataset)]
     pub datasets: Vec<DatasetSpec>,
-    /// Shared memory for all clients' rings together; each client gets this divided by
-    /// --max-clients.
+    /// The daemon's memory, all told: the datasets' indexes, every stream's ring (each at
+    /// most this divided by --max-clients) and every engine pass (tables, buffers,
+    /// read-ahead, two-pass piles; one pass takes at most a quarter of it, or 512 MiB). An
+    /// OPEN that does not fit waits --admit-wait seconds for room, then gets `busy` with
+    /// the numbers.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub memory: u64,
     /// Connections served at once; more are refused with a "busy" error.
@@ -56,6 +59,9 @@ pub struct Args {
     /// scatter).
     #[arg(long, default_value_t = 500)]
     pub join_window: u64,
+    /// Seconds an OPEN waits for room in --memory before it is refused with `busy`.
+    #[arg(long, default_value_t = 10)]
+    pub admit_wait: u64,
     /// Permission bits of the socket, in octal.
     #[arg(long, default_value = "600", value_parser = parse_mode)]
     pub socket_mode: u32,
@@ -161,6 +167,7 @@ pub fn run(a: Args) -> Result<()> {
         scratch: a.scratch,
         queue_depth: a.queue_depth,
         join_window: std::time::Duration::from_millis(a.join_window),
+        admit_wait: std::time::Duration::from_secs(a.admit_wait),
         idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
     })?;
     let stop = server.shutdown_handle();

@@ -1,0 +1,320 @@
+//! node: `riffle serve` as the one feeder of a training node (issue 15), against an
+//! in-process `riffle read` of the same epoch in the same run, alternated, cold cache.
+//!
+//! - **one-job**: 16 streams of one job (world 16, ranks 0..15, batch 256) on a `.npy` of
+//!   4 KiB records (2 GiB; 512 MiB with `--quick`), LIRS and two-pass: the records/s of the
+//!   16 streams together against one in-process read of the whole epoch (target >= 0.9),
+//!   and the bytes the daemon read from storage (/proc/PID/io) against what one read of
+//!   the epoch reads (the dataset with LIRS's alignment overhead; two-pass: the dataset and
+//!   its piles once), target <= 1.1, with the largest scratch seen.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use riffle::serve::{Client, OpenRequest};
+use serde::Serialize;
+
+use crate::report;
+use crate::scale::{gen, median, num, riffle_bin, run_riffle, Row};
+
+/// Options of the suite.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// Where results go.
+    pub out: PathBuf,
+    /// Where the test data is made.
+    pub data_dir: PathBuf,
+    /// A smaller dataset.
+    pub quick: bool,
+    /// Keep the data for the next run.
+    pub keep: bool,
+    /// Runs per side (alternated).
+    pub repeats: usize,
+}
+
+/// The suite's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeReport {
+    /// The comparisons.
+    pub rows: Vec<Row>,
+    /// Page cache dropped before each run.
+    pub cold_cache: bool,
+    /// Where written.
+    pub report_dir: String,
+}
+
+/// A daemon for the suite, killed (SIGTERM, then SIGKILL) when dropped.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(socket: &Path, data: &Path, mode: &str) -> Result<Daemon> {
+        let _ = std::fs::remove_file(socket);
+        let child = Command::new(riffle_bin()?)
+            .args(["serve", "--socket"])
+            .arg(socket)
+            .arg("--dataset")
+            .arg(format!("train={}", data.display()))
+            .args(["--mode", mode, "--memory", "2G"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting riffle serve")?;
+        let d = Daemon {
+            child,
+            socket: socket.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while UnixStream::connect(&d.socket).is_err() {
+            if Instant::now() > deadline {
+                bail!("riffle serve did not listen on {}", d.socket.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(d)
+    }
+
+    fn read_bytes(&self) -> u64 {
+        let s =
+            std::fs::read_to_string(format!("/proc/{}/io", self.child.id())).unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix("read_bytes:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Bytes of the files under `dir` whose path contains `.riffle-scratch`.
+fn scratch_bytes(dir: &Path, inside: bool) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| {
+            let inside = inside
+                || e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".riffle-scratch");
+            match e.file_type() {
+                Ok(t) if t.is_dir() => scratch_bytes(&e.path(), inside),
+                Ok(t) if t.is_file() && inside => e.metadata().map_or(0, |m| m.len()),
+                _ => 0,
+            }
+        })
+        .sum()
+}
+
+/// One epoch of a job of `world` ranks through the daemon, each rank on a thread of its
+/// own: (records, wall seconds, bytes read by the daemon, largest scratch seen).
+fn one_job(d: &Daemon, world: u64, data_dir: &Path) -> Result<(u64, f64, u64, u64)> {
+    report::drop_caches();
+    let before = d.read_bytes();
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (done, peak, dir) = (done.clone(), peak.clone(), data_dir.to_path_buf());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(scratch_bytes(&dir, false), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let started = Instant::now();
+    let results: Vec<Result<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..world)
+            .map(|rank| {
+                s.spawn(move || -> Result<u64> {
+                    let mut c = Client::connect(&d.socket)?;
+                    let mut req = OpenRequest::new("train", 256);
+                    req.seed = 7;
+                    req.rank = rank;
+                    req.world = world;
+                    req.tail = "drop_last".into();
+                    let mut st = c.open(req)?;
+                    let mut n = 0;
+                    while let Some(b) = st.next_batch()? {
+                        n += b.ids().len() as u64;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a client thread panicked"))
+            })
+            .collect()
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    let mut records = 0;
+    for r in results {
+        records += r?;
+    }
+    Ok((
+        records,
+        seconds,
+        d.read_bytes() - before,
+        peak.load(Ordering::Relaxed),
+    ))
+}
+
+/// Runs the suite.
+pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Result<NodeReport> {
+    let dir = report::results_dir(&opts.out)?;
+    let data_dir = opts.data_dir.join("riffle-node");
+    std::fs::create_dir_all(&data_dir)?;
+    let data_dir = data_dir.canonicalize()?;
+    let size: u64 = if opts.quick { 512 << 20 } else { 2 << 30 };
+    let records = size / 4096;
+    let data = data_dir.join(format!("node-{records}.npy"));
+    progress(0, 3, "one-job: writing the dataset");
+    gen(&data, "npy", records, "4096", &[])?;
+    let bytes = std::fs::metadata(&data)?.len();
+    let cold_cache = report::drop_caches();
+    let socket = data_dir.join("node.sock");
+    let mut rows = Vec::new();
+    let world = 16u64;
+    for (i, mode) in ["lirs", "two-pass"].into_iter().enumerate() {
+        progress(1 + i, 3, &format!("one-job: {mode}, alternated runs"));
+        let (mut reference, mut served, mut read, mut ref_read, mut scratch) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64);
+        let path = data.to_str().context("non-UTF-8 path")?;
+        for _ in 0..opts.repeats {
+            let r = run_riffle(
+                &[
+                    "read",
+                    path,
+                    "--mode",
+                    mode,
+                    "--batch-size",
+                    "256",
+                    "--json",
+                ],
+                None,
+            )?;
+            reference.push(num(&r.report, "records") / num(&r.report, "seconds"));
+            // What one read of the epoch reads: the dataset (with LIRS's alignment
+            // overhead), and two-pass's piles once.
+            ref_read.push(num(&r.report, "device_bytes") + num(&r.report, "scratch_bytes"));
+            let d = Daemon::start(&socket, &data, mode)?;
+            let (n, secs, b, peak) = one_job(&d, world, &data_dir)?;
+            drop(d);
+            if n != records / 256 / world * world * 256 {
+                bail!("{mode}: the 16 streams got {n} records");
+            }
+            served.push(n as f64 / secs);
+            read.push(b as f64);
+            scratch = scratch.max(peak);
+        }
+        let (s, r) = (median(&served), median(&reference));
+        rows.push(Row {
+            case: format!("{world} streams of one job, {mode}"),
+            value: s,
+            unit: "records/s".into(),
+            reference: r,
+            reference_is: "one in-process `riffle read` of the epoch".into(),
+            ratio: s / r,
+            target: ">= 0.9".into(),
+            met: s / r >= 0.9,
+            notes: format!(
+                "runs {} against {}",
+                report::runs(&served),
+                report::runs(&reference)
+            ),
+        });
+        let (rd, one) = (median(&read), median(&ref_read));
+        rows.push(Row {
+            case: format!("{world} streams of one job, {mode}: bytes the daemon read"),
+            value: rd,
+            unit: "bytes".into(),
+            reference: one,
+            reference_is: "what one in-process read of the epoch reads".into(),
+            ratio: rd / one,
+            target: "<= 1.1".into(),
+            met: rd / one <= 1.1,
+            notes: format!(
+                "/proc/PID/io read_bytes; {:.2} x the dataset's {}{}",
+                rd / bytes as f64,
+                riffle::size::human_bytes(bytes as f64),
+                if mode == "two-pass" {
+                    format!(
+                        " (its piles are read once too); largest scratch {}",
+                        riffle::size::human_bytes(scratch as f64)
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        });
+    }
+    if !opts.keep {
+        let _ = std::fs::remove_file(&data);
+    }
+    let _ = std::fs::remove_file(&socket);
+    progress(3, 3, "done");
+    let rep = NodeReport {
+        rows,
+        cold_cache,
+        report_dir: dir.display().to_string(),
+    };
+    report::write_report(&dir, "node", &serde_json::to_value(&rep)?, &markdown(&rep))?;
+    Ok(rep)
+}
+
+/// The Markdown summary.
+pub fn markdown(r: &NodeReport) -> String {
+    let mut s = format!(
+        "# node: `riffle serve` feeding one training job\n\nCold cache: {}.\n\n",
+        r.cold_cache
+    );
+    s.push_str("| case | measured | reference | ratio | target | met | notes |\n|---|---:|---:|---:|---|---|---|\n");
+    for row in &r.rows {
+        let show = |v: f64| {
+            if row.unit == "bytes" {
+                riffle::size::human_bytes(v)
+            } else {
+                format!("{v:.0} {}", row.unit)
+            }
+        };
+        s.push_str(&format!(
+            "| {} | {} | {} ({}) | {:.2} | {} | {} | {} |\n",
+            row.case,
+            show(row.value),
+            show(row.reference),
+            row.reference_is,
+            row.ratio,
+            row.target,
+            if row.met { "yes" } else { "**no**" },
+            row.notes
+        ));
+    }
+    s
+}
