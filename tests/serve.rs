@@ -404,6 +404,59 @@ fn one_memory_budget_admits_streams_waits_and_refuses_with_the_numbers() {
 }
 
 #[test]
+fn two_pass_streams_are_admitted_within_the_scratch_limit() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 50_000, 1000);
+    let scratch = sb.path().join("scratch");
+    let start = |limit: &str, name: &str| {
+        Daemon::start(
+            &sb,
+            &sb.path().join(name),
+            &[("train", &data)],
+            &[
+                "--mode",
+                "two-pass",
+                "--scratch",
+                scratch.to_str().unwrap(),
+                "--scratch-limit",
+                limit,
+                "--admit-wait",
+                "0",
+            ],
+        )
+    };
+    // Piles of a 50 MB dataset do not fit in 20 MB of scratch: refused, with the numbers.
+    let d = start("20M", "a.sock");
+    let e = d
+        .client()
+        .open(OpenRequest::new("train", 64))
+        .err()
+        .unwrap();
+    assert_eq!(e.daemon_code(), Some("busy"), "{e}");
+    assert!(e.to_string().contains("--scratch-limit"), "{e}");
+    drop(d);
+    // In 100 MB, one stream's piles fit and a second stream's wait for them.
+    let d = start("100M", "b.sock");
+    let mut c = d.client();
+    let mut st = c.open(OpenRequest::new("train", 64)).unwrap();
+    assert!(st.next_batch().unwrap().is_some());
+    let planned = d.stats()["scratch_planned"].as_u64().unwrap();
+    assert!(planned > 50_000_000 && planned <= 100 << 20, "{planned}");
+    let mut req = OpenRequest::new("train", 64);
+    req.seed = 1;
+    let e = d.client().open(req).err().unwrap();
+    assert_eq!(e.daemon_code(), Some("busy"), "{e}");
+    let mut n = 1;
+    while st.next_batch().unwrap().is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 50_000usize.div_ceil(64));
+    drop(st);
+    drop(c);
+    d.wait_stats("scratch given back", |s| s["scratch_planned"] == 0);
+}
+
+#[test]
 fn sixty_four_clients_at_once() {
     let sb = Sandbox::new();
     let data = dataset(&sb, "d.npy", 2000, 64);

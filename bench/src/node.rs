@@ -7,6 +7,8 @@
 //!   and the bytes the daemon read from storage (/proc/PID/io) against what one read of
 //!   the epoch reads (the dataset with LIRS's alignment overhead; two-pass: the dataset and
 //!   its piles once), target <= 1.1, with the largest scratch seen.
+//! - **many-jobs**: 64 clients at once, each a job of its own, `--memory 1G`: the daemon's
+//!   peak RSS (target <= 1 GiB + 128 MiB), every client's epoch whole.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -56,13 +58,18 @@ struct Daemon {
 
 impl Daemon {
     fn start(socket: &Path, data: &Path, mode: &str) -> Result<Daemon> {
+        Self::start_with(socket, data, mode, &["--memory", "2G"])
+    }
+
+    fn start_with(socket: &Path, data: &Path, mode: &str, extra: &[&str]) -> Result<Daemon> {
         let _ = std::fs::remove_file(socket);
         let child = Command::new(riffle_bin()?)
             .args(["serve", "--socket"])
             .arg(socket)
             .arg("--dataset")
             .arg(format!("train={}", data.display()))
-            .args(["--mode", mode, "--memory", "2G"])
+            .args(["--mode", mode])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -79,6 +86,16 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(d)
+    }
+
+    /// Peak resident memory (VmHWM), bytes.
+    fn peak_rss(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb << 10)
     }
 
     fn read_bytes(&self) -> u64 {
@@ -186,6 +203,78 @@ fn one_job(d: &Daemon, world: u64, data_dir: &Path) -> Result<(u64, f64, u64, u6
     ))
 }
 
+/// 64 clients at once, each a job of its own (its own seed; world 1), LIRS, on a dataset
+/// of 256 MiB (64 MiB quick) with `--memory 1G`: the daemon's peak RSS against the budget
+/// plus 128 MiB; every client's epoch is checked whole, and the clients the budget made
+/// wait or refused are counted.
+fn many_jobs(socket: &Path, data_dir: &Path, quick: bool) -> Result<Row> {
+    let size: u64 = if quick { 64 << 20 } else { 256 << 20 };
+    let records = size / 4096;
+    let data = data_dir.join(format!("node-small-{records}.npy"));
+    gen(&data, "npy", records, "4096", &[])?;
+    let d = Daemon::start_with(
+        socket,
+        &data,
+        "lirs",
+        &["--memory", "1G", "--admit-wait", "600"],
+    )?;
+    report::drop_caches();
+    let started = Instant::now();
+    let results: Vec<Result<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..64u64)
+            .map(|i| {
+                let d = &d;
+                s.spawn(move || -> Result<u64> {
+                    let mut c = Client::connect(&d.socket)?;
+                    let mut req = OpenRequest::new("train", 256);
+                    req.seed = i;
+                    let mut st = c.open(req)?;
+                    let mut n = 0;
+                    while let Some(b) = st.next_batch()? {
+                        n += b.ids().len() as u64;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a client thread panicked"))
+            })
+            .collect()
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let rss = d.peak_rss();
+    drop(d);
+    let mut busy = 0;
+    for r in results {
+        match r {
+            Ok(n) if n == records => {}
+            Ok(n) => bail!("many-jobs: a client got {n} of {records} records"),
+            Err(e) if e.to_string().contains("busy") => busy += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    let _ = std::fs::remove_file(&data);
+    let limit = (1u64 << 30) + (128 << 20);
+    Ok(Row {
+        case: "64 clients of different jobs, lirs, --memory 1G: daemon peak RSS".into(),
+        value: rss as f64,
+        unit: "bytes".into(),
+        reference: limit as f64,
+        reference_is: "1 GiB + 128 MiB".into(),
+        ratio: rss as f64 / limit as f64,
+        target: "<= 1".into(),
+        met: rss <= limit,
+        notes: format!(
+            "{} clients served whole epochs of {}, {busy} refused busy, {seconds:.1} s",
+            64 - busy,
+            riffle::size::human_bytes(size as f64)
+        ),
+    })
+}
+
 /// Runs the suite.
 pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Result<NodeReport> {
     let dir = report::results_dir(&opts.out)?;
@@ -195,7 +284,7 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
     let size: u64 = if opts.quick { 512 << 20 } else { 2 << 30 };
     let records = size / 4096;
     let data = data_dir.join(format!("node-{records}.npy"));
-    progress(0, 3, "one-job: writing the dataset");
+    progress(0, 4, "one-job: writing the dataset");
     gen(&data, "npy", records, "4096", &[])?;
     let bytes = std::fs::metadata(&data)?.len();
     let cold_cache = report::drop_caches();
@@ -203,7 +292,7 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
     let mut rows = Vec::new();
     let world = 16u64;
     for (i, mode) in ["lirs", "two-pass"].into_iter().enumerate() {
-        progress(1 + i, 3, &format!("one-job: {mode}, alternated runs"));
+        progress(1 + i, 4, &format!("one-job: {mode}, alternated runs"));
         let (mut reference, mut served, mut read, mut ref_read, mut scratch) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64);
         let path = data.to_str().context("non-UTF-8 path")?;
@@ -275,11 +364,13 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
             ),
         });
     }
+    progress(3, 4, "many-jobs: 64 clients of different jobs, --memory 1G");
+    rows.push(many_jobs(&socket, &data_dir, opts.quick)?);
     if !opts.keep {
         let _ = std::fs::remove_file(&data);
     }
     let _ = std::fs::remove_file(&socket);
-    progress(3, 3, "done");
+    progress(4, 4, "done");
     let rep = NodeReport {
         rows,
         cold_cache,

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::server::Shared;
 use crate::dataset::Dataset;
 use crate::modes::{self, ReadOptions};
 use crate::size::human_bytes;
@@ -128,6 +129,63 @@ impl Budget {
                 .unwrap_or_else(|p| p.into_inner());
         }
     }
+}
+
+/// What an engine pass holds of the daemon's budgets: memory, and two-pass's scratch
+/// when `--scratch-limit` is set. Given back when dropped.
+pub(super) struct Admitted {
+    _memory: Grant,
+    _scratch: Option<Grant>,
+}
+
+/// Takes from the daemon's budget the memory a pass of `opts` over `ds` needs (at most
+/// [`PASS_MAX`], a quarter of `--memory`, or what is free) and sets `opts.memory` to it;
+/// for two-pass, also the scratch its plan needs from `--scratch-limit`. Waits up to
+/// `--admit-wait` for room, else says what it needed and what was free.
+pub(super) fn admit_pass(
+    shared: &Shared,
+    ds: &Dataset,
+    opts: &mut ReadOptions,
+    two_pass: bool,
+) -> std::result::Result<Admitted, String> {
+    let budget = shared.budget.clone();
+    let o = opts.clone();
+    let memory = budget.take(
+        "a read of this job",
+        shared.cfg.admit_wait,
+        &shared.stopping,
+        |free| {
+            let cap = PASS_MAX.min(budget.total() / 4).min(free);
+            pass_needs(ds, &o, two_pass, cap)
+        },
+    )?;
+    // The engine counts the dataset's index in its ceiling; the daemon holds it once.
+    opts.memory = Some(memory.bytes() + ds.index_bytes());
+    let scratch = match (&shared.scratch_budget, two_pass) {
+        (Some(sb), true) => {
+            let units = modes::lirs::units_for(ds, opts);
+            let need = modes::twopass::needs(ds, &units, opts)
+                .map_err(|e| e.to_string())?
+                .1;
+            Some(
+                sb.take(
+                    "the scratch piles of this job",
+                    shared.cfg.admit_wait,
+                    &shared.stopping,
+                    |free| if need <= free { Ok(need) } else { Err(need) },
+                )
+                .map_err(|m| {
+                    m.replace("--memory", "--scratch-limit")
+                        .replace("memory", "scratch")
+                })?,
+            )
+        }
+        _ => None,
+    };
+    Ok(Admitted {
+        _memory: memory,
+        _scratch: scratch,
+    })
 }
 
 /// What a pass of `opts` over `ds` needs in memory when given at most `cap`, leaving out

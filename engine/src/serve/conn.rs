@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::unix::net::UnixStream;
 
-use super::budget::{pass_needs, Grant, PASS_MAX};
+use super::budget::{admit_pass, Admitted, Grant};
 use super::job::JobKey;
 use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Transport};
 use super::ring::ALIGN;
@@ -65,7 +65,7 @@ struct Stream {
     /// The engine (two-pass's scratch directory is its thread's, removed when it ends).
     batches: BatchStream,
     /// The daemon memory its ring and its own pass hold (given back when it closes).
-    _grants: (Option<Grant>, Option<Grant>),
+    _grants: (Option<Grant>, Option<Admitted>),
     transport: Transport,
     ring: Option<Arc<SharedRing>>,
     /// Inline: batches sent and not yet acknowledged (slot ids).
@@ -889,31 +889,6 @@ impl Drop for Conn {
     fn drop(&mut self) {
         self.close_stream();
     }
-}
-
-/// Takes from the daemon's budget the memory a pass of `opts` over `ds` needs (at most
-/// [`PASS_MAX`], a quarter of `--memory`, or what is free) and sets `opts.memory` to it:
-/// waits up to `--admit-wait` for room, else says what it needed and what was free.
-pub(super) fn admit_pass(
-    shared: &Shared,
-    ds: &crate::dataset::Dataset,
-    opts: &mut ReadOptions,
-    two_pass: bool,
-) -> Result<Grant, String> {
-    let budget = shared.budget.clone();
-    let o = opts.clone();
-    let grant = budget.take(
-        "a read of this job",
-        shared.cfg.admit_wait,
-        &shared.stopping,
-        |free| {
-            let cap = PASS_MAX.min(budget.total() / 4).min(free);
-            pass_needs(ds, &o, two_pass, cap)
-        },
-    )?;
-    // The engine counts the dataset's index in its ceiling; the daemon holds it once.
-    opts.memory = Some(grant.bytes() + ds.index_bytes());
-    Ok(grant)
 }
 
 /// The planner's mode for a stream: two-pass or LIRS from the cached profile of the

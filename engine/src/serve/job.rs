@@ -86,8 +86,9 @@ impl Jobs {
         };
         // The pass's memory, held until it ends.
         let mut opts = opts.clone();
-        let grant = super::conn::admit_pass(shared, ds, &mut opts, key.mode == ServeMode::TwoPass)
-            .map_err(|m| ("busy", m))?;
+        let grant =
+            super::budget::admit_pass(shared, ds, &mut opts, key.mode == ServeMode::TwoPass)
+                .map_err(|m| ("busy", m))?;
         let (ds2, mode) = (ds.clone(), key.mode);
         let start: modes::StartPass = Box::new(move |all| match mode {
             ServeMode::TwoPass => modes::read_two_pass(ds2, all, root),

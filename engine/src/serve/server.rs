@@ -54,6 +54,9 @@ pub struct ServeConfig {
     pub mode: ServeMode,
     /// Two-pass: where the piles go.
     pub scratch: Option<PathBuf>,
+    /// Two-pass: the most scratch all passes together may plan for (`None`: no limit
+    /// besides the free space, which each pass checks).
+    pub scratch_limit: Option<u64>,
     /// How long a connection may leave the daemon waiting on it (no stream open, or a
     /// stream stalled until the client acknowledges) before it is closed with a `timeout`
     /// error; `None`: no limit.
@@ -106,6 +109,8 @@ pub(super) struct Shared {
     pub(super) jobs: super::job::Jobs,
     /// `--memory`: indexes, rings and passes.
     pub(super) budget: Arc<super::budget::Budget>,
+    /// `--scratch-limit`: two-pass piles, when set.
+    pub(super) scratch_budget: Option<Arc<super::budget::Budget>>,
 }
 
 pub(super) struct Stats {
@@ -189,8 +194,9 @@ impl Server {
         let wake = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| Error::io(path, "make the wake-up pipe", None, e.into()))?;
         let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
-        let (cfg_memory, index_bytes) = (
+        let (cfg_memory, scratch_limit, index_bytes) = (
             cfg.memory,
+            cfg.scratch_limit,
             cfg.datasets
                 .iter()
                 .map(|(_, d)| d.index_bytes())
@@ -227,6 +233,7 @@ impl Server {
                 ring_bytes_now: AtomicU64::new(0),
                 jobs: Default::default(),
                 budget: super::budget::Budget::new(cfg_memory, index_bytes),
+                scratch_budget: scratch_limit.map(|l| super::budget::Budget::new(l, 0)),
             }),
         })
     }
@@ -443,6 +450,8 @@ impl Shared {
             "ring_share": self.ring_share(),
             "memory_used": self.budget.used(),
             "memory_limit": self.budget.total(),
+            "scratch_planned": self.scratch_budget.as_ref().map(|b| b.used()),
+            "scratch_limit": self.scratch_budget.as_ref().map(|b| b.total()),
             "errors": s.errors,
             "datasets": self.cfg.datasets.iter().map(|(n, d)| json!({"name": n, "records": d.len()})).collect::<Vec<_>>(),
         })

@@ -260,7 +260,7 @@ fn node(args: &Args) -> Result<()> {
     };
     suite(
         args,
-        3,
+        4,
         |p| riffle_bench::node::run(&opts, p),
         riffle_bench::node::markdown,
         |r| &r.report_dir,

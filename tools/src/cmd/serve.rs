@@ -42,6 +42,11 @@ pub struct Args {
     /// the next riffle command that uses the location, which says how much it reclaimed.
     #[arg(long)]
     pub scratch: Option<PathBuf>,
+    /// two-pass: the most scratch all streams' piles together may take; a pass is
+    /// admitted with the scratch its plan needs, waits --admit-wait for room, then gets
+    /// `busy` with the numbers. Default: no limit besides the free space.
+    #[arg(long, value_parser = parse_size)]
+    pub scratch_limit: Option<u64>,
     /// Reads in flight per stream.
     #[arg(long, default_value_t = 64)]
     pub queue_depth: usize,
@@ -165,6 +170,7 @@ pub fn run(a: Args) -> Result<()> {
         max_clients: a.max_clients,
         mode,
         scratch: a.scratch,
+        scratch_limit: a.scratch_limit,
         queue_depth: a.queue_depth,
         join_window: std::time::Duration::from_millis(a.join_window),
         admit_wait: std::time::Duration::from_secs(a.admit_wait),
