@@ -457,6 +457,105 @@ fn two_pass_streams_are_admitted_within_the_scratch_limit() {
 }
 
 #[test]
+fn stall_telemetry_per_stream_and_job_and_every_few_seconds() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 1000);
+    let sock = sb.path().join("s.sock");
+    let mut d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &[
+            "--stats-every",
+            "1",
+            "--memory",
+            "64M",
+            "--max-clients",
+            "64",
+        ],
+    );
+    // Two ranks of one job; rank 1 holds its batches 600 ms before reading on, so the
+    // daemon's batches for it wait on it (back-pressure).
+    let req = |rank| {
+        let mut r = OpenRequest::new("train", 100);
+        r.rank = rank;
+        r.world = 2;
+        r
+    };
+    let (mut c0, mut c1) = (d.client(), d.client());
+    let mut s0 = c0.open(req(0)).unwrap();
+    let mut s1 = c1.open(req(1)).unwrap();
+    assert!(s0.next_batch().unwrap().is_some());
+    assert!(s1.next_batch().unwrap().is_some());
+    std::thread::sleep(Duration::from_millis(600));
+    let id1 = s1.opened.stream.unwrap();
+    let job = s1.opened.job.unwrap();
+    let st = d.stats();
+    let w1 = st["stream_waits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["stream"] == id1)
+        .unwrap_or_else(|| panic!("stream {id1} in {st}"));
+    assert_eq!(w1["job"], job);
+    let jw = st["job_waits"].as_array().unwrap();
+    assert!(jw.iter().any(|w| w["job"] == job), "{st}");
+    let (mut n0, mut n1) = (1, 1);
+    let mut seen = None;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while s0.next_batch().unwrap().is_some() {
+                n0 += 1;
+            }
+        });
+        while s1.next_batch().unwrap().is_some() {
+            n1 += 1;
+            if n1 == 20 {
+                // Still open: the daemon's side of rank 1, whose batches waited on it
+                // while it slept.
+                seen = Some(d.stats());
+            }
+        }
+    });
+    assert_eq!((n0, n1), (100, 100));
+    let st = seen.unwrap();
+    let w1 = st["stream_waits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["stream"] == id1)
+        .unwrap_or_else(|| panic!("stream {id1} in {st}"));
+    assert!(w1["client_wait_s"].as_f64().unwrap() >= 0.3, "{w1}");
+    assert!(w1["batches"].as_u64().unwrap() >= 20, "{w1}");
+    // The client's side: every batch's wait counted.
+    let mine = s1.stats();
+    assert_eq!(mine.batches, 100);
+    assert!(mine.wait_max_us >= mine.wait_p50_us);
+    drop(s0);
+    drop(s1);
+    // --stats-every 1: a JSON line a second on stderr.
+    std::thread::sleep(Duration::from_millis(1200));
+    let _ = d.child.kill();
+    let mut err = String::new();
+    use std::io::Read;
+    d.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let line = err
+        .lines()
+        .find_map(|l| l.strip_prefix("riffle serve stats: "))
+        .unwrap_or_else(|| panic!("no stats line in {err}"));
+    let v: Value = serde_json::from_str(line).unwrap();
+    assert!(
+        v["job_waits"].is_array() && v["memory_limit"] == 64 << 20,
+        "{v}"
+    );
+}
+
+#[test]
 fn sixty_four_clients_at_once() {
     let sb = Sandbox::new();
     let data = dataset(&sb, "d.npy", 2000, 64);

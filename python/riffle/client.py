@@ -6,6 +6,7 @@ ids, offsets and payload in a shared-memory ring the daemon passed with SCM_RIGH
 """
 
 import array
+import collections
 import json
 import mmap
 import os
@@ -424,6 +425,10 @@ class Stream:
         self._gen = 0  # which opening of the stream; slots of an earlier one are moot
         self._superseded = False
         self.opened = None
+        # Waits for batches (the data stall on this side): count, total, recent samples.
+        self._waits = 0
+        self._waited = 0.0
+        self._recent = collections.deque(maxlen=8192)
 
     # Resume.
     def state_dict(self):
@@ -464,9 +469,14 @@ class Stream:
             self._held.release()
             self._held = None
         c = self._client
+        asked = time.monotonic()
         while True:
             kind, body = c._frame()
             if kind == BATCH or kind == BATCH_INLINE:
+                waited = time.monotonic() - asked
+                self._waits += 1
+                self._waited += waited
+                self._recent.append(waited)
                 break
             if kind == END:
                 self._finish()
@@ -489,6 +499,33 @@ class Stream:
         if self.auto_release:
             self._held = b
         return b
+
+    def stats(self):
+        """What this stream waited for its batches: on this side (`batches`, `wait_s`, and
+        `wait_us` percentiles over the last 8192 batches: the data stall a training step
+        pays) and, under `daemon`, the daemon's view of the same stream (`engine_wait_*`:
+        the daemon waited for the engine while this stream had room; `client_wait_*`: its
+        batches waited for this client's acks), asked on a connection of its own."""
+        recent = sorted(self._recent)
+
+        def pct(q):
+            if not recent:
+                return 0
+            return int(recent[min(len(recent) - 1, int(q * len(recent)))] * 1e6)
+
+        out = {
+            "stream": (self.opened or {}).get("stream"),
+            "batches": self._waits,
+            "wait_s": self._waited,
+            "wait_us": {"p50": pct(0.5), "p99": pct(0.99), "max": pct(1.0)},
+            "daemon": None,
+        }
+        if out["stream"] is not None and self._open:
+            with Client(self._client.path) as other:
+                for w in other.stats().get("stream_waits", []):
+                    if w.get("stream") == out["stream"]:
+                        out["daemon"] = w
+        return out
 
     def release(self, batch):
         """Same as `batch.release()`."""

@@ -377,3 +377,33 @@ def test_bad_requests_raise_a_value_error_kind(daemon):
         with pytest.raises(riffle.RiffleBadRequest) as e:
             next(iter(c.stream("nope", 10)))
         assert isinstance(e.value, ValueError) and e.value.code == "unknown_dataset"
+
+
+def test_stream_stats_give_the_waits_on_both_sides(daemon):
+    with riffle.Client(daemon.socket) as c:
+        # Ten epochs: more batches than the credits, so the daemon's side is still open.
+        s = c.stream("train", 100, world=2, rank=0, tail="drop_last", epochs=10)
+        with riffle.Client(daemon.socket) as c1:
+            s1 = c1.stream("train", 100, world=2, rank=1, tail="drop_last", epochs=10)
+            n = 0
+            for _ in range(5):
+                next(s)
+                next(s1)
+                n += 1
+            st = s.stats()
+            # The client's side: every batch's wait; the daemon's side of the same stream,
+            # a rank of a shared job.
+            assert st["batches"] == 5 and st["wait_s"] > 0
+            assert st["wait_us"]["max"] >= st["wait_us"]["p50"] > 0
+            assert st["stream"] == s.opened["stream"]
+            assert s.opened["pass"] == "shared"
+            d = st["daemon"]
+            assert d is not None, st
+            assert d["stream"] == st["stream"], st
+            assert d["job"] == s.opened["job"]
+            assert d["batches"] >= 5
+            for k in ("engine_wait_s", "client_wait_s", "engine_wait_us", "client_wait_us"):
+                assert k in d
+            rest = sum(1 for _ in s1)
+        rest0 = sum(1 for _ in s)
+    assert n + rest == n + rest0 == 150

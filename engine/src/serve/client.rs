@@ -211,6 +211,9 @@ impl Client {
             held: None,
             inline: Vec::new(),
             ended: false,
+            waits: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("histogram"),
+            waited: std::time::Duration::ZERO,
         })
     }
 }
@@ -226,6 +229,26 @@ pub struct Stream<'c> {
     held: Option<u32>,
     inline: Vec<u8>,
     ended: bool,
+    /// How long `next_batch` waited for each batch (us): the data stall this client paid.
+    waits: hdrhistogram::Histogram<u64>,
+    waited: std::time::Duration,
+}
+
+/// What a stream waited for its batches, on the client's side.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StreamStats {
+    /// The stream's id in the daemon's stats (`stream_waits`).
+    pub stream: Option<u64>,
+    /// Batches received.
+    pub batches: u64,
+    /// Time spent in `next_batch` waiting for them, in all.
+    pub wait_s: f64,
+    /// Median, 99th percentile and worst wait for one batch, us.
+    pub wait_p50_us: u64,
+    /// 99th percentile.
+    pub wait_p99_us: u64,
+    /// Worst.
+    pub wait_max_us: u64,
 }
 
 /// A batch, borrowed from its [`Stream`].
@@ -263,6 +286,20 @@ impl Stream<'_> {
         self.cursor
     }
 
+    /// What the stream waited for its batches (the data stall), on this side; the
+    /// daemon's view of the same stream is in [`Client::stats`]'s `stream_waits`, under
+    /// this `stream` id.
+    pub fn stats(&self) -> StreamStats {
+        StreamStats {
+            stream: self.opened.stream,
+            batches: self.waits.len(),
+            wait_s: self.waited.as_secs_f64(),
+            wait_p50_us: self.waits.value_at_quantile(0.5),
+            wait_p99_us: self.waits.value_at_quantile(0.99),
+            wait_max_us: self.waits.max(),
+        }
+    }
+
     /// Whether the daemon said the stream ended.
     pub fn ended(&self) -> bool {
         self.ended
@@ -283,7 +320,13 @@ impl Stream<'_> {
             return Ok(None);
         }
         self.release()?;
+        let asked = std::time::Instant::now();
         let (k, body) = self.client.frame()?;
+        if matches!(k, Kind::Batch | Kind::BatchInline) {
+            let d = asked.elapsed();
+            self.waited += d;
+            self.waits.saturating_record(d.as_micros().max(1) as u64);
+        }
         match k {
             Kind::End => {
                 self.ended = true;

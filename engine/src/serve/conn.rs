@@ -19,6 +19,7 @@ use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Tra
 use super::ring::ALIGN;
 use super::server::{ServeMode, Shared};
 use super::shm::{self, Handover, SharedRing};
+use super::telemetry::{record, Waits};
 use crate::io::IoConfig;
 use crate::modes::{self, Batch, BatchStream, Cursor, ReadOptions};
 use crate::order::{Grouping, Split, Tail};
@@ -76,6 +77,9 @@ struct Stream {
     pending: Option<(Batch, Instant)>,
     /// Since when the connection has been waiting for the engine's next batch.
     asked: Option<Instant>,
+    /// Its id in the daemon's stats, and its waits.
+    id: u64,
+    waits: Arc<Mutex<Waits>>,
 }
 
 impl Stream {
@@ -390,8 +394,7 @@ impl Conn {
                 continue;
             };
             if st.outstanding() >= st.credits as usize {
-                let (k, body) = self.frame(true)?.expect("blocking");
-                self.handle(k, &body)?;
+                self.wait_on_client()?;
                 continue;
             }
             if st.pending.is_none() {
@@ -402,6 +405,7 @@ impl Conn {
                     continue;
                 }
                 st.asked = None;
+                record(&st.waits, |w| w.engine_wait(asked.elapsed()));
                 match st.batches.next() {
                     None => {
                         let sent = self.close_stream();
@@ -430,10 +434,20 @@ impl Conn {
             }
             if !self.deliver()? {
                 // No room in the ring until the client acknowledges something.
-                let (k, body) = self.frame(true)?.expect("blocking");
-                self.handle(k, &body)?;
+                self.wait_on_client()?;
             }
         }
+    }
+
+    /// Waits for the client's next frame (an ack, most likely) and takes it: the stream's
+    /// back-pressure, timed.
+    fn wait_on_client(&mut self) -> Result<(), Leave> {
+        let t = Instant::now();
+        let (k, body) = self.frame(true)?.expect("blocking");
+        if let Some(st) = &self.stream {
+            record(&st.waits, |w| w.client_wait(t.elapsed()));
+        }
+        self.handle(k, &body)
     }
 
     /// Writes the pending batch out. False when the ring has no room for it yet.
@@ -621,7 +635,10 @@ impl Conn {
                 Ok(())
             }
             Some(Kind::Stats) => {
-                let v = self.shared.stats_json();
+                let mut v = self.shared.stats_json();
+                if let Some(st) = &self.stream {
+                    v["this_stream"] = serde_json::json!(st.id);
+                }
                 self.send(&proto::json_frame(Kind::StatsReply, &v))
             }
             Some(k) => Err(Leave::Fatal(
@@ -803,6 +820,7 @@ impl Conn {
             (stream, None)
         };
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
+        let stream_id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
         let opened = proto::Opened {
             records: ds.len(),
             batches_per_epoch: split.batches(),
@@ -816,6 +834,7 @@ impl Conn {
             },
             pass: if job.is_some() { "shared" } else { "own" }.into(),
             job,
+            stream: Some(stream_id),
         };
         let frame = proto::json_frame(Kind::Opened, &opened);
         let fd = match &ring {
@@ -846,6 +865,7 @@ impl Conn {
                 s.streams_own += 1;
             }
         }
+        let waits = self.shared.telemetry.add(stream_id, job);
         self.stream = Some(Stream {
             batches,
             _grants: (ring_grant, pass_grant),
@@ -856,6 +876,8 @@ impl Conn {
             credits,
             pending: None,
             asked: None,
+            id: stream_id,
+            waits,
         });
         Ok(())
     }
@@ -873,7 +895,8 @@ impl Conn {
         };
         let ring_bytes = st.ring.as_ref().map_or(0, |r| r.len() as u64);
         let _ = st.transport;
-        let Stream { batches, .. } = st;
+        let Stream { batches, id, .. } = st;
+        self.shared.telemetry.remove(id);
         let report = batches.finish();
         self.shared
             .ring_bytes_now

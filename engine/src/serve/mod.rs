@@ -7,6 +7,7 @@
 //! - `server.rs`: the daemon: the socket, the accept loop, shutdown, the counters;
 //! - `conn.rs`: one connection's thread: handshake, streams, flow control;
 //! - `job.rs`: the jobs whose ranks share one engine pass;
+//! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
 //! - `budget.rs`: the daemon's one memory budget, which rings and passes take from;
 //! - `client.rs`: a Rust client (tests and benches use it).
 
@@ -18,7 +19,8 @@ pub mod proto;
 pub mod ring;
 pub mod server;
 pub mod shm;
+mod telemetry;
 
-pub use client::{BatchRef, Client, Stream};
+pub use client::{BatchRef, Client, Stream, StreamStats};
 pub use proto::{OpenRequest, Transport, WireCursor};
 pub use server::{monotonic_ns, ServeConfig, ServeMode, Server, Shutdown};

@@ -174,6 +174,9 @@ pub struct Opened {
     /// The job's id in the daemon's stats, when the pass is shared.
     #[serde(default)]
     pub job: Option<u64>,
+    /// The stream's id in the daemon's stats (`stream_waits`).
+    #[serde(default)]
+    pub stream: Option<u64>,
 }
 
 /// `END`: why the stream stopped and where it stopped.

@@ -87,6 +87,11 @@ pub struct Shutdown {
 }
 
 impl Shutdown {
+    /// The daemon's stats, as a STATS request gets them.
+    pub fn stats(&self) -> serde_json::Value {
+        self.shared.stats_json()
+    }
+
     /// Asks the server to stop: no new connections; open ones are told and closed. The
     /// accept loop is woken through a pipe of its own, whatever happened to the socket's
     /// path (removed, or taken by another daemon).
@@ -109,6 +114,10 @@ pub(super) struct Shared {
     pub(super) jobs: super::job::Jobs,
     /// `--memory`: indexes, rings and passes.
     pub(super) budget: Arc<super::budget::Budget>,
+    /// Every live stream's waits.
+    pub(super) telemetry: super::telemetry::Telemetry,
+    /// The last stream id handed out.
+    pub(super) next_stream: AtomicU64,
     /// `--scratch-limit`: two-pass piles, when set.
     pub(super) scratch_budget: Option<Arc<super::budget::Budget>>,
 }
@@ -232,6 +241,8 @@ impl Server {
                 }),
                 ring_bytes_now: AtomicU64::new(0),
                 jobs: Default::default(),
+                telemetry: Default::default(),
+                next_stream: AtomicU64::new(0),
                 budget: super::budget::Budget::new(cfg_memory, index_bytes),
                 scratch_budget: scratch_limit.map(|l| super::budget::Budget::new(l, 0)),
             }),
@@ -413,6 +424,7 @@ impl Shared {
     }
 
     pub(super) fn stats_json(&self) -> serde_json::Value {
+        let (streams, job_waits) = self.telemetry.json();
         let s = self.stats();
         let secs = s.started.elapsed().as_secs_f64();
         let pct = |h: &Histogram<u64>| {
@@ -440,6 +452,8 @@ impl Shared {
             "streams_shared": s.streams_shared,
             "streams_own": s.streams_own,
             "jobs": self.jobs.json(),
+            "stream_waits": streams,
+            "job_waits": job_waits,
             "iops": s.read_ops as f64 / secs.max(1e-9),
             "records_per_s": s.records as f64 / secs.max(1e-9),
             "bytes_per_s": s.bytes as f64 / secs.max(1e-9),

@@ -67,6 +67,11 @@ pub struct Args {
     /// Seconds an OPEN waits for room in --memory before it is refused with `busy`.
     #[arg(long, default_value_t = 10)]
     pub admit_wait: u64,
+    /// Every SECONDS, one JSON line on stderr: streams, batches, records/s, memory, and the
+    /// waits per job (the time the daemon waited for the engine while clients had room,
+    /// the data stall; and the time batches waited for clients, the back-pressure). 0: off.
+    #[arg(long, default_value_t = 0)]
+    pub stats_every: u64,
     /// Permission bits of the socket, in octal.
     #[arg(long, default_value = "600", value_parser = parse_mode)]
     pub socket_mode: u32,
@@ -177,6 +182,27 @@ pub fn run(a: Args) -> Result<()> {
         idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
     })?;
     let stop = server.shutdown_handle();
+    if a.stats_every > 0 {
+        let (handle, every) = (stop.clone(), std::time::Duration::from_secs(a.stats_every));
+        std::thread::Builder::new()
+            .name("riffle-stats".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                let s = handle.stats();
+                let line = serde_json::json!({
+                    "uptime_s": s["uptime_s"],
+                    "clients": s["clients"],
+                    "streams_now": s["streams_now"],
+                    "jobs_now": s["jobs_now"],
+                    "batches": s["batches"],
+                    "records_per_s": s["records_per_s"],
+                    "memory_used": s["memory_used"],
+                    "memory_limit": s["memory_limit"],
+                    "job_waits": s["job_waits"],
+                });
+                eprintln!("riffle serve stats: {line}");
+            })?;
+    }
     std::thread::Builder::new()
         .name("riffle-signals".into())
         .spawn(move || {
