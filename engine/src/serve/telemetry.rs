@@ -67,10 +67,13 @@ impl Waits {
     }
 }
 
+/// A live stream's job (if shared) and waits.
+type Live = (Option<u64>, Arc<Mutex<Waits>>);
+
 /// The live streams' waits, by stream id, with their job.
 #[derive(Default)]
 pub(super) struct Telemetry {
-    live: Mutex<HashMap<u64, (Option<u64>, Arc<Mutex<Waits>>)>>,
+    live: Mutex<HashMap<u64, Live>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
