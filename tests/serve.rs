@@ -67,6 +67,21 @@ impl Daemon {
         Client::connect(&self.socket).unwrap()
     }
 
+    /// A client, retrying while the daemon says `busy`: a connection that just ended (the
+    /// readiness check, a stats query) frees its slot asynchronously.
+    fn client_when_free(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Client::connect(&self.socket) {
+                Ok(c) => return c,
+                Err(e) if Instant::now() < deadline && e.daemon_code() == Some("busy") => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
     fn stats(&self) -> Value {
         self.client().stats().unwrap()
     }
@@ -556,6 +571,51 @@ fn stall_telemetry_per_stream_and_job_and_every_few_seconds() {
 }
 
 #[test]
+fn a_soak_of_honest_clients_among_attackers_loses_nothing_and_stays_flat() {
+    // 20 s here (RIFFLE_SOAK_SECS to change it); `riffle bench node` runs it for 5 minutes.
+    let secs: f64 = std::env::var("RIFFLE_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20.0);
+    let sb = Sandbox::new();
+    let records = 40_000;
+    let data = dataset(&sb, "d.npy", records, 512);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &["--max-clients", "80", "--idle-timeout", "5"],
+    );
+    let r = riffle_bench::soak::run(d.child.id(), &sock, records, secs);
+    eprintln!(
+        "soak {:.0} s: {} honest epochs ({} batches) checked, attacks {:?}, RSS growth {} B, fd growth {}",
+        r.seconds, r.honest_epochs, r.honest_batches, r.attacks, r.rss_growth, r.fd_growth
+    );
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert!(r.honest_epochs >= 10, "{r:?}");
+    for (kind, n) in &r.attacks {
+        assert!(*n > 0, "no {kind} attack was made");
+    }
+    assert!(
+        r.fd_growth <= 8,
+        "fds grew by {}: {:?}",
+        r.fd_growth,
+        r.samples
+    );
+    assert!(
+        r.rss_growth < 64 << 20,
+        "RSS grew by {} bytes: {:?}",
+        r.rss_growth,
+        r.samples
+    );
+    // Once everyone has gone, every slot and byte is given back.
+    d.wait_stats("all released", |s| {
+        s["streams_now"] == 0 && s["ring_bytes"] == 0 && s["jobs_now"] == 0
+    });
+}
+
+#[test]
 fn sixty_four_clients_at_once() {
     let sb = Sandbox::new();
     let data = dataset(&sb, "d.npy", 2000, 64);
@@ -571,7 +631,7 @@ fn sixty_four_clients_at_once() {
         for i in 0..64u64 {
             let (d, barrier) = (&d, &barrier);
             s.spawn(move || {
-                let mut c = d.client();
+                let mut c = d.client_when_free();
                 barrier.wait(); // all 64 connected before any reads
                 let mut req = OpenRequest::new("train", 50);
                 req.seed = i;

@@ -25,5 +25,6 @@ pub mod plot;
 pub mod probe_check;
 pub mod report;
 pub mod scale;
+pub mod soak;
 
 pub use fio_parity::{run as fio_parity, ParityOptions, ParityReport};

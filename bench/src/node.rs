@@ -9,6 +9,9 @@
 //!   its piles once), target <= 1.1, with the largest scratch seen.
 //! - **many-jobs**: 64 clients at once, each a job of its own, `--memory 1G`: the daemon's
 //!   peak RSS (target <= 1 GiB + 128 MiB), every client's epoch whole.
+//! - **soak**: 64 connections for 5 minutes (1 with `--quick`), honest clients of several
+//!   jobs among attackers ([`crate::soak`]): no honest record lost, repeated or corrupted;
+//!   RSS and fds flat over the last 80%.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -37,6 +40,8 @@ pub struct NodeOptions {
     pub keep: bool,
     /// Runs per side (alternated).
     pub repeats: usize,
+    /// How long the soak runs.
+    pub soak_seconds: f64,
 }
 
 /// The suite's result.
@@ -44,6 +49,8 @@ pub struct NodeOptions {
 pub struct NodeReport {
     /// The comparisons.
     pub rows: Vec<Row>,
+    /// The soak, in full (its samples of RSS and fds).
+    pub soak: crate::soak::SoakReport,
     /// Page cache dropped before each run.
     pub cold_cache: bool,
     /// Where written.
@@ -275,6 +282,65 @@ fn many_jobs(socket: &Path, data_dir: &Path, quick: bool) -> Result<Row> {
     })
 }
 
+/// The soak (see [`crate::soak`]) against a daemon of 40,000 records of 512 B: honest
+/// batches checked, RSS and fds over the last 80% of the run.
+fn soak(
+    socket: &Path,
+    data_dir: &Path,
+    seconds: f64,
+) -> Result<(Vec<Row>, crate::soak::SoakReport)> {
+    let records = 40_000u64;
+    let data = data_dir.join(format!("node-soak-{records}.npy"));
+    gen(&data, "npy", records, "512", &[])?;
+    let d = Daemon::start_with(
+        socket,
+        &data,
+        "lirs",
+        &["--max-clients", "80", "--idle-timeout", "5"],
+    )?;
+    let r = crate::soak::run(d.child.id(), socket, records, seconds);
+    drop(d);
+    let _ = std::fs::remove_file(&data);
+    let attacks: Vec<String> = r.attacks.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let rows = vec![
+        Row {
+            case: format!(
+                "soak {:.0} s, 64 connections: honest records lost, repeated or corrupted",
+                r.seconds
+            ),
+            value: r.violations.len() as f64,
+            unit: "violations".into(),
+            reference: 0.0,
+            reference_is: "none".into(),
+            ratio: r.violations.len() as f64,
+            target: "0".into(),
+            met: r.violations.is_empty(),
+            notes: format!(
+                "{} honest epochs ({} batches) checked among attacks: {}{}",
+                r.honest_epochs,
+                r.honest_batches,
+                attacks.join(", "),
+                r.violations
+                    .first()
+                    .map(|v| format!("; first: {v}"))
+                    .unwrap_or_default()
+            ),
+        },
+        Row {
+            case: "soak: daemon RSS growth over the last 80%".into(),
+            value: r.rss_growth as f64,
+            unit: "bytes".into(),
+            reference: (32u64 << 20) as f64,
+            reference_is: "32 MiB".into(),
+            ratio: r.rss_growth as f64 / (32u64 << 20) as f64,
+            target: "<= 1".into(),
+            met: r.rss_growth <= 32 << 20,
+            notes: format!("open fds grew by {}", r.fd_growth),
+        },
+    ];
+    Ok((rows, r))
+}
+
 /// Runs the suite.
 pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Result<NodeReport> {
     let dir = report::results_dir(&opts.out)?;
@@ -284,7 +350,7 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
     let size: u64 = if opts.quick { 512 << 20 } else { 2 << 30 };
     let records = size / 4096;
     let data = data_dir.join(format!("node-{records}.npy"));
-    progress(0, 4, "one-job: writing the dataset");
+    progress(0, 5, "one-job: writing the dataset");
     gen(&data, "npy", records, "4096", &[])?;
     let bytes = std::fs::metadata(&data)?.len();
     let cold_cache = report::drop_caches();
@@ -292,7 +358,7 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
     let mut rows = Vec::new();
     let world = 16u64;
     for (i, mode) in ["lirs", "two-pass"].into_iter().enumerate() {
-        progress(1 + i, 4, &format!("one-job: {mode}, alternated runs"));
+        progress(1 + i, 5, &format!("one-job: {mode}, alternated runs"));
         let (mut reference, mut served, mut read, mut ref_read, mut scratch) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64);
         let path = data.to_str().context("non-UTF-8 path")?;
@@ -364,15 +430,23 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
             ),
         });
     }
-    progress(3, 4, "many-jobs: 64 clients of different jobs, --memory 1G");
+    progress(3, 5, "many-jobs: 64 clients of different jobs, --memory 1G");
     rows.push(many_jobs(&socket, &data_dir, opts.quick)?);
+    progress(
+        4,
+        5,
+        &format!("soak: 64 connections for {:.0} s", opts.soak_seconds),
+    );
+    let (soak_rows, soak) = soak(&socket, &data_dir, opts.soak_seconds)?;
+    rows.extend(soak_rows);
     if !opts.keep {
         let _ = std::fs::remove_file(&data);
     }
     let _ = std::fs::remove_file(&socket);
-    progress(4, 4, "done");
+    progress(5, 5, "done");
     let rep = NodeReport {
         rows,
+        soak,
         cold_cache,
         report_dir: dir.display().to_string(),
     };

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::server::Shared;
 use crate::dataset::Dataset;
 use crate::modes::{self, ReadOptions};
 use crate::size::human_bytes;
@@ -143,37 +142,35 @@ pub(super) struct Admitted {
 /// for two-pass, also the scratch its plan needs from `--scratch-limit`. Waits up to
 /// `--admit-wait` for room, else says what it needed and what was free.
 pub(super) fn admit_pass(
-    shared: &Shared,
+    budgets: (&Arc<Budget>, Option<&Arc<Budget>>),
+    wait: Duration,
+    stopping: &AtomicBool,
     ds: &Dataset,
     opts: &mut ReadOptions,
     two_pass: bool,
 ) -> std::result::Result<Admitted, String> {
-    let budget = shared.budget.clone();
+    let (budget, scratch_budget) = budgets;
     let o = opts.clone();
-    let memory = budget.take(
-        "a read of this job",
-        shared.cfg.admit_wait,
-        &shared.stopping,
-        |free| {
-            let cap = PASS_MAX.min(budget.total() / 4).min(free);
-            pass_needs(ds, &o, two_pass, cap)
-        },
-    )?;
+    let memory = budget.take("a read of this job", wait, stopping, |free| {
+        let cap = PASS_MAX.min(budget.total() / 4).min(free);
+        pass_needs(ds, &o, two_pass, cap)
+    })?;
     // The engine counts the dataset's index in its ceiling; the daemon holds it once.
     opts.memory = Some(memory.bytes() + ds.index_bytes());
-    let scratch = match (&shared.scratch_budget, two_pass) {
+    let scratch = match (scratch_budget, two_pass) {
         (Some(sb), true) => {
             let units = modes::lirs::units_for(ds, opts);
             let need = modes::twopass::needs(ds, &units, opts)
                 .map_err(|e| e.to_string())?
                 .1;
             Some(
-                sb.take(
-                    "the scratch piles of this job",
-                    shared.cfg.admit_wait,
-                    &shared.stopping,
-                    |free| if need <= free { Ok(need) } else { Err(need) },
-                )
+                sb.take("the scratch piles of this job", wait, stopping, |free| {
+                    if need <= free {
+                        Ok(need)
+                    } else {
+                        Err(need)
+                    }
+                })
                 .map_err(|m| {
                     m.replace("--memory", "--scratch-limit")
                         .replace("memory", "scratch")

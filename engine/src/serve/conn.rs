@@ -14,11 +14,12 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::unix::net::UnixStream;
 
 use super::budget::{admit_pass, Admitted, Grant};
-use super::job::JobKey;
-use super::proto::{self, BatchHeader, ErrorMsg, FrameBuf, Kind, OpenRequest, Transport};
+use super::job::{JobKey, NewPass};
+use super::proto::error_frame;
+use super::proto::{self, BatchHeader, FrameBuf, Kind, OpenRequest, Transport};
 use super::ring::ALIGN;
-use super::server::{ServeMode, Shared};
 use super::shm::{self, Handover, SharedRing};
+use super::state::{ServeMode, Shared};
 use super::telemetry::{record, Waits};
 use crate::io::IoConfig;
 use crate::modes::{self, Batch, BatchStream, Cursor, ReadOptions};
@@ -36,15 +37,16 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// its scatter, seconds or minutes away, and a CLOSE must not wait for it.
 const ENGINE_WAIT: Duration = Duration::from_millis(20);
 
-pub(super) fn error_frame(code: &str, message: &str, fatal: bool) -> Vec<u8> {
-    proto::json_frame(
-        Kind::Error,
-        &ErrorMsg {
-            code: code.into(),
-            message: message.into(),
-            fatal,
-        },
-    )
+/// What became of a batch given to a transport.
+enum Sent {
+    /// Announced (its header; whether the engine had assembled it in the ring).
+    Announced(BatchHeader, bool),
+    /// Announced from the engine's thread before.
+    Already,
+    /// Not sent: no room in the ring until the client acknowledges something.
+    NoRoom,
+    /// Refused (too large for the transport): the stream was closed with an error.
+    Closed,
 }
 
 /// Why a connection ends.
@@ -454,104 +456,23 @@ impl Conn {
     fn deliver(&mut self) -> Result<bool, Leave> {
         let st = self.stream.as_mut().expect("a stream");
         let (b, asked) = st.pending.take().expect("a pending batch");
-        let n = b.ids.len() as u64;
-        let arrays = 16 * n + 8;
         let started = Instant::now();
-        let mut h = header(&b);
-        self.out.clear();
-        let mut in_place = false;
-        match st.ring.clone() {
-            Some(ring) => {
-                let mut b = b;
-                // Under the wire's lock: the engine's thread announces batches too, and
-                // the announcements must go out whole and in order.
-                let mut w = self.wire.lock();
-                let handed = match b.payload.lent_mut() {
-                    Some((lent, used)) => ring.send_lent(lent, used, &b.ids, &b.offsets),
-                    None => Handover::Foreign,
-                };
-                let placed = match handed {
-                    // Announced from the engine's thread already: bookkeeping only.
-                    Handover::Already => {
-                        drop(w);
-                        let mut s = self.shared.stats();
-                        s.batch_us
-                            .saturating_record(asked.elapsed().as_micros().max(1) as u64);
-                        return Ok(true);
-                    }
-                    // Assembled in the ring by the engine: only the arrays were written.
-                    Handover::Placed(p) => {
-                        in_place = true;
-                        p
-                    }
-                    Handover::Foreign => {
-                        let data_off = arrays.div_ceil(ALIGN) * ALIGN;
-                        let total = data_off + b.payload.len() as u64;
-                        if !ring.slots().fits_empty(total) {
-                            drop(w);
-                            let msg = format!(
-                                "batch {} of epoch {} needs {total} bytes, more than the stream's ring of {} bytes: \
-                                 ask for a smaller batch, or start the daemon with more --memory",
-                                b.index,
-                                b.epoch,
-                                ring.len()
-                            );
-                            self.close_stream();
-                            *self
-                                .shared
-                                .stats()
-                                .errors
-                                .entry("too_large".into())
-                                .or_default() += 1;
-                            self.send(&error_frame("too_large", &msg, false))?;
-                            return Ok(true);
-                        }
-                        match ring.put(&b.ids, &b.offsets, &b.payload, b.payload.lend_refused()) {
-                            Some(p) => p,
-                            None => {
-                                drop(w);
-                                st.pending = Some((b, asked));
-                                return Ok(false);
-                            }
-                        }
-                    }
-                };
-                h.locate(&placed);
-                proto::frame_into(&mut self.out, Kind::Batch, BatchHeader::LEN);
-                h.encode(&mut self.out);
-                w.announced += 1;
-                (&self.wire.sock).write_all(&self.out)?;
+        let sent = match st.ring.clone() {
+            Some(ring) => self.deliver_shm(&ring, b, asked)?,
+            None => self.deliver_inline(b)?,
+        };
+        let h = match sent {
+            Sent::Announced(h, _) => h,
+            Sent::Already => {
+                let mut s = self.shared.stats();
+                s.batch_us
+                    .saturating_record(asked.elapsed().as_micros().max(1) as u64);
+                return Ok(true);
             }
-            None => {
-                h.slot = st.inline_next;
-                st.inline_next = st.inline_next.wrapping_add(1);
-                st.inline_outstanding.push(h.slot);
-                let hl = BatchHeader::LEN as u64;
-                h.ids_at = hl;
-                h.offsets_at = hl + 8 * n;
-                h.data_at = hl + arrays;
-                let body = hl + arrays + b.payload.len() as u64;
-                if body + 1 > u32::MAX as u64 {
-                    let msg = format!(
-                        "batch {} of epoch {} is {body} bytes, more than one inline frame can carry: \
-                         use the shared-memory transport or a smaller batch",
-                        b.index, b.epoch
-                    );
-                    self.close_stream();
-                    self.send(&error_frame("too_large", &msg, false))?;
-                    return Ok(true);
-                }
-                proto::frame_into(&mut self.out, Kind::BatchInline, body as usize);
-                h.encode(&mut self.out);
-                for v in b.ids.iter().chain(b.offsets.iter()) {
-                    self.out.extend_from_slice(&v.to_le_bytes());
-                }
-                let mut w = self.wire.lock();
-                w.announced += 1;
-                (&self.wire.sock).write_all(&self.out)?;
-                (&self.wire.sock).write_all(&b.payload)?;
-            }
-        }
+            Sent::Closed => return Ok(true),
+            Sent::NoRoom => return Ok(false),
+        };
+        let in_place = matches!(sent, Sent::Announced(_, true));
         let done = Instant::now();
         let mut s = self.shared.stats();
         s.count_batch(&h, in_place);
@@ -560,6 +481,110 @@ impl Conn {
         s.send_us
             .saturating_record(done.duration_since(started).as_micros().max(1) as u64);
         Ok(true)
+    }
+
+    /// Shared memory: the batch's arrays (and its payload, unless the engine assembled it
+    /// in the ring) go into the ring, then its header on the socket.
+    fn deliver_shm(
+        &mut self,
+        ring: &Arc<SharedRing>,
+        mut b: Batch,
+        asked: Instant,
+    ) -> Result<Sent, Leave> {
+        let mut h = header(&b);
+        // Under the wire's lock: the engine's thread announces batches too, and the
+        // announcements must go out whole and in order.
+        let mut w = self.wire.lock();
+        let handed = match b.payload.lent_mut() {
+            Some((lent, used)) => ring.send_lent(lent, used, &b.ids, &b.offsets),
+            None => Handover::Foreign,
+        };
+        let (placed, in_place) = match handed {
+            // Announced from the engine's thread already: bookkeeping only.
+            Handover::Already => return Ok(Sent::Already),
+            // Assembled in the ring by the engine: only the arrays were written.
+            Handover::Placed(p) => (p, true),
+            Handover::Foreign => {
+                let arrays = 16 * b.ids.len() as u64 + 8;
+                let total = arrays.div_ceil(ALIGN) * ALIGN + b.payload.len() as u64;
+                if !ring.slots().fits_empty(total) {
+                    drop(w);
+                    let msg = format!(
+                        "batch {} of epoch {} needs {total} bytes, more than the stream's ring of {} bytes: \
+                         ask for a smaller batch, or start the daemon with more --memory",
+                        b.index,
+                        b.epoch,
+                        ring.len()
+                    );
+                    self.refuse_batch(&msg)?;
+                    return Ok(Sent::Closed);
+                }
+                match ring.put(&b.ids, &b.offsets, &b.payload, b.payload.lend_refused()) {
+                    Some(p) => (p, false),
+                    None => {
+                        drop(w);
+                        let st = self.stream.as_mut().expect("a stream");
+                        st.pending = Some((b, asked));
+                        return Ok(Sent::NoRoom);
+                    }
+                }
+            }
+        };
+        h.locate(&placed);
+        self.out.clear();
+        proto::frame_into(&mut self.out, Kind::Batch, BatchHeader::LEN);
+        h.encode(&mut self.out);
+        w.announced += 1;
+        (&self.wire.sock).write_all(&self.out)?;
+        Ok(Sent::Announced(h, in_place))
+    }
+
+    /// Inline: the header, the arrays and the payload in one frame on the socket.
+    fn deliver_inline(&mut self, b: Batch) -> Result<Sent, Leave> {
+        let st = self.stream.as_mut().expect("a stream");
+        let n = b.ids.len() as u64;
+        let arrays = 16 * n + 8;
+        let mut h = header(&b);
+        h.slot = st.inline_next;
+        st.inline_next = st.inline_next.wrapping_add(1);
+        st.inline_outstanding.push(h.slot);
+        let hl = BatchHeader::LEN as u64;
+        h.ids_at = hl;
+        h.offsets_at = hl + 8 * n;
+        h.data_at = hl + arrays;
+        let body = hl + arrays + b.payload.len() as u64;
+        if body + 1 > u32::MAX as u64 {
+            let msg = format!(
+                "batch {} of epoch {} is {body} bytes, more than one inline frame can carry: \
+                 use the shared-memory transport or a smaller batch",
+                b.index, b.epoch
+            );
+            self.refuse_batch(&msg)?;
+            return Ok(Sent::Closed);
+        }
+        self.out.clear();
+        proto::frame_into(&mut self.out, Kind::BatchInline, body as usize);
+        h.encode(&mut self.out);
+        for v in b.ids.iter().chain(b.offsets.iter()) {
+            self.out.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut w = self.wire.lock();
+        w.announced += 1;
+        (&self.wire.sock).write_all(&self.out)?;
+        (&self.wire.sock).write_all(&b.payload)?;
+        Ok(Sent::Announced(h, false))
+    }
+
+    /// A batch the transport cannot carry: the stream is closed with `too_large`.
+    fn refuse_batch(&mut self, msg: &str) -> Result<(), Leave> {
+        self.close_stream();
+        *self
+            .shared
+            .stats()
+            .errors
+            .entry("too_large".into())
+            .or_default() += 1;
+        self.send(&error_frame("too_large", msg, false))
     }
 
     fn handle(&mut self, kind: u8, body: &[u8]) -> Result<(), Leave> {
@@ -791,12 +816,28 @@ impl Conn {
                 tail: req.tail.clone(),
                 grouping: req.grouping.clone(),
                 resume: req.resume.map(|c| (c.epoch, c.batch)),
-                mode: match mode {
-                    ServeMode::TwoPass => ServeMode::TwoPass,
-                    _ => ServeMode::Lirs,
-                },
+                two_pass: mode == ServeMode::TwoPass,
             };
-            let (stream, id, _new) = self.shared.jobs.open(&self.shared, key, &opts, ds, root)?;
+            let shared = &self.shared;
+            let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, String> {
+                Ok(Box::new(self.admit(ds, o, key.two_pass)?))
+            };
+            let sh = shared.clone();
+            let new_pass = NewPass {
+                window: cfg.join_window,
+                admit: &admit,
+                ended: Box::new(move |r| {
+                    let mut s = sh.stats();
+                    s.read_ops += r.read_ops;
+                    s.jobs_now = s.jobs_now.saturating_sub(1);
+                }),
+            };
+            let (stream, id, new) = shared.jobs.open(key.clone(), &opts, ds, root, new_pass)?;
+            if new {
+                let mut s = shared.stats();
+                s.jobs_total += 1;
+                s.jobs_now += 1;
+            }
             (stream, Some(id))
         } else {
             // Batches are assembled straight in the ring when it has room, and announced
@@ -807,7 +848,8 @@ impl Conn {
                     announce_ready(&wire, &ring, &shared, credits, b)
                 })))
             });
-            let grant = admit_pass(&self.shared, ds, &mut opts, mode == ServeMode::TwoPass)
+            let grant = self
+                .admit(ds, &mut opts, mode == ServeMode::TwoPass)
                 .map_err(|m| ("busy", m))?;
             pass_grant = Some(grant);
             let stream = match mode {
@@ -880,6 +922,25 @@ impl Conn {
             waits,
         });
         Ok(())
+    }
+
+    /// Takes from the daemon's budgets what a pass of `opts` needs (see
+    /// [`admit_pass`]), setting its memory.
+    fn admit(
+        &self,
+        ds: &crate::dataset::Dataset,
+        opts: &mut ReadOptions,
+        two_pass: bool,
+    ) -> Result<Admitted, String> {
+        let sh = &self.shared;
+        admit_pass(
+            (&sh.budget, sh.scratch_budget.as_ref()),
+            sh.cfg.admit_wait,
+            &sh.stopping,
+            ds,
+            opts,
+            two_pass,
+        )
     }
 
     /// Stops the open stream, if any; the batches it announced.

@@ -13,10 +13,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use serde_json::json;
 
-use super::server::{ServeMode, Shared};
 use crate::dataset::Dataset;
 use crate::modes::{self, BatchStream, ReadOptions, SharedPass};
 
@@ -32,7 +32,23 @@ pub(super) struct JobKey {
     pub(super) tail: String,
     pub(super) grouping: String,
     pub(super) resume: Option<(u64, u64)>,
-    pub(super) mode: ServeMode,
+    /// Two-pass, or LIRS.
+    pub(super) two_pass: bool,
+}
+
+/// Admits a new pass: sets its memory in the options, returns what it holds until it ends
+/// (or why it cannot be admitted).
+pub(super) type Admit<'a> =
+    dyn Fn(&mut ReadOptions) -> std::result::Result<Box<dyn Send>, String> + 'a;
+
+/// What a new pass of a job takes from the daemon: how long a LIRS pass waits for its
+/// world, its admission (memory and scratch: it sets the pass's memory in the options it
+/// is given and returns what is held until the pass ends), and what to do with the pass's
+/// report when it has ended.
+pub(super) struct NewPass<'a> {
+    pub(super) window: Duration,
+    pub(super) admit: &'a Admit<'a>,
+    pub(super) ended: Box<dyn FnOnce(modes::ReadReport) + Send>,
 }
 
 /// A live job: its pass, and what stats say about it.
@@ -57,57 +73,67 @@ impl Jobs {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Rank `rank`'s stream from job `key`'s live pass, if it can join it: (stream, job id,
+    /// false).
+    fn join(&self, key: &JobKey, rank: u64) -> Option<(BatchStream, u64, bool)> {
+        let mut jobs = self.lock();
+        jobs.retain(|_, j| j.pass.strong_count() > 0);
+        Self::join_in(&jobs, key, rank)
+    }
+
+    fn join_in(
+        jobs: &HashMap<JobKey, Job>,
+        key: &JobKey,
+        rank: u64,
+    ) -> Option<(BatchStream, u64, bool)> {
+        let j = jobs.get(key)?;
+        let s = j.pass.upgrade()?.join(rank)?;
+        Some((s, j.id, false))
+    }
+
     /// The stream of rank `opts.rank` of job `key`: from the job's pass when it can join
     /// it, else from a new pass of the job (which then stands for the job). Returns the
     /// stream, the job's id and whether the pass was new.
     pub(super) fn open(
         &self,
-        shared: &Arc<Shared>,
         key: JobKey,
         opts: &ReadOptions,
         ds: &Arc<Dataset>,
         root: PathBuf,
+        new_pass: NewPass<'_>,
     ) -> std::result::Result<(BatchStream, u64, bool), (&'static str, String)> {
-        let mut jobs = self.lock();
-        jobs.retain(|_, j| j.pass.strong_count() > 0);
-        if let Some(j) = jobs.get(&key) {
-            if let Some(pass) = j.pass.upgrade() {
-                if let Some(s) = pass.join(opts.rank) {
-                    return Ok((s, j.id, false));
-                }
-            }
+        if let Some(joined) = self.join(&key, opts.rank) {
+            return Ok(joined);
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         // LIRS decides each batch as it plans it, so the pass waits a moment for the
         // world's other ranks; two-pass decides only after its scatter.
-        let window = match key.mode {
-            ServeMode::TwoPass => std::time::Duration::ZERO,
-            _ => shared.cfg.join_window,
+        let window = if key.two_pass {
+            Duration::ZERO
+        } else {
+            new_pass.window
         };
-        // The pass's memory, held until it ends.
+        // What the pass was admitted with is held until it ends.
+        // Admission may wait for memory: not under the lock, so other jobs go on.
         let mut opts = opts.clone();
-        let grant =
-            super::budget::admit_pass(shared, ds, &mut opts, key.mode == ServeMode::TwoPass)
-                .map_err(|m| ("busy", m))?;
-        let (ds2, mode) = (ds.clone(), key.mode);
-        let start: modes::StartPass = Box::new(move |all| match mode {
-            ServeMode::TwoPass => modes::read_two_pass(ds2, all, root),
-            _ => modes::read(ds2, all),
+        let held = (new_pass.admit)(&mut opts).map_err(|m| ("busy", m))?;
+        let mut jobs = self.lock();
+        // Another rank of the job may have started its pass meanwhile: join that one.
+        if let Some(joined) = Self::join_in(&jobs, &key, opts.rank) {
+            return Ok(joined);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (ds2, two_pass) = (ds.clone(), key.two_pass);
+        let start: modes::StartPass = Box::new(move |all| match two_pass {
+            true => modes::read_two_pass(ds2, all, root),
+            false => modes::read(ds2, all),
         });
-        let sh = shared.clone();
+        let on_end = new_pass.ended;
         let ended: modes::PassEnded = Box::new(move |r| {
-            drop(grant);
-            let mut s = sh.stats();
-            s.read_ops += r.read_ops;
-            s.jobs_now = s.jobs_now.saturating_sub(1);
+            drop(held);
+            on_end(r);
         });
         let pass = SharedPass::spawn(&opts, window, PER_RANK, start, ended)
             .map_err(|e| ("engine", e.to_string()))?;
-        {
-            let mut s = shared.stats();
-            s.jobs_total += 1;
-            s.jobs_now += 1;
-        }
         let stream = pass
             .join(opts.rank)
             .expect("a new pass takes any rank of its world");
@@ -133,10 +159,7 @@ impl Jobs {
                     "seed": k.seed,
                     "batch_size": k.batch,
                     "world": k.world,
-                    "mode": match k.mode {
-                        ServeMode::TwoPass => "two-pass",
-                        _ => "lirs",
-                    },
+                    "mode": if k.two_pass { "two-pass" } else { "lirs" },
                     "ranks_joined": pass.ranks().joined(),
                 }))
             })

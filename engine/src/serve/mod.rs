@@ -4,7 +4,8 @@
 //! - `ring.rs`: which bytes of a stream's shared-memory ring are live (pure bookkeeping);
 //! - `shm.rs`: memfd rings, read-only client mappings and descriptor passing (the only
 //!   unsafe code here);
-//! - `server.rs`: the daemon: the socket, the accept loop, shutdown, the counters;
+//! - `state.rs`: what the daemon's threads share: its config, counters, jobs, budget;
+//! - `server.rs`: the daemon: the socket, the accept loop, shutdown;
 //! - `conn.rs`: one connection's thread: handshake, streams, flow control;
 //! - `job.rs`: the jobs whose ranks share one engine pass;
 //! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
@@ -19,6 +20,7 @@ pub mod proto;
 pub mod ring;
 pub mod server;
 pub mod shm;
+mod state;
 mod telemetry;
 
 pub use client::{BatchRef, Client, Stream, StreamStats};

@@ -396,6 +396,19 @@ pub fn decode_acks(body: &[u8]) -> Option<impl Iterator<Item = u32> + '_> {
     )
 }
 
+/// An `ERROR` frame: `code` for programs, `message` for people; `fatal` when the daemon
+/// closes the connection after it.
+pub(super) fn error_frame(code: &str, message: &str, fatal: bool) -> Vec<u8> {
+    json_frame(
+        Kind::Error,
+        &ErrorMsg {
+            code: code.into(),
+            message: message.into(),
+            fatal,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,9 @@ pub struct Args {
     /// (100,000 files, a 20 GiB two-pass under `ulimit -n 256`, a 4 GB shuffle, 100 million
     /// tiny records; about 60 GB of data and 15 minutes, 7 GB with --quick; not in `all`),
     /// node (`riffle serve` feeding 16 streams of one job, LIRS and two-pass, against an
-    /// in-process read; 2 GiB of data, a few minutes; not in `all`), or all.
+    /// in-process read; 64 clients of different jobs under --memory 1G; a soak of 64
+    /// connections, honest and hostile, for --seconds (300; 60 with --quick); 2 GiB of
+    /// data, about 10 minutes; not in `all`), or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -257,10 +259,13 @@ fn node(args: &Args) -> Result<()> {
             .repeats
             .unwrap_or(if args.quick { 1 } else { 3 })
             .max(1),
+        soak_seconds: args
+            .seconds
+            .map_or(if args.quick { 60.0 } else { 300.0 }, |s| s as f64),
     };
     suite(
         args,
-        4,
+        5,
         |p| riffle_bench::node::run(&opts, p),
         riffle_bench::node::markdown,
         |r| &r.report_dir,

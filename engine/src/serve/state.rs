@@ -1,0 +1,180 @@
+//! The daemon's state shared by its threads: what it was started with (`ServeConfig`),
+//! its counters (`Stats`), its jobs, budgets and telemetry (`Shared`).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+use crate::dataset::Dataset;
+
+/// How the daemon reads datasets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ServeMode {
+    /// Random reads (LIRS).
+    Lirs,
+    /// Sequential two-pass (scratch piles per stream).
+    TwoPass,
+    /// The planner's choice for each stream (its batch size, epochs and the dataset's
+    /// device, from the cached profile); LIRS when no profile of the device is cached.
+    Auto,
+}
+
+/// What `riffle serve` was started with.
+pub struct ServeConfig {
+    /// The socket's path.
+    pub socket: PathBuf,
+    /// Permission bits of the socket file (0o600 by default).
+    pub socket_mode: u32,
+    /// The datasets clients may ask for, by name.
+    pub datasets: Vec<(String, Arc<Dataset>)>,
+    /// The daemon's memory: the datasets' indexes, every stream's ring (each at most this /
+    /// `max_clients`) and every engine pass (tables, buffers, read-ahead, piles).
+    pub memory: u64,
+    /// Connections served at once; more are refused with a `busy` error.
+    pub max_clients: usize,
+    /// The read mode.
+    pub mode: ServeMode,
+    /// Two-pass: where the piles go.
+    pub scratch: Option<PathBuf>,
+    /// Two-pass: the most scratch all passes together may plan for (`None`: no limit
+    /// besides the free space, which each pass checks).
+    pub scratch_limit: Option<u64>,
+    /// How long a connection may leave the daemon waiting on it (no stream open, or a
+    /// stream stalled until the client acknowledges) before it is closed with a `timeout`
+    /// error; `None`: no limit.
+    pub idle_timeout: Option<Duration>,
+    /// Reads in flight per stream.
+    pub queue_depth: usize,
+    /// How long an OPEN waits for room in `memory` (for its ring and its pass) before it
+    /// is refused with `busy`.
+    pub admit_wait: Duration,
+    /// How long a new LIRS job's pass waits for the other ranks of its world before it
+    /// starts (ranks that come later start a pass of their own).
+    pub join_window: Duration,
+}
+
+pub(super) struct Shared {
+    pub(super) cfg: ServeConfig,
+    pub(super) stopping: AtomicBool,
+    /// The accept loop's wake-up pipe (read end, write end).
+    pub(super) wake: (OwnedFd, OwnedFd),
+    /// A clone of every live connection's socket, to end them at shutdown.
+    pub(super) conns: Mutex<HashMap<u64, UnixStream>>,
+    pub(super) stats: Mutex<Stats>,
+    pub(super) ring_bytes_now: AtomicU64,
+    /// The jobs whose ranks share a pass.
+    pub(super) jobs: super::job::Jobs,
+    /// `--memory`: indexes, rings and passes.
+    pub(super) budget: Arc<super::budget::Budget>,
+    /// Every live stream's waits.
+    pub(super) telemetry: super::telemetry::Telemetry,
+    /// The last stream id handed out.
+    pub(super) next_stream: AtomicU64,
+    /// `--scratch-limit`: two-pass piles, when set.
+    pub(super) scratch_budget: Option<Arc<super::budget::Budget>>,
+}
+
+pub(super) struct Stats {
+    pub(super) started: Instant,
+    pub(super) connections_total: u64,
+    pub(super) refused_busy: u64,
+    pub(super) streams_total: u64,
+    pub(super) streams_now: u64,
+    pub(super) batches: u64,
+    /// Shared-memory batches the engine assembled in the ring itself (no copy).
+    pub(super) batches_in_place: u64,
+    /// Of those, the ones announced from the engine's thread as they completed.
+    pub(super) batches_announced_early: u64,
+    pub(super) records: u64,
+    pub(super) bytes: u64,
+    pub(super) read_ops: u64,
+    /// Shared passes started, and running now.
+    pub(super) jobs_total: u64,
+    pub(super) jobs_now: u64,
+    /// Streams served by a shared pass, and by a pass of their own.
+    pub(super) streams_shared: u64,
+    pub(super) streams_own: u64,
+    pub(super) errors: HashMap<String, u64>,
+    /// Per batch: from the connection thread asking the engine for it to its notification
+    /// written, or to the batch reaching the connection thread when the engine's thread
+    /// announced it (us).
+    pub(super) batch_us: Histogram<u64>,
+    /// Per batch: from the ring write's start (the arrays, when the engine assembled it in
+    /// the ring) to the notification written (us).
+    pub(super) send_us: Histogram<u64>,
+}
+
+impl Stats {
+    /// Counts a batch announced (`in_place`: assembled in the ring by the engine).
+    pub(super) fn count_batch(&mut self, h: &super::proto::BatchHeader, in_place: bool) {
+        self.batches += 1;
+        self.batches_in_place += in_place as u64;
+        self.records += h.records;
+        self.bytes += h.data_len;
+    }
+}
+
+impl Shared {
+    pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn ring_share(&self) -> u64 {
+        (self.cfg.memory / self.cfg.max_clients as u64).max(64 * 1024)
+    }
+
+    pub(super) fn stats_json(&self) -> serde_json::Value {
+        let (streams, job_waits) = self.telemetry.json();
+        let s = self.stats();
+        let secs = s.started.elapsed().as_secs_f64();
+        let pct = |h: &Histogram<u64>| {
+            json!({
+                "p50": h.value_at_quantile(0.5),
+                "p99": h.value_at_quantile(0.99),
+                "max": h.max(),
+            })
+        };
+        json!({
+            "uptime_s": secs,
+            "clients": self.conns.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            "connections_total": s.connections_total,
+            "refused_busy": s.refused_busy,
+            "streams_now": s.streams_now,
+            "streams_total": s.streams_total,
+            "batches": s.batches,
+            "batches_in_place": s.batches_in_place,
+            "batches_announced_early": s.batches_announced_early,
+            "records": s.records,
+            "bytes": s.bytes,
+            "read_ops": s.read_ops,
+            "jobs_total": s.jobs_total,
+            "jobs_now": s.jobs_now,
+            "streams_shared": s.streams_shared,
+            "streams_own": s.streams_own,
+            "jobs": self.jobs.json(),
+            "stream_waits": streams,
+            "job_waits": job_waits,
+            "iops": s.read_ops as f64 / secs.max(1e-9),
+            "records_per_s": s.records as f64 / secs.max(1e-9),
+            "bytes_per_s": s.bytes as f64 / secs.max(1e-9),
+            "batch_latency_us": pct(&s.batch_us),
+            "send_latency_us": pct(&s.send_us),
+            "ring_bytes": self.ring_bytes_now.load(Ordering::Relaxed),
+            "ring_bytes_limit": self.ring_share() * self.cfg.max_clients as u64,
+            "ring_share": self.ring_share(),
+            "memory_used": self.budget.used(),
+            "memory_limit": self.budget.total(),
+            "scratch_planned": self.scratch_budget.as_ref().map(|b| b.used()),
+            "scratch_limit": self.scratch_budget.as_ref().map(|b| b.total()),
+            "errors": s.errors,
+            "datasets": self.cfg.datasets.iter().map(|(n, d)| json!({"name": n, "records": d.len()})).collect::<Vec<_>>(),
+        })
+    }
+}
