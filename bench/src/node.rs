@@ -9,6 +9,9 @@
 //!   its piles once), target <= 1.1, with the largest scratch seen.
 //! - **many-jobs**: 64 clients at once, each a job of its own, `--memory 1G`: the daemon's
 //!   peak RSS (target <= 1 GiB + 128 MiB), every client's epoch whole.
+//! - **attacks**: each attack of issue 15 against an honest client's stream: its
+//!   batches/s after the attacker left against before (target >= 0.95), the daemon's CPU,
+//!   its slots; SIGTERM after the socket file was removed (target <= 1 s, nothing left).
 //! - **soak**: 64 connections for 5 minutes (1 with `--quick`), honest clients of several
 //!   jobs among attackers ([`crate::soak`]): no honest record lost, repeated or corrupted;
 //!   RSS and fds flat over the last 80%.
@@ -21,8 +24,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use riffle::serve::proto::{self, Kind};
 use riffle::serve::{Client, OpenRequest};
 use serde::Serialize;
+use std::io::Write;
 
 use crate::report;
 use crate::scale::{gen, median, num, riffle_bin, run_riffle, Row};
@@ -341,6 +346,228 @@ fn soak(
     Ok((rows, r))
 }
 
+/// CPU seconds (user + system) the process has used, from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis: utime and stime are 14th and
+    // 15th of the line, 12th and 13th after it.
+    let after = s.rsplit_once(')').map_or("", |x| x.1);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Each attack of issue 15 against a daemon serving an honest client that reads epoch
+/// after epoch: the honest client's batches/s in the 3 s before the attack and the 3 s
+/// after the attacker left (target >= 0.95), the daemon's CPU in the second after against
+/// the second before, and its slots; then SIGTERM after the socket file was removed.
+fn attacks(socket: &Path, data_dir: &Path) -> Result<Vec<Row>> {
+    let records = 200_000u64;
+    let data = data_dir.join(format!("node-attack-{records}.npy"));
+    gen(&data, "npy", records, "512", &[])?;
+    let d = Daemon::start_with(socket, &data, "lirs", &["--max-clients", "8"])?;
+    let stamps = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let honest = {
+        let (stamps, stop, sock) = (stamps.clone(), stop.clone(), d.socket.clone());
+        std::thread::spawn(move || -> Result<u64> {
+            let mut c = Client::connect(&sock)?;
+            let mut req = OpenRequest::new("train", 256);
+            req.epochs = 1000;
+            let mut st = c.open(req)?;
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match st.next_batch()? {
+                    Some(b) => {
+                        if b.ids().len() != 256 && b.header.index + 1 != records.div_ceil(256) {
+                            bail!("a short batch inside the epoch");
+                        }
+                        n += 1;
+                        stamps
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(Instant::now());
+                    }
+                    None => bail!("the honest stream ended early"),
+                }
+            }
+            Ok(n)
+        })
+    };
+    let rate = |from: Instant, to: Instant| {
+        let s = stamps.lock().unwrap_or_else(|p| p.into_inner());
+        s.iter().filter(|t| **t >= from && **t < to).count() as f64 / (to - from).as_secs_f64()
+    };
+    let pid = d.child.id();
+    let hello = || proto::json_frame(Kind::Hello, &serde_json::json!({"version": proto::VERSION}));
+    let sock = d.socket.clone();
+    let open_raw = move |req: serde_json::Value| -> Result<()> {
+        let mut c = Client::connect(&sock)?;
+        c.send(&proto::json_frame(Kind::Open, &req))?;
+        c.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let (k, _) = c.frame()?;
+        if k != Kind::Error {
+            bail!("an impossible OPEN got {k:?}");
+        }
+        Ok(())
+    };
+    type Attack = Box<dyn Fn() -> Result<()>>;
+    let sock = d.socket.clone();
+    let sock2 = d.socket.clone();
+    let sock3 = d.socket.clone();
+    let sock4 = d.socket.clone();
+    let o1 = open_raw.clone();
+    let o2 = open_raw.clone();
+    let o3 = open_raw.clone();
+    let list: Vec<(&str, Attack)> = vec![
+        (
+            "OPEN world 2^63-1, tail pad",
+            Box::new(move || {
+                o1(
+                    serde_json::json!({"dataset": "train", "batch_size": 32, "world": (1u64 << 63) - 1, "tail": "pad"}),
+                )
+            }),
+        ),
+        (
+            "OPEN rank 2^63-1 of world 2^63",
+            Box::new(move || {
+                o2(
+                    serde_json::json!({"dataset": "train", "batch_size": 32, "rank": (1u64 << 63) - 1, "world": 1u64 << 63}),
+                )
+            }),
+        ),
+        (
+            "OPEN batch 32 x world 2^59+1",
+            Box::new(move || {
+                o3(
+                    serde_json::json!({"dataset": "train", "batch_size": 32, "world": (1u64 << 59) + 1}),
+                )
+            }),
+        ),
+        (
+            "HELLO trickled a byte a second, 3 s",
+            Box::new(move || {
+                let mut s = UnixStream::connect(&sock)?;
+                for b in hello().iter().take(3) {
+                    s.write_all(&[*b])?;
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Ok(())
+            }),
+        ),
+        (
+            "idle after HELLO, 3 s",
+            Box::new(move || {
+                let _c = Client::connect(&sock2)?;
+                std::thread::sleep(Duration::from_secs(3));
+                Ok(())
+            }),
+        ),
+        (
+            "3 streams that never read, 3 s",
+            Box::new(move || {
+                let mut cs = Vec::new();
+                for i in 0..3u64 {
+                    let mut c = Client::connect(&sock3)?;
+                    c.send(&proto::json_frame(
+                        Kind::Open,
+                        &serde_json::json!({"dataset": "train", "batch_size": 256, "seed": i, "epochs": 5}),
+                    ))?;
+                    cs.push(c);
+                }
+                std::thread::sleep(Duration::from_secs(3));
+                Ok(())
+            }),
+        ),
+        (
+            "garbage frames",
+            Box::new(move || {
+                for junk in [
+                    vec![5u8, 0, 0, 0, 250, 1, 2, 3, 4],
+                    vec![0xff, 0xff, 0xff, 0x7f, 1],
+                ] {
+                    let mut s = UnixStream::connect(&sock4)?;
+                    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                    s.write_all(&hello())?;
+                    s.write_all(&junk)?;
+                    let mut sink = Vec::new();
+                    let _ = std::io::Read::read_to_end(&mut s, &mut sink);
+                }
+                Ok(())
+            }),
+        ),
+    ];
+    // The honest stream gets going first.
+    std::thread::sleep(Duration::from_secs(3));
+    let mut rows = Vec::new();
+    for (name, attack) in list {
+        let before_at = Instant::now();
+        std::thread::sleep(Duration::from_secs(3));
+        let cpu0 = cpu_seconds(pid);
+        std::thread::sleep(Duration::from_secs(1));
+        let cpu_before = cpu_seconds(pid) - cpu0;
+        let before = rate(before_at, Instant::now());
+        attack()?;
+        let left = Instant::now();
+        let cpu1 = cpu_seconds(pid);
+        std::thread::sleep(Duration::from_secs(1));
+        let cpu_after = cpu_seconds(pid) - cpu1;
+        std::thread::sleep(Duration::from_secs(3));
+        let after = rate(left, Instant::now());
+        let s = Client::connect(&d.socket)?.stats()?;
+        rows.push(Row {
+            case: format!("attack: {name}"),
+            value: after,
+            unit: "honest batches/s after".into(),
+            reference: before,
+            reference_is: "before".into(),
+            ratio: after / before,
+            target: ">= 0.95".into(),
+            met: after / before >= 0.95,
+            notes: format!(
+                "daemon CPU {:.2} s in the second after it left, {:.2} s in a second before; \
+                 {} connections and {} streams open after (the honest one and this query)",
+                cpu_after, cpu_before, s["clients"], s["streams_now"]
+            ),
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    let n = honest
+        .join()
+        .map_err(|_| anyhow::anyhow!("the honest client panicked"))??;
+    // SIGTERM after the socket file was removed.
+    std::fs::remove_file(&d.socket)?;
+    let t = Instant::now();
+    let _ = Command::new("kill").arg(pid.to_string()).status();
+    let mut d = d;
+    let mut gone = false;
+    while t.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = d.child.try_wait() {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = t.elapsed().as_secs_f64();
+    let leftovers = scratch_bytes(data_dir, false);
+    rows.push(Row {
+        case: "SIGTERM after the socket file was removed".into(),
+        value: took,
+        unit: "s to exit".into(),
+        reference: 1.0,
+        reference_is: "1 s".into(),
+        ratio: took,
+        target: "<= 1".into(),
+        met: gone && took <= 1.0 && leftovers == 0,
+        notes: format!(
+            "exited: {gone}; scratch left: {leftovers} bytes; the honest client read {n} batches \
+             throughout, every one whole"
+        ),
+    });
+    let _ = std::fs::remove_file(&data);
+    Ok(rows)
+}
+
 /// Runs the suite.
 pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Result<NodeReport> {
     let dir = report::results_dir(&opts.out)?;
@@ -350,7 +577,7 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
     let size: u64 = if opts.quick { 512 << 20 } else { 2 << 30 };
     let records = size / 4096;
     let data = data_dir.join(format!("node-{records}.npy"));
-    progress(0, 5, "one-job: writing the dataset");
+    progress(0, 6, "one-job: writing the dataset");
     gen(&data, "npy", records, "4096", &[])?;
     let bytes = std::fs::metadata(&data)?.len();
     let cold_cache = report::drop_caches();
@@ -358,7 +585,7 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
     let mut rows = Vec::new();
     let world = 16u64;
     for (i, mode) in ["lirs", "two-pass"].into_iter().enumerate() {
-        progress(1 + i, 5, &format!("one-job: {mode}, alternated runs"));
+        progress(1 + i, 6, &format!("one-job: {mode}, alternated runs"));
         let (mut reference, mut served, mut read, mut ref_read, mut scratch) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64);
         let path = data.to_str().context("non-UTF-8 path")?;
@@ -430,20 +657,22 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
             ),
         });
     }
-    progress(3, 5, "many-jobs: 64 clients of different jobs, --memory 1G");
+    progress(3, 6, "many-jobs: 64 clients of different jobs, --memory 1G");
     rows.push(many_jobs(&socket, &data_dir, opts.quick)?);
     progress(
         4,
-        5,
+        6,
         &format!("soak: 64 connections for {:.0} s", opts.soak_seconds),
     );
     let (soak_rows, soak) = soak(&socket, &data_dir, opts.soak_seconds)?;
     rows.extend(soak_rows);
+    progress(5, 6, "attacks, each against an honest client");
+    rows.extend(attacks(&socket, &data_dir)?);
     if !opts.keep {
         let _ = std::fs::remove_file(&data);
     }
     let _ = std::fs::remove_file(&socket);
-    progress(5, 5, "done");
+    progress(6, 6, "done");
     let rep = NodeReport {
         rows,
         soak,

@@ -190,16 +190,20 @@ impl Emitter<'_> {
             }
             b.payload.seal();
             b.ready_ns = super::monotonic_ns();
-            if let Some((l, _)) = &self.lender {
-                l.0.ready(&mut b);
-            }
             self.hist
                 .saturating_record(started.elapsed().as_micros().max(1) as u64);
             self.report.records += b.ids.len() as u64;
             self.report.bytes += b.payload.len() as u64;
             self.report.batches += 1;
-            if self.tx.send(Ok(b)).is_err() {
-                self.stopped = true;
+            // A lender may take the batch over here (announced by it).
+            let b = match &self.lender {
+                Some((l, _)) => l.0.ready(b),
+                None => Some(b),
+            };
+            if let Some(b) = b {
+                if self.tx.send(Ok(b)).is_err() {
+                    self.stopped = true;
+                }
             }
         }
     }

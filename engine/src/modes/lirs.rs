@@ -466,7 +466,7 @@ fn run(
                         r.records += b.ids.len() as u64;
                         r.bytes += b.payload.len() as u64;
                         r.batches += 1;
-                        let mut out = Batch {
+                        let out = Batch {
                             epoch,
                             index,
                             ids: b.ids,
@@ -476,10 +476,12 @@ fn run(
                             ready_ns: super::monotonic_ns(),
                         };
                         drop(st);
-                        if let Some(l) = &opts.lender {
-                            l.0.ready(&mut out);
-                        }
-                        let sent = tx.send(Ok(out));
+                        // A lender may take the batch over here (announced by it).
+                        let out = match &opts.lender {
+                            Some(l) => l.0.ready(out),
+                            None => Some(out),
+                        };
+                        let sent = out.map_or(Ok(()), |out| tx.send(Ok(out)));
                         st = state.borrow_mut();
                         if sent.is_err() {
                             st.stopped = true;

@@ -18,9 +18,12 @@ pub trait Lender: Send + Sync {
     fn lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>>;
 
     /// The engine completed `batch`, on its own thread, before queueing it for the
-    /// consumer; batches come here in order. The lender may hand it over right away (the
-    /// daemon announces it to its client from here, saving a thread hop).
-    fn ready(&self, _batch: &mut super::Batch) {}
+    /// consumer; batches come here in order. The lender may take it over right away (the
+    /// daemon announces it to its client from here, saving a thread hop): it returns
+    /// `None`, and the batch, handed over, is not queued. Otherwise it gives it back.
+    fn ready(&self, batch: super::Batch) -> Option<super::Batch> {
+        Some(batch)
+    }
 }
 
 /// A lent region. Its contents start undefined; the engine writes every byte it delivers.
@@ -33,6 +36,8 @@ pub trait Lent: Send + Sync {
     fn shrink(&mut self, len: usize);
     /// For the lender to recognise its own region again.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// The region itself, for the lender to take it back by its type.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
 /// The [`Lender`] of a read, if any (see [`super::ReadOptions::lender`]).
@@ -47,9 +52,9 @@ impl fmt::Debug for PayloadLender {
 
 /// The records' bytes of a batch, back to back.
 ///
-/// Once the engine hands a lent batch over ([`Lender::ready`]), its bytes belong to the
-/// consumer: reading them through the payload (`Deref`, `Clone`, `==`) panics; its
-/// [`Payload::len`] stays available.
+/// A lent region leaves the payload only by [`Payload::into_lent`], which consumes it: a
+/// batch handed over to its lender's consumer is no longer a batch, so no payload ever
+/// reads bytes that are not the engine's.
 pub struct Payload(Repr, bool);
 
 enum Repr {
@@ -142,12 +147,18 @@ impl Payload {
         matches!(self.0, Repr::Lent { .. })
     }
 
-    /// The lent region and the bytes used of it, if lent.
-    pub fn lent_mut(&mut self) -> Option<(&mut dyn Lent, usize)> {
-        match &mut self.0 {
-            Repr::Lent { buf, len } => Some((&mut **buf, *len)),
-            Repr::Own(_) => None,
+    /// The lent region and the bytes used of it, to hand over (`Err` with the payload
+    /// itself when it is the engine's own memory).
+    pub fn into_lent(self) -> Result<(Box<dyn Lent>, usize), Payload> {
+        match self.0 {
+            Repr::Lent { buf, len } => Ok((buf, len)),
+            Repr::Own(_) => Err(self),
         }
+    }
+
+    /// A payload of the first `len` bytes of a region that was not handed over after all.
+    pub fn from_lent(buf: Box<dyn Lent>, len: usize) -> Payload {
+        Payload::lent(buf, len)
     }
 
     /// The bytes as a `Vec` (a copy when lent).
@@ -156,6 +167,13 @@ impl Payload {
             Repr::Own(v) => v,
             Repr::Lent { buf, len } => buf.bytes()[..len].to_vec(),
         }
+    }
+}
+
+impl Default for Payload {
+    /// Empty, the engine's own.
+    fn default() -> Payload {
+        Payload(Repr::Own(Vec::new()), false)
     }
 }
 
@@ -234,6 +252,9 @@ mod tests {
         fn as_any_mut(&mut self) -> &mut dyn Any {
             self
         }
+        fn into_any(self: Box<Self>) -> Box<dyn Any> {
+            self
+        }
     }
     impl Lender for Boxes {
         fn lend(&self, _records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
@@ -265,8 +286,9 @@ mod tests {
         assert!(q.is_lent());
         q.seal();
         assert_eq!(*shrunk.lock().unwrap(), vec![8]);
-        let (region, used) = q.lent_mut().unwrap();
+        let (region, used) = q.into_lent().ok().unwrap();
         assert_eq!(&region.bytes()[..used], b"01234567");
+        assert!(Payload::from(vec![1u8]).into_lent().is_err());
         let mut r = Payload::lent(lender.0.lend(3, 4).unwrap(), 0);
         r.extend_from_slice(b"012");
         r.extend_from_slice(b"345");

@@ -18,11 +18,11 @@ use super::job::{JobKey, NewPass};
 use super::proto::error_frame;
 use super::proto::{self, BatchHeader, FrameBuf, Kind, OpenRequest, Transport};
 use super::ring::ALIGN;
-use super::shm::{self, Handover, SharedRing};
+use super::shm::{self, SharedRing};
 use super::state::{ServeMode, Shared};
 use super::telemetry::{record, Waits};
 use crate::io::IoConfig;
-use crate::modes::{self, Batch, BatchStream, Cursor, ReadOptions};
+use crate::modes::{self, Batch, BatchStream, Cursor, Payload, ReadOptions};
 use crate::order::{Grouping, Split, Tail};
 
 /// Most batches a stream sends before it needs an ack.
@@ -41,8 +41,6 @@ const ENGINE_WAIT: Duration = Duration::from_millis(20);
 enum Sent {
     /// Announced (its header; whether the engine had assembled it in the ring).
     Announced(BatchHeader, bool),
-    /// Announced from the engine's thread before.
-    Already,
     /// Not sent: no room in the ring until the client acknowledges something.
     NoRoom,
     /// Refused (too large for the transport): the stream was closed with an error.
@@ -77,8 +75,6 @@ struct Stream {
     credits: u32,
     /// A batch taken from the engine that did not fit the ring yet.
     pending: Option<(Batch, Instant)>,
-    /// Since when the connection has been waiting for the engine's next batch.
-    asked: Option<Instant>,
     /// Its id in the daemon's stats, and its waits.
     id: u64,
     waits: Arc<Mutex<Waits>>,
@@ -110,6 +106,10 @@ struct WireState {
     /// thread): the engine announces one only when every earlier one is out.
     completed: u64,
     announced: u64,
+    /// Since when the stream has waited for the engine's next batch while its client had
+    /// room for it (the data stall, as the daemon sees it); `None` while it waits on the
+    /// client instead, or is not waiting.
+    asked: Option<Instant>,
 }
 
 impl Wire {
@@ -131,22 +131,32 @@ fn announce_ready(
     wire: &Wire,
     ring: &Arc<SharedRing>,
     shared: &Shared,
+    waits: &Mutex<Waits>,
     credits: u32,
-    b: &mut Batch,
-) {
+    mut b: Batch,
+) -> Option<Batch> {
     let started = Instant::now();
     let mut w = wire.lock();
     let seq = w.completed;
     w.completed += 1;
     if !w.live || seq != w.announced || ring.slots().outstanding() >= credits as usize {
-        return;
+        return Some(b);
     }
-    let mut h = header(b);
-    let Some((lent, used)) = b.payload.lent_mut() else {
-        return;
+    let mut h = header(&b);
+    let payload = std::mem::take(&mut b.payload);
+    let (lent, used) = match payload.into_lent() {
+        Ok(l) => l,
+        Err(own) => {
+            b.payload = own;
+            return Some(b);
+        }
     };
-    let Handover::Placed(p) = ring.send_lent(lent, used, &b.ids, &b.offsets) else {
-        return;
+    let p = match ring.send_lent(lent, used, &b.ids, &b.offsets) {
+        Ok(p) => p,
+        Err(lent) => {
+            b.payload = Payload::from_lent(lent, used);
+            return Some(b);
+        }
     };
     h.locate(&p);
     let mut out = Vec::with_capacity(5 + BatchHeader::LEN);
@@ -155,12 +165,20 @@ fn announce_ready(
     w.announced += 1;
     // A failed write is the client gone: the connection thread sees it at its next read.
     let _ = (&wire.sock).write_all(&out);
+    // The wait on the engine this batch ended, and the next one's start if the client
+    // still has room.
+    let waited = w.asked.take().map(|a| a.elapsed());
+    if ring.slots().outstanding() < credits as usize {
+        w.asked = Some(Instant::now());
+    }
     drop(w);
+    record(waits, |t| t.announced(waited));
     let mut s = shared.stats();
     s.count_batch(&h, true);
     s.batches_announced_early += 1;
     s.send_us
         .saturating_record(started.elapsed().as_micros().max(1) as u64);
+    None
 }
 
 /// The BATCH header of `b`, its positions still to fill in.
@@ -400,14 +418,12 @@ impl Conn {
                 continue;
             }
             if st.pending.is_none() {
-                let asked = *st.asked.get_or_insert_with(Instant::now);
+                let asked = *self.wire.lock().asked.get_or_insert_with(Instant::now);
                 if !st.batches.ready_within(ENGINE_WAIT) {
                     // Nothing yet: take what the client sent (a CLOSE stops the stream
                     // where it is, scatter included) and look again.
                     continue;
                 }
-                st.asked = None;
-                record(&st.waits, |w| w.engine_wait(asked.elapsed()));
                 match st.batches.next() {
                     None => {
                         let sent = self.close_stream();
@@ -431,7 +447,12 @@ impl Conn {
                         self.send(&error_frame("engine", &e.to_string(), false))?;
                         continue;
                     }
-                    Some(Ok(b)) => st.pending = Some((b, asked)),
+                    Some(Ok(b)) => {
+                        // The wait on the engine ends with the batch's arrival.
+                        let waited = self.wire.lock().asked.take().map(|a| a.elapsed());
+                        record(&st.waits, |t| t.announced(waited));
+                        st.pending = Some((b, asked))
+                    }
                 }
             }
             if !self.deliver()? {
@@ -444,6 +465,8 @@ impl Conn {
     /// Waits for the client's next frame (an ack, most likely) and takes it: the stream's
     /// back-pressure, timed.
     fn wait_on_client(&mut self) -> Result<(), Leave> {
+        // Waiting on the client now, not on the engine.
+        self.wire.lock().asked = None;
         let t = Instant::now();
         let (k, body) = self.frame(true)?.expect("blocking");
         if let Some(st) = &self.stream {
@@ -463,12 +486,6 @@ impl Conn {
         };
         let h = match sent {
             Sent::Announced(h, _) => h,
-            Sent::Already => {
-                let mut s = self.shared.stats();
-                s.batch_us
-                    .saturating_record(asked.elapsed().as_micros().max(1) as u64);
-                return Ok(true);
-            }
             Sent::Closed => return Ok(true),
             Sent::NoRoom => return Ok(false),
         };
@@ -495,16 +512,24 @@ impl Conn {
         // Under the wire's lock: the engine's thread announces batches too, and the
         // announcements must go out whole and in order.
         let mut w = self.wire.lock();
-        let handed = match b.payload.lent_mut() {
-            Some((lent, used)) => ring.send_lent(lent, used, &b.ids, &b.offsets),
-            None => Handover::Foreign,
+        // Assembled in the ring by the engine: only the arrays are written, and the region
+        // is the client's from here. Otherwise the batch is copied in.
+        let handed = match std::mem::take(&mut b.payload).into_lent() {
+            Ok((lent, used)) => match ring.send_lent(lent, used, &b.ids, &b.offsets) {
+                Ok(p) => Some(p),
+                Err(lent) => {
+                    b.payload = Payload::from_lent(lent, used);
+                    None
+                }
+            },
+            Err(own) => {
+                b.payload = own;
+                None
+            }
         };
         let (placed, in_place) = match handed {
-            // Announced from the engine's thread already: bookkeeping only.
-            Handover::Already => return Ok(Sent::Already),
-            // Assembled in the ring by the engine: only the arrays were written.
-            Handover::Placed(p) => (p, true),
-            Handover::Foreign => {
+            Some(p) => (p, true),
+            None => {
                 let arrays = 16 * b.ids.len() as u64 + 8;
                 let total = arrays.div_ceil(ALIGN) * ALIGN + b.payload.len() as u64;
                 if !ring.slots().fits_empty(total) {
@@ -648,15 +673,9 @@ impl Conn {
                             batches: sent,
                         },
                     ))?;
-                } else {
-                    self.send(&proto::json_frame(
-                        Kind::End,
-                        &proto::End {
-                            reason: "closed".into(),
-                            batches: 0,
-                        },
-                    ))?;
                 }
+                // Otherwise the CLOSE crossed the stream's END (or no stream was open):
+                // each stream ends with exactly one END, so it gets no answer.
                 Ok(())
             }
             Some(Kind::Stats) => {
@@ -803,6 +822,8 @@ impl Conn {
             m => m,
         };
         *self.wire.lock() = WireState::default();
+        // The stream's waits, listed in the stats once it is open.
+        let waits = Arc::new(Mutex::new(Waits::default()));
         let mut pass_grant = None;
         let (batches, job) = if req.world > 1 {
             // The ranks of a job share one pass; its batches are copied into the ring.
@@ -843,9 +864,14 @@ impl Conn {
             // Batches are assembled straight in the ring when it has room, and announced
             // from the engine's thread as they complete (once OPENED is out).
             opts.lender = ring.as_ref().map(|r| {
-                let (wire, ring, shared) = (self.wire.clone(), r.clone(), self.shared.clone());
-                r.lender(Some(Arc::new(move |b: &mut Batch| {
-                    announce_ready(&wire, &ring, &shared, credits, b)
+                let (wire, ring, shared, waits) = (
+                    self.wire.clone(),
+                    r.clone(),
+                    self.shared.clone(),
+                    waits.clone(),
+                );
+                r.lender(Some(Arc::new(move |b: Batch| {
+                    announce_ready(&wire, &ring, &shared, &waits, credits, b)
                 })))
             });
             let grant = self
@@ -907,7 +933,7 @@ impl Conn {
                 s.streams_own += 1;
             }
         }
-        let waits = self.shared.telemetry.add(stream_id, job);
+        self.shared.telemetry.add(stream_id, job, waits.clone());
         self.stream = Some(Stream {
             batches,
             _grants: (ring_grant, pass_grant),
@@ -917,7 +943,6 @@ impl Conn {
             inline_next: 0,
             credits,
             pending: None,
-            asked: None,
             id: stream_id,
             waits,
         });

@@ -148,27 +148,32 @@ impl SharedRing {
     }
 
     /// Makes a batch assembled in a region of this ring ready to announce: writes its
-    /// arrays beside the payload's `used` bytes and marks the slot sent.
+    /// arrays beside the payload's `used` bytes and marks the slot sent; the region is
+    /// the client's from here (the lease is consumed). `Err` gives the region back when it
+    /// is not one of this ring's (or was lent for fewer records): the batch is copied.
     pub fn send_lent(
         self: &Arc<Self>,
-        lent: &mut dyn Lent,
+        mut lent: Box<dyn Lent>,
         used: usize,
         ids: &[u64],
         offsets: &[u64],
-    ) -> Handover {
-        let Some(lease) = lent.as_any_mut().downcast_mut::<Lease>() else {
-            return Handover::Foreign;
-        };
-        if !Arc::ptr_eq(&lease.ring, self)
-            || ids.len() > lease.records
-            || offsets.len() != ids.len() + 1
-            || used > lease.cap
-        {
-            return Handover::Foreign;
+    ) -> std::result::Result<Placed, Box<dyn Lent>> {
+        let ours = lent
+            .as_any_mut()
+            .downcast_mut::<Lease>()
+            .is_some_and(|lease| {
+                Arc::ptr_eq(&lease.ring, self)
+                    && ids.len() <= lease.records
+                    && offsets.len() == ids.len() + 1
+                    && used <= lease.cap
+            });
+        if !ours {
+            return Err(lent);
         }
-        if lease.sent {
-            return Handover::Already;
-        }
+        let mut lease = lent
+            .into_any()
+            .downcast::<Lease>()
+            .expect("checked to be a lease above");
         let placed = Placed {
             slot: lease.slot,
             ids_at: lease.at,
@@ -183,24 +188,15 @@ impl SharedRing {
         }
         let sent = self.slots().mark_sent(lease.slot);
         assert!(sent, "a lease's slot is live and unsent until handed over");
+        // The slot is the client's now: dropping the lease must not give it back.
         lease.sent = true;
-        Handover::Placed(placed)
+        Ok(placed)
     }
 }
 
-/// What [`SharedRing::send_lent`] made of a lent region.
-#[derive(Debug)]
-pub enum Handover {
-    /// Its arrays are written and its slot is sent: announce it.
-    Placed(Placed),
-    /// It was handed over before (announced from the engine's thread).
-    Already,
-    /// Not a region of this ring (or lent for fewer records): copy the batch.
-    Foreign,
-}
-
-/// Called with each batch the engine completes, on the engine's thread.
-pub type OnReady = Arc<dyn Fn(&mut crate::modes::Batch) + Send + Sync>;
+/// Called with each batch the engine completes, on the engine's thread: `None` when it
+/// took the batch over (announced it), else the batch back.
+pub type OnReady = Arc<dyn Fn(crate::modes::Batch) -> Option<crate::modes::Batch> + Send + Sync>;
 
 struct RingLender {
     ring: Arc<SharedRing>,
@@ -208,9 +204,10 @@ struct RingLender {
 }
 
 impl Lender for RingLender {
-    fn ready(&self, batch: &mut crate::modes::Batch) {
-        if let Some(f) = &self.on_ready {
-            f(batch);
+    fn ready(&self, batch: crate::modes::Batch) -> Option<crate::modes::Batch> {
+        match &self.on_ready {
+            Some(f) => f(batch),
+            None => Some(batch),
         }
     }
 
@@ -246,8 +243,9 @@ impl RingLender {
     }
 }
 
-/// A region of a [`SharedRing`] lent to the engine: its until handed over for announcing
-/// (after which its bytes are not touched through it), or dropped, which gives it back.
+/// A region of a [`SharedRing`] lent to the engine: its until [`SharedRing::send_lent`]
+/// consumes it (the region is then the client's, and nothing can reach it through the
+/// lease), or dropped, which gives it back.
 struct Lease {
     ring: Arc<SharedRing>,
     slot: u32,
@@ -255,19 +253,17 @@ struct Lease {
     records: usize,
     data_at: u64,
     cap: usize,
+    /// Set only by `send_lent` as it consumes the lease: its drop then leaves the slot
+    /// to the client.
     sent: bool,
 }
 
 impl Lent for Lease {
     fn bytes(&self) -> &[u8] {
-        assert!(
-            !self.sent,
-            "a region handed over to the client is not the engine's to read"
-        );
         // SAFETY: the region [data_at, data_at + cap) is inside the mapping (the slot was
-        // allocated inside it) and is this lease's alone until it is sent (checked above;
-        // after that the client may ack it and the space be lent again); the mapping lives
-        // as long as `self.ring`.
+        // allocated inside it) and is this lease's alone while the lease exists (handing
+        // it over consumes the lease; after that the client may ack it and the space be
+        // lent again); the mapping lives as long as `self.ring`.
         unsafe {
             std::slice::from_raw_parts(
                 self.ring.map.ptr.as_ptr().add(self.data_at as usize),
@@ -277,10 +273,6 @@ impl Lent for Lease {
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
-        assert!(
-            !self.sent,
-            "a region handed over to the client is not the engine's to write"
-        );
         // SAFETY: as in `bytes`; `&mut self` makes this the only view of the region.
         unsafe {
             std::slice::from_raw_parts_mut(
@@ -299,6 +291,10 @@ impl Lent for Lease {
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
 }

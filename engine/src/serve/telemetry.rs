@@ -34,11 +34,14 @@ impl Default for Waits {
 }
 
 impl Waits {
-    /// The daemon waited `d` for the engine's next batch.
-    pub(super) fn engine_wait(&mut self, d: Duration) {
+    /// A batch came from the engine, after the stream waited `waited` for it with room
+    /// for it (`None`: it did not wait on the engine, its client had no room).
+    pub(super) fn announced(&mut self, waited: Option<Duration>) {
         self.batches += 1;
-        self.engine.saturating_record(d.as_micros().max(1) as u64);
-        self.engine_total += d;
+        if let Some(d) = waited {
+            self.engine.saturating_record(d.as_micros().max(1) as u64);
+            self.engine_total += d;
+        }
     }
 
     /// The stream waited `d` on its client (credits or ring space).
@@ -81,12 +84,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Telemetry {
-    /// Registers stream `id` (of `job`, if shared); its waits are recorded in what is
-    /// returned, and it is listed until [`Telemetry::remove`].
-    pub(super) fn add(&self, id: u64, job: Option<u64>) -> Arc<Mutex<Waits>> {
-        let w = Arc::new(Mutex::new(Waits::default()));
-        lock(&self.live).insert(id, (job, w.clone()));
-        w
+    /// Lists stream `id` (of `job`, if shared) with its waits until
+    /// [`Telemetry::remove`].
+    pub(super) fn add(&self, id: u64, job: Option<u64>, waits: Arc<Mutex<Waits>>) {
+        lock(&self.live).insert(id, (job, waits));
     }
 
     pub(super) fn remove(&self, id: u64) {

@@ -265,7 +265,7 @@ fn node(args: &Args) -> Result<()> {
     };
     suite(
         args,
-        5,
+        6,
         |p| riffle_bench::node::run(&opts, p),
         riffle_bench::node::markdown,
         |r| &r.report_dir,
