@@ -155,7 +155,7 @@ impl Emitter<'_> {
                 Some((l, max)) => {
                     let room =
                         usize::try_from((n as u64).saturating_mul(*max)).unwrap_or(usize::MAX);
-                    match l.0.lend(n, room) {
+                    match l.0.lend(j, n, room) {
                         Some(buf) => Payload::lent(buf, 0),
                         None => own().refused(),
                     }

@@ -581,7 +581,7 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
         Pending {
             ids,
             offsets,
-            payload: Payload::sized(lender, n_records, total as usize),
+            payload: Payload::sized(lender, j, n_records, total as usize),
             padding,
             missing: reads,
             started: Instant::now(),

@@ -13,9 +13,11 @@ use std::sync::Arc;
 
 /// Lends the engine memory to assemble batches in.
 pub trait Lender: Send + Sync {
-    /// A region for a batch of `records` records and at most `bytes` payload bytes, or
-    /// `None` (the engine then uses memory of its own). Never blocks.
-    fn lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>>;
+    /// A region for batch `index` (of the read's batches: every rank's, numbered
+    /// globally, when the read is shared by ranks), of `records` records and at most
+    /// `bytes` payload bytes, or `None` (the engine then uses memory of its own). Never
+    /// blocks.
+    fn lend(&self, index: u64, records: usize, bytes: usize) -> Option<Box<dyn Lent>>;
 
     /// The engine completed `batch`, on its own thread, before queueing it for the
     /// consumer; batches come here in order. The lender may take it over right away (the
@@ -82,8 +84,13 @@ impl Payload {
 
     /// A payload of `len` bytes to be written in place: lent by `lender` when it can, else
     /// the engine's own.
-    pub(crate) fn sized(lender: Option<&PayloadLender>, records: usize, len: usize) -> Payload {
-        match lender.map(|l| l.0.lend(records, len)) {
+    pub(crate) fn sized(
+        lender: Option<&PayloadLender>,
+        index: u64,
+        records: usize,
+        len: usize,
+    ) -> Payload {
+        match lender.map(|l| l.0.lend(index, records, len)) {
             Some(Some(buf)) => Payload::lent(buf, len),
             Some(None) => Payload::zeroed(len).refused(),
             None => Payload::zeroed(len),
@@ -257,7 +264,7 @@ mod tests {
         }
     }
     impl Lender for Boxes {
-        fn lend(&self, _records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
+        fn lend(&self, _index: u64, _records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
             (bytes <= self.room)
                 .then(|| Box::new(Region(vec![7; bytes], self.shrunk.clone())) as Box<dyn Lent>)
         }
@@ -271,16 +278,16 @@ mod tests {
             shrunk: shrunk.clone(),
         }));
         // Written in place.
-        let mut p = Payload::sized(Some(&lender), 2, 6);
+        let mut p = Payload::sized(Some(&lender), 0, 2, 6);
         assert!(p.is_lent());
         p.copy_from_slice(b"abcdef");
         assert_eq!(&p[..], b"abcdef");
         assert_eq!(p.clone(), Payload::from(b"abcdef".to_vec()));
         // Too large for the lender: the engine's own.
-        assert!(!Payload::sized(Some(&lender), 2, 17).is_lent());
-        assert!(!Payload::sized(None, 2, 4).is_lent());
+        assert!(!Payload::sized(Some(&lender), 0, 2, 17).is_lent());
+        assert!(!Payload::sized(None, 0, 2, 4).is_lent());
         // Appended: stays lent while it fits, then moves out with its bytes.
-        let mut q = Payload::lent(lender.0.lend(3, 8).unwrap(), 0);
+        let mut q = Payload::lent(lender.0.lend(0, 3, 8).unwrap(), 0);
         q.extend_from_slice(b"0123");
         q.extend_from_slice(b"4567");
         assert!(q.is_lent());
@@ -289,7 +296,7 @@ mod tests {
         let (region, used) = q.into_lent().ok().unwrap();
         assert_eq!(&region.bytes()[..used], b"01234567");
         assert!(Payload::from(vec![1u8]).into_lent().is_err());
-        let mut r = Payload::lent(lender.0.lend(3, 4).unwrap(), 0);
+        let mut r = Payload::lent(lender.0.lend(0, 3, 4).unwrap(), 0);
         r.extend_from_slice(b"012");
         r.extend_from_slice(b"345");
         assert!(!r.is_lent());

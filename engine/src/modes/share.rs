@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{SendTimeoutError, Sender};
 
-use super::{Batch, BatchStream, ReadOptions, ReadReport};
+use super::{Batch, BatchStream, Lender, Lent, PayloadLender, ReadOptions, ReadReport};
 use crate::{Error, Result};
 
 /// Which ranks of a shared pass want their batches (see the module docs).
@@ -135,9 +135,31 @@ pub type StartPass = Box<dyn FnOnce(ReadOptions) -> Result<BatchStream> + Send>;
 /// Called once with what the pass did, when it has ended (or was stopped).
 pub type PassEnded = Box<dyn FnOnce(ReadReport) + Send>;
 
+/// Lends each batch the memory its rank's stream lends, if it lends any (a daemon's ring):
+/// batch `g` is rank `g % world`'s.
+struct Routing {
+    world: u64,
+    lenders: Mutex<HashMap<u64, PayloadLender>>,
+}
+
+impl Routing {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, PayloadLender>> {
+        self.lenders.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Lender for Routing {
+    fn lend(&self, index: u64, records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
+        let l = self.lock().get(&(index % self.world)).cloned()?;
+        l.0.lend(index / self.world, records, bytes)
+    }
+}
+
 /// One engine pass fanned out to the streams of its ranks (see the module docs).
 pub struct SharedPass {
     ranks: Arc<Ranks>,
+    /// The joined ranks' lenders.
+    routing: Arc<Routing>,
     /// Each joined rank's stream.
     subs: Mutex<Subs>,
     /// Batches a rank's stream holds before the pass waits for it.
@@ -185,9 +207,14 @@ impl SharedPass {
         let start_at = all.resume.map_or(0, |c| c.batch);
         let ranks = Arc::new(Ranks::new(world, first_epoch, start_at));
         all.ranks = Some(ranks.clone());
-        all.lender = None;
+        let routing = Arc::new(Routing {
+            world,
+            lenders: Mutex::new(HashMap::new()),
+        });
+        all.lender = Some(PayloadLender(routing.clone()));
         let pass = Arc::new(SharedPass {
             ranks,
+            routing,
             subs: Mutex::new(Subs::default()),
             capacity: capacity.max(1),
         });
@@ -205,8 +232,10 @@ impl SharedPass {
     }
 
     /// The batches of `rank`, as a stream of its own, or `None` when the rank cannot join
-    /// (already in, or the pass has gone past its first batch).
-    pub fn join(self: &Arc<Self>, rank: u64) -> Option<BatchStream> {
+    /// (already in, or the pass has gone past its first batch). Its batches are assembled
+    /// in memory `lender` lends, when it can (as [`ReadOptions::lender`]; only `lend` is
+    /// used: the batches are handed over by the stream).
+    pub fn join(self: &Arc<Self>, rank: u64, lender: Option<PayloadLender>) -> Option<BatchStream> {
         let (tx, rx) = crossbeam_channel::bounded(self.capacity);
         let mut subs = self.subs();
         if subs.ended || subs.streams.contains_key(&rank) {
@@ -214,8 +243,12 @@ impl SharedPass {
         }
         // The sender is in place before the rank is: a batch decided for it finds it.
         subs.streams.insert(rank, tx);
+        if let Some(l) = lender {
+            self.routing.lock().insert(rank, l);
+        }
         if !self.ranks.join(rank) {
             subs.streams.remove(&rank);
+            self.routing.lock().remove(&rank);
             return None;
         }
         drop(subs);
@@ -310,6 +343,7 @@ struct Leave {
 impl Drop for Leave {
     fn drop(&mut self) {
         self.pass.subs().streams.remove(&self.rank);
+        self.pass.routing.lock().remove(&self.rank);
         self.pass.ranks.leave(self.rank);
     }
 }

@@ -176,6 +176,9 @@ fn announce_ready(
     let mut s = shared.stats();
     s.count_batch(&h, true);
     s.batches_announced_early += 1;
+    // The client's wait for this batch (none when it was ready before the client asked).
+    s.batch_us
+        .saturating_record(waited.map_or(1, |d| d.as_micros().max(1) as u64));
     s.send_us
         .saturating_record(started.elapsed().as_micros().max(1) as u64);
     None
@@ -826,7 +829,7 @@ impl Conn {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let mut pass_grant = None;
         let (batches, job) = if req.world > 1 {
-            // The ranks of a job share one pass; its batches are copied into the ring.
+            // The ranks of a job share one pass, which assembles their batches in their rings.
             let key = JobKey {
                 dataset: req.dataset.clone(),
                 seed: req.seed,
@@ -853,7 +856,12 @@ impl Conn {
                     s.jobs_now = s.jobs_now.saturating_sub(1);
                 }),
             };
-            let (stream, id, new) = shared.jobs.open(key.clone(), &opts, ds, root, new_pass)?;
+            // The pass assembles this rank's batches straight in its ring when it can.
+            let lender = ring.as_ref().map(|r| r.lender(None));
+            let (stream, id, new) =
+                shared
+                    .jobs
+                    .open(key.clone(), &opts, ds, root, lender, new_pass)?;
             if new {
                 let mut s = shared.stats();
                 s.jobs_total += 1;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::dataset::Dataset;
-use crate::modes::{self, BatchStream, ReadOptions, SharedPass};
+use crate::modes::{self, BatchStream, PayloadLender, ReadOptions, SharedPass};
 
 /// What makes two streams ranks of the same job.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -75,19 +75,25 @@ impl Jobs {
 
     /// Rank `rank`'s stream from job `key`'s live pass, if it can join it: (stream, job id,
     /// false).
-    fn join(&self, key: &JobKey, rank: u64) -> Option<(BatchStream, u64, bool)> {
+    fn join(
+        &self,
+        key: &JobKey,
+        rank: u64,
+        lender: &Option<PayloadLender>,
+    ) -> Option<(BatchStream, u64, bool)> {
         let mut jobs = self.lock();
         jobs.retain(|_, j| j.pass.strong_count() > 0);
-        Self::join_in(&jobs, key, rank)
+        Self::join_in(&jobs, key, rank, lender)
     }
 
     fn join_in(
         jobs: &HashMap<JobKey, Job>,
         key: &JobKey,
         rank: u64,
+        lender: &Option<PayloadLender>,
     ) -> Option<(BatchStream, u64, bool)> {
         let j = jobs.get(key)?;
-        let s = j.pass.upgrade()?.join(rank)?;
+        let s = j.pass.upgrade()?.join(rank, lender.clone())?;
         Some((s, j.id, false))
     }
 
@@ -100,9 +106,10 @@ impl Jobs {
         opts: &ReadOptions,
         ds: &Arc<Dataset>,
         root: PathBuf,
+        lender: Option<PayloadLender>,
         new_pass: NewPass<'_>,
     ) -> std::result::Result<(BatchStream, u64, bool), (&'static str, String)> {
-        if let Some(joined) = self.join(&key, opts.rank) {
+        if let Some(joined) = self.join(&key, opts.rank, &lender) {
             return Ok(joined);
         }
         // LIRS decides each batch as it plans it, so the pass waits a moment for the
@@ -118,7 +125,7 @@ impl Jobs {
         let held = (new_pass.admit)(&mut opts).map_err(|m| ("busy", m))?;
         let mut jobs = self.lock();
         // Another rank of the job may have started its pass meanwhile: join that one.
-        if let Some(joined) = Self::join_in(&jobs, &key, opts.rank) {
+        if let Some(joined) = Self::join_in(&jobs, &key, opts.rank, &lender) {
             return Ok(joined);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -135,7 +142,7 @@ impl Jobs {
         let pass = SharedPass::spawn(&opts, window, PER_RANK, start, ended)
             .map_err(|e| ("engine", e.to_string()))?;
         let stream = pass
-            .join(opts.rank)
+            .join(opts.rank, lender)
             .expect("a new pass takes any rank of its world");
         jobs.insert(
             key,

@@ -211,7 +211,7 @@ impl Lender for RingLender {
         }
     }
 
-    fn lend(&self, records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
+    fn lend(&self, _index: u64, records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
         let ring = &self.ring;
         let lent = self.try_lend(records, bytes);
         if lent.is_none() {

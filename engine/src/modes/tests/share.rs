@@ -9,7 +9,39 @@ use std::time::Duration;
 
 use super::make;
 use crate::gen::GenFormat;
-use crate::modes::{read, read_two_pass, Batch, Cursor, ReadOptions, SharedPass};
+use crate::modes::{
+    read, read_two_pass, Batch, Cursor, Lender, Lent, PayloadLender, ReadOptions, SharedPass,
+};
+
+/// Lends boxes of memory (as a daemon's ring lends regions), to ranks 1 and 3 only: the
+/// pass assembles their batches in it, the others' in its own memory.
+struct Boxes;
+struct Region(Vec<u8>);
+impl Lent for Region {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+    fn shrink(&mut self, len: usize) {
+        self.0.truncate(len);
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+impl Lender for Boxes {
+    fn lend(&self, _index: u64, _records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
+        Some(Box::new(Region(vec![0; bytes])))
+    }
+}
+fn lender(rank: u64) -> Option<PayloadLender> {
+    (rank % 2 == 1).then(|| PayloadLender(Arc::new(Boxes)))
+}
 use crate::order::{Grouping, Tail};
 
 fn opts(world: u64, tail: Tail, grouping: Grouping) -> ReadOptions {
@@ -67,9 +99,14 @@ fn every_rank_gets_its_own_batches_from_one_pass() {
             let done = Arc::new(AtomicU64::new(u64::MAX));
             let scratch = two_pass.then(|| dir.path().to_path_buf());
             let pass = spawn(&ds, &o, scratch, Duration::from_secs(10), done.clone());
-            let streams: Vec<_> = (0..4).map(|r| pass.join(r).expect("joins")).collect();
-            assert!(pass.join(2).is_none(), "a rank joins once");
-            assert!(pass.join(4).is_none(), "rank 4 is outside a world of 4");
+            let streams: Vec<_> = (0..4)
+                .map(|r| pass.join(r, lender(r)).expect("joins"))
+                .collect();
+            assert!(pass.join(2, None).is_none(), "a rank joins once");
+            assert!(
+                pass.join(4, None).is_none(),
+                "rank 4 is outside a world of 4"
+            );
             // Each rank is consumed on a thread of its own, as a daemon's connections do.
             let got: Vec<Vec<Batch>> = std::thread::scope(|s| {
                 let hs: Vec<_> = streams
@@ -111,8 +148,8 @@ fn only_the_joined_ranks_are_read_and_a_resume_is_in_rank_batches() {
     let done = Arc::new(AtomicU64::new(u64::MAX));
     // A short window: ranks 1 and 3 never come.
     let pass = spawn(&ds, &o, None, Duration::from_millis(50), done.clone());
-    let a = pass.join(0).unwrap();
-    let b = pass.join(2).unwrap();
+    let a = pass.join(0, None).unwrap();
+    let b = pass.join(2, None).unwrap();
     let (ga, gb) = std::thread::scope(|s| {
         let ha = s.spawn(move || a.map(|b| b.unwrap()).collect::<Vec<_>>());
         let hb = s.spawn(move || b.map(|b| b.unwrap()).collect::<Vec<_>>());
@@ -123,7 +160,7 @@ fn only_the_joined_ranks_are_read_and_a_resume_is_in_rank_batches() {
     assert_eq!(ga[0].index, 3, "the resume point is in the rank's batches");
     // The pass started without ranks 1 and 3: they are refused now (their batches were
     // skipped), and nothing of theirs was read.
-    assert!(pass.join(1).is_none());
+    assert!(pass.join(1, None).is_none());
     let t = std::time::Instant::now();
     while done.load(Ordering::SeqCst) == u64::MAX && t.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(5));
@@ -140,8 +177,8 @@ fn a_pass_every_rank_left_stops() {
     o.epochs = 50;
     let done = Arc::new(AtomicU64::new(u64::MAX));
     let pass = spawn(&ds, &o, None, Duration::from_secs(5), done.clone());
-    let mut a = pass.join(0).unwrap();
-    let b = pass.join(1).unwrap();
+    let mut a = pass.join(0, None).unwrap();
+    let b = pass.join(1, None).unwrap();
     assert!(a.next().unwrap().is_ok());
     drop(b);
     // Rank 0 alone still gets its batches in order.
