@@ -189,6 +189,9 @@ pub struct Candidate {
     pub contract: bool,
     /// Predicted seconds of the first epoch.
     pub first_epoch_s: f64,
+    /// Predicted seconds to the first batch (DLIO's T_pre): LIRS's table and the first
+    /// batch's reads; two-pass's scatter, or its lead's first batch when it leads.
+    pub first_batch_s: f64,
     /// Predicted seconds of each later epoch (for two-pass: while rolling; the last epoch
     /// only reads).
     pub later_epoch_s: f64,
@@ -225,6 +228,9 @@ pub struct Plan {
     pub reason: String,
     /// What page grouping would gain over record grouping (when record was asked for).
     pub page_gain: Option<String>,
+    /// Whether a two-pass read starts with LIRS while its scatter runs (the device reads
+    /// at random fast enough that the lead's reads cost the scatter little).
+    pub lead: bool,
 }
 
 impl Plan {
@@ -258,6 +264,26 @@ fn random_read_time(dev: &DeviceModel, w: &Workload, units: f64, read: f64) -> (
         (by_iops, "iops")
     } else {
         (by_bw, "bandwidth")
+    }
+}
+
+/// Seconds to LIRS's first batch once its table is built: the batch's reads at the queue
+/// depth (a batch of fewer reads than the depth takes one read's latency).
+fn first_batch_reads(dev: &DeviceModel, w: &Workload, units: f64) -> f64 {
+    let per_unit = w.records as f64 / units.max(1.0);
+    let reads = (w.batch as f64 / per_unit.max(1.0)).ceil().max(1.0);
+    let read = w.bytes as f64 / units.max(1.0) + w.align as f64;
+    let iops = dev.iops(read as u64, w.queue_depth).max(1.0);
+    reads.max(w.queue_depth as f64) / iops
+}
+
+impl DeviceModel {
+    /// Whether a two-pass read should lead with LIRS on this device: its random reads of
+    /// `read` bytes at `depth` move at least a sixteenth of its sequential bandwidth (a
+    /// flash device). On a device that seeks (an HDD: 600 reads of 4 KiB a second against
+    /// 150 MB/s), every random read breaks the scatter's sequential stream for little.
+    pub fn leads(&self, read: u64, depth: usize) -> bool {
+        self.iops(read, depth) * read as f64 >= self.seq_read_bps / 16.0
     }
 }
 
@@ -363,6 +389,8 @@ pub fn plan(
         let units = unit_set.len() as f64;
         // LIRS.
         let (t, reads, read, bound) = lirs_epoch(dev, &w, units);
+        let lirs_first = units * TABLE_PER_UNIT + first_batch_reads(dev, &w, units);
+        let lead = dev.leads(read as u64, w.queue_depth);
         let (memory, unfit) = match crate::modes::lirs::memory_needs(ds, &unit_set, &o) {
             Ok(m) => (m, None),
             Err(err) => (0, Some(err.to_string())),
@@ -372,6 +400,7 @@ pub fn plan(
             grouping: grouping_name(g),
             contract: true,
             first_epoch_s: t,
+            first_batch_s: lirs_first,
             later_epoch_s: t,
             total_s: t * e,
             reads_per_epoch: reads,
@@ -383,6 +412,14 @@ pub fn plan(
         });
         // Two-pass.
         let (first, rolling, last, bound) = two_pass_epochs(dev, &w, units);
+        // Led, the first batch comes from a prefix of the table (one pass over the keys,
+        // a fraction of a full build) while the scatter runs; else after the scatter.
+        let scatter = first - if w.epochs > 1 { rolling } else { last };
+        let two_first = if lead && opts.lead {
+            units * TABLE_PER_UNIT / 4.0 + first_batch_reads(dev, &w, units)
+        } else {
+            scatter
+        };
         let total = if w.epochs == 1 {
             first
         } else {
@@ -408,6 +445,7 @@ pub fn plan(
             grouping: grouping_name(g),
             contract: true,
             first_epoch_s: first,
+            first_batch_s: two_first,
             later_epoch_s: if w.epochs > 2 { rolling } else { last },
             total_s: total,
             reads_per_epoch: piles_read,
@@ -445,6 +483,7 @@ pub fn plan(
             grouping: "record".into(),
             contract: false,
             first_epoch_s: seq,
+            first_batch_s: seq / (w.records as f64 / w.batch.max(1) as f64).max(1.0),
             later_epoch_s: seq,
             total_s: seq * e,
             reads_per_epoch: w.bytes as f64 / (1 << 20) as f64,
@@ -469,6 +508,7 @@ pub fn plan(
         grouping: format!("blocks of {block}"),
         contract: false,
         first_epoch_s: bmf,
+        first_batch_s: bmf / (w.records as f64 / w.batch.max(1) as f64).max(1.0),
         later_epoch_s: bmf,
         total_s: bmf * e,
         reads_per_epoch: blocks,
@@ -551,6 +591,8 @@ pub fn plan(
                 .into()
         }
     });
+    let read = lirs.read_bytes as u64;
+    let lead = opts.lead && dev.leads(read, w.queue_depth);
     Ok(Plan {
         device: dev.clone(),
         workload: w,
@@ -558,6 +600,7 @@ pub fn plan(
         candidates,
         choice,
         reason,
+        lead,
         page_gain,
     })
 }

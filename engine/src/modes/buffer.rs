@@ -258,7 +258,8 @@ fn run(
             &mut *r,
         )
         .lend_from(opts.lender.clone(), ds.size_stats().max)
-        .shared(opts.ranks.clone());
+        .shared(opts.ranks.clone())
+        .timed(started);
         let mut first_id = 0u64;
         for (i, f) in ds.files().iter().enumerate() {
             let file = &ds.open_one(i, scan.direct)?;

@@ -43,6 +43,8 @@ pub(crate) struct Emitter<'a> {
     ranks: Option<Arc<Ranks>>,
     /// Positions before this belong to a skipped batch.
     skip_end: u64,
+    /// When the run started: the report's time to the first batch counts from here.
+    run_started: Option<Instant>,
 }
 
 impl<'a> Emitter<'a> {
@@ -77,7 +79,14 @@ impl<'a> Emitter<'a> {
             lender: None,
             ranks: None,
             skip_end: 0,
+            run_started: None,
         }
+    }
+
+    /// Reports the time from `started` to the first batch sent, if none was before.
+    pub(crate) fn timed(mut self, started: Instant) -> Self {
+        self.run_started = Some(started);
+        self
     }
 
     /// Assembles batches in memory `lender` lends, when it can; `max_record` is the
@@ -195,6 +204,9 @@ impl Emitter<'_> {
             self.report.records += b.ids.len() as u64;
             self.report.bytes += b.payload.len() as u64;
             self.report.batches += 1;
+            if let (1, Some(t)) = (self.report.batches, self.run_started) {
+                self.report.first_batch_seconds = t.elapsed().as_secs_f64();
+            }
             // A lender may take the batch over here (announced by it).
             let b = match &self.lender {
                 Some((l, _)) => l.0.ready(b),

@@ -15,7 +15,7 @@ use hdrhistogram::Histogram;
 use super::walk::Walker;
 use super::{Baseline, Batch, Latency, Payload, PayloadLender, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
-use crate::io::IoConfig;
+use crate::io::{IoConfig, RangeReader};
 use crate::order::{EpochKey, EpochTable, Grouping, Split, Units};
 use crate::pipeline::Stop;
 use crate::{Error, Result};
@@ -240,6 +240,11 @@ struct MemoryPlan {
 
 impl MemoryPlan {
     fn new(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<Self> {
+        Self::with_table(ds, units, opts, units.len())
+    }
+
+    /// The plan of a read whose table holds `entries` units (a prefix: see [`lead`]).
+    fn with_table(ds: &Dataset, units: &Units, opts: &ReadOptions, entries: u64) -> Result<Self> {
         let stats = ds.size_stats();
         let mean = stats.total as f64 / ds.len() as f64;
         let align = 4096u64;
@@ -255,7 +260,7 @@ impl MemoryPlan {
             .next_power_of_two()
             .clamp(align, 1 << 20) as usize;
         let table_width = if units.len() <= u32::MAX as u64 { 4 } else { 8 };
-        let table_bytes = units.len() * table_width;
+        let table_bytes = entries * table_width;
         let batch_bytes = (opts.batch as f64 * mean) as u64 + (opts.batch + 1) * 16;
         let buffers = crate::io::footprint(slot_size * opts.io.depth) as u64;
         let fixed = table_bytes + units.bytes() + ds.index_bytes() + buffers;
@@ -312,6 +317,8 @@ struct Piece {
 struct EpochState<'a> {
     walker: Walker<'a>,
     split: Split,
+    /// The batch after the last one to read: the epoch's end, or where a lead stopped.
+    end: u64,
     next_batch: u64,
     /// Reads not yet handed to the reader for the batch being planned.
     queue: std::collections::VecDeque<(usize, u64, usize, Piece)>,
@@ -364,143 +371,29 @@ fn run(
             break;
         }
         let t = Instant::now();
-        let key = EpochKey::new(opts.seed, epoch);
-        let table = EpochTable::build(units.len(), &key);
+        let table = EpochTable::build(units.len(), &EpochKey::new(opts.seed, epoch));
         r.table_seconds += t.elapsed().as_secs_f64();
-        let split = opts.split(ds.len())?;
-        let first = match opts.resume {
-            Some(c) if c.epoch == epoch => c.batch.min(split.batches()),
-            _ => 0,
+        let walked = Walked {
+            table: &table,
+            covers: ds.len(),
         };
-        let state = RefCell::new(EpochState {
-            walker: match opts.baseline {
-                None => Walker::new(&table, units),
-                Some(_) => Walker::baseline(&table, units),
-            },
-            split,
-            next_batch: first,
-            queue: Default::default(),
-            pieces: HashMap::new(),
-            handed: 0,
-            pending: HashMap::new(),
-            done: BTreeMap::new(),
-            skipped: BTreeSet::new(),
-            reads: 0,
-            next_send: first,
-            stopped: false,
-            error: None,
-        });
-        // read_ranges returns when the iterator runs dry; with the assembly bound it can
-        // run dry early, so go again until every batch is out.
-        loop {
-            let ranges = std::iter::from_fn(|| {
-                let mut st = state.borrow_mut();
-                // Checked per read: once the stream is stopped, no read is issued and
-                // read_ranges only reaps those in flight.
-                if st.stopped || stop.is_set() {
-                    st.stopped = true;
-                    return None;
-                }
-                while st.queue.is_empty() {
-                    // Bound the batches under assembly (the memory plan counts on it); the
-                    // oldest one still has reads in flight, so the reader comes back.
-                    if st.next_batch >= st.split.batches()
-                        || st.next_batch - st.next_send >= plan.assembling
-                    {
-                        return None;
-                    }
-                    let j = st.next_batch;
-                    if !opts.wanted(epoch, j) {
-                        st.next_batch += 1;
-                        if st.next_send == j {
-                            st.next_send += 1;
-                        } else {
-                            st.skipped.insert(j);
-                        }
-                        continue;
-                    }
-                    plan_batch(&mut st, ds, opts.lender.as_ref());
-                }
-                let (file, offset, len, piece) = st.queue.pop_front().expect("queued read");
-                let i = st.handed;
-                st.handed += 1;
-                st.pieces.insert(i, piece);
-                Some((file, offset, len))
-            });
-            reader.read_ranges(ranges, |i, bytes| {
-                let mut st = state.borrow_mut();
-                if st.stopped {
-                    // Reads reaped after a stop: nobody takes their batches.
-                    return;
-                }
-                let piece = st.pieces.remove(&i).expect("piece of a read");
-                let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
-                for &(from, len, to) in &piece.parts {
-                    let (from, len, to) = (from as usize, len as usize, to as usize);
-                    match bytes.get(from..from + len) {
-                        Some(src) => batch.payload[to..to + len].copy_from_slice(src),
-                        None => {
-                            st.error.get_or_insert(Error::Invalid(
-                                "a read came back shorter than its records".into(),
-                            ));
-                            st.stopped = true;
-                            return;
-                        }
-                    }
-                }
-                batch.missing -= 1;
-                if batch.missing == 0 {
-                    let b = st.pending.remove(&piece.batch).expect("pending batch");
-                    st.done.insert(piece.batch, b);
-                    loop {
-                        let index = st.next_send;
-                        if st.skipped.remove(&index) {
-                            st.next_send += 1;
-                            continue;
-                        }
-                        let Some(b) = st.done.remove(&index) else {
-                            break;
-                        };
-                        st.next_send += 1;
-                        hist.saturating_record(b.started.elapsed().as_micros().max(1) as u64);
-                        r.records += b.ids.len() as u64;
-                        r.bytes += b.payload.len() as u64;
-                        r.batches += 1;
-                        let out = Batch {
-                            epoch,
-                            index,
-                            ids: b.ids,
-                            offsets: b.offsets,
-                            payload: b.payload,
-                            padding: b.padding,
-                            ready_ns: super::monotonic_ns(),
-                        };
-                        drop(st);
-                        // A lender may take the batch over here (announced by it).
-                        let out = match &opts.lender {
-                            Some(l) => l.0.ready(out),
-                            None => Some(out),
-                        };
-                        let sent = out.map_or(Ok(()), |out| tx.send(Ok(out)));
-                        st = state.borrow_mut();
-                        if sent.is_err() {
-                            st.stopped = true;
-                            return;
-                        }
-                    }
-                }
-            })?;
-            let st = state.borrow();
-            if st.stopped || st.error.is_some() || st.next_send >= st.split.batches() {
-                break;
-            }
-        }
-        let mut st = state.into_inner();
-        total_reads += st.reads;
-        if let Some(e) = st.error.take() {
-            return Err(e);
-        }
-        if st.stopped {
+        let out = read_epoch(
+            ds,
+            units,
+            opts,
+            plan,
+            &mut reader,
+            walked,
+            epoch,
+            None,
+            tx,
+            stop,
+            &mut hist,
+            r,
+            started,
+        )?;
+        total_reads += out.reads;
+        if out.stopped {
             break;
         }
     }
@@ -511,6 +404,351 @@ fn run(
     r.seconds = started.elapsed().as_secs_f64();
     r.batch_latency_us = Latency::of(&hist);
     Ok(())
+}
+
+/// The table an epoch is walked through, and how many records of the epoch's sequence it
+/// covers (all of them, or those of a prefix table's units).
+#[derive(Clone, Copy)]
+struct Walked<'a> {
+    table: &'a EpochTable,
+    covers: u64,
+}
+
+/// How an epoch's read ended.
+struct EpochOutcome {
+    reads: u64,
+    /// Stopped (the flag, or the consumer gone): no later epoch is read.
+    stopped: bool,
+}
+
+/// Reads `epoch`'s batches (from the resume cursor's, in its epoch) through `walked`:
+/// every batch, or, leading a two-pass read (`lead`), the batches the lead may claim
+/// that the table covers.
+#[allow(clippy::too_many_arguments)]
+fn read_epoch(
+    ds: &Dataset,
+    units: &Units,
+    opts: &ReadOptions,
+    plan: &MemoryPlan,
+    reader: &mut RangeReader,
+    walked: Walked<'_>,
+    epoch: u64,
+    lead: Option<&Lead>,
+    tx: &Sender<Result<Batch>>,
+    stop: &Stop,
+    hist: &mut Histogram<u64>,
+    r: &mut ReadReport,
+    started: Instant,
+) -> Result<EpochOutcome> {
+    let split = opts.split(ds.len())?;
+    let first = match opts.resume {
+        Some(c) if c.epoch == epoch => c.batch.min(split.batches()),
+        _ => 0,
+    };
+    let state = RefCell::new(EpochState {
+        walker: match opts.baseline {
+            None => Walker::new(walked.table, units),
+            Some(_) => Walker::baseline(walked.table, units),
+        },
+        split,
+        end: split.batches(),
+        next_batch: first,
+        queue: Default::default(),
+        pieces: HashMap::new(),
+        handed: 0,
+        pending: HashMap::new(),
+        done: BTreeMap::new(),
+        skipped: BTreeSet::new(),
+        reads: 0,
+        next_send: first,
+        stopped: false,
+        error: None,
+    });
+    // read_ranges returns when the iterator runs dry; with the assembly bound it can run
+    // dry early, so go again until every batch is out.
+    loop {
+        let ranges = std::iter::from_fn(|| {
+            let mut st = state.borrow_mut();
+            // Checked per read: once the stream is stopped, no read is issued and
+            // read_ranges only reaps those in flight.
+            if st.stopped || stop.is_set() {
+                st.stopped = true;
+                return None;
+            }
+            while st.queue.is_empty() {
+                // Bound the batches under assembly (the memory plan counts on it); the
+                // oldest one still has reads in flight, so the reader comes back.
+                if st.next_batch >= st.end || st.next_batch - st.next_send >= plan.assembling {
+                    return None;
+                }
+                let j = st.next_batch;
+                if let Some(l) = lead {
+                    // A lead reads only what its table covers, and only until the pile
+                    // pass takes over (then the batches it claimed are its last).
+                    let covered =
+                        walked.covers >= ds.len() || st.split.positions(j).end <= walked.covers;
+                    if !covered || !l.claim(j) {
+                        st.end = j;
+                        return None;
+                    }
+                }
+                if !opts.wanted(epoch, j) {
+                    st.next_batch += 1;
+                    if st.next_send == j {
+                        st.next_send += 1;
+                    } else {
+                        st.skipped.insert(j);
+                    }
+                    continue;
+                }
+                plan_batch(&mut st, ds, opts.lender.as_ref());
+            }
+            let (file, offset, len, piece) = st.queue.pop_front().expect("queued read");
+            let i = st.handed;
+            st.handed += 1;
+            st.pieces.insert(i, piece);
+            Some((file, offset, len))
+        });
+        reader.read_ranges(ranges, |i, bytes| {
+            let mut st = state.borrow_mut();
+            if st.stopped {
+                // Reads reaped after a stop: nobody takes their batches.
+                return;
+            }
+            let piece = st.pieces.remove(&i).expect("piece of a read");
+            let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
+            for &(from, len, to) in &piece.parts {
+                let (from, len, to) = (from as usize, len as usize, to as usize);
+                match bytes.get(from..from + len) {
+                    Some(src) => batch.payload[to..to + len].copy_from_slice(src),
+                    None => {
+                        st.error.get_or_insert(Error::Invalid(
+                            "a read came back shorter than its records".into(),
+                        ));
+                        st.stopped = true;
+                        return;
+                    }
+                }
+            }
+            batch.missing -= 1;
+            if batch.missing == 0 {
+                let b = st.pending.remove(&piece.batch).expect("pending batch");
+                st.done.insert(piece.batch, b);
+                loop {
+                    let index = st.next_send;
+                    if st.skipped.remove(&index) {
+                        st.next_send += 1;
+                        continue;
+                    }
+                    let Some(b) = st.done.remove(&index) else {
+                        break;
+                    };
+                    st.next_send += 1;
+                    hist.saturating_record(b.started.elapsed().as_micros().max(1) as u64);
+                    r.records += b.ids.len() as u64;
+                    r.bytes += b.payload.len() as u64;
+                    r.batches += 1;
+                    if r.batches == 1 {
+                        r.first_batch_seconds = started.elapsed().as_secs_f64();
+                    }
+                    let out = Batch {
+                        epoch,
+                        index,
+                        ids: b.ids,
+                        offsets: b.offsets,
+                        payload: b.payload,
+                        padding: b.padding,
+                        ready_ns: super::monotonic_ns(),
+                    };
+                    drop(st);
+                    // A lender may take the batch over here (announced by it).
+                    let out = match &opts.lender {
+                        Some(l) => l.0.ready(out),
+                        None => Some(out),
+                    };
+                    let sent = out.map_or(Ok(()), |out| tx.send(Ok(out)));
+                    st = state.borrow_mut();
+                    if sent.is_err() {
+                        st.stopped = true;
+                        return;
+                    }
+                }
+            }
+        })?;
+        let st = state.borrow();
+        if st.stopped || st.error.is_some() || st.next_send >= st.end {
+            break;
+        }
+    }
+    let mut st = state.into_inner();
+    if let Some(e) = st.error.take() {
+        return Err(e);
+    }
+    Ok(EpochOutcome {
+        reads: st.reads,
+        stopped: st.stopped,
+    })
+}
+
+/// A LIRS read leading a two-pass read's first epoch (see [`lead`]): which batches it
+/// takes. It claims batches in order while the pile pass is not ready; the pile pass then
+/// [`close`](Lead::close)s it and starts at the first batch it did not claim.
+#[derive(Debug)]
+pub(crate) struct Lead {
+    state: Mutex<LeadState>,
+}
+
+#[derive(Debug)]
+struct LeadState {
+    /// The first batch not claimed.
+    next: u64,
+    closed: bool,
+}
+
+impl Lead {
+    /// A lead whose first batch is `first` (the resume point's, or 0).
+    pub(crate) fn new(first: u64) -> Lead {
+        Lead {
+            state: Mutex::new(LeadState {
+                next: first,
+                closed: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LeadState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the lead may read batch `j` (asked in order): not once it is closed.
+    fn claim(&self, j: u64) -> bool {
+        let mut s = self.lock();
+        if s.closed {
+            return false;
+        }
+        s.next = s.next.max(j + 1);
+        true
+    }
+
+    /// The first batch not claimed yet.
+    #[cfg(test)]
+    pub(crate) fn claimed(&self) -> u64 {
+        self.lock().next
+    }
+
+    /// Ends the lead's claims: the batches before the returned one are the lead's (it
+    /// still completes and sends those it claimed), the rest the pile pass's.
+    pub(crate) fn close(&self) -> u64 {
+        let mut s = self.lock();
+        s.closed = true;
+        s.next
+    }
+}
+
+/// The memory a lead of a read of `ds` over `units` with `opts` takes in `budget` bytes:
+/// (table entries, the plan), or `None` when not even a small table and one batch fit.
+fn lead_plan(
+    ds: &Dataset,
+    units: &Units,
+    opts: &ReadOptions,
+    budget: u64,
+) -> Option<(u64, MemoryPlan)> {
+    // The table covers a quarter of the epoch at most (a lead is done when the scatter
+    // is, long before that on a flash device), in a quarter of the budget at most; the
+    // rest is for buffers and batches, and a lead reads a few batches ahead, no more.
+    let width = if units.len() <= u32::MAX as u64 { 4 } else { 8 };
+    let entries = (budget / 4 / (8 + width)).min(units.len() / 4);
+    let o = ReadOptions {
+        memory: Some(budget),
+        prefetch: opts.prefetch.min(4),
+        ..opts.clone()
+    };
+    let plan = MemoryPlan::with_table(ds, units, &o, entries).ok()?;
+    // A prefix that cannot cover one batch is no lead.
+    (entries as f64 * units.mean_records() >= opts.batch as f64).then_some((entries, plan))
+}
+
+/// Reads the first batches of `epoch` with LIRS while a two-pass read scatters it, in
+/// at most `budget` bytes (the pile pass's memory, idle until the scatter ends): through a
+/// prefix of the epoch's table, claiming each batch from `lead` and sending it on `tx`,
+/// until the lead is closed or the prefix runs out. Returns what it did, or `None` when
+/// the budget is too small for a useful lead (nothing was read).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn lead(
+    ds: &Dataset,
+    units: &Units,
+    opts: &ReadOptions,
+    epoch: u64,
+    budget: u64,
+    lead: &Lead,
+    tx: &Sender<Result<Batch>>,
+    stop: &Stop,
+) -> Result<Option<ReadReport>> {
+    let started = Instant::now();
+    let Some((entries, plan)) = lead_plan(ds, units, opts, budget) else {
+        lead.close();
+        return Ok(None);
+    };
+    #[cfg(test)]
+    let entries =
+        super::twopass::tests_hold::of(opts.seed).map_or(entries, |(_, u)| entries.min(u));
+    let key = EpochKey::new(opts.seed, epoch);
+    let Some(table) = EpochTable::prefix(units.len(), &key, entries, &|| stop.is_set()) else {
+        lead.close();
+        return Ok(None);
+    };
+    let covers = if table.len() >= units.len() {
+        ds.len()
+    } else {
+        (0..table.len())
+            .map(|i| {
+                let u = units.records(table.unit_at(i));
+                u.end - u.start
+            })
+            .sum()
+    };
+    let mut r = ReadReport {
+        table_seconds: started.elapsed().as_secs_f64(),
+        table_bytes: table.bytes(),
+        ..Default::default()
+    };
+    let io = IoConfig {
+        slot_size: plan.slot_size,
+        ..opts.io.clone()
+    };
+    let mut reader = ds.reader(&io)?;
+    r.buffer_bytes = reader.buffer_bytes() as u64;
+    r.prefetch_bytes = (plan.prefetch as u64 + plan.assembling) * plan.batch_bytes;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+    let walked = Walked {
+        table: &table,
+        covers,
+    };
+    let out = read_epoch(
+        ds,
+        units,
+        opts,
+        &plan,
+        &mut reader,
+        walked,
+        epoch,
+        Some(lead),
+        tx,
+        stop,
+        &mut hist,
+        &mut r,
+        started,
+    );
+    // Whatever happened, the lead takes no more batches.
+    lead.close();
+    let out = out?;
+    let s = reader.stats();
+    r.read_ops = s.read_ops;
+    r.device_bytes = s.device_bytes;
+    r.units_per_batch = out.reads as f64 / r.batches.max(1) as f64;
+    r.seconds = started.elapsed().as_secs_f64();
+    r.batch_latency_us = Latency::of(&hist);
+    Ok(Some(r))
 }
 
 /// The longest read that merges neighbouring records.

@@ -93,6 +93,11 @@ pub struct ReadOptions {
     /// `ranks` (see [`SharedPass`]): batches come in global order, each `index` a global
     /// batch, and a batch of a rank not in the set is skipped (not read, not sent).
     pub ranks: Option<std::sync::Arc<Ranks>>,
+    /// Two-pass: read the first epoch's first batches with LIRS while the scatter runs, and
+    /// hand over to the pile pass where LIRS stopped (the same batches either way; the
+    /// first one in about LIRS's time instead of after the whole scatter). Off for a
+    /// device that seeks, where random reads would slow the scatter more than they give.
+    pub lead: bool,
 }
 
 impl ReadOptions {
@@ -164,6 +169,7 @@ impl ReadOptions {
             baseline: None,
             lender: None,
             ranks: None,
+            lead: true,
         }
     }
 }
@@ -255,6 +261,11 @@ pub struct ReadReport {
     pub device_bytes: u64,
     /// Seconds from start to the last batch.
     pub seconds: f64,
+    /// Seconds from start to the first batch (DLIO's T_pre: tables, a scatter when
+    /// nothing leads it).
+    pub first_batch_seconds: f64,
+    /// Two-pass: batches of the first epoch read by a LIRS lead while the scatter ran.
+    pub lead_batches: u64,
     /// Batch latency from its first read to its completion: p50, p99, max (microseconds).
     pub batch_latency_us: Latency,
     /// Bytes of the epoch tables.

@@ -347,6 +347,85 @@ fn two_pass_resumes_like_lirs() {
     assert_eq!(got, want);
 }
 
+/// A two-pass read led by LIRS hands over to its pile pass wherever the lead stopped
+/// (before its first batch, in the middle, after the last, where its table prefix ran out)
+/// and the batches are those of LIRS and of two-pass alone, ids and bytes, under ranks,
+/// tails, page grouping and a resume point.
+#[test]
+fn a_led_two_pass_read_hands_over_exactly() {
+    use super::read_two_pass;
+    use super::twopass::tests_hold;
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 3000, 90, 0.6);
+    // Seeds tell the holds apart: tests run in parallel.
+    let mut seed = 9_000;
+    for grouping in [Grouping::Record, Grouping::Page { unit: 4096 }] {
+        for (world, rank, tail, resume) in [
+            (1, 0, Tail::Partial, None),
+            (3, 2, Tail::Pad, None),
+            (2, 1, Tail::DropLast, Some(5)),
+        ] {
+            // (batches the lead claims at least, units its table may hold)
+            for (hold, units) in [
+                (0, u64::MAX),
+                (1, u64::MAX),
+                (6, u64::MAX),
+                (1000, u64::MAX),
+                (1000, 20),
+            ] {
+                seed += 1;
+                let mut o = ReadOptions::new(23);
+                o.seed = seed;
+                o.grouping = grouping;
+                o.epochs = 2;
+                o.world = world;
+                o.rank = rank;
+                o.tail = tail;
+                o.resume = resume.map(|batch| Cursor { epoch: 0, batch });
+                let want = all(&ds, o.clone());
+                let mut plain = o.clone();
+                plain.lead = false;
+                let alone: Vec<Batch> = read_two_pass(ds.clone(), plain, dir.path().join("s"))
+                    .unwrap()
+                    .map(|b| b.unwrap())
+                    .collect();
+                tests_hold::set(seed, hold, units);
+                let mut stream = read_two_pass(ds.clone(), o, dir.path().join("s")).unwrap();
+                let got: Vec<Batch> = stream.by_ref().map(|b| b.unwrap()).collect();
+                let what = format!(
+                    "{grouping:?} world {world} rank {rank} {tail:?} hold {hold} units {units}"
+                );
+                assert_eq!(got.len(), want.len(), "{what}");
+                for ((g, w), a) in got.iter().zip(&want).zip(&alone) {
+                    assert_eq!(g, w, "{what}: batch {} against lirs", w.index);
+                    assert_eq!(g, a, "{what}: batch {} against two-pass alone", w.index);
+                }
+                check_payloads(&got);
+                let r = stream.report();
+                let first_epoch = want.iter().filter(|b| b.epoch == 0).count() as u64;
+                if units == u64::MAX {
+                    // The lead's table covers about a quarter of the epoch (a few of this
+                    // rank's batches at least); it sends its batches up to there at most.
+                    assert!(
+                        r.lead_batches >= hold.min(2) && r.lead_batches < first_epoch,
+                        "{what}: the lead sent {} batches",
+                        r.lead_batches
+                    );
+                } else {
+                    // 20 units cover 20 records (under a batch) or about 900 (pages): less than the epoch.
+                    assert!(
+                        r.lead_batches < first_epoch,
+                        "{what}: {} batches",
+                        r.lead_batches
+                    );
+                }
+                assert_eq!(r.batches, want.len() as u64, "{what}");
+                assert!(r.first_batch_seconds > 0.0, "{what}");
+            }
+        }
+    }
+}
+
 /// A dataset far larger than the memory budget: many piles, same batches as LIRS.
 #[test]
 fn two_pass_with_many_piles_under_a_tight_budget() {

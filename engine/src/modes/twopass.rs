@@ -331,6 +331,7 @@ fn run(
     r.piles = plan.piles() as u64;
     let epochs = opts.epoch_range()?;
     let mut pile_reads = 0u64;
+    let (mut lead_ops, mut lead_bytes) = (0u64, 0u64);
     let last_epoch = epochs.end;
     let mut ready: Option<PileSet> = None;
     // Pile buffers, kept from pile to pile and epoch to epoch (two in use at once).
@@ -346,11 +347,46 @@ fn run(
             let epoch_started = Instant::now();
             // Piles for this epoch: rolled over from the previous epoch's pile pass, or a
             // scatter of the dataset (the first epoch).
+            let mut first_batch = match opts.resume {
+                Some(c) if c.epoch == epoch => c.batch,
+                _ => 0,
+            };
             let set = match ready.take() {
                 Some(set) => set,
                 None => {
-                    let scattered =
-                        scatter(ds, units, plan, &opts.io, &mut reader, &key, scratch, stop)?;
+                    let (scattered, led) = if opts.lead {
+                        let (scattered, led, end) = scatter_led(
+                            ds,
+                            units,
+                            opts,
+                            plan,
+                            &mut reader,
+                            epoch,
+                            first_batch,
+                            scratch,
+                            tx,
+                            stop,
+                        );
+                        first_batch = first_batch.max(end);
+                        (scattered, led)
+                    } else {
+                        let scattered =
+                            scatter(ds, units, plan, &opts.io, &mut reader, &key, scratch, stop);
+                        (scattered, Ok(None))
+                    };
+                    let scattered = scattered?;
+                    if let Some(l) = led? {
+                        r.records += l.records;
+                        r.bytes += l.bytes;
+                        r.batches += l.batches;
+                        r.lead_batches += l.batches;
+                        if l.batches > 0 {
+                            r.first_batch_seconds = l.first_batch_seconds;
+                        }
+                        lead_ops += l.read_ops;
+                        lead_bytes += l.device_bytes;
+                        r.table_seconds += l.table_seconds;
+                    }
                     r.scratch_bytes += scattered.bytes;
                     match scattered.piles {
                         Some(set) => set,
@@ -368,11 +404,8 @@ fn run(
                 None
             };
 
-            // Pile pass: each pile in key order, records out in sequence.
-            let first_batch = match opts.resume {
-                Some(c) if c.epoch == epoch => c.batch,
-                _ => 0,
-            };
+            // Pile pass: each pile in key order, records out in sequence (from where the
+            // lead stopped, if one led).
             let mut em = Emitter::new(
                 split,
                 first_batch,
@@ -384,7 +417,8 @@ fn run(
                 &mut *r,
             )
             .lend_from(opts.lender.clone(), ds.size_stats().max)
-            .shared(opts.ranks.clone());
+            .shared(opts.ranks.clone())
+            .timed(started);
             // The pile pass, double buffered: a loader thread reads and sorts the next pile
             // (or key sub-range of an oversized pile) while this thread emits the current one.
             let loads = set.into_loads(|bytes| bytes.div_ceil(plan.pile_budget));
@@ -487,11 +521,81 @@ fn run(
     })();
     let s = reader.stats();
     r.pile_loads = pile_reads;
-    r.read_ops = s.read_ops + pile_reads;
-    r.device_bytes = s.device_bytes;
+    r.read_ops = s.read_ops + pile_reads + lead_ops;
+    r.device_bytes = s.device_bytes + lead_bytes;
     r.seconds = started.elapsed().as_secs_f64();
     r.batch_latency_us = Latency::of(&hist);
     outcome
+}
+
+/// The scatter of `epoch` with a LIRS lead beside it (on a thread of its own, in the memory
+/// the pile pass takes once the scatter is done): the lead sends the epoch's first batches
+/// from `first` on while the dataset is scattered, and stops claiming batches when the
+/// scatter ends. Returns the scatter's outcome, the lead's (its report, `None` when it
+/// did not run), and the first batch the pile pass sends: every batch before it was the
+/// lead's, sent before this returns.
+#[allow(clippy::too_many_arguments)]
+fn scatter_led(
+    ds: &Dataset,
+    units: &Units,
+    opts: &ReadOptions,
+    plan: &PilePlan,
+    reader: &mut RangeReader,
+    epoch: u64,
+    first: u64,
+    scratch: &Path,
+    tx: &Sender<Result<Batch>>,
+    stop: &Stop,
+) -> (Result<Scattered>, Result<Option<ReadReport>>, u64) {
+    let key = EpochKey::new(opts.seed, epoch);
+    let lead = super::lirs::Lead::new(first);
+    let budget = 2 * plan.pile_memory;
+    std::thread::scope(|s| {
+        let led = std::thread::Builder::new()
+            .name("riffle-lead".into())
+            .spawn_scoped(s, || {
+                super::lirs::lead(ds, units, opts, epoch, budget, &lead, tx, stop)
+            });
+        let scattered = scatter(ds, units, plan, &opts.io, reader, &key, scratch, stop);
+        #[cfg(test)]
+        if let (Some((n, _)), Ok(h)) = (tests_hold::of(opts.seed), &led) {
+            // Tests: hand over only once the lead has claimed `n` batches (or ended).
+            let t = Instant::now();
+            while lead.claimed() < first + n && !h.is_finished() && t.elapsed().as_secs() < 20 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        // The pile pass takes over from the first batch the lead has not claimed; the lead
+        // completes and sends those it has before the pass sends anything.
+        let end = lead.close();
+        let led = match led {
+            Ok(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(Error::Invalid("the lead's thread panicked".into()))),
+            // No thread for the lead: the pile pass does it all.
+            Err(_) => Ok(None),
+        };
+        (scattered, led, end)
+    })
+}
+
+/// Tests: where a lead hands over, by seed (reads of other seeds are not held).
+#[cfg(test)]
+pub(crate) mod tests_hold {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    static HOLDS: Mutex<BTreeMap<u64, (u64, u64)>> = Mutex::new(BTreeMap::new());
+
+    /// A read of `seed` hands over to its pile pass only once its lead has claimed
+    /// `batches` batches (or has ended), and its lead's table holds at most `units` units.
+    pub(crate) fn set(seed: u64, batches: u64, units: u64) {
+        HOLDS.lock().unwrap().insert(seed, (batches, units));
+    }
+
+    pub(crate) fn of(seed: u64) -> Option<(u64, u64)> {
+        HOLDS.lock().unwrap().get(&seed).copied()
+    }
 }
 
 /// What a scatter wrote: the first epoch's piles, or `None` when the run was stopped

@@ -63,6 +63,40 @@ impl EpochTable {
         EpochTable { order }
     }
 
+    /// The first entries of the table of units `0..n` by `key`, at most `max` of them (all
+    /// `n` when `max >= n`): the units whose keys fall below a threshold that `max` units
+    /// are unlikely to pass, sorted by key, cut at `max`. Exactly `build(n, key)`'s first
+    /// entries, in one pass over the keys and a sort of the few kept, in memory for those
+    /// only: what a read needs to start an epoch before the whole table is worth building
+    /// (the first batches of a two-pass read, taken with LIRS while the scatter runs).
+    ///
+    /// `cancelled` is asked every million units; when it says so, `None` is returned.
+    pub fn prefix(n: u64, key: &EpochKey, max: u64, cancelled: &dyn Fn() -> bool) -> Option<Self> {
+        if max >= n {
+            return Some(Self::build(n, key));
+        }
+        // Keys are uniform over u64: the count below `t` is binomial, mean n·t/2^64 = max;
+        // the few over are cut after the sort. Only ids are kept (keys are recomputed to
+        // sort them): 8 bytes per unit kept while building.
+        let t = ((max as f64 / n as f64) * 2f64.powi(64)).min(u64::MAX as f64) as u64;
+        let mut keep: Vec<u64> = Vec::with_capacity(max as usize);
+        for u in 0..n {
+            if u % (1 << 20) == 0 && cancelled() {
+                return None;
+            }
+            if key.key(u) < t {
+                keep.push(u);
+            }
+        }
+        keep.sort_unstable_by_key(|&u| key.key(u));
+        keep.truncate(max as usize);
+        let mut order = IdVec::with_capacity(n.saturating_sub(1), keep.len());
+        for &u in &keep {
+            order.push(u);
+        }
+        Some(EpochTable { order })
+    }
+
     /// Number of units.
     pub fn len(&self) -> u64 {
         self.order.len() as u64
@@ -198,6 +232,47 @@ mod tests {
             (rate - 1.0 / n as f64).abs() < 0.5 / n as f64,
             "neighbour rate {rate}"
         );
+    }
+
+    #[test]
+    fn a_prefix_is_the_start_of_the_whole_table() {
+        for (n, max) in [
+            (0u64, 0u64),
+            (10, 3),
+            (10, 10),
+            (10, 20),
+            (50_000, 1),
+            (50_000, 700),
+            (200_000, 10_000),
+        ] {
+            let key = EpochKey::new(9, 2);
+            let full = EpochTable::build(n, &key);
+            let p = EpochTable::prefix(n, &key, max, &|| false).unwrap();
+            assert!(
+                p.len() <= max.min(n),
+                "n = {n}, max = {max}: {} entries",
+                p.len()
+            );
+            // Close to the most asked for (the threshold aims six deviations under it).
+            let floor = (max.min(n) as f64 - 7.0 * (max as f64).sqrt() - 1.0).max(0.0);
+            assert!(
+                p.len() as f64 >= floor,
+                "n = {n}, max = {max}: only {}",
+                p.len()
+            );
+            for i in 0..p.len() {
+                assert_eq!(
+                    p.unit_at(i),
+                    full.unit_at(i),
+                    "n = {n}, max = {max}, entry {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_cancelled_prefix_is_none() {
+        assert!(EpochTable::prefix(3 << 20, &EpochKey::new(1, 1), 10, &|| true).is_none());
     }
 
     #[test]

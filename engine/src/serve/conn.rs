@@ -766,6 +766,7 @@ impl Conn {
             baseline: None,
             lender: None,
             ranks: None,
+            lead: true,
         };
         opts.epoch_range().map_err(|e| bad(e.to_string()))?;
         // The ring: room for several of the largest possible batches, within the share.
@@ -820,10 +821,8 @@ impl Conn {
             Transport::Inline => (None, 4, None),
         };
         let root = crate::scratch::location(cfg.scratch.as_deref(), &ds.files()[0].path);
-        let mode = match cfg.mode {
-            ServeMode::Auto => planned_mode(ds, &opts, &root),
-            m => m,
-        };
+        let (mode, lead) = planned_mode(cfg.mode, ds, &opts, &root);
+        opts.lead = lead;
         *self.wire.lock() = WireState::default();
         // The stream's waits, listed in the stats once it is open.
         let waits = Arc::new(Mutex::new(Waits::default()));
@@ -1008,16 +1007,30 @@ impl Drop for Conn {
     }
 }
 
-/// The planner's mode for a stream: two-pass or LIRS from the cached profile of the
-/// dataset's device (`riffle serve --mode auto` probes it at start when none is cached);
-/// LIRS when there is no profile or no plan.
-fn planned_mode(ds: &crate::dataset::Dataset, opts: &ReadOptions, scratch: &Path) -> ServeMode {
-    let Some(model) = crate::plan::cached_device_model(&ds.files()[0].path) else {
-        return ServeMode::Lirs;
-    };
-    let free = crate::probe::free_bytes(scratch).ok();
-    match crate::plan::plan(ds, opts, &model, free) {
-        Ok(p) if p.choice == "two-pass" => ServeMode::TwoPass,
-        _ => ServeMode::Lirs,
+/// A stream's mode, and whether a two-pass read leads with LIRS: for `auto`, the planner's
+/// choice from the cached profile of the dataset's device (`riffle serve --mode auto`
+/// probes it at start when none is cached), LIRS when there is no profile or no plan; a
+/// two-pass read leads unless the profile says the device seeks.
+fn planned_mode(
+    asked: ServeMode,
+    ds: &crate::dataset::Dataset,
+    opts: &ReadOptions,
+    scratch: &Path,
+) -> (ServeMode, bool) {
+    let model = crate::plan::cached_device_model(&ds.files()[0].path);
+    match (asked, model) {
+        (ServeMode::Auto, None) => (ServeMode::Lirs, false),
+        (ServeMode::Auto, Some(model)) => {
+            let free = crate::probe::free_bytes(scratch).ok();
+            match crate::plan::plan(ds, opts, &model, free) {
+                Ok(p) if p.choice == "two-pass" => (ServeMode::TwoPass, p.lead),
+                _ => (ServeMode::Lirs, false),
+            }
+        }
+        (m, None) => (m, opts.lead),
+        (m, Some(model)) => {
+            let read = ds.size_stats().total / ds.len().max(1) + 4096;
+            (m, opts.lead && model.leads(read, opts.io.depth))
+        }
     }
 }

@@ -76,8 +76,16 @@ pub fn run(a: Args) -> Result<()> {
     );
     println!();
     println!(
-        "{:<11} {:<10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}  note",
-        "mode", "grouping", "first s", "later s", "total s", "bound", "memory", "scratch"
+        "{:<11} {:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}  note",
+        "mode",
+        "grouping",
+        "1st batch",
+        "first s",
+        "later s",
+        "total s",
+        "bound",
+        "memory",
+        "scratch"
     );
     for c in &plan.candidates {
         let note = match (&c.unfit, c.contract) {
@@ -89,9 +97,10 @@ pub fn run(a: Args) -> Result<()> {
             _ => String::new(),
         };
         println!(
-            "{:<11} {:<10} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>10} {:>10}  {note}",
+            "{:<11} {:<10} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>10} {:>10}  {note}",
             c.mode,
             c.grouping,
+            c.first_batch_s,
             c.first_epoch_s,
             c.later_epoch_s,
             c.total_s,
@@ -105,5 +114,15 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(g) = &plan.page_gain {
         println!("{g}");
     }
+    println!(
+        "{}",
+        if plan.lead {
+            "two-pass leads with lirs: its first batches are read at random while the scatter \
+             runs, so its first batch comes in about lirs's time (1st batch)"
+        } else {
+            "two-pass does not lead with lirs here: random reads on this device would slow \
+             the scatter more than they give; its first batch waits for the scatter"
+        }
+    );
     Ok(())
 }

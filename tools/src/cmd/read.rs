@@ -63,6 +63,14 @@ pub struct Args {
     /// block order shuffled per epoch), sequential (no shuffle).
     #[arg(long, default_value = "auto")]
     pub mode: String,
+    /// two-pass: do not lead with lirs. By default a two-pass read sends the first epoch's
+    /// first batches by reading them at random (lirs) while the scatter runs, and the pile
+    /// pass takes over where lirs stopped: the same batches, the first in a fraction of a
+    /// second instead of after the whole scatter. It is off by itself on a device that
+    /// seeks (per the cached probe profile); --json reports lead_batches and
+    /// first_batch_seconds.
+    #[arg(long)]
+    pub no_lead: bool,
     /// buffer: the shuffle buffer's capacity in records.
     #[arg(long, default_value_t = 10_000)]
     pub buffer: u64,
@@ -183,7 +191,7 @@ pub fn run(a: Args) -> Result<()> {
     let resume = a.resume.map(|r| r.resolve(&split)).transpose()?;
     let device = riffle::device::identify(&ds.files()[0].path).ok();
     let emulated = device.and_then(|d| riffle::emulate::active(&d));
-    let read_opts = ReadOptions {
+    let mut read_opts = ReadOptions {
         seed: a.seed,
         first_epoch: a.epoch,
         epochs: a.job.epochs,
@@ -211,6 +219,7 @@ pub fn run(a: Args) -> Result<()> {
         },
         lender: None,
         ranks: None,
+        lead: !a.no_lead,
     };
     let mut ids_out = match &a.ids_out {
         Some(p) => Some(std::io::BufWriter::new(
@@ -236,9 +245,17 @@ pub fn run(a: Args) -> Result<()> {
                 p.reason
             );
         }
+        read_opts.lead = p.lead;
         plan = Some(p);
         chosen
     } else {
+        if mode == "two-pass" && read_opts.lead {
+            // A device known to seek is not led (see `DeviceModel::leads`).
+            if let Some(dev) = riffle::plan::cached_device_model(&ds.files()[0].path) {
+                let read = ds.size_stats().total / ds.len().max(1) + 4096;
+                read_opts.lead = dev.leads(read, read_opts.io.depth);
+            }
+        }
         mode
     };
     let stream = if mode == "two-pass" {
@@ -322,6 +339,8 @@ pub fn run(a: Args) -> Result<()> {
                 "choice": p.choice,
                 "reason": p.reason,
                 "predicted_first_epoch_s": c.first_epoch_s,
+                "predicted_first_batch_s": c.first_batch_s,
+                "lead": p.lead,
                 "predicted_later_epoch_s": c.later_epoch_s,
                 "predicted_total_s": c.total_s,
                 "measured_total_s": r.seconds,

@@ -58,6 +58,9 @@ fn a_dropped_stream_stops_its_reads_and_removes_its_piles_at_once() {
     // Two epochs: the pile pass re-scatters into the next epoch's piles on a third
     // thread, which must hear the stop too.
     opts.epochs = 2;
+    // Not led: the first batch waits for the whole scatter (the reference), and a stream
+    // dropped before it is dropped in the scatter. The led read is stopped below.
+    opts.lead = false;
 
     // The reference: a whole scatter, timed to the first batch (which needs every pile).
     let t = Instant::now();
@@ -98,6 +101,31 @@ fn a_dropped_stream_stops_its_reads_and_removes_its_piles_at_once() {
         report.scratch_bytes
     );
     assert_eq!(report.batches, 0);
+    assert_eq!(
+        std::fs::read_dir(&scratch).unwrap().count(),
+        0,
+        "piles left behind"
+    );
+
+    // Led by LIRS: dropped after the lead's first batch, while the scatter runs beside it.
+    let mut led = opts.clone();
+    led.lead = true;
+    let t = Instant::now();
+    let mut s = read_two_pass(ds.clone(), led, scratch.clone()).unwrap();
+    s.next().unwrap().unwrap();
+    let first_led = t.elapsed();
+    eprintln!("two-pass led: first batch after {first_led:?} (not led: {full_scatter:?})");
+    assert!(
+        first_led < full_scatter / 2,
+        "the lead's first batch came after {first_led:?}"
+    );
+    let (took, report) = timed_finish(s);
+    assert_prompt("two-pass led, in the scatter", took, full_scatter);
+    assert!(
+        report.device_bytes < size / 2,
+        "the led scatter read {} of {size} bytes before it stopped",
+        report.device_bytes
+    );
     assert_eq!(
         std::fs::read_dir(&scratch).unwrap().count(),
         0,
