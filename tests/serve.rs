@@ -1095,7 +1095,14 @@ fn a_two_pass_stream_closed_during_its_scatter_goes_at_once() {
         &sb,
         &sock,
         &[("train", &data)],
-        &["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()],
+        // Not led: the first batch waits for the whole scatter (the reference).
+        &[
+            "--mode",
+            "two-pass",
+            "--no-lead",
+            "--scratch",
+            scratch.to_str().unwrap(),
+        ],
     );
     let piles_left = || std::fs::read_dir(&scratch).unwrap().count();
     let req = OpenRequest::new("train", 256);
@@ -1152,6 +1159,42 @@ fn a_two_pass_stream_closed_during_its_scatter_goes_at_once() {
         "the daemon exited {took:?} after SIGTERM; a whole scatter takes {full_scatter:?}"
     );
     assert_eq!(piles_left(), 0);
+
+    // Led by LIRS (the default): the first batch comes long before the scatter ends, the
+    // same as a read in process, and a CLOSE right after it stops the lead and the
+    // scatter at once.
+    let sock = sb.path().join("led.sock");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()],
+    );
+    let mut c = d.client();
+    let t = Instant::now();
+    let mut s = c.open(req.clone()).unwrap();
+    let first: Vec<u64> = s.next_batch().unwrap().unwrap().ids().to_vec();
+    let led_first = t.elapsed();
+    eprintln!("led: first batch after {led_first:?}; a whole scatter takes {full_scatter:?}");
+    assert!(
+        led_first < full_scatter / 2,
+        "the led stream's first batch came after {led_first:?}"
+    );
+    assert_eq!(first.len(), 256, "the lead's first batch");
+    let t = Instant::now();
+    s.close().unwrap();
+    while piles_left() > 0 {
+        assert!(t.elapsed() < full_scatter, "the scratch stays after CLOSE");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = t.elapsed();
+    eprintln!("led: closed in {took:?}");
+    assert!(
+        took < full_scatter / 4,
+        "the led stream's scratch went {took:?} after CLOSE; a whole scatter takes {full_scatter:?}"
+    );
+    drop(c);
+    drop(d);
 }
 
 #[test]

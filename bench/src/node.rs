@@ -47,6 +47,21 @@ pub struct NodeOptions {
     pub repeats: usize,
     /// How long the soak runs.
     pub soak_seconds: f64,
+    /// The cases to run (all when empty): one-job (both modes), one-job-lirs,
+    /// one-job-two-pass, many-jobs, soak, attacks.
+    pub cases: Vec<String>,
+}
+
+impl NodeOptions {
+    fn wants(&self, case: &str) -> bool {
+        self.cases.is_empty()
+            || self.cases.iter().any(|c| {
+                c == case
+                    || case
+                        .strip_prefix(c.as_str())
+                        .is_some_and(|r| r.starts_with('-'))
+            })
+    }
 }
 
 /// The suite's result.
@@ -585,6 +600,9 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
     let mut rows = Vec::new();
     let world = 16u64;
     for (i, mode) in ["lirs", "two-pass"].into_iter().enumerate() {
+        if !opts.wants(&format!("one-job-{mode}")) {
+            continue;
+        }
         progress(1 + i, 6, &format!("one-job: {mode}, alternated runs"));
         let (mut reference, mut served, mut read, mut ref_read, mut scratch) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64);
@@ -657,17 +675,25 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
             ),
         });
     }
-    progress(3, 6, "many-jobs: 64 clients of different jobs, --memory 1G");
-    rows.push(many_jobs(&socket, &data_dir, opts.quick)?);
-    progress(
-        4,
-        6,
-        &format!("soak: 64 connections for {:.0} s", opts.soak_seconds),
-    );
-    let (soak_rows, soak) = soak(&socket, &data_dir, opts.soak_seconds)?;
-    rows.extend(soak_rows);
-    progress(5, 6, "attacks, each against an honest client");
-    rows.extend(attacks(&socket, &data_dir)?);
+    if opts.wants("many-jobs") {
+        progress(3, 6, "many-jobs: 64 clients of different jobs, --memory 1G");
+        rows.push(many_jobs(&socket, &data_dir, opts.quick)?);
+    }
+    let mut soak_report = crate::soak::SoakReport::default();
+    if opts.wants("soak") {
+        progress(
+            4,
+            6,
+            &format!("soak: 64 connections for {:.0} s", opts.soak_seconds),
+        );
+        let (soak_rows, soak) = soak(&socket, &data_dir, opts.soak_seconds)?;
+        rows.extend(soak_rows);
+        soak_report = soak;
+    }
+    if opts.wants("attacks") {
+        progress(5, 6, "attacks, each against an honest client");
+        rows.extend(attacks(&socket, &data_dir)?);
+    }
     if !opts.keep {
         let _ = std::fs::remove_file(&data);
     }
@@ -675,7 +701,7 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
     progress(6, 6, "done");
     let rep = NodeReport {
         rows,
-        soak,
+        soak: soak_report,
         cold_cache,
         report_dir: dir.display().to_string(),
     };

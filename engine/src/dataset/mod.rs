@@ -188,6 +188,13 @@ impl Dataset {
     /// most [`open_file_cap`] at once (least recently used closed first), so the dataset's
     /// file count never meets the open-file limit.
     pub fn reader(&self, cfg: &IoConfig) -> Result<RangeReader> {
+        self.reader_capped(cfg, open_file_cap())
+    }
+
+    /// A reader of the files that keeps at most `cap` of them open (at least the queue
+    /// depth plus one): for a reader that goes through the files in order (the two-pass
+    /// scatter), which needs few, beside one that reads at random.
+    pub fn reader_capped(&self, cfg: &IoConfig, cap: usize) -> Result<RangeReader> {
         let files = self
             .files
             .iter()
@@ -196,7 +203,7 @@ impl Dataset {
                 size: f.size,
             })
             .collect();
-        RangeReader::lazy(files, cfg, open_file_cap())
+        RangeReader::lazy(files, cfg, cap.max(cfg.depth + 1))
     }
 
     /// Opens file `i` (O_DIRECT when `direct` and the filesystem allows it), refusing it if

@@ -657,7 +657,7 @@ fn lead_plan(
     // is, long before that on a flash device), in a quarter of the budget at most; the
     // rest is for buffers and batches, and a lead reads a few batches ahead, no more.
     let width = if units.len() <= u32::MAX as u64 { 4 } else { 8 };
-    let entries = (budget / 4 / (8 + width)).min(units.len() / 4);
+    let entries = (budget / 4 / (2 * width)).min(units.len() / 4);
     let o = ReadOptions {
         memory: Some(budget),
         prefetch: opts.prefetch.min(4),

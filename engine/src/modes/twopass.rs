@@ -311,7 +311,9 @@ fn run(
         slot_size: plan.scan_size as usize,
         ..opts.io.clone()
     };
-    let mut reader = ds.reader(&scan)?;
+    // The scatter goes through the files in order: it keeps few open, which leaves the
+    // rest of the open-file budget to a LIRS lead reading beside it.
+    let mut reader = ds.reader_capped(&scan, 16)?;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     r.mode = "two-pass".into();
     r.grouping = opts.grouping.name().into();

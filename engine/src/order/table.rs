@@ -76,24 +76,13 @@ impl EpochTable {
             return Some(Self::build(n, key));
         }
         // Keys are uniform over u64: the count below `t` is binomial, mean n·t/2^64 = max;
-        // the few over are cut after the sort. Only ids are kept (keys are recomputed to
-        // sort them): 8 bytes per unit kept while building.
+        // the few over are cut after the sort.
         let t = ((max as f64 / n as f64) * 2f64.powi(64)).min(u64::MAX as f64) as u64;
-        let mut keep: Vec<u64> = Vec::with_capacity(max as usize);
-        for u in 0..n {
-            if u % (1 << 20) == 0 && cancelled() {
-                return None;
-            }
-            if key.key(u) < t {
-                keep.push(u);
-            }
-        }
-        keep.sort_unstable_by_key(|&u| key.key(u));
-        keep.truncate(max as usize);
-        let mut order = IdVec::with_capacity(n.saturating_sub(1), keep.len());
-        for &u in &keep {
-            order.push(u);
-        }
+        let order = if n - 1 <= u32::MAX as u64 {
+            IdVec::U32(prefix_of(n, key, t, max, cancelled)?)
+        } else {
+            IdVec::U64(prefix_of(n, key, t, max, cancelled)?)
+        };
         Some(EpochTable { order })
     }
 
@@ -121,16 +110,81 @@ impl EpochTable {
 
 trait Id: Copy + Send + Ord {
     fn wide(self) -> u64;
+    /// An id known to fit.
+    fn narrow(u: u64) -> Self;
 }
 impl Id for u32 {
     fn wide(self) -> u64 {
         self as u64
+    }
+    fn narrow(u: u64) -> Self {
+        u as u32
     }
 }
 impl Id for u64 {
     fn wide(self) -> u64 {
         self
     }
+    fn narrow(u: u64) -> Self {
+        u
+    }
+}
+
+/// The units of `0..n` whose keys are under `t`, sorted by key, at most `max`: kept in one
+/// pass over the keys, spread into buckets of about [`BUCKET_TARGET`] by key (a counting
+/// sort), each bucket sorted. Two ids of memory per unit kept; `cancelled` is asked every
+/// million keys and every 256 buckets.
+fn prefix_of<T: Id>(
+    n: u64,
+    key: &EpochKey,
+    t: u64,
+    max: u64,
+    cancelled: &dyn Fn() -> bool,
+) -> Option<Vec<T>> {
+    let mut keep: Vec<T> = Vec::with_capacity(max as usize);
+    for u in 0..n {
+        if u % (1 << 20) == 0 && cancelled() {
+            return None;
+        }
+        if key.key(u) < t {
+            keep.push(T::narrow(u));
+        }
+    }
+    let nb = (keep.len() as u64 / BUCKET_TARGET)
+        .max(1)
+        .next_power_of_two();
+    let span = t / nb + 1;
+    let bucket = |u: T| (key.key(u.wide()) / span) as usize;
+    let mut starts = vec![0usize; nb as usize + 1];
+    for &u in &keep {
+        starts[bucket(u) + 1] += 1;
+    }
+    for b in 0..nb as usize {
+        starts[b + 1] += starts[b];
+    }
+    let mut next = starts.clone();
+    let mut order = keep.clone();
+    for &u in &keep {
+        let b = bucket(u);
+        order[next[b]] = u;
+        next[b] += 1;
+    }
+    drop(keep);
+    let mut tmp: Vec<(u64, T)> = Vec::new();
+    for (i, w) in starts.windows(2).enumerate() {
+        if i % 256 == 0 && cancelled() {
+            return None;
+        }
+        let part = &mut order[w[0]..w[1]];
+        tmp.clear();
+        tmp.extend(part.iter().map(|&u| (key.key(u.wide()), u)));
+        tmp.sort_unstable_by_key(|&(k, _)| k);
+        for (slot, &(_, u)) in part.iter_mut().zip(&tmp) {
+            *slot = u;
+        }
+    }
+    order.truncate(max as usize);
+    Some(order)
 }
 
 fn sort_buckets<T: Id>(v: &mut [T], starts: &[usize], key: &EpochKey, threads: usize) {

@@ -766,7 +766,7 @@ impl Conn {
             baseline: None,
             lender: None,
             ranks: None,
-            lead: true,
+            lead: cfg.lead,
         };
         opts.epoch_range().map_err(|e| bad(e.to_string()))?;
         // The ring: room for several of the largest possible batches, within the share.

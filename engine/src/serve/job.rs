@@ -113,8 +113,9 @@ impl Jobs {
             return Ok(joined);
         }
         // LIRS decides each batch as it plans it, so the pass waits a moment for the
-        // world's other ranks; two-pass decides only after its scatter.
-        let window = if key.two_pass {
+        // world's other ranks; two-pass decides only after its scatter, unless LIRS leads
+        // it (then as LIRS does).
+        let window = if key.two_pass && !opts.lead {
             Duration::ZERO
         } else {
             new_pass.window

@@ -58,6 +58,9 @@ pub struct ServeConfig {
     /// How long a new LIRS job's pass waits for the other ranks of its world before it
     /// starts (ranks that come later start a pass of their own).
     pub join_window: Duration,
+    /// Whether two-pass streams lead with LIRS (see [`crate::modes::ReadOptions::lead`]);
+    /// a device that seeks is never led.
+    pub lead: bool,
 }
 
 pub(super) struct Shared {

@@ -53,7 +53,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
     /// scale: the cases to run, comma separated: many-files, two-pass-large, shuffle,
-    /// tiny-records (default: all four).
+    /// tiny-records (default: all four). node: one-job (or one-job-lirs,
+    /// one-job-two-pass), many-jobs, soak, attacks (default: all).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// Print the report as one JSON object.
@@ -262,6 +263,7 @@ fn node(args: &Args) -> Result<()> {
         soak_seconds: args
             .seconds
             .map_or(if args.quick { 60.0 } else { 300.0 }, |s| s as f64),
+        cases: args.cases.clone(),
     };
     suite(
         args,

@@ -56,14 +56,20 @@ pub struct Args {
     /// always has 10 s in all.
     #[arg(long, default_value_t = 600)]
     pub idle_timeout: u64,
-    /// Milliseconds a new LIRS job waits for the other ranks of its world before its
-    /// shared pass starts. Streams that OPEN the same job (dataset, seed, epochs, batch
-    /// size, grouping, world > 1, tail, resume point) share one pass, which reads only
-    /// the batches of the ranks that joined; a rank that comes after the pass decided its
-    /// first batch starts a new pass of the job (two-pass jobs take ranks during the whole
-    /// scatter).
+    /// Milliseconds a new LIRS job (or a two-pass job led by LIRS) waits for the other
+    /// ranks of its world before its shared pass starts. Streams that OPEN the same job
+    /// (dataset, seed, epochs, batch size, grouping, world > 1, tail, resume point) share
+    /// one pass, which reads only the batches of the ranks that joined; a rank that comes
+    /// after the pass decided its first batch starts a new pass of the job (two-pass jobs
+    /// that are not led take ranks during the whole scatter).
     #[arg(long, default_value_t = 500)]
     pub join_window: u64,
+    /// Two-pass streams do not lead with lirs: their first batch waits for the whole
+    /// scatter. By default a two-pass stream's first batches are read at random while
+    /// its scatter runs (not on a device that seeks, per its probe profile); see `riffle
+    /// read --no-lead`.
+    #[arg(long)]
+    pub no_lead: bool,
     /// Seconds an OPEN waits for room in --memory before it is refused with `busy`.
     #[arg(long, default_value_t = 10)]
     pub admit_wait: u64,
@@ -178,6 +184,7 @@ pub fn run(a: Args) -> Result<()> {
         scratch_limit: a.scratch_limit,
         queue_depth: a.queue_depth,
         join_window: std::time::Duration::from_millis(a.join_window),
+        lead: !a.no_lead,
         admit_wait: std::time::Duration::from_secs(a.admit_wait),
         idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
     })?;
