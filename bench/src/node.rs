@@ -216,6 +216,12 @@ fn one_job(d: &Daemon, world: u64, data_dir: &Path) -> Result<(u64, f64, u64, u6
             .collect()
     });
     let seconds = started.elapsed().as_secs_f64();
+    if let Ok(st) = Client::connect(&d.socket).and_then(|mut c| c.stats()) {
+        eprintln!(
+            "one-job: {} batches, {} assembled in the rings, {} announced from the engine's thread",
+            st["batches"], st["batches_in_place"], st["batches_announced_early"]
+        );
+    }
     done.store(true, Ordering::Relaxed);
     let _ = sampler.join();
     let mut records = 0;

@@ -279,6 +279,10 @@ class Client:
             self._start = 0
         self._buf += data
 
+    def _buffered(self):
+        """Whether bytes of a frame are already here (the next frame may not need a wait)."""
+        return len(self._buf) > self._start
+
     def _recv(self, flags):
         """One recvmsg: (data, ancillary), or None when MSG_DONTWAIT finds nothing."""
         try:
@@ -412,6 +416,8 @@ class Stream:
         if transport not in ("shm", "inline"):
             raise ValueError(f"transport {transport!r}: expected 'shm' or 'inline'")
         self._client = client
+        self.keep_fd = False
+        self.ring_fd = None
         self.params = params
         self.transport = transport
         self.auto_release = auto_release
@@ -573,7 +579,12 @@ class Stream:
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 self._mm = mmap.mmap(fd, self.opened["ring_bytes"], flags=flags, prot=mmap.PROT_READ)
             finally:
-                os.close(fd)
+                if self.keep_fd:
+                    # Another process of this user maps the ring through /proc/PID/fd
+                    # (riffle.torch's DataLoader workers); the owner closes it.
+                    self.ring_fd = fd
+                else:
+                    os.close(fd)
         self._open = True
         self._gen += 1
         c._stream = self

@@ -1,23 +1,44 @@
-"""A PyTorch IterableDataset over `riffle serve` (needs torch).
+"""PyTorch over `riffle serve` (needs torch).
 
-Each DataLoader worker of each rank opens its own stream with
-`rank = rank * num_workers + worker_id` and `world = world * num_workers`, so together they
-read every record of the epoch once. Use it with `DataLoader(ds, batch_size=None)`: the
-daemon makes the batches.
+Two ways to feed a training loop, both reading every record of the epoch once:
 
+- `loader(...)`, or `DataLoader(RiffleDataset(...), batch_size=None, num_workers=0)`: no
+  worker processes. The daemon already reads in parallel; its batches arrive in shared
+  memory and are handed over as tensors that *view* that memory (no copy). A batch is
+  valid until the next one is asked for: copy (`.clone()`) what you keep longer, or let
+  `pin_memory=True` copy it into pinned memory. This is the fast path.
+- `DataLoader(RiffleDataset(...), batch_size=None, num_workers=N)`: each worker streams
+  as one rank of a job of `world * N` ranks, so the daemon reads the epoch once for all
+  of them (one shared pass), and each batch crosses from the worker to the training
+  process once, through shared memory (the worker copies it out of the ring into a
+  shared tensor; the DataLoader then passes only a file descriptor). Use it when the
+  per-batch work you do in `transform` needs more than one core.
+
+    import riffle.torch
     ds = riffle.torch.RiffleDataset("/run/riffle.sock", "train", batch_size=256)
     for epoch in range(10):
         ds.set_epoch(epoch)
-        for batch in DataLoader(ds, batch_size=None, num_workers=4):
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None):
             batch["ids"], batch["offsets"], batch["data"]   # torch tensors
 """
 
+import collections as _collections
+import mmap as _mmap
+import os as _os
+import queue as _queue
+import select as _select
+import struct as _struct
+import threading as _threading
+import uuid as _uuid
+import warnings as _warnings
+
+import numpy as _np
 import torch as _torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .client import Client
 
-__all__ = ["RiffleDataset", "split"]
+__all__ = ["RiffleDataset", "loader", "split", "fixed"]
 
 
 def split(rank, world, worker_id, num_workers):
@@ -25,17 +46,176 @@ def split(rank, world, worker_id, num_workers):
     return rank * num_workers + worker_id, world * num_workers
 
 
+def _view(array):
+    """A tensor over a read-only numpy array's memory (torch warns that it cannot mark
+    the tensor read-only; the ring is read-only to clients, so writing to it faults)."""
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore", UserWarning)
+        return _torch.from_numpy(array)
+
+
+def _shared_copy(b):
+    """The batch copied once into one shared-memory block: (ids, offsets, data) tensors
+    over it, which a DataLoader worker hands to the training process as a descriptor."""
+    n, m = len(b.ids), len(b.data)
+    head = 8 * (2 * n + 1)
+    storage = _torch.UntypedStorage._new_shared(head + m)
+    block = _torch.empty(0, dtype=_torch.uint8).set_(storage)
+    arr = block.numpy()
+    _np.copyto(arr[: 8 * n].view(_np.uint64), b.ids)
+    _np.copyto(arr[8 * n : head].view(_np.uint64), b.offsets)
+    _np.copyto(arr[head:], b.data)
+    ids = block[: 8 * n].view(_torch.int64)
+    offsets = block[8 * n : head].view(_torch.int64)
+    return ids, offsets, block[head:]
+
+
+def _as_dict(b, ids, offsets, data):
+    return {
+        "ids": ids,
+        "offsets": offsets,
+        "data": data,
+        "epoch": b.epoch,
+        "index": b.index,
+        "padding": b.padding,
+    }
+
+
+# Zero-copy hand-over from DataLoader workers (used by `loader(..., num_workers=N)`).
+#
+# A worker does not copy a batch out of its stream's ring: it sends the training process
+# a ticket (where the batch lies in the ring, and which ring), and the training process
+# maps the ring itself, once per stream, read-only through /proc/<worker>/fd/<ring fd>.
+# The worker holds each batch (no ack to the daemon) until the training process has moved
+# past it, which the training process says by writing, in a page the worker shares with
+# it, the first sequence number it still uses, before it asks for its next batch. While a
+# worker waits for the daemon it keeps giving back what the page says: the daemon's ring
+# (reclaimed oldest first) or its credits may be waiting for exactly that. The training
+# process only ever waits for a batch after releasing every earlier one, so neither waits
+# on the other for good.
+
+_RELEASE = _struct.Struct("<Q")
+_maps = {}  # token -> (numpy uint8 view of the ring, the release page)
+_worker_fds = []  # this worker's previous stream's descriptors, kept for late tickets
+
+
+def _proc_open(pid, fd, flags):
+    try:
+        return _os.open(f"/proc/{pid}/fd/{fd}", flags)
+    except OSError as e:
+        raise RuntimeError(
+            f"riffle.torch: cannot open DataLoader worker {pid}'s descriptor {fd} through "
+            f"/proc ({e}); use loader(..., tickets=False) where /proc is not shared") from e
+
+
+def _from_ticket(token, pid, ring_fd, ring_bytes, ctl_fd, seq, epoch, index, padding, n, dlen,
+                 ids_at, off_at, data_at):
+    """In the training process: the ticket's batch as tensors viewing the worker's ring."""
+    m = _maps.get(token)
+    if m is None:
+        fd = _proc_open(pid, ring_fd, _os.O_RDONLY)
+        try:
+            ring = _mmap.mmap(fd, ring_bytes, flags=_mmap.MAP_SHARED, prot=_mmap.PROT_READ)
+        finally:
+            _os.close(fd)
+        fd = _proc_open(pid, ctl_fd, _os.O_RDWR)
+        try:
+            ctl = _mmap.mmap(fd, _RELEASE.size)
+        finally:
+            _os.close(fd)
+        m = _maps[token] = (_np.frombuffer(ring, _np.uint8), ctl)
+    arr = m[0]
+    return {
+        "ids": _view(arr[ids_at : ids_at + 8 * n].view(_np.int64)),
+        "offsets": _view(arr[off_at : off_at + 8 * (n + 1)].view(_np.int64)),
+        "data": _view(arr[data_at : data_at + dlen]),
+        "epoch": epoch,
+        "index": index,
+        "padding": padding,
+        "_riffle": (token, seq),
+    }
+
+
+class _Ticket:
+    """A batch left in a worker's ring; unpickled in the training process as tensors."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        return (_from_ticket, self.args)
+
+
+def _release(batch):
+    """In the training process: the worker of `batch` may give it (and every earlier batch
+    of its stream) back to the daemon."""
+    t = batch.get("_riffle") if isinstance(batch, dict) else None
+    m = _maps.get(t[0]) if t else None
+    if m is not None:
+        ctl = m[1]
+        if _RELEASE.unpack_from(ctl)[0] < t[1] + 1:
+            _RELEASE.pack_into(ctl, 0, t[1] + 1)
+
+
+def _forget_rings():
+    for arr, ctl in _maps.values():
+        ctl.close()
+    _maps.clear()  # the rings go with the last view of them
+
+
+def _give_back(held, state):
+    """In a worker: acknowledges the batches the training process has moved past."""
+    done = _RELEASE.unpack_from(state["ctl"])[0]
+    while held and held[0][0] < done:
+        held.popleft()[1].release()
+
+
+def _tickets(stream, b, held, state):
+    """In a worker: a ticket for batch `b`, held until the training process releases it."""
+    _give_back(held, state)
+    seq = state["seq"]
+    state["seq"] += 1
+    base = state["base"]
+    held.append((seq, b))
+    return _Ticket(state["token"], _os.getpid(), stream.ring_fd, stream.opened["ring_bytes"],
+                   state["ctl_fd"], seq, b.epoch, b.index, b.padding, len(b.ids), len(b.data),
+                   b.ids.ctypes.data - base, b.offsets.ctypes.data - base, b.data.ctypes.data - base)
+
+
+def fixed(record_size):
+    """A `transform` for fixed-size records: `data` as a (records, record_size) uint8
+    tensor (a view, no copy)."""
+
+    def reshape(batch):
+        batch["data"] = batch["data"].view(-1, record_size)
+        return batch
+
+    return reshape
+
+
 class RiffleDataset(IterableDataset):
     """Batches of `dataset` from the daemon at `socket`, split by rank and worker.
 
     `rank`/`world` default to torch.distributed's when it is initialised, else 0/1. With
-    more than one reader in all the tail must be `drop_last` (default then) or `pad`.
-    Batches are dicts of tensors: `ids` (int64), `offsets` (int64), `data` (uint8), copied
-    out of shared memory so they may cross process boundaries and outlive the next batch.
+    more than one reader in all (ranks times workers) the tail must be `pad` (the default
+    then, as DistributedSampler's: the last round of batches is filled from the epoch's
+    start, and `batch["padding"]` says how many of a batch's last records are such
+    repeats) or `drop_last`.
+    Batches are dicts: `ids` and `offsets` (int64 tensors), `data` (uint8 tensor: record
+    i is `data[offsets[i]:offsets[i+1]]`), `epoch`, `index`, `padding`.
+
+    In the training process (`num_workers=0`) the tensors view the daemon's shared ring
+    and are valid until the next batch (`copy=True` copies them out). In a DataLoader
+    worker they are copied once into shared memory that the DataLoader passes on without
+    another copy. `transform(batch) -> anything` runs on each batch where it is made (in
+    the worker, with workers). `ring_bytes` asks the daemon for a ring of that size.
     """
 
     def __init__(self, socket, dataset, batch_size, seed=0, epoch=0, rank=None, world=None,
-                 tail=None, transport="shm"):
+                 tail=None, transport="shm", grouping="record", copy=False, transform=None,
+                 ring_bytes=None):
         super().__init__()
         self.socket = socket
         self.dataset = dataset
@@ -46,6 +226,12 @@ class RiffleDataset(IterableDataset):
         self.world = world
         self.tail = tail
         self.transport = transport
+        self.grouping = grouping
+        self.copy = copy
+        self.transform = transform
+        self.ring_bytes = ring_bytes
+        # Set by `loader()`, which releases each batch when the next one is asked for.
+        self.tickets = False
 
     def set_epoch(self, epoch):
         """The epoch the next iteration reads (each epoch is a fresh order)."""
@@ -63,17 +249,196 @@ class RiffleDataset(IterableDataset):
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         rank, world = split(*self._rank_world(), wid, nw)
-        tail = self.tail or ("partial" if world == 1 else "drop_last")
+        # Like DistributedSampler: the last round is padded from the epoch's start (the
+        # padding records are the batch's last `padding`), so no record is left out.
+        tail = self.tail or ("partial" if world == 1 else "pad")
+        in_worker = info is not None
+        tickets = in_worker and self.tickets and self.transform is None and self.transport == "shm"
         with Client(self.socket) as client:
             stream = client.stream(self.dataset, self.batch_size, seed=self.seed,
                                    epoch=self.epoch, rank=rank, world=world, tail=tail,
-                                   transport=self.transport)
+                                   grouping=self.grouping, transport=self.transport,
+                                   auto_release=not tickets, ring_bytes=self.ring_bytes)
+            if tickets:
+                yield from self._iter_tickets(stream)
+                return
             for b in stream:
-                yield {
-                    "ids": _torch.from_numpy(b.ids.astype("int64")),
-                    "offsets": _torch.from_numpy(b.offsets.astype("int64")),
-                    "data": _torch.from_numpy(b.data.copy()),
-                    "epoch": b.epoch,
-                    "index": b.index,
-                    "padding": b.padding,
-                }
+                if in_worker:
+                    out = _as_dict(b, *_shared_copy(b))
+                elif self.copy:
+                    out = _as_dict(b, _torch.from_numpy(b.ids.astype(_np.int64)),
+                                   _torch.from_numpy(b.offsets.astype(_np.int64)),
+                                   _torch.from_numpy(b.data.copy()))
+                else:
+                    out = _as_dict(b, _view(b.ids.view(_np.int64)),
+                                   _view(b.offsets.view(_np.int64)), _view(b.data))
+                yield self.transform(out) if self.transform is not None else out
+
+
+    def _iter_tickets(self, stream):
+        global _worker_fds
+        for fd in _worker_fds:  # the previous stream's: its epoch is over
+            _os.close(fd)
+        _worker_fds = []
+        stream.keep_fd = True
+        ctl_fd = _os.memfd_create("riffle-release")
+        _os.ftruncate(ctl_fd, _RELEASE.size)
+        _worker_fds.append(ctl_fd)
+        state = {"ctl": _mmap.mmap(ctl_fd, _RELEASE.size), "ctl_fd": ctl_fd, "seq": 0,
+                 "token": _uuid.uuid4().hex, "base": None}
+        held = _collections.deque()
+        client = stream._client
+        poller = None
+        while True:
+            # While the daemon's next batch is not here, give back what the training
+            # process has moved past: its ring may be waiting for exactly that (regions
+            # are reclaimed oldest first), and the training process waits for this batch.
+            while held and not client._buffered():
+                if poller is None:
+                    poller = _select.poll()
+                    poller.register(client._sock, _select.POLLIN)
+                _give_back(held, state)
+                client._flush_acks()
+                if poller.poll(2):
+                    break
+            try:
+                b = next(stream)
+            except StopIteration:
+                break
+            if state["base"] is None:
+                _worker_fds.append(stream.ring_fd)
+                state["base"] = _np.frombuffer(stream._mm, _np.uint8).ctypes.data
+            yield _tickets(stream, b, held, state)
+        # The stream is over: the daemon has let go of the ring, whose memory lives on in
+        # the training process's mapping of it.
+
+
+class _Background:
+    """Runs a dataset's iterator on a thread, `collate` and pinning there, `depth`
+    batches ahead; the batches it yields are the collate's (which must not keep views
+    of the ring: the ring's batch is released as soon as it has run)."""
+
+    _END = object()
+
+    def __init__(self, ds, collate, pin_memory, depth):
+        if pin_memory and not _torch.cuda.is_available():
+            _warnings.warn("pin_memory is set but no accelerator is available: not pinning")
+            pin_memory = False
+        self.ds, self.collate, self.pin, self.depth = ds, collate, pin_memory, depth
+
+    def set_epoch(self, epoch):
+        """The epoch the next iteration reads."""
+        self.ds.set_epoch(epoch)
+
+    def __iter__(self):
+        q = _queue.Queue(maxsize=max(1, self.depth))
+        stop = _threading.Event()
+
+        def put(item):
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except _queue.Full:
+                    pass
+            return False
+
+        def work():
+            it = iter(self.ds)
+            try:
+                for b in it:
+                    out = self.collate(b) if self.collate is not None else b
+                    if self.pin:
+                        out = _pin(out)
+                    if not put(out):
+                        return
+                put(self._END)
+            except BaseException as e:  # handed to the consumer, raised there
+                put(e)
+            finally:
+                it.close()
+
+        t = _threading.Thread(target=work, name="riffle-loader", daemon=True)
+        t.start()
+        try:
+            while True:
+                item = q.get()
+                if item is self._END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            t.join()
+
+
+def _pin(x):
+    if isinstance(x, _torch.Tensor):
+        return x.pin_memory()
+    if isinstance(x, dict):
+        return {k: _pin(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_pin(v) for v in x)
+    return x
+
+
+def _copied(b):
+    return {k: (v.clone() if isinstance(v, _torch.Tensor) else v) for k, v in b.items()}
+
+
+class _WorkerLoader:
+    """A DataLoader over workers whose batches stay in the daemon's rings (tickets): each
+    batch is released to its worker when the next one is asked for."""
+
+    def __init__(self, ds, num_workers, pin_memory, **dl):
+        self.ds = ds
+        self.dl = _torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers,
+                                               pin_memory=pin_memory, **dl)
+
+    def set_epoch(self, epoch):
+        """The epoch the next iteration reads."""
+        self.ds.set_epoch(epoch)
+
+    def __iter__(self):
+        it = iter(self.dl)
+        try:
+            while True:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    return
+                yield b
+                # Asked for the next one: this one goes back to its worker first (which
+                # may need it back to make the next).
+                _release(b)
+                del b
+        finally:
+            _forget_rings()
+
+
+def loader(socket, dataset, batch_size, num_workers=0, collate=None, pin_memory=False,
+           background=None, depth=2, tickets=True, dataloader=None, **kwargs):
+    """Batches of `dataset` for a training loop: dicts of tensors as `RiffleDataset`'s,
+    each valid until the next one is asked for (`.clone()` what you keep).
+
+    `num_workers=0`: no worker processes. Without `collate` or `pin_memory` (and
+    `background` not set), batches are the ring's views, made on the calling thread. With
+    either, a background thread takes each batch from the ring, runs `collate(batch)`
+    (default: a copy of the batch's tensors) and pins the result, `depth` batches ahead.
+
+    `num_workers=N`: a DataLoader of N workers, ranks of one shared pass in the daemon.
+    A worker hands each batch over without copying it (`tickets`): the training process
+    maps the worker's ring and views the batch there, and the batch goes back to the
+    daemon when the next one is asked for. `dataloader` holds more DataLoader arguments
+    (`prefetch_factor`, `persistent_workers`, ...). Other arguments are `RiffleDataset`'s.
+    """
+    ds = RiffleDataset(socket, dataset, batch_size, **kwargs)
+    if num_workers > 0:
+        ds.tickets = tickets
+        return _WorkerLoader(ds, num_workers, pin_memory, **(dataloader or {}))
+    if background is None:
+        background = collate is not None or pin_memory
+    if not background:
+        return ds
+    return _Background(ds, collate if collate is not None else _copied, pin_memory, depth)

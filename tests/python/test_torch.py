@@ -2,6 +2,7 @@
 when torch is not installed (it is not a dependency of the client)."""
 
 import pathlib
+import time
 import sys
 
 import numpy as np
@@ -36,3 +37,144 @@ def test_workers_and_ranks_split_the_epoch(tmp_path):
 def test_split_numbers_workers_as_ranks():
     assert riffle.torch.split(1, 2, 0, 3) == (3, 6)
     assert riffle.torch.split(1, 2, 2, 3) == (5, 6)
+
+
+def _records(path):
+    """Each record's bytes by id (generated records carry their id in the first 8 bytes)."""
+    arr = np.load(path)
+    return {int(np.frombuffer(r[:8].tobytes(), "<u8")[0]): r.tobytes() for r in arr}
+
+
+def _check(batches, records, n):
+    """Every record once, each with its own bytes."""
+    seen = []
+    for ids, offsets, data in batches:
+        assert len(offsets) == len(ids) + 1 and offsets[-1] == len(data)
+        for i, rid in enumerate(ids):
+            assert data[offsets[i] : offsets[i + 1]].tobytes() == records[int(rid)]
+        seen.append(ids)
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(n))
+
+
+def _mapping_of(addr):
+    """The /proc/self/maps line of the mapping holding address `addr`."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return line.strip()
+    return ""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("torch")
+    data = tmp / "d.npy"
+    run("gen", data, "--format", "npy", "--records", 6000, "--record-size", 128)
+    d = Daemon({"train": data})
+    yield d, data
+    d.stop()
+
+
+def test_no_workers_gives_views_of_the_ring_valid_until_the_next_batch(served):
+    d, data = served
+    records = _records(data)
+    ds = riffle.torch.RiffleDataset(d.socket, "train", 100, seed=3)
+    got = []
+    for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0):
+        # A view of the daemon's ring (its memfd, mapped read-only), not a copy.
+        assert "memfd:riffle" in _mapping_of(b["data"].data_ptr()), _mapping_of(b["data"].data_ptr())
+        assert b["ids"].dtype == torch.int64 and b["offsets"].dtype == torch.int64
+        got.append((b["ids"].numpy().copy(), b["offsets"].numpy().copy(), b["data"].numpy().copy()))
+    _check(got, records, 6000)
+    # The same order as the daemon's own stream of the job.
+    with riffle.Client(d.socket) as c:
+        want = [b.ids.copy() for b in c.stream("train", 100, seed=3)]
+    assert all(np.array_equal(g[0], w) for g, w in zip(got, want)) and len(got) == len(want)
+
+
+def test_workers_share_one_pass_and_cross_processes_through_shared_memory(served):
+    d, data = served
+    records = _records(data)
+    ds = riffle.torch.RiffleDataset(d.socket, "train", 100, seed=4, transform=riffle.torch.fixed(128))
+    got = []
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    for b in loader:
+        assert b["data"].shape[1] == 128
+        # Made in a worker: in shared memory, handed over without a copy.
+        assert b["data"].untyped_storage().is_shared()
+        data_bytes = b["data"].reshape(-1).numpy()
+        got.append((b["ids"].numpy(), b["offsets"].numpy(), data_bytes))
+    # 6000 records, 2 workers x 100 per batch: drop_last of the 2-rank world loses none.
+    _check(got, records, 6000)
+    # The two workers were ranks of one job: one shared pass, not two.
+    with riffle.Client(d.socket) as c:
+        st = c.stats()
+    assert st["streams_shared"] >= 2, st
+
+
+def test_loader_copies_or_collates_on_a_background_thread(served):
+    d, data = served
+    records = _records(data)
+    # Default background collate: tensors the loop may keep (copies), in order.
+    kept = list(riffle.torch.loader(d.socket, "train", 100, seed=5, background=True))
+    assert not any("memfd:riffle" in _mapping_of(b["data"].data_ptr()) for b in kept)
+    _check([(b["ids"].numpy(), b["offsets"].numpy(), b["data"].numpy()) for b in kept], records, 6000)
+    # A collate of one's own: record sums, computed on the thread.
+    sums = list(riffle.torch.loader(
+        d.socket, "train", 100, seed=5,
+        collate=lambda b: (b["ids"].clone(), b["data"].view(-1, 128).sum(dim=1))))
+    assert [int(s[0][0]) for s in sums] == [int(b["ids"][0]) for b in kept]
+    # Views without a background thread, and an epoch of the caller's choosing.
+    ds = riffle.torch.loader(d.socket, "train", 100, seed=5)
+    ds.set_epoch(1)
+    first = next(iter(ds))
+    assert not np.array_equal(first["ids"].numpy(), kept[0]["ids"].numpy()), "epoch 1 is another order"
+
+
+def test_a_daemon_error_reaches_the_loop_from_the_background_thread(served):
+    d, _ = served
+    with pytest.raises(riffle.RiffleBadRequest):
+        list(riffle.torch.loader(d.socket, "no-such-dataset", 100, background=True))
+
+
+def test_loader_with_workers_hands_batches_over_without_copies(served):
+    d, data = served
+    records = _records(data)
+    got = []
+    for b in riffle.torch.loader(d.socket, "train", 100, num_workers=2, seed=6):
+        # A view of a worker's ring, mapped in this process: no copy crossed processes.
+        assert "memfd:riffle" in _mapping_of(b["data"].data_ptr()), _mapping_of(b["data"].data_ptr())
+        got.append((b["ids"].numpy().copy(), b["offsets"].numpy().copy(), b["data"].numpy().copy()))
+    _check(got, records, 6000)
+    # The same batches as the plain DataLoader (copies through shared memory), in order.
+    ds = riffle.torch.RiffleDataset(d.socket, "train", 100, seed=6)
+    want = [b["ids"].numpy().copy() for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)]
+    assert len(want) == len(got) and all(np.array_equal(g[0], w) for g, w in zip(got, want))
+
+
+def test_a_slow_loop_with_workers_and_small_rings_gets_every_batch_whole(served):
+    """The loop holds each batch a while and workers run ahead into rings of about three
+    batches, which they can refill only once the loop has released their oldest: no
+    deadlock, and no batch is overwritten while the loop holds it."""
+    d, data = served
+    records = _records(data)
+    got = []
+    # A ring of about three batches: workers soon hold all it can give.
+    it = riffle.torch.loader(d.socket, "train", 300, num_workers=2, seed=7, ring_bytes=128 << 10,
+                             dataloader={"prefetch_factor": 8})
+    for b in it:
+        time.sleep(0.002)
+        assert "memfd:riffle" in _mapping_of(b["data"].data_ptr())
+        got.append((b["ids"].numpy().copy(), b["offsets"].numpy().copy(), b["data"].numpy().copy()))
+    _check(got, records, 6000)
+
+
+def test_the_readme_pytorch_example_runs(served):
+    import re
+
+    d, _ = served
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = re.search(r"```python\n(import torch, riffle\.torch\n.*?)```", readme, re.S).group(1)
+    assert '"/tmp/riffle.sock"' in code
+    exec(compile(code.replace('"/tmp/riffle.sock"', repr(d.socket)), "README.md", "exec"), {})

@@ -153,6 +153,20 @@ impl Lender for Routing {
         let l = self.lock().get(&(index % self.world)).cloned()?;
         l.0.lend(index / self.world, records, bytes)
     }
+
+    /// Offers batch `g` to rank `g % W`'s lender as its batch `g / W` (a daemon announces
+    /// it to the rank's client from the engine's thread, with no hop through the fan-out
+    /// and the connection); given back as batch `g` when the lender declines it.
+    fn ready(&self, mut batch: Batch) -> Option<Batch> {
+        let rank = batch.index % self.world;
+        let Some(l) = self.lock().get(&rank).cloned() else {
+            return Some(batch);
+        };
+        batch.index /= self.world;
+        let mut back = l.0.ready(batch)?;
+        back.index = back.index * self.world + rank;
+        Some(back)
+    }
 }
 
 /// One engine pass fanned out to the streams of its ranks (see the module docs).
@@ -233,8 +247,8 @@ impl SharedPass {
 
     /// The batches of `rank`, as a stream of its own, or `None` when the rank cannot join
     /// (already in, or the pass has gone past its first batch). Its batches are assembled
-    /// in memory `lender` lends, when it can (as [`ReadOptions::lender`]; only `lend` is
-    /// used: the batches are handed over by the stream).
+    /// in memory `lender` lends, when it can (as [`ReadOptions::lender`]: a batch its
+    /// `ready` takes over as it completes never comes out of the stream).
     pub fn join(self: &Arc<Self>, rank: u64, lender: Option<PayloadLender>) -> Option<BatchStream> {
         let (tx, rx) = crossbeam_channel::bounded(self.capacity);
         let mut subs = self.subs();

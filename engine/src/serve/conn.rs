@@ -760,8 +760,9 @@ impl Conn {
                 depth: cfg.queue_depth.max(1),
                 ..IoConfig::default()
             },
-            // The ring is the read-ahead the client sees; the engine keeps two more.
-            prefetch: 2,
+            // The ring is the read-ahead the client sees; the engine keeps four more (two
+            // left the pile pass's bursts at pile boundaries waiting on the channel).
+            prefetch: 4,
             memory: None,
             baseline: None,
             lender: None,
@@ -856,7 +857,8 @@ impl Conn {
                 }),
             };
             // The pass assembles this rank's batches straight in its ring when it can.
-            let lender = ring.as_ref().map(|r| r.lender(None));
+            // The pass hands it over straight from the engine's thread when it can.
+            let lender = ring.as_ref().map(|r| self.ring_lender(r, &waits, credits));
             let (stream, id, new) =
                 shared
                     .jobs
@@ -870,17 +872,7 @@ impl Conn {
         } else {
             // Batches are assembled straight in the ring when it has room, and announced
             // from the engine's thread as they complete (once OPENED is out).
-            opts.lender = ring.as_ref().map(|r| {
-                let (wire, ring, shared, waits) = (
-                    self.wire.clone(),
-                    r.clone(),
-                    self.shared.clone(),
-                    waits.clone(),
-                );
-                r.lender(Some(Arc::new(move |b: Batch| {
-                    announce_ready(&wire, &ring, &shared, &waits, credits, b)
-                })))
-            });
+            opts.lender = ring.as_ref().map(|r| self.ring_lender(r, &waits, credits));
             let grant = self
                 .admit(ds, &mut opts, mode == ServeMode::TwoPass)
                 .map_err(|m| ("busy", m))?;
@@ -998,6 +990,27 @@ impl Conn {
         s.streams_now -= 1;
         s.read_ops += report.read_ops;
         announced
+    }
+}
+
+impl Conn {
+    /// The lender of a stream's ring, which announces a batch completed in it from the
+    /// engine's thread (see [`announce_ready`]).
+    fn ring_lender(
+        &self,
+        r: &Arc<SharedRing>,
+        waits: &Arc<Mutex<Waits>>,
+        credits: u32,
+    ) -> crate::modes::PayloadLender {
+        let (wire, ring, shared, waits) = (
+            self.wire.clone(),
+            r.clone(),
+            self.shared.clone(),
+            waits.clone(),
+        );
+        r.lender(Some(Arc::new(move |b: Batch| {
+            announce_ready(&wire, &ring, &shared, &waits, credits, b)
+        })))
     }
 }
 
