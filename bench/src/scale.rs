@@ -5,7 +5,7 @@
 //!   against one file of the same records, LIRS, on io_uring and on pread: records/s and
 //!   their ratio (target >= 0.85), alternating one file / many files.
 //! - **two-pass-large**: a `.npy` of 4 KiB records (20 GiB; 2 GiB quick) read in two-pass
-//!   mode for three epochs with `--memory 256M` under `ulimit -n 256`: each epoch's time
+//!   mode for five epochs (three rolling ones, then the last, which only reads) with `--memory 256M` under `ulimit -n 256`: each epoch's time
 //!   against size/sequential read + size/sequential write from `riffle probe` (later epochs:
 //!   target <= 1.25), and the most fds the process had open (sampled from /proc, target
 //!   <= 128).
@@ -356,7 +356,7 @@ pub fn run(
                 "--memory",
                 "256M",
                 "--epochs",
-                "3",
+                "5",
                 "--batch-size",
                 "256",
                 "--json",
