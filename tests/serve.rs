@@ -1078,6 +1078,31 @@ fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
     assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
 }
 
+/// Closes `s` and checks its scratch (`piles_left` entries) is gone within a quarter of
+/// `full_scatter`.
+fn close_promptly(
+    what: &str,
+    s: riffle::serve::Stream<'_>,
+    piles_left: &dyn Fn() -> usize,
+    full_scatter: Duration,
+) {
+    let t = Instant::now();
+    s.close().unwrap();
+    while piles_left() > 0 {
+        assert!(
+            t.elapsed() < full_scatter,
+            "{what}: the scratch stays after CLOSE"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = t.elapsed();
+    eprintln!("{what}: scratch gone {took:?} after CLOSE; a whole scatter takes {full_scatter:?}");
+    assert!(
+        took < full_scatter / 4,
+        "{what}: the scratch went {took:?} after CLOSE; a whole scatter takes {full_scatter:?}"
+    );
+}
+
 /// Regression (issue 14): the connection thread waited for a two-pass stream's first
 /// batch, which comes only after the whole scatter, so a CLOSE (or SIGTERM) during the
 /// scatter was taken only when it ended, and the piles stayed until then. Closed 0.3 s in,
@@ -1122,17 +1147,11 @@ fn a_two_pass_stream_closed_during_its_scatter_goes_at_once() {
         piles_left() > 0,
         "the stream's scratch directory is not there"
     );
-    let t = Instant::now();
-    s.close().unwrap();
-    while piles_left() > 0 {
-        assert!(t.elapsed() < full_scatter, "the scratch stays after CLOSE");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let took = t.elapsed();
-    eprintln!("closed in {took:?}; a whole scatter takes {full_scatter:?}");
-    assert!(
-        took < full_scatter / 4,
-        "the scratch went {took:?} after CLOSE; a whole scatter takes {full_scatter:?}"
+    close_promptly(
+        "closed 0.3 s into the scatter",
+        s,
+        &piles_left,
+        full_scatter,
     );
     let st = d.wait_stats("the stream is closed", |s| s["streams_now"] == 0);
     assert_eq!(st["streams_total"], 2, "{st}");
@@ -1181,17 +1200,11 @@ fn a_two_pass_stream_closed_during_its_scatter_goes_at_once() {
         "the led stream's first batch came after {led_first:?}"
     );
     assert_eq!(first.len(), 256, "the lead's first batch");
-    let t = Instant::now();
-    s.close().unwrap();
-    while piles_left() > 0 {
-        assert!(t.elapsed() < full_scatter, "the scratch stays after CLOSE");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let took = t.elapsed();
-    eprintln!("led: closed in {took:?}");
-    assert!(
-        took < full_scatter / 4,
-        "the led stream's scratch went {took:?} after CLOSE; a whole scatter takes {full_scatter:?}"
+    close_promptly(
+        "led, closed after its first batch",
+        s,
+        &piles_left,
+        full_scatter,
     );
     drop(c);
     drop(d);

@@ -235,17 +235,20 @@ impl fmt::Debug for Payload {
     }
 }
 
+/// A lender of boxes of memory, for tests (as a daemon's ring lends regions).
 #[cfg(test)]
-mod tests {
+pub(crate) mod boxes {
     use super::*;
     use std::sync::Mutex;
 
     /// Lends boxes of at most `room` bytes and remembers what each was shrunk to.
-    struct Boxes {
-        room: usize,
-        shrunk: Arc<Mutex<Vec<usize>>>,
+    pub(crate) struct Boxes {
+        pub(crate) room: usize,
+        pub(crate) shrunk: Arc<Mutex<Vec<usize>>>,
     }
+
     struct Region(Vec<u8>, Arc<Mutex<Vec<usize>>>);
+
     impl Lent for Region {
         fn bytes(&self) -> &[u8] {
             &self.0
@@ -263,12 +266,20 @@ mod tests {
             self
         }
     }
+
     impl Lender for Boxes {
         fn lend(&self, _index: u64, _records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
             (bytes <= self.room)
                 .then(|| Box::new(Region(vec![7; bytes], self.shrunk.clone())) as Box<dyn Lent>)
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::boxes::Boxes;
+    use super::*;
+    use std::sync::Mutex;
 
     #[test]
     fn lent_payloads_read_like_own_ones_and_fall_back_when_short() {

@@ -9,38 +9,17 @@ use std::time::Duration;
 
 use super::make;
 use crate::gen::GenFormat;
-use crate::modes::{
-    read, read_two_pass, Batch, Cursor, Lender, Lent, PayloadLender, ReadOptions, SharedPass,
-};
+use crate::modes::{read, read_two_pass, Batch, Cursor, PayloadLender, ReadOptions, SharedPass};
 
-/// Lends boxes of memory (as a daemon's ring lends regions), to ranks 1 and 3 only: the
-/// pass assembles their batches in it, the others' in its own memory.
-struct Boxes;
-struct Region(Vec<u8>);
-impl Lent for Region {
-    fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.0
-    }
-    fn shrink(&mut self, len: usize) {
-        self.0.truncate(len);
-    }
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
-        self
-    }
-}
-impl Lender for Boxes {
-    fn lend(&self, _index: u64, _records: usize, bytes: usize) -> Option<Box<dyn Lent>> {
-        Some(Box::new(Region(vec![0; bytes])))
-    }
-}
+/// Lends memory to ranks 1 and 3 only (as a daemon's rings lend regions): the pass
+/// assembles their batches in it, the others' in its own memory.
 fn lender(rank: u64) -> Option<PayloadLender> {
-    (rank % 2 == 1).then(|| PayloadLender(Arc::new(Boxes)))
+    (rank % 2 == 1).then(|| {
+        PayloadLender(Arc::new(crate::modes::payload::boxes::Boxes {
+            room: usize::MAX,
+            shrunk: Default::default(),
+        }))
+    })
 }
 use crate::order::{Grouping, Tail};
 
