@@ -148,7 +148,9 @@ fn a_dropped_stream_stops_its_reads_and_removes_its_piles_at_once() {
     let mut o = opts.clone();
     o.baseline = Some(Baseline::Buffer { size: ds.len() });
     let s = read(ds.clone(), o).unwrap();
-    std::thread::sleep(full_scatter / 10);
+    // A moment into its read: the scatter (reads and writes) is no yardstick for a mode
+    // that only reads when the disk's writes are slow.
+    std::thread::sleep((full_scatter / 10).min(Duration::from_millis(100)));
     let (took, report) = timed_finish(s);
     assert_prompt("shuffle buffer", took, full_scatter);
     assert!(
