@@ -46,12 +46,17 @@ def split(rank, world, worker_id, num_workers):
     return rank * num_workers + worker_id, world * num_workers
 
 
+# torch warns, for every tensor made over read-only memory, that it cannot mark the tensor
+# read-only. The ring is read-only to clients (writing to it faults), which the docs say;
+# the warning is silenced for this module's calls only, once (a catch_warnings per batch
+# cost more than the rest of the hand-over).
+_warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                         category=UserWarning, module=r"riffle\.torch")
+
+
 def _view(array):
-    """A tensor over a read-only numpy array's memory (torch warns that it cannot mark
-    the tensor read-only; the ring is read-only to clients, so writing to it faults)."""
-    with _warnings.catch_warnings():
-        _warnings.simplefilter("ignore", UserWarning)
-        return _torch.from_numpy(array)
+    """A tensor over a read-only numpy array's memory (the daemon's ring)."""
+    return _torch.from_numpy(array)
 
 
 def _shared_copy(b):
