@@ -412,14 +412,11 @@ pub fn plan(
         });
         // Two-pass.
         let (first, rolling, last, bound) = two_pass_epochs(dev, &w, units);
-        // Led, the first batch comes from a prefix of the table (one pass over the keys,
-        // a fraction of a full build) while the scatter runs; else after the scatter.
+        // Led, the first batch comes in about LIRS's time: its table is a prefix (cheaper
+        // than a whole build) but its reads compete with the scatter's (measured here:
+        // 1.3x LIRS's); else after the scatter.
         let scatter = first - if w.epochs > 1 { rolling } else { last };
-        let two_first = if lead && opts.lead {
-            units * TABLE_PER_UNIT / 4.0 + first_batch_reads(dev, &w, units)
-        } else {
-            scatter
-        };
+        let two_first = if lead && opts.lead { lirs_first } else { scatter };
         let total = if w.epochs == 1 {
             first
         } else {
