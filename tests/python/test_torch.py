@@ -15,6 +15,10 @@ from test_serve import Daemon, run  # noqa: E402
 
 import riffle.torch  # noqa: E402
 
+# riffle.torch silences torch's read-only-tensor warning for its own calls; pytest resets
+# warning filters around each test, so the tests say the same.
+pytestmark = pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
+
 
 def test_workers_and_ranks_split_the_epoch(tmp_path):
     data = tmp_path / "d.npy"
