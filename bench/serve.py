@@ -24,6 +24,7 @@ Writes results/<date>-<host>/serve.{json,md} (or --out DIR).
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -42,6 +43,32 @@ sys.path.insert(0, str(ROOT / "python"))
 import numpy as np  # noqa: E402
 
 import riffle  # noqa: E402
+
+
+@contextlib.contextmanager
+def serving(riffle_bin, dataset, *extra, patience=60):
+    """A `riffle serve` of `dataset` ("NAME=PATH") with `extra` flags, on a socket in a
+    temporary directory, for the `with` block: yields the socket's path once the daemon
+    takes connections; stops it afterwards."""
+    tmp = tempfile.mkdtemp(prefix="rsb")
+    sock = os.path.join(tmp, "s.sock")
+    daemon = subprocess.Popen([riffle_bin, "serve", "--socket", sock, "--dataset", dataset, *extra],
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + patience
+        while True:
+            try:
+                riffle.Client(sock).close()
+                break
+            except riffle.RiffleConnectionError:
+                if time.time() > deadline or daemon.poll() is not None:
+                    raise SystemExit("riffle serve did not come up")
+                time.sleep(0.05)
+        yield sock
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def drop_caches():
@@ -158,23 +185,7 @@ def main():
             subprocess.run([a.riffle, "gen", str(data), "--format", "npy", "--records",
                             str(a.records), "--record-size", a.record_size], check=True)
 
-    tmp = tempfile.mkdtemp(prefix="rsb")
-    sock = os.path.join(tmp, "s.sock")
-    daemon = subprocess.Popen(
-        [a.riffle, "serve", "--socket", sock, "--dataset", f"bench={data}",
-         "--queue-depth", str(a.queue_depth), "--mode", a.mode],
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                riffle.Client(sock).close()
-                break
-            except riffle.RiffleConnectionError:
-                if time.time() > deadline or daemon.poll() is not None:
-                    raise SystemExit("riffle serve did not come up")
-                time.sleep(0.05)
+    with serving(a.riffle, f"bench={data}", "--queue-depth", str(a.queue_depth), "--mode", a.mode) as sock:
         report = {"data": str(data), "records": a.records, "record_size": a.record_size, "mode": a.mode,
                   "batch_size": a.batch_size, "queue_depth": a.queue_depth, "runs": a.runs,
                   "host": socket.gethostname(), "touch": a.touch, "results": {}}
@@ -242,10 +253,6 @@ def main():
             print(f"compute-bound ({a.compute_us:.0f} us per batch): {r['records_per_s']:,.0f} records/s, "
                   f"hand-off p50 {r['handoff_latency_us']['p50']:.1f} us, "
                   f"p99 {r['handoff_latency_us']['p99']:.1f} us (the batch was waiting in the ring)")
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=10)
-        shutil.rmtree(tmp, ignore_errors=True)
 
     out = pathlib.Path(a.out) if a.out else (
         ROOT / "results" / f"{datetime.date.today()}-{socket.gethostname()}")

@@ -28,7 +28,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -44,14 +43,8 @@ except ImportError:
 
 import numpy as np  # noqa: E402
 
-import riffle  # noqa: E402
 import riffle.torch  # noqa: E402
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+from serve import drop_caches, serving  # noqa: E402  (bench/serve.py, beside this script)
 
 
 def in_process(a, data):
@@ -120,20 +113,7 @@ def main():
         subprocess.run([a.riffle, "gen", str(data), "--format", "npy", "--records", str(a.records),
                         "--record-size", a.record_size, "--sorted", "--labels", "10"], check=True)
     cold = os.geteuid() == 0
-    tmp = tempfile.mkdtemp(prefix="rtl")
-    sock = os.path.join(tmp, "s.sock")
-    daemon = subprocess.Popen([a.riffle, "serve", "--socket", sock, "--dataset", f"bench={data}",
-                               "--mode", a.mode, "--memory", "2G"], stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                riffle.Client(sock).close()
-                break
-            except riffle.RiffleConnectionError:
-                if time.time() > deadline or daemon.poll() is not None:
-                    raise SystemExit("riffle serve did not come up")
-                time.sleep(0.05)
+    with serving(a.riffle, f"bench={data}", "--mode", a.mode, "--memory", "2G", patience=120) as sock:
         sides = {"riffle read (in process)": None,
                  "DataLoader(RiffleDataset), num_workers=0 (ring views)": ("dataloader", 0),
                  "riffle.torch.loader, num_workers=2 (ring views, no copy)": ("loader", 2),
@@ -149,9 +129,6 @@ def main():
                       f"{r['first_batch_s']:.3f} s" + ("" if r["exactly_once"] is None else
                                                       f", every record once: {r['exactly_once']}"),
                       flush=True)
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
 
     ref = statistics.median(r["samples_per_s"] for r in rows["riffle read (in process)"])
     summary = []

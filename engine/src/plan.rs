@@ -287,6 +287,15 @@ impl DeviceModel {
     }
 }
 
+/// Whether a two-pass read of `ds` with `opts` leads with LIRS outside the planner (a mode
+/// asked for by name): when asked to, unless `dev` (the cached profile of its device, if
+/// any) says the device seeks.
+pub fn lead_for(dev: Option<&DeviceModel>, ds: &Dataset, opts: &ReadOptions) -> bool {
+    // LIRS's read of a record: the mean record and about one alignment unit more.
+    let read = ds.size_stats().total / ds.len().max(1) + 4096;
+    opts.lead && dev.is_none_or(|d| d.leads(read, opts.io.depth))
+}
+
 /// The part of a LIRS epoch that does not overlap its reads: the table build and the
 /// copies into batches.
 fn table_and_copies(w: &Workload, units: f64) -> f64 {
@@ -416,7 +425,11 @@ pub fn plan(
         // than a whole build) but its reads compete with the scatter's (measured here:
         // 1.3x LIRS's); else after the scatter.
         let scatter = first - if w.epochs > 1 { rolling } else { last };
-        let two_first = if lead && opts.lead { lirs_first } else { scatter };
+        let two_first = if lead && opts.lead {
+            lirs_first
+        } else {
+            scatter
+        };
         let total = if w.epochs == 1 {
             first
         } else {

@@ -397,13 +397,25 @@ fn run(
             break;
         }
     }
+    finish_report(r, &reader, total_reads, started, &hist);
+    Ok(())
+}
+
+/// What a LIRS read did, once it has: its reads per batch, the reader's counts, its time
+/// and batch latency.
+fn finish_report(
+    r: &mut ReadReport,
+    reader: &RangeReader,
+    reads: u64,
+    started: Instant,
+    hist: &Histogram<u64>,
+) {
     let s = reader.stats();
-    r.units_per_batch = total_reads as f64 / r.batches.max(1) as f64;
+    r.units_per_batch = reads as f64 / r.batches.max(1) as f64;
     r.read_ops = s.read_ops;
     r.device_bytes = s.device_bytes;
     r.seconds = started.elapsed().as_secs_f64();
-    r.batch_latency_us = Latency::of(&hist);
-    Ok(())
+    r.batch_latency_us = Latency::of(hist);
 }
 
 /// The table an epoch is walked through, and how many records of the epoch's sequence it
@@ -742,12 +754,7 @@ pub(crate) fn lead(
     // Whatever happened, the lead takes no more batches.
     lead.close();
     let out = out?;
-    let s = reader.stats();
-    r.read_ops = s.read_ops;
-    r.device_bytes = s.device_bytes;
-    r.units_per_batch = out.reads as f64 / r.batches.max(1) as f64;
-    r.seconds = started.elapsed().as_secs_f64();
-    r.batch_latency_us = Latency::of(&hist);
+    finish_report(&mut r, &reader, out.reads, started, &hist);
     Ok(Some(r))
 }
 

@@ -1040,10 +1040,6 @@ fn planned_mode(
                 _ => (ServeMode::Lirs, false),
             }
         }
-        (m, None) => (m, opts.lead),
-        (m, Some(model)) => {
-            let read = ds.size_stats().total / ds.len().max(1) + 4096;
-            (m, opts.lead && model.leads(read, opts.io.depth))
-        }
+        (m, model) => (m, crate::plan::lead_for(model.as_ref(), ds, opts)),
     }
 }

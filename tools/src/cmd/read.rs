@@ -249,12 +249,10 @@ pub fn run(a: Args) -> Result<()> {
         plan = Some(p);
         chosen
     } else {
-        if mode == "two-pass" && read_opts.lead {
+        if mode == "two-pass" {
             // A device known to seek is not led (see `DeviceModel::leads`).
-            if let Some(dev) = riffle::plan::cached_device_model(&ds.files()[0].path) {
-                let read = ds.size_stats().total / ds.len().max(1) + 4096;
-                read_opts.lead = dev.leads(read, read_opts.io.depth);
-            }
+            let dev = riffle::plan::cached_device_model(&ds.files()[0].path);
+            read_opts.lead = riffle::plan::lead_for(dev.as_ref(), &ds, &read_opts);
         }
         mode
     };
