@@ -781,9 +781,7 @@ impl Piles {
             &stop,
             |load, reuse: Option<Loaded>| {
                 let mut p = reuse.unwrap_or_default();
-                p.data.clear();
-                p.data
-                    .reserve_total((load.expect + load.expect / 8) as usize);
+                p.data.room_for((load.expect + load.expect / 8) as usize);
                 loader.load(load, &mut p.data, &mut p.index, &stop)?;
                 crate::order::sort_uniform(&mut p.index, &mut p.scratch, |r| r.0);
                 Ok(p)
@@ -816,7 +814,7 @@ impl Piles {
 /// (key, offset) per frame.
 #[derive(Default)]
 struct Loaded {
-    data: crate::io::LargeBuf,
+    data: crate::piles::PileBuf,
     index: Vec<(u64, usize)>,
     scratch: Vec<(u64, usize)>,
 }

@@ -245,6 +245,39 @@ impl Slab {
         self.free.push(slot.0);
     }
 
+    /// Takes slot `index` if it is free.
+    pub(crate) fn acquire_at(&mut self, index: usize) -> Option<SlotId> {
+        if self.states.get(index) != Some(&SlotState::Free) {
+            return None;
+        }
+        let at = self.free.iter().position(|&i| i as usize == index)?;
+        self.free.swap_remove(at);
+        self.states[index] = SlotState::Held;
+        Some(SlotId(index as u32))
+    }
+
+    /// The bytes of `n` held slots from `first` on, back to back. Panics if any of them is
+    /// not held.
+    pub(crate) fn get_run(&self, first: SlotId, n: usize) -> &[u8] {
+        let end = first.index() + n;
+        assert!(end <= self.states.len(), "slots past the end of the slab");
+        assert!(
+            self.states[first.index()..end]
+                .iter()
+                .all(|s| *s == SlotState::Held),
+            "a slot of the run is not held by the caller"
+        );
+        // SAFETY: the slots lie inside the allocation (end <= count) and every one is Held,
+        // so no request is in flight on any of them: nothing writes these bytes while &self
+        // lives. Slots outside the run may be written by the kernel meanwhile.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.mem.ptr.as_ptr().add(first.index() * self.slot_size),
+                n * self.slot_size,
+            )
+        }
+    }
+
     /// The bytes of a held slot.
     pub(crate) fn get(&self, slot: SlotId) -> &[u8] {
         assert_eq!(
@@ -381,6 +414,45 @@ mod tests {
         assert_eq!(b.as_slice(), b"0123456789", "growing keeps the bytes");
     }
 
+    /// Slots taken by index lie back to back; a run is only lent while every slot of it is
+    /// held, never while one is free or in flight.
+    #[test]
+    fn runs_of_held_slots() {
+        let mut s = Slab::new(4, 4096, 4096);
+        let other = s.acquire().unwrap();
+        assert!(
+            s.acquire_at(other.index()).is_none(),
+            "a held slot is not free"
+        );
+        assert!(s.acquire_at(4).is_none(), "past the end");
+        s.release(other);
+        let run: Vec<SlotId> = (0..3).map(|i| s.acquire_at(i).unwrap()).collect();
+        for (i, &slot) in run.iter().enumerate() {
+            assert_eq!(slot.index(), i);
+            s.get_mut(slot).fill(i as u8 + 1);
+        }
+        let bytes = s.get_run(run[0], 3);
+        assert_eq!(bytes.len(), 3 * 4096);
+        assert!((0..3).all(|i| bytes[i * 4096..(i + 1) * 4096]
+            .iter()
+            .all(|&b| b == i as u8 + 1)));
+        let last = s.acquire().unwrap();
+        assert_eq!(last.index(), 3, "the one slot left");
+        s.start(run[1], 0, 4096);
+        let in_flight =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.get_run(run[0], 3).len()));
+        assert!(in_flight.is_err(), "a run with a slot in flight is lent");
+        s.complete(run[1]);
+        s.release(run[2]);
+        let freed =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.get_run(run[0], 3).len()));
+        assert!(freed.is_err(), "a run with a free slot is lent");
+        assert_eq!(s.get_run(run[0], 2).len(), 2 * 4096);
+        let past =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.get_run(last, 2).len()));
+        assert!(past.is_err(), "a run past the end is lent");
+    }
+
     #[test]
     fn aligned_and_zeroed() {
         for len in [10_000, 5 << 20] {
@@ -495,6 +567,9 @@ impl LargeBuf {
 
     /// Appends `n` bytes (whatever the memory held) and returns them to be filled.
     pub fn append_space(&mut self, n: usize) -> &mut [u8] {
+        if n == 0 {
+            return &mut [];
+        }
         self.reserve(n);
         let start = self.len;
         self.len += n;

@@ -211,10 +211,16 @@ pub trait Backend: Send {
     fn buffer_bytes(&self) -> usize;
     /// Takes a free slot, if any; it is held by the caller until released or pushed.
     fn acquire(&mut self) -> Option<SlotId>;
+    /// Takes slot `index` (below [`Backend::depth`]) if it is free: a caller that wants
+    /// its data in consecutive slots (see [`Backend::run`]) picks them.
+    fn acquire_at(&mut self, index: usize) -> Option<SlotId>;
     /// Gives a held slot back. Panics if the slot is not held (free, or in flight).
     fn release(&mut self, slot: SlotId);
     /// The bytes of a held slot. Panics if the slot is not held.
     fn slot(&self, slot: SlotId) -> &[u8];
+    /// The bytes of `n` consecutive held slots from `first` on, back to back (slots lie
+    /// next to each other in memory, `slot_size` apart). Panics if any of them is not held.
+    fn run(&self, first: SlotId, n: usize) -> &[u8];
     /// The bytes of a held slot, to fill before a write. Panics if the slot is not held.
     fn slot_mut(&mut self, slot: SlotId) -> &mut [u8];
     /// Registers a file; the backend keeps it open until it is removed or the backend is
@@ -314,4 +320,4 @@ pub fn completion_error(file: &DataFile, op: &Op, errno: i32) -> Error {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -14,7 +14,8 @@ use super::uring::UringBackend;
 use super::*;
 
 mod faults;
-use faults::{close_gate, open_gate, taken_by_drop, with_short_transfers, within, WATCHED};
+pub(crate) use faults::with_short_transfers;
+use faults::{close_gate, open_gate, taken_by_drop, within, WATCHED};
 pub(super) use faults::{pread_gate, reaped_by_drop, wrap_backend};
 
 fn random_file(dir: &Path, name: &str, len: usize, seed: u64) -> (std::path::PathBuf, Vec<u8>) {

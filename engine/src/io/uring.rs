@@ -414,6 +414,14 @@ impl Backend for UringBackend {
         self.slab.release(slot)
     }
 
+    fn acquire_at(&mut self, index: usize) -> Option<SlotId> {
+        self.slab.acquire_at(index)
+    }
+
+    fn run(&self, first: SlotId, n: usize) -> &[u8] {
+        self.slab.get_run(first, n)
+    }
+
     fn slot(&self, slot: SlotId) -> &[u8] {
         self.slab.get(slot)
     }

@@ -24,9 +24,9 @@ use hdrhistogram::Histogram;
 use super::emit::Emitter;
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
-use crate::io::{IoConfig, LargeBuf, RangeReader};
+use crate::io::{IoConfig, RangeReader};
 use crate::order::{EpochKey, Units};
-use crate::piles::{frame, Layout, PileReader, PileSet, PileWriter};
+use crate::piles::{frame, Layout, PileBuf, PileReader, PileSet, PileWriter};
 use crate::pipeline::Stop;
 use crate::{Error, Result};
 
@@ -443,12 +443,11 @@ fn run(
                         .unwrap_or_else(|e| e.into_inner())
                         .pop()
                         .unwrap_or_default();
-                    p.data.clear();
                     // Sized once with a little room, as far as the pile budget allows, so
                     // the next (slightly larger) pile does not regrow it.
                     let bytes = load.expect;
                     let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
-                    p.data.reserve_total(room as usize);
+                    p.data.room_for(room as usize);
                     {
                         let _turn = take_turn();
                         loader.load(load, &mut p.data, &mut p.frames, stop)?;
@@ -694,7 +693,7 @@ fn scatter(
 /// by key.
 #[derive(Default)]
 struct LoadedPile {
-    data: LargeBuf,
+    data: PileBuf,
     frames: Vec<(u64, usize)>,
     scratch: Vec<(u64, usize)>,
 }

@@ -24,6 +24,10 @@ use crate::{Error, Result};
 /// The most group files one set of piles writes.
 pub(crate) const MAX_GROUPS: usize = 16;
 
+/// The most slots a loaded pile's own ring has (a pile of more extents is copied out of
+/// the reader's ring instead).
+const MAX_DIRECT_SLOTS: usize = 4096;
+
 /// Group files are grown (`fallocate`) ahead of their writes by 8 writes (1 to 16 MiB at
 /// a time): a full disk is found early, and the writes land inside the file in allocated
 /// space, which ext4 lets run in parallel (a write that extends a file is serialised).
@@ -543,6 +547,49 @@ impl PileSet {
     }
 }
 
+/// A loaded pile's bytes. A whole pile whose extents are all full but the last (what the
+/// writer makes) is read straight into consecutive slots of a ring this buffer owns, which
+/// lie back to back in memory: the pile is those slots, with no copy. Any other load is
+/// copied out of the reader's ring into a plain buffer. Either memory is kept for the next
+/// load (only one of the two at a time).
+#[derive(Default)]
+pub(crate) struct PileBuf {
+    ring: Option<Box<dyn Backend>>,
+    /// The ring's slots holding the pile (0, 1, ...), held until the next load.
+    held: Vec<SlotId>,
+    /// Bytes of the pile in those slots.
+    len: usize,
+    copy: LargeBuf,
+    /// Bytes to make room for when memory is (re)allocated: a little more than the pile,
+    /// so the next, slightly larger one fits.
+    room: usize,
+}
+
+impl PileBuf {
+    /// The pile's bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match (&self.ring, self.held.first()) {
+            (Some(ring), Some(&first)) => &ring.run(first, self.held.len())[..self.len],
+            _ => self.copy.as_slice(),
+        }
+    }
+
+    /// Asks for room for `bytes` when memory is next allocated.
+    pub(crate) fn room_for(&mut self, bytes: usize) {
+        self.room = bytes;
+    }
+
+    fn clear(&mut self) {
+        if let Some(ring) = self.ring.as_mut() {
+            for slot in self.held.drain(..) {
+                ring.release(slot);
+            }
+        }
+        self.len = 0;
+        self.copy.clear();
+    }
+}
+
 /// Reads loads, keeping one ring while they come from the same group file.
 #[derive(Default)]
 pub(crate) struct PileReader {
@@ -565,15 +612,25 @@ impl PileReader {
     pub(crate) fn load(
         &mut self,
         load: Load,
-        out: &mut LargeBuf,
+        buf: &mut PileBuf,
         frames: &mut Vec<(u64, usize)>,
         stop: &Stop,
     ) -> Result<()> {
-        out.clear();
+        buf.clear();
         frames.clear();
         let file = load.group.file.clone();
         let path = file.path().to_path_buf();
         let unit = file.alignment().unit().max(512);
+        let slot = load.extent.div_ceil(unit) * unit;
+        let n = load.extents.len();
+        let full = n > 0 && load.extents[..n - 1].iter().all(|e| e.len as usize == slot);
+        if load.whole && full && n <= MAX_DIRECT_SLOTS {
+            buf.copy = LargeBuf::default();
+            return self.load_direct(&load, buf, frames, slot, unit, stop);
+        }
+        buf.ring = None;
+        let out = &mut buf.copy;
+        out.reserve_total(buf.room);
         let same = matches!(&self.ring, Some((g, _, _)) if Arc::ptr_eq(g, &load.group));
         if !same {
             // The previous group's ring (and its hold on the file) goes first.
@@ -670,6 +727,139 @@ impl PileReader {
             }
         }
         Ok(())
+    }
+}
+
+impl PileReader {
+    /// A whole pile read straight into `buf`'s ring, extent `i` into slot `i`: its full
+    /// extents (`slot` bytes each) then lie back to back, and the last one ends the pile.
+    fn load_direct(
+        &mut self,
+        load: &Load,
+        buf: &mut PileBuf,
+        frames: &mut Vec<(u64, usize)>,
+        slot: usize,
+        unit: usize,
+        stop: &Stop,
+    ) -> Result<()> {
+        let n = load.extents.len();
+        let file = load.group.file.clone();
+        let fits = buf
+            .ring
+            .as_ref()
+            .is_some_and(|r| r.depth() >= n && r.slot_size() == slot);
+        if !fits {
+            // The old ring (nothing held, nothing in flight) goes before the new one comes.
+            buf.ring = None;
+            let cfg = IoConfig {
+                depth: n.max(buf.room.div_ceil(slot)).min(MAX_DIRECT_SLOTS),
+                slot_size: slot,
+                backend: self.io.backend,
+                direct: self.io.direct,
+                ..IoConfig::default()
+            };
+            buf.ring = Some(open_backend(&cfg, unit)?);
+        }
+        let ring = buf.ring.as_mut().expect("a ring");
+        for i in 0..n {
+            let s = ring
+                .acquire_at(i)
+                .expect("a ring's slots are all free between loads");
+            buf.held.push(s);
+        }
+        // The file is registered for this load only: a ring kept between loads holds no
+        // group file, so a group's file goes (and its space with it) once its piles are read.
+        let read = ring.add_file(file.clone()).and_then(|key| {
+            read_into_slots(
+                ring.as_mut(),
+                key,
+                &file,
+                &load.extents,
+                &buf.held,
+                unit,
+                load.read_depth,
+                stop,
+            )?;
+            ring.remove_file(key);
+            Ok(())
+        });
+        if let Err(e) = read {
+            // Reads may still be in flight: the ring goes (its drop waits for them), and
+            // its slots with it.
+            buf.held.clear();
+            buf.ring = None;
+            return Err(e);
+        }
+        buf.len = load.extents.iter().map(|e| e.len as usize).sum();
+        let at = index(buf.as_slice(), 0, frames, file.path())?;
+        if at != buf.len {
+            let e = inside_a_frame(file.path(), &load.extents, at as u64);
+            buf.clear();
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// Reads `extents[i]` of a file into `slots[i]` (held by the caller), at most `depth` at a
+/// time. On `Ok` nothing is in flight and every slot is held by the caller again; on `Err`
+/// requests may still be in flight: the caller drops the backend (which waits for them)
+/// rather than touch the slots. A short read goes on where it stopped.
+#[allow(clippy::too_many_arguments)]
+fn read_into_slots(
+    backend: &mut dyn Backend,
+    key: FileKey,
+    file: &DataFile,
+    extents: &[Extent],
+    slots: &[SlotId],
+    unit: usize,
+    depth: usize,
+    stop: &Stop,
+) -> Result<()> {
+    let depth = depth.max(1);
+    let mut stalled = vec![0u32; slots.len()];
+    let mut done = Vec::with_capacity(depth);
+    let mut next = 0usize;
+    loop {
+        while next < extents.len() && backend.in_flight() < depth {
+            let e = extents[next];
+            backend.push(Op {
+                slot: slots[next],
+                file: key,
+                offset: e.offset,
+                len: (e.len as usize).div_ceil(unit) * unit,
+                at: 0,
+                kind: OpKind::Read,
+                tag: next as u64,
+            })?;
+            next += 1;
+        }
+        if backend.in_flight() == 0 {
+            return Ok(());
+        }
+        backend.wait(1, &mut done)?;
+        for c in done.drain(..) {
+            let i = c.op.tag as usize;
+            let want = extents[i].len as usize;
+            let n = c
+                .result
+                .map_err(|errno| completion_error(file, &c.op, errno))?;
+            if c.op.at + n >= want {
+                continue;
+            }
+            let keep = (c.op.at + n) / unit * unit;
+            let stall = &mut stalled[i];
+            *stall = if keep > c.op.at { 0 } else { *stall + 1 };
+            if *stall > 8 {
+                return Err(Error::BadInput {
+                    path: file.path().into(),
+                    offset: Some(c.op.offset + n as u64),
+                    what: "a pile file ended early (was the scratch directory changed?)".into(),
+                });
+            }
+            backend.push(c.op.advance(keep - c.op.at))?;
+        }
+        stop.check()?;
     }
 }
 
@@ -903,7 +1093,7 @@ mod tests {
                     ..IoConfig::default()
                 });
                 let mut got: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); 32];
-                let (mut out, mut index) = (LargeBuf::default(), Vec::new());
+                let (mut out, mut index) = (PileBuf::default(), Vec::new());
                 for (i, load) in loads.jobs.into_iter().enumerate() {
                     let pile = i / passes as usize;
                     let (lo, hi) = (load.lo, load.hi);
@@ -963,7 +1153,7 @@ mod tests {
         assert_eq!(distinct.len(), files);
         let mut n = 0;
         let mut reader = PileReader::default();
-        let (mut out, mut index) = (LargeBuf::default(), Vec::new());
+        let (mut out, mut index) = (PileBuf::default(), Vec::new());
         for load in set.into_loads(|_| 1).jobs {
             reader
                 .load(load, &mut out, &mut index, &Stop::default())
@@ -973,37 +1163,77 @@ mod tests {
         assert_eq!(n, all.len());
     }
 
+    /// Reads cut short (about half of each, ending off the alignment) go on where they
+    /// stopped: every frame comes back, whether the pile is read straight into the
+    /// buffer's own ring (whole) or copied out of the reader's (key sub-ranges).
+    #[test]
+    fn short_reads_go_on_where_they_stopped() {
+        let all = frames(1500, 11);
+        let mut want = all.clone();
+        want.sort();
+        for backend in [BackendChoice::Uring, BackendChoice::Pread] {
+            for passes in [1u64, 2] {
+                let (_dir, set) = written(Layout::new(3, 32 << 10, 256 << 10), &all, backend);
+                let loads = set.into_loads(|_| passes);
+                let mut got = crate::io::tests::with_short_transfers(|| {
+                    let mut reader = PileReader::new(&IoConfig {
+                        backend,
+                        ..IoConfig::default()
+                    });
+                    let (mut out, mut index) = (PileBuf::default(), Vec::new());
+                    let mut got = Vec::new();
+                    for load in loads.jobs {
+                        reader
+                            .load(load, &mut out, &mut index, &Stop::default())
+                            .unwrap();
+                        for &(k, at) in &index {
+                            let f = frame::at(out.as_slice(), at);
+                            got.push((k, out.as_slice()[f.body..f.end].to_vec()));
+                        }
+                    }
+                    got
+                });
+                got.sort();
+                assert!(got == want, "{backend:?}, {passes} passes: frames differ");
+            }
+        }
+    }
+
     /// A group file goes as soon as the last load of its piles is dropped, not at the end
-    /// of the pass: the scratch a pass holds shrinks as it goes.
+    /// of the pass: the scratch a pass holds shrinks as it goes. Whole piles (read into
+    /// the buffer's own ring, which holds the file for the load only) let go at once; key
+    /// sub-ranges (read through the reader's ring for the group) when the reader moves on.
     #[test]
     fn group_files_go_as_their_piles_are_read() {
-        let all = frames(2000, 3);
-        let (dir, set) = written(Layout::new(4, 4096, 64 << 10), &all, BackendChoice::Auto);
-        let groups = set.piles.iter().map(|p| p.group.file.path().to_path_buf());
-        let mut groups: Vec<_> = groups.collect();
-        groups.dedup();
-        assert!(groups.len() > 1);
-        let loads = set.into_loads(|_| 1);
-        let mut jobs = loads.jobs.into_iter();
-        let per_group = 16 / groups.len();
-        let mut reader = PileReader::default();
-        let (mut out, mut index) = (LargeBuf::default(), Vec::new());
-        for _ in 0..per_group {
-            assert!(groups[0].exists());
+        for passes in [1u64, 2] {
+            let all = frames(2000, 3);
+            let (dir, set) = written(Layout::new(4, 4096, 64 << 10), &all, BackendChoice::Auto);
+            let groups = set.piles.iter().map(|p| p.group.file.path().to_path_buf());
+            let mut groups: Vec<_> = groups.collect();
+            groups.dedup();
+            assert!(groups.len() > 1);
+            let loads = set.into_loads(|_| passes);
+            let mut jobs = loads.jobs.into_iter();
+            let per_group = 16 / groups.len() * passes as usize;
+            let mut reader = PileReader::default();
+            let (mut out, mut index) = (PileBuf::default(), Vec::new());
+            for _ in 0..per_group {
+                assert!(groups[0].exists());
+                reader
+                    .load(jobs.next().unwrap(), &mut out, &mut index, &Stop::default())
+                    .unwrap();
+            }
+            assert_eq!(groups[0].exists(), passes > 1, "{passes} passes");
+            assert!(groups[1].exists());
             reader
                 .load(jobs.next().unwrap(), &mut out, &mut index, &Stop::default())
                 .unwrap();
+            assert!(!groups[0].exists(), "read group file still there");
+            drop(jobs);
+            drop(reader);
+            drop(loads.dir);
+            assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         }
-        // The reader keeps the group's ring until it moves on; the next group lets go.
-        reader
-            .load(jobs.next().unwrap(), &mut out, &mut index, &Stop::default())
-            .unwrap();
-        assert!(!groups[0].exists(), "read group file still there");
-        assert!(groups[1].exists());
-        drop(jobs);
-        drop(reader);
-        drop(loads.dir);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     /// A group file cut short (the scratch changed under the run) is an error naming the
@@ -1018,7 +1248,7 @@ mod tests {
         f.set_len(size - 5000).unwrap();
         let mut loads = set.into_loads(|_| 1);
         let load = loads.jobs.pop().unwrap();
-        let (mut out, mut index) = (LargeBuf::default(), Vec::new());
+        let (mut out, mut index) = (PileBuf::default(), Vec::new());
         let e = PileReader::default()
             .load(load, &mut out, &mut index, &Stop::default())
             .unwrap_err()

@@ -68,7 +68,7 @@ pub(in crate::io) fn wrap_backend(b: Box<dyn Backend>) -> Box<dyn Backend> {
 }
 
 /// Runs `f` with every backend it opens (on this thread) making transfers short.
-pub(in crate::io) fn with_short_transfers<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn with_short_transfers<T>(f: impl FnOnce() -> T) -> T {
     SHORT_TRANSFERS.set(true);
     let r = f();
     SHORT_TRANSFERS.set(false);
@@ -107,6 +107,12 @@ impl Backend for Short {
     }
     fn release(&mut self, slot: SlotId) {
         self.inner.release(slot)
+    }
+    fn acquire_at(&mut self, index: usize) -> Option<SlotId> {
+        self.inner.acquire_at(index)
+    }
+    fn run(&self, first: SlotId, n: usize) -> &[u8] {
+        self.inner.run(first, n)
     }
     fn slot(&self, slot: SlotId) -> &[u8] {
         self.inner.slot(slot)
