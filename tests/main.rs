@@ -402,6 +402,50 @@ fn errors_name_the_path_and_exit_non_zero() {
     assert_eq!(out.status.code(), Some(2), "a usage error exits 2");
 }
 
+/// A suite whose Python package is missing says so before it starts, naming the package
+/// and how to install it: a real interpreter without numpy (a fresh venv) comes first on
+/// PATH.
+#[test]
+fn a_suite_without_its_python_package_says_why() {
+    let sb = Sandbox::new();
+    let venv = sb.path().join("venv");
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .output();
+    if !made.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!(
+            "skipped: python3 -m venv is not available here (apt-get install -y python3-venv)"
+        );
+        return;
+    }
+    let path = format!(
+        "{}:{}",
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = sb
+        .cmd()
+        .env("PATH", path)
+        .args(["bench", "peers", "--quick"])
+        .arg("--data-dir")
+        .arg(sb.data())
+        .arg("--out")
+        .arg(sb.path().join("results"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    let first = err.lines().next().unwrap_or("");
+    assert!(
+        first.contains("peers suite cannot run here")
+            && first.contains("cannot import numpy")
+            && first.contains("pip install numpy"),
+        "{err}"
+    );
+    assert!(!sb.path().join("results").exists(), "nothing was written");
+}
+
 #[test]
 fn fio_parity_writes_a_report() {
     if Command::new("fio").arg("--version").output().is_err() {

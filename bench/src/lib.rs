@@ -18,6 +18,7 @@ pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
 pub mod modes;
+pub mod needs;
 pub mod node;
 pub mod peers;
 pub mod planner;

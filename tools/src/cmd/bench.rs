@@ -63,7 +63,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    match args.suite.as_str() {
+    let suite = args.suite.as_str();
+    if suite != "all" {
+        if let Some(why) = riffle_bench::needs::missing(suite) {
+            bail!("the {suite} suite cannot run here: {why}");
+        }
+    }
+    match suite {
         "fio-parity" => parity(&args),
         "probe-check" => probe_check(&args),
         "lirs" => lirs(&args),
@@ -74,16 +80,7 @@ pub fn run(args: Args) -> Result<()> {
         "peers" => peers(&args),
         "scale" => scale(&args),
         "node" => node(&args),
-        "all" => {
-            parity(&args)?;
-            probe_check(&args)?;
-            lirs(&args)?;
-            planner(&args)?;
-            convergence(&args)?;
-            au(&args)?;
-            modes(&args)?;
-            peers(&args)
-        }
+        "all" => all(&args),
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
@@ -91,6 +88,52 @@ pub fn run(args: Args) -> Result<()> {
             )
         }
     }
+}
+
+/// Every suite but scale and node, in turn. A suite this machine lacks a tool or package
+/// for says so on its first line and is skipped; a suite that fails says why and the rest
+/// still run. Exits non-zero only when a suite failed.
+fn all(args: &Args) -> Result<()> {
+    type Suite = fn(&Args) -> Result<()>;
+    let suites: [(&str, Suite); 8] = [
+        ("fio-parity", parity),
+        ("probe-check", probe_check),
+        ("lirs", lirs),
+        ("planner", planner),
+        ("convergence", convergence),
+        ("au", au),
+        ("modes", modes),
+        ("peers", peers),
+    ];
+    let mut failed = Vec::new();
+    for (name, run) in suites {
+        if let Some(why) = riffle_bench::needs::missing(name) {
+            if args.json {
+                println!("{}", serde_json::json!({ "suite": name, "skipped": why }));
+            } else {
+                println!("## {name}: skipped: {why}\n");
+            }
+            continue;
+        }
+        if !args.json {
+            println!("## {name}\n");
+        }
+        if let Err(e) = run(args) {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "suite": name, "failed": format!("{e:#}") })
+                );
+            } else {
+                println!("## {name}: failed: {e:#}\n");
+            }
+            failed.push(name);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("suites failed: {}", failed.join(", "));
+    }
+    Ok(())
 }
 
 /// Runs a suite with a progress bar of `steps`, then prints its report: one JSON object

@@ -1,0 +1,72 @@
+//! What a suite needs beyond riffle itself, checked before it starts, so a machine without
+//! it gets one line saying what is missing and how to get it instead of a failure halfway.
+
+use std::process::Command;
+
+/// Why `suite` cannot run on this machine (a tool or Python package it needs is missing),
+/// or `None` when it can. Suites not named here need nothing else.
+pub fn missing(suite: &str) -> Option<String> {
+    match suite {
+        "fio-parity" | "probe-check" | "lirs" => crate::fio::version().err().map(|e| e.to_string()),
+        "peers" => python_module("numpy"),
+        _ => None,
+    }
+}
+
+/// Why `python3 -c "import MODULE"` fails here, or `None` when it works.
+pub fn python_module(module: &str) -> Option<String> {
+    python_module_with("python3", module)
+}
+
+fn python_module_with(python: &str, module: &str) -> Option<String> {
+    let out = match Command::new(python)
+        .args(["-c", &format!("import {module}")])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            return Some(format!(
+                "{python} is not installed ({e}); install it with `apt-get install -y python3` \
+                 and then `pip install {module}`"
+            ))
+        }
+    };
+    if out.status.success() {
+        return None;
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    Some(format!(
+        "{python} cannot import {module} ({}); install it with `pip install {module}`",
+        last.trim()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A module that exists is found; one that does not is named with the reason and the
+    /// install command; an interpreter that does not exist says so.
+    #[test]
+    fn python_modules_are_checked() {
+        if Command::new("python3").arg("--version").output().is_err() {
+            eprintln!("skipped: python3 is not installed here");
+            return;
+        }
+        assert_eq!(python_module("json"), None);
+        let why = python_module("riffle_no_such_module").expect("missing");
+        assert!(why.contains("ModuleNotFoundError"), "{why}");
+        assert!(why.contains("pip install riffle_no_such_module"), "{why}");
+        let why = python_module_with("riffle-no-such-python", "json").expect("missing");
+        assert!(
+            why.contains("riffle-no-such-python is not installed"),
+            "{why}"
+        );
+        assert_eq!(missing("scale"), None);
+    }
+}
