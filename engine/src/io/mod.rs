@@ -102,6 +102,10 @@ pub struct IoConfig {
     /// block layer plug requests together, which adds latency on devices such as virtio
     /// disks (measured: 4 KiB QD 32 random reads, 64k IOPS batched vs 75k one by one).
     pub submit_batch: usize,
+    /// The most requests the caller keeps in flight when that is fewer than its slots
+    /// (slots that also hold data between reads, as a loaded pile's do); 0 for `depth`. The
+    /// pread pool starts this many threads.
+    pub in_flight: usize,
 }
 
 impl Default for IoConfig {
@@ -112,6 +116,7 @@ impl Default for IoConfig {
             backend: BackendChoice::Auto,
             direct: true,
             submit_batch: 1,
+            in_flight: 0,
         }
     }
 }
@@ -260,7 +265,11 @@ pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
     };
     let slot_size = cfg.slot_size.max(align).div_ceil(align) * align;
     let depth = cfg.depth.clamp(1, 4096);
-    let pread = || Box::new(pread::PreadBackend::new(depth, slot_size, align));
+    let threads = match cfg.in_flight {
+        0 => depth,
+        n => n.min(depth),
+    };
+    let pread = || Box::new(pread::PreadBackend::new(depth, slot_size, align, threads));
     let backend: Box<dyn Backend> = match choice {
         BackendChoice::Pread => {
             if std::env::var("RIFFLE_IO").is_ok_and(|v| v == "pread") {

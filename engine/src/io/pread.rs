@@ -44,11 +44,12 @@ pub struct PreadBackend {
 }
 
 impl PreadBackend {
-    /// A pool with `depth` slots of `slot_size` bytes aligned to `align`.
-    pub fn new(depth: usize, slot_size: usize, align: usize) -> Self {
+    /// A pool with `depth` slots of `slot_size` bytes aligned to `align`, and as many
+    /// threads as `threads` (at least one, at most `depth` and [`MAX_THREADS`]).
+    pub fn new(depth: usize, slot_size: usize, align: usize, threads: usize) -> Self {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
-        let workers = (0..depth.min(MAX_THREADS))
+        let workers = (0..threads.clamp(1, depth.max(1)).min(MAX_THREADS))
             .map(|i| {
                 let rx = jobs_rx.clone();
                 let tx = done_tx.clone();

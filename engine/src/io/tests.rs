@@ -420,7 +420,7 @@ fn dropping_a_pread_backend_waits_for_a_pending_read() {
     let (path, data) = random_file(dir.path(), "gated.bin", 64 << 10, 14);
     let file = Arc::new(DataFile::open(&path, Access::Read, true).unwrap());
     let unit = file.alignment().unit();
-    let mut b = pread::PreadBackend::new(2, 4 * unit, unit);
+    let mut b = pread::PreadBackend::new(2, 4 * unit, unit, 2);
     let key = b.add_file(file).unwrap();
     close_gate(&path);
     let tag = WATCHED | 2;

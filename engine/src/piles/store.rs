@@ -754,6 +754,7 @@ impl PileReader {
             let cfg = IoConfig {
                 depth: n.max(buf.room.div_ceil(slot)).min(MAX_DIRECT_SLOTS),
                 slot_size: slot,
+                in_flight: load.read_depth,
                 backend: self.io.backend,
                 direct: self.io.direct,
                 ..IoConfig::default()
