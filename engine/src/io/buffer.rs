@@ -578,6 +578,20 @@ impl LargeBuf {
     }
 }
 
+/// Hands the heap's free memory back to the kernel (glibc keeps what was freed in its
+/// per-thread arenas, counted in the process's resident memory): called after a large set
+/// of heap buffers is freed, so the memory a run holds is what it uses. (Measured here: a
+/// two-pass scatter's fill buffers, 98 MB, stayed resident through the next epoch in one
+/// run of two, taking a 256 MiB run to 346 MB.) Does nothing off glibc.
+pub(crate) fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions; it only returns free heap pages to the
+    // kernel and never touches memory in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A hint that the first cache line of `bytes` will be read soon (for loops that visit
 /// memory in an order the hardware cannot predict). Does nothing off x86_64.
 #[inline(always)]

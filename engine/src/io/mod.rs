@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub(crate) use buffer::release_freed_heap;
 use buffer::Slab;
 pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, SlotId};
 pub use file::{file_type_name, Access, DataFile};

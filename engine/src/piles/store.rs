@@ -459,6 +459,9 @@ impl PileWriter {
                 bytes: f.bytes,
             })
             .collect();
+        // The fill buffers (a pile's share of an extent each) are freed: their memory
+        // goes back now, not when the allocator sees fit.
+        crate::io::release_freed_heap();
         Ok(PileSet {
             layout,
             extent,
