@@ -50,6 +50,17 @@ impl Sandbox {
             .env_remove("RIFFLE_DIRECT");
         c
     }
+    /// `riffle bench ARGS` with its data and results in this sandbox.
+    fn bench(&self, args: &[&str]) -> Command {
+        let mut c = self.cmd();
+        c.arg("bench")
+            .args(args)
+            .arg("--data-dir")
+            .arg(self.data())
+            .arg("--out")
+            .arg(self.path().join("results"));
+        c
+    }
     /// A fast probe of `dir`, cached in this sandbox.
     fn seed_probe(&self, dir: &Path) -> Value {
         let out = self
@@ -425,13 +436,8 @@ fn a_suite_without_its_python_package_says_why() {
         std::env::var("PATH").unwrap_or_default()
     );
     let out = sb
-        .cmd()
+        .bench(&["peers", "--quick"])
         .env("PATH", path)
-        .args(["bench", "peers", "--quick"])
-        .arg("--data-dir")
-        .arg(sb.data())
-        .arg("--out")
-        .arg(sb.path().join("results"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -454,9 +460,7 @@ fn fio_parity_writes_a_report() {
     }
     let sb = Sandbox::new();
     let out = sb
-        .cmd()
-        .args([
-            "bench",
+        .bench(&[
             "fio-parity",
             "--json",
             "--size",
@@ -468,10 +472,6 @@ fn fio_parity_writes_a_report() {
             "--repeats",
             "1",
         ])
-        .arg("--data-dir")
-        .arg(sb.data())
-        .arg("--out")
-        .arg(sb.path().join("results"))
         .output()
         .unwrap();
     assert_ok(&out);
