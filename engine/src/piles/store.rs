@@ -1105,6 +1105,8 @@ mod tests {
                     reader
                         .load(load, &mut out, &mut index, &Stop::default())
                         .unwrap();
+                    // Whole piles are read into the buffer's own ring, with no copy.
+                    assert_eq!(out.ring.is_some(), passes == 1);
                     for &(k, at) in &index {
                         assert!((lo..hi).contains(&(k as u128)));
                         let f = frame::at(out.as_slice(), at);
@@ -1201,6 +1203,37 @@ mod tests {
                 assert!(got == want, "{backend:?}, {passes} passes: frames differ");
             }
         }
+    }
+
+    /// A whole pile of more extents than a buffer's own ring takes slots is read through
+    /// the reader's ring and copied instead: every frame comes back, in the order written.
+    #[test]
+    fn a_pile_of_more_extents_than_slots_is_copied() {
+        let all = frames(16_000, 5);
+        let (_dir, set) = written(Layout::new(0, 4096, 64 << 10), &all, BackendChoice::Auto);
+        let mut loads = set.into_loads(|_| 1).jobs;
+        assert_eq!(loads.len(), 1);
+        let load = loads.pop().unwrap();
+        assert!(load.whole);
+        assert!(
+            load.extents.len() > MAX_DIRECT_SLOTS,
+            "{} extents",
+            load.extents.len()
+        );
+        let mut reader = PileReader::default();
+        let (mut out, mut index) = (PileBuf::default(), Vec::new());
+        reader
+            .load(load, &mut out, &mut index, &Stop::default())
+            .unwrap();
+        assert!(out.ring.is_none(), "read into a ring of its own");
+        let got: Vec<(u64, Vec<u8>)> = index
+            .iter()
+            .map(|&(k, at)| {
+                let f = frame::at(out.as_slice(), at);
+                (k, out.as_slice()[f.body..f.end].to_vec())
+            })
+            .collect();
+        assert!(got == all, "frames differ");
     }
 
     /// A group file goes as soon as the last load of its piles is dropped, not at the end
