@@ -186,9 +186,13 @@ impl UringBackend {
     ) -> std::result::Result<Self, Unavailable> {
         let sup = support()?;
         let entries = (depth as u32).next_power_of_two().max(2);
+        // COOP_TASKRUN (Linux 5.19): completions are run when this thread next enters the
+        // kernel (every wait does) instead of interrupting it with a task-work signal.
         let ring = IoUring::builder()
             .setup_cqsize(entries * 2)
+            .setup_coop_taskrun()
             .build(entries)
+            .or_else(|_| IoUring::builder().setup_cqsize(entries * 2).build(entries))
             .map_err(|e| classify(&e))?;
         let mut slab = Slab::new(depth, slot_size, align);
         let iovecs = slab.iovecs();
