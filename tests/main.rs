@@ -479,6 +479,10 @@ fn fio_parity_writes_a_report() {
     let row = &r["rows"][0];
     assert_eq!(row["bs"], 4096);
     assert_eq!(row["qd"], 8);
+    for side in ["fio_cpu_us_per_read", "engine_cpu_us_per_read"] {
+        let us = row[side].as_f64().unwrap();
+        assert!(us > 0.0 && us < 1e6, "{side}: {us}");
+    }
     let (f, e) = (
         row["fio_iops"].as_f64().unwrap(),
         row["engine_iops"].as_f64().unwrap(),

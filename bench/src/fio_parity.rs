@@ -103,6 +103,20 @@ pub struct ParityRow {
     pub fio_p99_us: f64,
     /// Engine p99 latency, us.
     pub engine_p99_us: f64,
+    /// CPU (user + system) fio spent per read, us: its process's rusage over its reads
+    /// (IOPS x seconds).
+    pub fio_cpu_us_per_read: f64,
+    /// CPU the engine spent per read, us: this process's rusage (every thread, io_uring's
+    /// workers included) over its reads.
+    pub engine_cpu_us_per_read: f64,
+}
+
+/// CPU seconds (user + system) of this process, or of its children waited for.
+fn cpu_seconds(who: nix::sys::resource::UsageWho) -> f64 {
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    nix::sys::resource::getrusage(who)
+        .map(|u| tv(u.user_time()) + tv(u.system_time()))
+        .unwrap_or(0.0)
 }
 
 /// The suite's result.
@@ -196,6 +210,9 @@ fn measure(
         let rw = if sequential { "read" } else { "randread" };
         let (mut fio_p99, mut eng_p99) = (0.0, 0.0);
         let (mut fio_runs, mut engine_runs) = (Vec::new(), Vec::new());
+        // CPU seconds and reads, per side, over the repeats.
+        let (mut fio_cpu, mut fio_reads, mut eng_cpu, mut eng_reads) = (0.0, 0.0, 0.0, 0.0);
+        use nix::sys::resource::UsageWho::{RUSAGE_CHILDREN, RUSAGE_SELF};
         for rep in 0..opts.repeats {
             let fio_first = (i + rep) % 2 == 0;
             for side in 0..2 {
@@ -209,6 +226,7 @@ fn measure(
                 step += 1;
                 cold &= report::drop_caches();
                 if run_fio {
+                    let before = cpu_seconds(RUSAGE_CHILDREN);
                     let r = fio::run(
                         file,
                         rw,
@@ -218,6 +236,8 @@ fn measure(
                         opts.file_size,
                         fio_mem,
                     )?;
+                    fio_cpu += cpu_seconds(RUSAGE_CHILDREN) - before;
+                    fio_reads += r.iops * opts.seconds as f64;
                     fio_runs.push(r.iops);
                     fio_p99 += r.lat_p99_us;
                 } else {
@@ -241,7 +261,10 @@ fn measure(
                         )?;
                         backend = format!("{} ({})", b.kind().name(), b.features());
                     }
+                    let before = cpu_seconds(RUSAGE_SELF);
                     let p = read_point(file, &spec, &cfg)?;
+                    eng_cpu += cpu_seconds(RUSAGE_SELF) - before;
+                    eng_reads += p.ops as f64;
                     engine_runs.push(p.iops);
                     eng_p99 += p.lat_p99_us;
                 }
@@ -260,6 +283,8 @@ fn measure(
             ratio: engine_iops / fio_iops,
             fio_p99_us: fio_p99 / n,
             engine_p99_us: eng_p99 / n,
+            fio_cpu_us_per_read: fio_cpu * 1e6 / fio_reads.max(1.0),
+            engine_cpu_us_per_read: eng_cpu * 1e6 / eng_reads.max(1.0),
         });
     }
     let dir = report::results_dir(&opts.out)?;
@@ -336,11 +361,11 @@ pub fn markdown(r: &ParityReport) -> String {
             fio::FioMem::Malloc => "malloc (no huge pages could be reserved)",
         }
     ));
-    s.push_str("| rw | block | QD | fio IOPS | engine IOPS | engine / fio | fio runs | engine runs | fio p99 us | engine p99 us |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|---|---|---:|---:|\n");
+    s.push_str("| rw | block | QD | fio IOPS | engine IOPS | engine / fio | fio runs | engine runs | fio p99 us | engine p99 us | fio CPU us/read | engine CPU us/read |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|\n");
     for row in &r.rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {:.0} | {:.0} |\n",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
             row.rw,
             human_bytes(row.bs as f64),
             row.qd,
@@ -350,7 +375,9 @@ pub fn markdown(r: &ParityReport) -> String {
             report::runs(&row.fio_runs),
             report::runs(&row.engine_runs),
             row.fio_p99_us,
-            row.engine_p99_us
+            row.engine_p99_us,
+            row.fio_cpu_us_per_read,
+            row.engine_cpu_us_per_read
         ));
     }
     s
