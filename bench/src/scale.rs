@@ -398,9 +398,9 @@ pub fn run(
         let peak_rss = done.iter().map(|d| d.3.peak_rss).max().unwrap_or(0);
         let probes: Vec<&str> = done.iter().map(|d| d.2.as_str()).collect();
         let n_epochs = done.iter().map(|d| d.0.len()).min().unwrap_or(0);
+        let bound = median(&done.iter().map(|d| d.1).collect::<Vec<_>>());
         for e in 0..n_epochs {
             let t = median(&done.iter().map(|d| d.0[e]).collect::<Vec<_>>());
-            let bound = median(&done.iter().map(|d| d.1).collect::<Vec<_>>());
             let ratio = median(&done.iter().map(|d| d.0[e] / d.1).collect::<Vec<_>>());
             let per_run: Vec<String> = done
                 .iter()

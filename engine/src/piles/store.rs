@@ -731,9 +731,7 @@ impl PileReader {
         }
         Ok(())
     }
-}
 
-impl PileReader {
     /// A whole pile read straight into `buf`'s ring, extent `i` into slot `i`: its full
     /// extents (`slot` bytes each) then lie back to back, and the last one ends the pile.
     fn load_direct(
@@ -805,6 +803,37 @@ impl PileReader {
     }
 }
 
+/// What became of read `c` of `want` bytes: `Ok(true)` when all of it is in its slot,
+/// `Ok(false)` when a short read was pushed again to go on where it stopped (`stall`
+/// counts short reads in a row without progress; more than 8 end the read as a file that
+/// ended early). On `Err` the slot is held by the caller.
+fn finished(
+    backend: &mut dyn Backend,
+    file: &DataFile,
+    c: &Completion,
+    want: usize,
+    unit: usize,
+    stall: &mut u32,
+) -> Result<bool> {
+    let n = c
+        .result
+        .map_err(|errno| completion_error(file, &c.op, errno))?;
+    if c.op.at + n >= want {
+        return Ok(true);
+    }
+    let keep = (c.op.at + n) / unit * unit;
+    *stall = if keep > c.op.at { 0 } else { *stall + 1 };
+    if *stall > 8 {
+        return Err(Error::BadInput {
+            path: file.path().into(),
+            offset: Some(c.op.offset + n as u64),
+            what: "a pile file ended early (was the scratch directory changed?)".into(),
+        });
+    }
+    backend.push(c.op.advance(keep - c.op.at))?;
+    Ok(false)
+}
+
 /// Reads `extents[i]` of a file into `slots[i]` (held by the caller), at most `depth` at a
 /// time. On `Ok` nothing is in flight and every slot is held by the caller again; on `Err`
 /// requests may still be in flight: the caller drops the backend (which waits for them)
@@ -844,24 +873,14 @@ fn read_into_slots(
         backend.wait(1, &mut done)?;
         for c in done.drain(..) {
             let i = c.op.tag as usize;
-            let want = extents[i].len as usize;
-            let n = c
-                .result
-                .map_err(|errno| completion_error(file, &c.op, errno))?;
-            if c.op.at + n >= want {
-                continue;
-            }
-            let keep = (c.op.at + n) / unit * unit;
-            let stall = &mut stalled[i];
-            *stall = if keep > c.op.at { 0 } else { *stall + 1 };
-            if *stall > 8 {
-                return Err(Error::BadInput {
-                    path: file.path().into(),
-                    offset: Some(c.op.offset + n as u64),
-                    what: "a pile file ended early (was the scratch directory changed?)".into(),
-                });
-            }
-            backend.push(c.op.advance(keep - c.op.at))?;
+            finished(
+                backend,
+                file,
+                &c,
+                extents[i].len as usize,
+                unit,
+                &mut stalled[i],
+            )?;
         }
         stop.check()?;
     }
@@ -957,36 +976,18 @@ fn read_extents(
             let mut first = waited.err();
             for c in done.drain(..) {
                 let want = extents[c.op.tag as usize].len as usize;
-                let err = match c.result {
-                    Ok(n) if c.op.at + n >= want => {
-                        if in_order {
-                            ready.insert(c.op.tag, c.op.slot);
-                            continue;
-                        }
+                let stall = &mut stalled[c.op.slot.index()];
+                let err = match finished(backend, file, &c, want, unit, stall) {
+                    Ok(false) => continue,
+                    Ok(true) if in_order => {
+                        ready.insert(c.op.tag, c.op.slot);
+                        continue;
+                    }
+                    Ok(true) => {
                         delivered += 1;
                         f(c.op.tag as usize, &backend.slot(c.op.slot)[..want]).err()
                     }
-                    Ok(n) => {
-                        let got = c.op.at + n;
-                        let keep = got / unit * unit;
-                        let stall = &mut stalled[c.op.slot.index()];
-                        *stall = if keep > c.op.at { 0 } else { *stall + 1 };
-                        if *stall <= 8 {
-                            match backend.push(c.op.advance(keep - c.op.at)) {
-                                Ok(()) => continue,
-                                Err(e) => Some(e),
-                            }
-                        } else {
-                            Some(Error::BadInput {
-                                path: file.path().into(),
-                                offset: Some(c.op.offset + n as u64),
-                                what:
-                                    "a pile file ended early (was the scratch directory changed?)"
-                                        .into(),
-                            })
-                        }
-                    }
-                    Err(errno) => Some(completion_error(file, &c.op, errno)),
+                    Err(e) => Some(e),
                 };
                 backend.release(c.op.slot);
                 if first.is_none() {
