@@ -107,6 +107,40 @@ pub struct IoConfig {
     /// (slots that also hold data between reads, as a loaded pile's do); 0 for `depth`. The
     /// pread pool starts this many threads.
     pub in_flight: usize,
+    /// The io_uring features a ring is set up with (ignored by the pread pool).
+    pub uring: UringFeatures,
+}
+
+/// The io_uring features a ring asks for. Every field but SQPOLL is on by default and used
+/// where the kernel allows it (a ring that cannot have them is set up without; the backend's
+/// `features()` says what it got); turning one off is for measuring what it is worth (the
+/// bench's fast-device suite). `RIFFLE_URING=nofixedbufs,nofixedfiles` turns the first two
+/// off from the environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct UringFeatures {
+    /// Registered buffers (READ_FIXED / WRITE_FIXED): the slab is pinned and mapped once,
+    /// not per request.
+    pub fixed_buffers: bool,
+    /// Registered files: no file-table lookup and reference count per request.
+    pub fixed_files: bool,
+    /// IORING_SETUP_COOP_TASKRUN: completions run when the thread next enters the kernel,
+    /// not through a task-work interrupt. Never with SQPOLL (the kernel refuses the pair).
+    pub coop_taskrun: bool,
+    /// IORING_SETUP_SQPOLL with this idle time in milliseconds: a kernel thread of the
+    /// process takes requests off the submission queue, so a push needs no system call
+    /// while it is awake (it spins on a core meanwhile). `None` (the default): off.
+    pub sqpoll_idle_ms: Option<u32>,
+}
+
+impl Default for UringFeatures {
+    fn default() -> Self {
+        UringFeatures {
+            fixed_buffers: true,
+            fixed_files: true,
+            coop_taskrun: true,
+            sqpoll_idle_ms: None,
+        }
+    }
 }
 
 impl Default for IoConfig {
@@ -118,6 +152,7 @@ impl Default for IoConfig {
             direct: true,
             submit_batch: 1,
             in_flight: 0,
+            uring: UringFeatures::default(),
         }
     }
 }
@@ -281,14 +316,15 @@ pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
             }
             pread()
         }
-        BackendChoice::Uring => Box::new(uring::UringBackend::new(
+        BackendChoice::Uring => Box::new(uring::UringBackend::with_features(
             depth,
             slot_size,
             align,
             cfg.submit_batch,
+            cfg.uring,
         )?),
         BackendChoice::Auto => {
-            match uring::UringBackend::open(depth, slot_size, align, cfg.submit_batch) {
+            match uring::UringBackend::open(depth, slot_size, align, cfg.submit_batch, cfg.uring) {
                 Ok(b) => Box::new(b),
                 Err(uring::Unavailable::Unsupported(why)) => {
                     notice::once(

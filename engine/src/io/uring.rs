@@ -16,7 +16,9 @@ use std::sync::{Arc, OnceLock};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::{Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab, SlotId};
+use super::{
+    Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab, SlotId, UringFeatures,
+};
 use crate::{Error, Result};
 
 /// What the kernel's io_uring supports (probed once per process, when it can be).
@@ -140,6 +142,9 @@ pub struct UringBackend {
     free: Vec<u32>,
     fixed_files: bool,
     fixed_bufs: bool,
+    /// Whether the ring was set up with COOP_TASKRUN, and with SQPOLL.
+    coop_taskrun: bool,
+    sqpoll: bool,
     /// The op in flight on each slot (user_data is the slot index).
     ops: Vec<Option<Op>>,
     /// Entries in the submission queue that the kernel has not taken yet.
@@ -173,32 +178,63 @@ impl UringBackend {
     /// `submit_batch` requests are queued (see [`super::IoConfig::submit_batch`]). Any
     /// reason it cannot be set up is an [`Error::UringUnavailable`].
     pub fn new(depth: usize, slot_size: usize, align: usize, submit_batch: usize) -> Result<Self> {
-        Self::open(depth, slot_size, align, submit_batch)
+        Self::with_features(
+            depth,
+            slot_size,
+            align,
+            submit_batch,
+            UringFeatures::default(),
+        )
+    }
+
+    /// As [`UringBackend::new`], asking for `features`.
+    pub fn with_features(
+        depth: usize,
+        slot_size: usize,
+        align: usize,
+        submit_batch: usize,
+        features: UringFeatures,
+    ) -> Result<Self> {
+        Self::open(depth, slot_size, align, submit_batch, features)
             .map_err(|u| Error::UringUnavailable(u.why().to_owned()))
     }
 
-    /// As [`UringBackend::new`], telling a lasting lack of io_uring from a transient one.
+    /// As [`UringBackend::with_features`], telling a lasting lack of io_uring from a
+    /// transient one.
     pub fn open(
         depth: usize,
         slot_size: usize,
         align: usize,
         submit_batch: usize,
+        features: UringFeatures,
     ) -> std::result::Result<Self, Unavailable> {
         let sup = support()?;
         let entries = (depth as u32).next_power_of_two().max(2);
         // COOP_TASKRUN (Linux 5.19): completions are run when this thread next enters the
-        // kernel (every wait does) instead of interrupting it with a task-work signal.
-        let ring = IoUring::builder()
-            .setup_cqsize(entries * 2)
-            .setup_coop_taskrun()
-            .build(entries)
-            .or_else(|_| IoUring::builder().setup_cqsize(entries * 2).build(entries))
-            .map_err(|e| classify(&e))?;
+        // kernel (every wait does) instead of interrupting it with a task-work signal. The
+        // kernel refuses it with SQPOLL, whose thread runs the completions itself.
+        let coop = features.coop_taskrun && features.sqpoll_idle_ms.is_none();
+        let build = |coop: bool, sqpoll: Option<u32>| {
+            let mut b = IoUring::builder();
+            b.setup_cqsize(entries * 2);
+            if coop {
+                b.setup_coop_taskrun();
+            }
+            if let Some(idle) = sqpoll {
+                b.setup_sqpoll(idle);
+            }
+            b.build(entries)
+        };
+        // What was asked for, else a plain ring (a kernel without the flags).
+        let (ring, coop_taskrun, sqpoll) = match build(coop, features.sqpoll_idle_ms) {
+            Ok(ring) => (ring, coop, features.sqpoll_idle_ms.is_some()),
+            Err(_) => (build(false, None).map_err(|e| classify(&e))?, false, false),
+        };
         let mut slab = Slab::new(depth, slot_size, align);
         let iovecs = slab.iovecs();
         let knobs = std::env::var("RIFFLE_URING").unwrap_or_default();
-        let want_bufs = !knobs.split(',').any(|k| k == "nofixedbufs");
-        let want_files = !knobs.split(',').any(|k| k == "nofixedfiles");
+        let want_bufs = features.fixed_buffers && !knobs.split(',').any(|k| k == "nofixedbufs");
+        let want_files = features.fixed_files && !knobs.split(',').any(|k| k == "nofixedfiles");
         let fixed_bufs = want_bufs
             && sup.fixed_rw
             // SAFETY: the iovecs describe the slab's memory, which stays allocated and at
@@ -218,6 +254,8 @@ impl UringBackend {
             free: Vec::new(),
             fixed_files,
             fixed_bufs,
+            coop_taskrun,
+            sqpoll,
             ops: vec![None; depth],
             queued: 0,
             in_flight: 0,
@@ -395,7 +433,14 @@ impl Backend for UringBackend {
         } else {
             "plain fds"
         };
-        format!("{bufs}, {files}")
+        // The defaults (COOP_TASKRUN, no SQPOLL) go unsaid.
+        let coop = if self.coop_taskrun {
+            ""
+        } else {
+            ", no COOP_TASKRUN"
+        };
+        let sqpoll = if self.sqpoll { ", SQPOLL" } else { "" };
+        format!("{bufs}, {files}{coop}{sqpoll}")
     }
 
     fn depth(&self) -> usize {
