@@ -94,6 +94,21 @@ pub fn run(
     size: u64,
     mem: FioMem,
 ) -> Result<FioResult> {
+    run_with(file, rw, bs, qd, seconds, size, mem, &[])
+}
+
+/// [`run`] with more of fio's options (`--fixedbufs`, `--sqthread_poll=1`, ...).
+#[allow(clippy::too_many_arguments)]
+pub fn run_with(
+    file: &Path,
+    rw: &str,
+    bs: usize,
+    qd: usize,
+    seconds: Option<u64>,
+    size: u64,
+    mem: FioMem,
+    extra: &[&str],
+) -> Result<FioResult> {
     let version = version()?;
     let iomem = match mem {
         FioMem::Malloc => "--iomem=malloc",
@@ -123,6 +138,7 @@ pub fn run(
             "--numjobs=1",
             "--output-format=json",
         ])
+        .args(extra)
         .output()
         .context("running fio")?;
     if !out.status.success() {

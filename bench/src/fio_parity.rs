@@ -5,7 +5,7 @@
 //! `repeats = 2`), with the page cache dropped before each when root, so neither side gets
 //! a systematic advantage from order or cache.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -111,14 +111,6 @@ pub struct ParityRow {
     pub engine_cpu_us_per_read: f64,
 }
 
-/// CPU seconds (user + system) of this process, or of its children waited for.
-fn cpu_seconds(who: nix::sys::resource::UsageWho) -> f64 {
-    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-    nix::sys::resource::getrusage(who)
-        .map(|u| tv(u.user_time()) + tv(u.system_time()))
-        .unwrap_or(0.0)
-}
-
 /// The suite's result.
 #[derive(Clone, Debug, Serialize)]
 pub struct ParityReport {
@@ -196,97 +188,25 @@ fn measure(
     let device = riffle::device::identify(file)?;
     // fio's buffers on huge pages when this machine allows, so the reference is not held
     // back by split requests (see fio::HugePages).
-    let _huge = fio::HugePages::reserve(64);
-    let fio_mem = if _huge.is_some() {
-        fio::FioMem::ShmHuge
-    } else {
-        fio::FioMem::Malloc
+    let huge = fio::HugePages::reserve(64);
+    let fio_mem = fio_mem(&huge);
+    let backend = match opts.points.first() {
+        Some(&p) => backend_name(&IoConfig::default(), p)?,
+        None => String::new(),
     };
-    let mut rows = Vec::new();
     let mut step = 1;
-    let mut cold = true;
-    let mut backend = String::new();
-    for (i, &ParityPoint { bs, qd, sequential }) in opts.points.iter().enumerate() {
-        let rw = if sequential { "read" } else { "randread" };
-        let (mut fio_p99, mut eng_p99) = (0.0, 0.0);
-        let (mut fio_runs, mut engine_runs) = (Vec::new(), Vec::new());
-        // CPU seconds and reads, per side, over the repeats.
-        let (mut fio_cpu, mut fio_reads, mut eng_cpu, mut eng_reads) = (0.0, 0.0, 0.0, 0.0);
-        use nix::sys::resource::UsageWho::{RUSAGE_CHILDREN, RUSAGE_SELF};
-        for rep in 0..opts.repeats {
-            let fio_first = (i + rep) % 2 == 0;
-            for side in 0..2 {
-                let run_fio = (side == 0) == fio_first;
-                let who = if run_fio { "fio" } else { "engine" };
-                progress(
-                    step,
-                    total,
-                    &format!("{who} bs={} qd={qd}", human_bytes(bs as f64)),
-                );
-                step += 1;
-                cold &= report::drop_caches();
-                if run_fio {
-                    let before = cpu_seconds(RUSAGE_CHILDREN);
-                    let r = fio::run(
-                        file,
-                        rw,
-                        bs,
-                        qd,
-                        Some(opts.seconds),
-                        opts.file_size,
-                        fio_mem,
-                    )?;
-                    fio_cpu += cpu_seconds(RUSAGE_CHILDREN) - before;
-                    fio_reads += r.iops * opts.seconds as f64;
-                    fio_runs.push(r.iops);
-                    fio_p99 += r.lat_p99_us;
-                } else {
-                    let spec = ReadSpec {
-                        bs,
-                        qd,
-                        duration: Duration::from_secs(opts.seconds),
-                        region: 0,
-                        random: !sequential,
-                        seed: (i * 7 + rep) as u64,
-                    };
-                    let cfg = IoConfig::default();
-                    if backend.is_empty() {
-                        let b = io::open_backend(
-                            &IoConfig {
-                                depth: qd,
-                                slot_size: bs,
-                                ..cfg.clone()
-                            },
-                            4096,
-                        )?;
-                        backend = format!("{} ({})", b.kind().name(), b.features());
-                    }
-                    let before = cpu_seconds(RUSAGE_SELF);
-                    let p = read_point(file, &spec, &cfg)?;
-                    eng_cpu += cpu_seconds(RUSAGE_SELF) - before;
-                    eng_reads += p.ops as f64;
-                    engine_runs.push(p.iops);
-                    eng_p99 += p.lat_p99_us;
-                }
-            }
-        }
-        let n = opts.repeats as f64;
-        let (fio_iops, engine_iops) = (mean(&fio_runs), mean(&engine_runs));
-        rows.push(ParityRow {
-            rw,
-            bs,
-            qd,
-            fio_iops,
-            engine_iops,
-            fio_runs,
-            engine_runs,
-            ratio: engine_iops / fio_iops,
-            fio_p99_us: fio_p99 / n,
-            engine_p99_us: eng_p99 / n,
-            fio_cpu_us_per_read: fio_cpu * 1e6 / fio_reads.max(1.0),
-            engine_cpu_us_per_read: eng_cpu * 1e6 / eng_reads.max(1.0),
-        });
-    }
+    let (rows, cold) = measure_points(
+        file,
+        opts.file_size,
+        &opts.points,
+        opts.seconds,
+        opts.repeats,
+        fio_mem,
+        &mut |what| {
+            progress(step, total, what);
+            step += 1;
+        },
+    )?;
     let dir = report::results_dir(&opts.out)?;
     let rep = ParityReport {
         rows,
@@ -324,7 +244,197 @@ fn measure(
     Ok(rep)
 }
 
-fn mean(v: &[f64]) -> f64 {
+/// Measures `points` on `file` (of `file_size` bytes, written): fio and the engine (the
+/// default `IoConfig`) alternately, fio first on even points and the engine first on odd
+/// ones, flipped on every repeat, the page cache dropped before each run when root;
+/// `progress(what)` before each run. Returns the rows and whether the cache was dropped
+/// before every run.
+pub fn measure_points(
+    file: &Path,
+    file_size: u64,
+    points: &[ParityPoint],
+    seconds: u64,
+    repeats: usize,
+    fio_mem: fio::FioMem,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Vec<ParityRow>, bool)> {
+    let mut rows = Vec::new();
+    let mut cold = true;
+    for (i, &point) in points.iter().enumerate() {
+        let (mut fio_runs, mut engine_runs) = (Vec::new(), Vec::new());
+        for rep in 0..repeats {
+            let fio_first = (i + rep) % 2 == 0;
+            for side in 0..2 {
+                let run_fio = (side == 0) == fio_first;
+                let who = if run_fio { "fio" } else { "engine" };
+                progress(&format!(
+                    "{who} bs={} qd={}",
+                    human_bytes(point.bs as f64),
+                    point.qd
+                ));
+                cold &= report::drop_caches();
+                if run_fio {
+                    fio_runs.push(run_fio_side(file, file_size, point, seconds, fio_mem, &[])?);
+                } else {
+                    let seed = (i * 7 + rep) as u64;
+                    let cfg = IoConfig::default();
+                    engine_runs.push(run_engine(file, point, seconds, seed, &cfg)?);
+                }
+            }
+        }
+        rows.push(ParityRow::from_runs(point, &fio_runs, &engine_runs));
+    }
+    Ok((rows, cold))
+}
+
+/// One run of one side at one point.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct SideRun {
+    /// Reads per second.
+    pub iops: f64,
+    /// p99 latency, us.
+    pub p99_us: f64,
+    /// CPU seconds (user + system) the side spent.
+    pub cpu_seconds: f64,
+    /// Reads it completed.
+    pub reads: f64,
+}
+
+/// Summaries of a side's runs: mean IOPS, each run's IOPS, mean p99, CPU us per read (all
+/// the runs' CPU over all their reads).
+pub fn summarize(runs: &[SideRun]) -> (f64, Vec<f64>, f64, f64) {
+    let iops: Vec<f64> = runs.iter().map(|r| r.iops).collect();
+    let p99: Vec<f64> = runs.iter().map(|r| r.p99_us).collect();
+    let cpu: f64 = runs.iter().map(|r| r.cpu_seconds).sum();
+    let reads: f64 = runs.iter().map(|r| r.reads).sum();
+    (mean(&iops), iops, mean(&p99), cpu * 1e6 / reads.max(1.0))
+}
+
+impl ParityRow {
+    fn from_runs(point: ParityPoint, fio_runs: &[SideRun], engine_runs: &[SideRun]) -> Self {
+        let (fio_iops, fio_runs, fio_p99_us, fio_cpu_us_per_read) = summarize(fio_runs);
+        let (engine_iops, engine_runs, engine_p99_us, engine_cpu_us_per_read) =
+            summarize(engine_runs);
+        ParityRow {
+            rw: point.rw(),
+            bs: point.bs,
+            qd: point.qd,
+            fio_iops,
+            engine_iops,
+            fio_runs,
+            engine_runs,
+            ratio: engine_iops / fio_iops,
+            fio_p99_us,
+            engine_p99_us,
+            fio_cpu_us_per_read,
+            engine_cpu_us_per_read,
+        }
+    }
+}
+
+impl ParityPoint {
+    /// fio's `--rw`: `randread` or `read` (sequential).
+    pub fn rw(self) -> &'static str {
+        if self.sequential {
+            "read"
+        } else {
+            "randread"
+        }
+    }
+}
+
+/// fio at `point` for `seconds` with `extra` options (`--fixedbufs`, ...); its CPU is its
+/// process's rusage (a child waited for), over the reads its IOPS and runtime give.
+pub fn run_fio_side(
+    file: &Path,
+    file_size: u64,
+    point: ParityPoint,
+    seconds: u64,
+    mem: fio::FioMem,
+    extra: &[&str],
+) -> Result<SideRun> {
+    use nix::sys::resource::UsageWho::RUSAGE_CHILDREN;
+    let before = cpu_seconds(RUSAGE_CHILDREN);
+    let r = fio::run_with(
+        file,
+        point.rw(),
+        point.bs,
+        point.qd,
+        Some(seconds),
+        file_size,
+        mem,
+        extra,
+    )?;
+    Ok(SideRun {
+        iops: r.iops,
+        p99_us: r.lat_p99_us,
+        cpu_seconds: cpu_seconds(RUSAGE_CHILDREN) - before,
+        reads: r.iops * seconds as f64,
+    })
+}
+
+/// The engine's timed reads (the probe's `read_point`) at `point` for `seconds` with
+/// `cfg` (its depth and slot size are the point's); its CPU is this process's rusage
+/// (every thread, io_uring's workers and SQPOLL thread included).
+pub fn run_engine(
+    file: &Path,
+    point: ParityPoint,
+    seconds: u64,
+    seed: u64,
+    cfg: &IoConfig,
+) -> Result<SideRun> {
+    use nix::sys::resource::UsageWho::RUSAGE_SELF;
+    let spec = ReadSpec {
+        bs: point.bs,
+        qd: point.qd,
+        duration: Duration::from_secs(seconds),
+        region: 0,
+        random: !point.sequential,
+        seed,
+    };
+    let before = cpu_seconds(RUSAGE_SELF);
+    let p = read_point(file, &spec, cfg)?;
+    Ok(SideRun {
+        iops: p.iops,
+        p99_us: p.lat_p99_us,
+        cpu_seconds: cpu_seconds(RUSAGE_SELF) - before,
+        reads: p.ops as f64,
+    })
+}
+
+/// The backend `cfg` gives at `point` as reports name it: `io_uring (registered buffers,
+/// fixed files)`.
+pub fn backend_name(cfg: &IoConfig, point: ParityPoint) -> Result<String> {
+    let b = io::open_backend(
+        &IoConfig {
+            depth: point.qd,
+            slot_size: point.bs,
+            ..cfg.clone()
+        },
+        4096,
+    )?;
+    Ok(format!("{} ({})", b.kind().name(), b.features()))
+}
+
+/// How fio's buffers are allocated given the huge pages reserved for it, if any.
+pub fn fio_mem(huge: &Option<fio::HugePages>) -> fio::FioMem {
+    if huge.is_some() {
+        fio::FioMem::ShmHuge
+    } else {
+        fio::FioMem::Malloc
+    }
+}
+
+/// CPU seconds (user + system) of this process, or of its children waited for.
+pub fn cpu_seconds(who: nix::sys::resource::UsageWho) -> f64 {
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    nix::sys::resource::getrusage(who)
+        .map(|u| tv(u.user_time()) + tv(u.system_time()))
+        .unwrap_or(0.0)
+}
+
+/// The mean of `v` (0 for none).
+pub fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 

@@ -34,6 +34,55 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "host".into())
 }
 
+/// The machine a report was measured on.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Machine {
+    /// The date of the run (UTC), `YYYY-MM-DD`.
+    pub date: String,
+    /// Host name.
+    pub host: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// CPU model.
+    pub cpu: String,
+    /// CPUs this process may run on.
+    pub cores: usize,
+    /// Physical memory in bytes.
+    pub memory_bytes: u64,
+}
+
+/// The machine this runs on, today.
+pub fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':'))
+        .map(|(_, m)| m.trim().to_owned())
+        .unwrap_or_else(|| "?".into());
+    Machine {
+        date: today(),
+        host: hostname(),
+        kernel: nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "?".into()),
+        cpu,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_bytes: meminfo_kib("MemTotal:").unwrap_or(0) * 1024,
+    }
+}
+
+/// A `/proc/meminfo` field in KiB (`MemTotal:`, `MemAvailable:`).
+pub fn meminfo_kib(field: &str) -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// `out/<date>-<host>/`, created.
 pub fn results_dir(out: &Path) -> Result<PathBuf> {
     let dir = out.join(format!("{}-{}", today(), hostname()));
