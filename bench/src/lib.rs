@@ -8,15 +8,18 @@
 //! utilisation with a simulated compute time per batch), [`modes`] (every mode x record
 //! size x device, with shuffle quality), [`peers`] (numpy memmap and a Python shuffle buffer
 //! under a memory limit), [`scale`] (100,000 files, hundreds of piles under a small fd limit,
-//! 100 million records), [`node`] (the daemon serving the 16 streams of one job). [`plot`] draws their SVG
-//! charts.
+//! 100 million records), [`node`] (the daemon serving the 16 streams of one job),
+//! [`fast_device`] (the engine against fio, io_uring feature by feature, lirs and two-pass on
+//! a loop device over tmpfs). [`plot`] draws their SVG charts.
 
 pub mod au;
 pub mod convergence;
 pub mod data;
+pub mod fast_device;
 pub mod fio;
 pub mod fio_parity;
 pub mod lirs;
+pub mod loop_device;
 pub mod modes;
 pub mod needs;
 pub mod node;

@@ -9,6 +9,7 @@ pub fn missing(suite: &str) -> Option<String> {
     match suite {
         "fio-parity" | "probe-check" | "lirs" => crate::fio::version().err().map(|e| e.to_string()),
         "peers" => python_module("numpy"),
+        "fast-device" => crate::fast_device::missing(),
         _ => None,
     }
 }

@@ -21,7 +21,11 @@ pub struct Args {
     /// node (`riffle serve` feeding 16 streams of one job, LIRS and two-pass, against an
     /// in-process read; 64 clients of different jobs under --memory 1G; a soak of 64
     /// connections, honest and hostile, for --seconds (300; 60 with --quick); 2 GiB of
-    /// data, about 10 minutes; not in `all`), or all.
+    /// data, about 10 minutes; not in `all`), fast-device (root: a loop device over a file
+    /// in /dev/shm with ext4; the engine against fio at 512 B and 4 KiB, QD 1 and 64, each
+    /// io_uring feature on both sides, lirs and two-pass over 512 B records; removed
+    /// afterwards; about 5 GiB of memory and 2 minutes with --quick, 9 GiB and 12 minutes
+    /// otherwise; not in `all`), or all.
     pub suite: String,
     /// A shorter run (fewer seconds per point, one run per side).
     #[arg(long)]
@@ -39,7 +43,8 @@ pub struct Args {
     #[arg(long)]
     pub seconds: Option<u64>,
     /// fio-parity points as [seq:]BLOCK:QD, comma separated; `seq:` makes a sequential
-    /// read (default 4K:1,4K:32,4K:64,4K:128,16K:64,64K:64,seq:1M:8).
+    /// read (default 4K:1,4K:32,4K:64,4K:128,16K:64,64K:64,seq:1M:8). fast-device: where
+    /// fio and the engine are compared (default 512:1,512:64,4K:1,4K:64).
     #[arg(long, value_delimiter = ',', value_parser = parse_point)]
     pub points: Vec<ParityPoint>,
     /// Runs per side and point (default: 1 with --quick, 2 otherwise).
@@ -80,11 +85,12 @@ pub fn run(args: Args) -> Result<()> {
         "peers" => peers(&args),
         "scale" => scale(&args),
         "node" => node(&args),
+        "fast-device" => fast_device(&args),
         "all" => all(&args),
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
-                 convergence, au, modes, peers, scale, node and all"
+                 convergence, au, modes, peers, scale, node, fast-device and all"
             )
         }
     }
@@ -289,6 +295,26 @@ fn modes(args: &Args) -> Result<()> {
         opts.devices.len() * 24,
         |p| riffle_bench::modes::run(&opts, p),
         riffle_bench::modes::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn fast_device(args: &Args) -> Result<()> {
+    let mut opts = riffle_bench::fast_device::FastOptions::new(args.quick, args.out.clone());
+    if !args.points.is_empty() {
+        opts.points = args.points.clone();
+    }
+    if let Some(r) = args.repeats {
+        opts.repeats = r.max(1);
+    }
+    if let Some(s) = args.seconds {
+        opts.seconds = s.max(1);
+    }
+    suite(
+        args,
+        opts.steps(),
+        |p| riffle_bench::fast_device::run(&opts, p),
+        riffle_bench::fast_device::markdown,
         |r| &r.report_dir,
     )
 }
