@@ -413,40 +413,24 @@ fn errors_name_the_path_and_exit_non_zero() {
     assert_eq!(out.status.code(), Some(2), "a usage error exits 2");
 }
 
-/// A suite whose Python package is missing says so before it starts, naming the package
-/// and how to install it: a real interpreter without numpy (a fresh venv) comes first on
-/// PATH.
+/// The peers suite makes its own virtual environment; one it cannot make (its path lies
+/// under a regular file) is a one-line error naming the path, exit 1, and no report.
 #[test]
-fn a_suite_without_its_python_package_says_why() {
-    let sb = Sandbox::new();
-    let venv = sb.path().join("venv");
-    let made = Command::new("python3")
-        .args(["-m", "venv", "--without-pip"])
-        .arg(&venv)
-        .output();
-    if !made.as_ref().is_ok_and(|o| o.status.success()) {
-        eprintln!(
-            "skipped: python3 -m venv is not available here (apt-get install -y python3-venv)"
-        );
+fn peers_names_a_venv_it_cannot_make() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the peers suite needs root (memory cgroups), and this is not root");
         return;
     }
-    let path = format!(
-        "{}:{}",
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let sb = Sandbox::new();
     let out = sb
         .bench(&["peers", "--quick"])
-        .env("PATH", path)
+        .env("RIFFLE_BENCH_VENV", "/dev/null/riffle-venv")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
-    let first = err.lines().next().unwrap_or("");
     assert!(
-        first.contains("peers suite cannot run here")
-            && first.contains("cannot import numpy")
-            && first.contains("pip install numpy"),
+        err.contains("/dev/null/riffle-venv") && !err.contains("panicked"),
         "{err}"
     );
     assert!(!sb.path().join("results").exists(), "nothing was written");

@@ -8,10 +8,34 @@ use std::process::Command;
 pub fn missing(suite: &str) -> Option<String> {
     match suite {
         "fio-parity" | "probe-check" | "lirs" => crate::fio::version().err().map(|e| e.to_string()),
-        "peers" => python_module("numpy"),
+        "peers" => python_module("venv")
+            .or_else(|| python_module("ensurepip"))
+            .or_else(|| {
+                (!nix::unistd::geteuid().is_root()).then(|| {
+                    "it needs root (a memory cgroup per run, and dropping the page cache); run it \
+                 with sudo"
+                        .to_owned()
+                })
+            }),
         "fast-device" => crate::fast_device::missing(),
         _ => None,
     }
+}
+
+/// Why `suite` is left out of `riffle bench all` here: what [`missing`] says, or, for
+/// peers, that its virtual environment is not made yet (`all` never downloads gigabytes;
+/// `riffle bench peers` does, once, saying so first).
+pub fn missing_in_all(suite: &str) -> Option<String> {
+    missing(suite).or_else(|| {
+        let venv = crate::peers::venv_dir();
+        (suite == "peers" && !crate::peers::venv_ready(&venv)).then(|| {
+            format!(
+                "its virtual environment ({}) is not made yet: `riffle bench peers` makes it \
+                 (torch, MosaicML Streaming, LitData, WebDataset: a few GB, once)",
+                venv.display()
+            )
+        })
+    })
 }
 
 /// Why `python3 -c "import MODULE"` fails here, or `None` when it works.

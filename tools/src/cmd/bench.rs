@@ -14,8 +14,11 @@ pub struct Args {
     /// The suite to run: fio-parity, probe-check, lirs, planner (predictions against runs
     /// on the real device and emulated hdd), convergence (SGD on label-sorted data fed by
     /// each mode), au (accelerator utilisation with a simulated compute time per batch),
-    /// modes (every mode x record size x device, with shuffle quality), peers (numpy memmap
-    /// and a Python shuffle buffer under a 1 GiB memory limit, 3 GB of data), scale
+    /// modes (every mode x record size x device, with shuffle quality), peers (riffle through
+    /// PyTorch against MosaicML Streaming, LitData, WebDataset and a map-style DataLoader,
+    /// each on its own format, under a 1 GiB memory cgroup; 1.6 GB of 4 KiB and of 100 KiB
+    /// records, 0.4 GB with --quick; makes its own virtual environment on first use, a few
+    /// GB; in `all` only once that exists), scale
     /// (100,000 files, a 20 GiB two-pass under `ulimit -n 256`, a 4 GB shuffle, 100 million
     /// tiny records; about 60 GB of data and 15 minutes, 7 GB with --quick; not in `all`),
     /// node (`riffle serve` feeding 16 streams of one job, LIRS and two-pass, against an
@@ -113,7 +116,7 @@ fn all(args: &Args) -> Result<()> {
     ];
     let mut failed = Vec::new();
     for (name, run) in suites {
-        if let Some(why) = riffle_bench::needs::missing(name) {
+        if let Some(why) = riffle_bench::needs::missing_in_all(name) {
             if args.json {
                 println!("{}", serde_json::json!({ "suite": name, "skipped": why }));
             } else {
@@ -344,17 +347,24 @@ fn node(args: &Args) -> Result<()> {
 }
 
 fn peers(args: &Args) -> Result<()> {
+    let datasets = if args.quick {
+        vec![(100_000, 4096), (4_000, 100 * 1024)]
+    } else {
+        vec![(400_000, 4096), (16_000, 100 * 1024)]
+    };
     let opts = riffle_bench::peers::PeersOptions {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
-        size: 3_000_000_000,
+        datasets,
         memory: 1 << 30,
-        seconds: if args.quick { 8.0 } else { 30.0 },
+        workers: 2,
+        batch: 256,
+        rounds: args.repeats.unwrap_or(if args.quick { 1 } else { 2 }),
         keep: args.keep,
     };
     suite(
         args,
-        6,
+        opts.datasets.len() * 10 * opts.rounds,
         |p| riffle_bench::peers::run(&opts, p),
         riffle_bench::peers::markdown,
         |r| &r.report_dir,
