@@ -31,6 +31,7 @@ import argparse
 import glob
 import json
 import os
+import resource
 import sys
 import time
 
@@ -186,15 +187,49 @@ def read(a):
                 it = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=a.workers)
             else:
                 raise SystemExit(f"peers.py: unknown reader {a.kind!r}")
-            return epoch(riffle_batches(it), a.records)
+            return epoch(riffle_batches(it), a.records, a.max_seconds)
     dl = peer_loader(a.kind, a.path, a.batch_size, a.workers, a.seed)
-    return epoch(((b, len(b)) for b in dl), a.records)
+    return epoch(((b, len(b)) for b in dl), a.records, a.max_seconds)
 
 
-def epoch(batches, n):
+def tree_cpu():
+    """CPU seconds (user + system) of this process, its live descendants (DataLoader
+    workers, the daemon) and the children it has reaped."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, cpu = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d)] = int(fields[1])
+        cpu[int(d)] = (int(fields[11]) + int(fields[12])) / tick
+    me = os.getpid()
+
+    def mine(pid):
+        while pid in parent and pid > 1:
+            if pid == me:
+                return True
+            pid = parent[pid]
+        return False
+
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (sum(c for p, c in cpu.items() if mine(p))
+            + reaped.ru_utime + reaped.ru_stime)
+
+
+def epoch(batches, n, max_seconds=None):
+    """One epoch of `batches`, or as much of it as `max_seconds` allows (then `partial`:
+    the rate and the shuffle's quality are of what was read; every-record-once is not
+    known)."""
     ids, labels_seen, nbatches, records = [], 0, 0, 0
+    cpu0 = tree_cpu()
     t = time.perf_counter()
     first = None
+    partial = False
     for x, real in batches:
         if first is None:
             first = time.perf_counter() - t
@@ -206,13 +241,18 @@ def epoch(batches, n):
             labels_seen += len(np.unique(b_labels))
             nbatches += 1
         records += real
+        if max_seconds is not None and time.perf_counter() - t > max_seconds and records < n:
+            partial = True
+            break
     secs = time.perf_counter() - t
+    cpu = tree_cpu() - cpu0
     order = np.concatenate(ids).astype(np.int64) if ids else np.zeros(0, np.int64)
     counts = np.bincount(order, minlength=n) if len(order) else np.zeros(n, np.int64)
     corr = float(np.corrcoef(np.arange(len(order)), order)[0, 1]) if len(order) > 1 else None
-    return {"records": records, "seconds": secs, "first_batch_s": first,
+    return {"records": records, "seconds": secs, "first_batch_s": first, "cpu_seconds": cpu,
             "labels_per_batch": labels_seen / max(nbatches, 1), "position_corr": corr,
-            "exactly_once": bool(len(counts) == n and (counts == 1).all()),
+            "exactly_once": None if partial else bool(len(counts) == n and (counts == 1).all()),
+            "partial": partial,
             "missing": int((counts[:n] == 0).sum()), "repeated": int((counts > 1).sum())}
 
 
@@ -232,6 +272,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--riffle", default=os.path.join(HERE, "..", "target", "release", "riffle"))
     p.add_argument("--riffle-memory", default="512M", help="riffle serve's --memory")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop a loader this slow after this long and report the rate so far")
     a = p.parse_args()
     try:
         r = read(a)
@@ -243,6 +285,10 @@ def main():
         # would be joined there, worker by worker.
         os._exit(1)
     print(json.dumps(r), flush=True)
+    if r.get("partial"):
+        # Left mid-epoch: not through the interpreter's exit, which would join the
+        # DataLoader's workers one by one (the bench ends the process group).
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -425,13 +425,7 @@ pub fn fio_mem(huge: &Option<fio::HugePages>) -> fio::FioMem {
     }
 }
 
-/// CPU seconds (user + system) of this process, or of its children waited for.
-pub fn cpu_seconds(who: nix::sys::resource::UsageWho) -> f64 {
-    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-    nix::sys::resource::getrusage(who)
-        .map(|u| tv(u.user_time()) + tv(u.system_time()))
-        .unwrap_or(0.0)
-}
+pub use crate::report::cpu_seconds;
 
 /// The mean of `v` (0 for none).
 pub fn mean(v: &[f64]) -> f64 {

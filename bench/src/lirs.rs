@@ -47,6 +47,9 @@ pub struct LirsRow {
     pub records_per_s: f64,
     /// Engine runs.
     pub runs: Vec<f64>,
+    /// Engine records per CPU-second (this process's user + system time over its runs,
+    /// io_uring's workers included).
+    pub records_per_cpu_s: f64,
     /// fio IOPS (mean over runs).
     pub fio_iops: f64,
     /// fio runs.
@@ -132,6 +135,7 @@ pub fn run(opts: &LirsOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
         let mut rows = Vec::new();
         for (i, (case, record, grouping, fio_bs, per_read)) in cases.iter().enumerate() {
             let (mut runs, mut fio_runs, mut last) = (Vec::new(), Vec::new(), None);
+            let (mut records, mut cpu) = (0.0, 0.0);
             for rep in 0..opts.repeats {
                 for side in 0..2 {
                     let fio_side = (side == 0) == ((i + rep) % 2 == 0);
@@ -154,7 +158,11 @@ pub fn run(opts: &LirsOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
                         )?;
                         fio_runs.push(r.iops);
                     } else {
+                        use nix::sys::resource::UsageWho::RUSAGE_SELF;
+                        let before = report::cpu_seconds(RUSAGE_SELF);
                         let r = epoch(&files[i], *record, *grouping)?;
+                        cpu += report::cpu_seconds(RUSAGE_SELF) - before;
+                        records += r.records as f64;
                         runs.push(r.records as f64 / r.seconds);
                         last = Some(r);
                     }
@@ -166,6 +174,7 @@ pub fn run(opts: &LirsOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
                 case: case.to_string(),
                 records_per_s: rps,
                 runs,
+                records_per_cpu_s: report::per_cpu_second(records, cpu),
                 fio_iops: iops,
                 fio_runs,
                 records_per_read: *per_read,
@@ -222,13 +231,14 @@ pub fn markdown(r: &LirsReport) -> String {
         },
         r.fio_mem
     ));
-    s.push_str("| case | lirs records/s | fio IOPS | target | ratio | lirs runs | fio runs | batch p99 us | memory |\n");
-    s.push_str("|---|---:|---:|---|---:|---|---|---:|---:|\n");
+    s.push_str("| case | lirs records/s | records per CPU-second | fio IOPS | target | ratio | lirs runs | fio runs | batch p99 us | memory |\n");
+    s.push_str("|---|---:|---:|---:|---|---:|---|---|---:|---:|\n");
     for row in &r.rows {
         s.push_str(&format!(
-            "| {} | {:.0} | {:.0} | >= 0.90 x {} x fio | {:.3} | {} | {} | {:.0} | {} |\n",
+            "| {} | {:.0} | {:.0} | {:.0} | >= 0.90 x {} x fio | {:.3} | {} | {} | {:.0} | {} |\n",
             row.case,
             row.records_per_s,
+            row.records_per_cpu_s,
             row.fio_iops,
             row.records_per_read,
             row.ratio,

@@ -50,6 +50,9 @@ pub struct ModesRow {
     pub seconds: f64,
     /// Records per second.
     pub records_per_s: f64,
+    /// Records per CPU-second (this process's user + system time over the epoch, the
+    /// engine's threads and io_uring's workers included).
+    pub records_per_cpu_s: f64,
     /// Reads per second.
     pub iops: f64,
     /// Batch latency p50, microseconds.
@@ -223,7 +226,10 @@ pub fn run(
                     progress(step, total, &format!("{name}: {record} B records, {mode}"));
                     step += 1;
                     cold &= report::drop_caches();
+                    use nix::sys::resource::UsageWho::RUSAGE_SELF;
+                    let cpu0 = report::cpu_seconds(RUSAGE_SELF);
                     let (r, batches) = one_epoch(ds.clone(), mode, &opts.data_dir)?;
+                    let cpu = report::cpu_seconds(RUSAGE_SELF) - cpu0;
                     let (corr, labels, together) = quality(&batches, records, |id| spec.label(id));
                     rows.push(ModesRow {
                         device: name.clone(),
@@ -232,6 +238,7 @@ pub fn run(
                         mode: mode.into(),
                         seconds: r.seconds,
                         records_per_s: r.records as f64 / r.seconds.max(1e-9),
+                        records_per_cpu_s: report::per_cpu_second(r.records as f64, cpu),
                         iops: r.read_ops as f64 / r.seconds.max(1e-9),
                         p50_us: r.batch_latency_us.p50,
                         p99_us: r.batch_latency_us.p99,
@@ -311,17 +318,18 @@ pub fn markdown(r: &ModesReport) -> String {
             .unwrap_or_default()
     ));
     s.push_str(
-        "| device | record | mode | epoch s | records/s | IOPS | vs fio | p50 us | p99 us | memory | r | labels | together |\n\
-         |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| device | record | mode | epoch s | records/s | per CPU-second | IOPS | vs fio | p50 us | p99 us | memory | r | labels | together |\n\
+         |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for x in &r.rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {} | {:.3} | {:.2} | {:.4} |\n",
+            "| {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {} | {:.3} | {:.2} | {:.4} |\n",
             x.device,
             riffle::size::human_bytes(x.record as f64),
             x.mode,
             x.seconds,
             x.records_per_s,
+            x.records_per_cpu_s,
             x.iops,
             x.vs_fio
                 .map(|v| format!("{v:.2}"))

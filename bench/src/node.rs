@@ -173,10 +173,13 @@ fn scratch_bytes(dir: &Path, inside: bool) -> u64 {
 }
 
 /// One epoch of a job of `world` ranks through the daemon, each rank on a thread of its
-/// own: (records, wall seconds, bytes read by the daemon, largest scratch seen).
-fn one_job(d: &Daemon, world: u64, data_dir: &Path) -> Result<(u64, f64, u64, u64)> {
+/// own: (records, wall seconds, bytes read by the daemon, largest scratch seen, CPU
+/// seconds of the daemon and of the clients' threads).
+fn one_job(d: &Daemon, world: u64, data_dir: &Path) -> Result<(u64, f64, u64, u64, f64)> {
+    use nix::sys::resource::UsageWho::RUSAGE_SELF;
     report::drop_caches();
     let before = d.read_bytes();
+    let cpu0 = cpu_seconds(d.child.id()) + report::cpu_seconds(RUSAGE_SELF);
     let done = Arc::new(AtomicBool::new(false));
     let peak = Arc::new(AtomicU64::new(0));
     let sampler = {
@@ -216,6 +219,7 @@ fn one_job(d: &Daemon, world: u64, data_dir: &Path) -> Result<(u64, f64, u64, u6
             .collect()
     });
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(d.child.id()) + report::cpu_seconds(RUSAGE_SELF) - cpu0;
     if let Ok(st) = Client::connect(&d.socket).and_then(|mut c| c.stats()) {
         eprintln!(
             "one-job: {} batches, {} assembled in the rings, {} announced from the engine's thread",
@@ -233,6 +237,7 @@ fn one_job(d: &Daemon, world: u64, data_dir: &Path) -> Result<(u64, f64, u64, u6
         seconds,
         d.read_bytes() - before,
         peak.load(Ordering::Relaxed),
+        cpu,
     ))
 }
 
@@ -300,6 +305,7 @@ fn many_jobs(socket: &Path, data_dir: &Path, quick: bool) -> Result<Row> {
         ratio: rss as f64 / limit as f64,
         target: "<= 1".into(),
         met: rss <= limit,
+        records_per_cpu_s: None,
         notes: format!(
             "{} clients served whole epochs of {}, {busy} refused busy, {seconds:.1} s",
             64 - busy,
@@ -341,6 +347,7 @@ fn soak(
             ratio: r.violations.len() as f64,
             target: "0".into(),
             met: r.violations.is_empty(),
+            records_per_cpu_s: None,
             notes: format!(
                 "{} honest epochs ({} batches) checked among attacks: {}{}",
                 r.honest_epochs,
@@ -361,6 +368,7 @@ fn soak(
             ratio: r.rss_growth as f64 / (32u64 << 20) as f64,
             target: "<= 1".into(),
             met: r.rss_growth <= 32 << 20,
+            records_per_cpu_s: None,
             notes: format!("open fds grew by {}", r.fd_growth),
         },
     ];
@@ -555,6 +563,7 @@ fn attacks(socket: &Path, data_dir: &Path) -> Result<Vec<Row>> {
             ratio: after / before,
             target: ">= 0.95".into(),
             met: after / before >= 0.95,
+            records_per_cpu_s: None,
             notes: format!(
                 "daemon CPU {:.2} s in the second after it left, {:.2} s in a second before; \
                  {} connections and {} streams open after (the honest one and this query)",
@@ -590,6 +599,7 @@ fn attacks(socket: &Path, data_dir: &Path) -> Result<Vec<Row>> {
         ratio: took,
         target: "<= 1".into(),
         met: gone && took <= 1.0 && leftovers == 0,
+        records_per_cpu_s: None,
         notes: format!(
             "exited: {gone}; scratch left: {leftovers} bytes; the honest client read {n} batches \
              throughout, every one whole"
@@ -622,6 +632,8 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
         progress(1 + i, 6, &format!("one-job: {mode}, alternated runs"));
         let (mut reference, mut served, mut read, mut ref_read, mut scratch) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0u64);
+        // Records and CPU seconds, served and in process.
+        let (mut served_cpu, mut ref_cpu) = ((0.0, 0.0), (0.0, 0.0));
         let path = data.to_str().context("non-UTF-8 path")?;
         for _ in 0..opts.repeats {
             let r = run_riffle(
@@ -637,11 +649,15 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
                 None,
             )?;
             reference.push(num(&r.report, "records") / num(&r.report, "seconds"));
+            ref_cpu.0 += num(&r.report, "records");
+            ref_cpu.1 += r.cpu_seconds;
             // What one read of the epoch reads: the dataset (with LIRS's alignment
             // overhead), and two-pass's piles once.
             ref_read.push(num(&r.report, "device_bytes") + num(&r.report, "scratch_bytes"));
             let d = Daemon::start(&socket, &data, mode)?;
-            let (n, secs, b, peak) = one_job(&d, world, &data_dir)?;
+            let (n, secs, b, peak, cpu) = one_job(&d, world, &data_dir)?;
+            served_cpu.0 += n as f64;
+            served_cpu.1 += cpu;
             drop(d);
             if n != records / 256 / world * world * 256 {
                 bail!("{mode}: the 16 streams got {n} records");
@@ -660,10 +676,14 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
             ratio: s / r,
             target: ">= 0.9".into(),
             met: s / r >= 0.9,
+            records_per_cpu_s: Some(report::per_cpu_second(served_cpu.0, served_cpu.1)),
             notes: format!(
-                "runs {} against {}",
+                "runs {} against {}; records per CPU-second {:.0} (the daemon and the \
+                 clients' threads) against {:.0}",
                 report::runs(&served),
-                report::runs(&reference)
+                report::runs(&reference),
+                report::per_cpu_second(served_cpu.0, served_cpu.1),
+                report::per_cpu_second(ref_cpu.0, ref_cpu.1),
             ),
         });
         let (rd, one) = (median(&read), median(&ref_read));
@@ -676,6 +696,7 @@ pub fn run(opts: &NodeOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
             ratio: rd / one,
             target: "<= 1.1".into(),
             met: rd / one <= 1.1,
+            records_per_cpu_s: None,
             notes: format!(
                 "/proc/PID/io read_bytes; {:.2} x the dataset's {}{}",
                 rd / bytes as f64,

@@ -51,6 +51,10 @@ pub struct PeersOptions {
     pub rounds: usize,
     /// Keep the datasets.
     pub keep: bool,
+    /// A reader still short of its epoch after this long stops, and its rate so far is
+    /// its figure (a map-style loader under the memory limit reads a few hundred records a
+    /// second here: a whole epoch would take most of an hour).
+    pub max_seconds: u64,
 }
 
 /// A reader of the table.
@@ -139,6 +143,9 @@ pub struct PeerRun {
     pub seconds: f64,
     /// Seconds to the first batch.
     pub first_batch_s: Option<f64>,
+    /// CPU seconds (user + system) over the epoch: the reader's process, its workers and
+    /// the daemon (`bench/peers.py` counts them), or `riffle read`'s whole process.
+    pub cpu_seconds: Option<f64>,
     /// The memory cgroup's peak (page cache included).
     pub peak_bytes: Option<u64>,
     /// The peak of the cgroup's anonymous and shared memory (page cache left out).
@@ -147,8 +154,11 @@ pub struct PeerRun {
     pub labels_per_batch: Option<f64>,
     /// Correlation of delivery position with record id (0 = shuffled, 1 = in order).
     pub position_corr: Option<f64>,
-    /// Every record delivered exactly once.
+    /// Every record delivered exactly once (not known for a partial run).
     pub exactly_once: Option<bool>,
+    /// Stopped at the time limit before the end of its epoch: the rate and quality are of
+    /// what it read.
+    pub partial: bool,
     /// Why the run failed (a peer killed by the memory limit, say).
     pub error: Option<String>,
 }
@@ -166,6 +176,8 @@ pub struct PeerRow {
     pub workers: bool,
     /// Median samples per second over the runs that finished.
     pub samples_per_s: Option<f64>,
+    /// Median samples per CPU-second.
+    pub samples_per_cpu_s: Option<f64>,
     /// The fastest riffle row through PyTorch over this one.
     pub riffle_speedup: Option<f64>,
     /// Median seconds to the first batch.
@@ -210,6 +222,8 @@ pub struct PeersReport {
     pub workers: u32,
     /// Runs per reader.
     pub rounds: usize,
+    /// The time limit of a run (see [`PeersOptions::max_seconds`]).
+    pub max_seconds: u64,
     /// Page cache dropped before each run.
     pub cold_cache: bool,
     /// The virtual environment the peers ran in, and what it holds.
@@ -341,18 +355,17 @@ fn anon_bytes(dir: &Path) -> Option<u64> {
 /// line on stdout and the peaks of the cgroup (page cache included) and of its anonymous
 /// and shared memory (sampled every 20 ms), or why it failed. A reader that runs past
 /// [`RUN_LIMIT`] is killed with its whole process group and reported as hung.
-fn measured(
-    cmd: &mut Command,
-    memory: u64,
-    cold: &mut bool,
-) -> (Result<serde_json::Value>, Option<u64>, Option<u64>) {
+fn measured(cmd: &mut Command, memory: u64, cold: &mut bool) -> Measured {
     use std::io::Read;
     use std::os::unix::process::CommandExt;
     *cold &= report::drop_caches();
     let limit = match MemoryLimit::enter(memory) {
         Ok(l) => l,
-        Err(e) => return (Err(e.into()), None, None),
+        Err(e) => return (Err(e.into()), None, None, None),
     };
+    // The child's CPU, for a reader that does not count its own (`riffle read`).
+    use nix::sys::resource::UsageWho::RUSAGE_CHILDREN;
+    let cpu0 = report::cpu_seconds(RUSAGE_CHILDREN);
     let mut anon_peak = None;
     let run = (|| -> Result<(std::process::ExitStatus, String, String)> {
         let mut child = cmd
@@ -405,6 +418,7 @@ fn measured(
         .find_map(|f| std::fs::read_to_string(limit.cgroup().join(f)).ok())
         .and_then(|s| s.trim().parse().ok());
     drop(limit);
+    let cpu = report::cpu_seconds(RUSAGE_CHILDREN) - cpu0;
     let res = (|| {
         let (status, out, err) = run?;
         if !status.success() {
@@ -418,13 +432,19 @@ fn measured(
         let line = out.lines().rev().find(|l| l.starts_with('{')).unwrap_or("");
         serde_json::from_str(line).with_context(|| format!("no JSON result in {out:?}"))
     })();
-    (res, peak, anon_peak)
+    (res, peak, anon_peak, Some(cpu))
 }
 
-fn as_run(
-    (v, peak, anon_peak): (Result<serde_json::Value>, Option<u64>, Option<u64>),
-    in_process: bool,
-) -> PeerRun {
+/// A reader's JSON result (or why it failed), the cgroup's peak, the peak of its anonymous
+/// and shared memory, and the CPU seconds of the process and the children it waited for.
+type Measured = (
+    Result<serde_json::Value>,
+    Option<u64>,
+    Option<u64>,
+    Option<f64>,
+);
+
+fn as_run((v, peak, anon_peak, child_cpu): Measured, in_process: bool) -> PeerRun {
     match v {
         Ok(v) => PeerRun {
             records: v["records"].as_u64().unwrap_or(0),
@@ -435,22 +455,26 @@ fn as_run(
                 "first_batch_s"
             }]
             .as_f64(),
+            cpu_seconds: v["cpu_seconds"].as_f64().or(child_cpu),
             peak_bytes: peak,
             anon_peak_bytes: anon_peak,
             labels_per_batch: v["labels_per_batch"].as_f64(),
             position_corr: v["position_corr"].as_f64(),
             exactly_once: v["exactly_once"].as_bool(),
+            partial: v["partial"].as_bool().unwrap_or(false),
             error: None,
         },
         Err(e) => PeerRun {
             records: 0,
             seconds: 0.0,
             first_batch_s: None,
+            cpu_seconds: None,
             peak_bytes: peak,
             anon_peak_bytes: anon_peak,
             labels_per_batch: None,
             position_corr: None,
             exactly_once: None,
+            partial: false,
             error: Some(format!("{e:#}")),
         },
     }
@@ -479,6 +503,11 @@ fn row(r: &Reader, runs: Vec<PeerRun>) -> PeerRow {
         riffle: r.riffle,
         workers: r.kind.is_some_and(|k| k != "riffle-views"),
         samples_per_s: med(&|x| Some(x.records as f64 / x.seconds.max(1e-9))),
+        samples_per_cpu_s: med(&|x| {
+            x.cpu_seconds
+                .filter(|&c| c > 0.0)
+                .map(|c| x.records as f64 / c)
+        }),
         riffle_speedup: None,
         first_batch_s: med(&|x| x.first_batch_s),
         peak_bytes: runs.iter().filter_map(|x| x.peak_bytes).max(),
@@ -668,6 +697,8 @@ pub fn run(
                                         &opts.batch.to_string(),
                                         "--workers",
                                         &opts.workers.to_string(),
+                                        "--max-seconds",
+                                        &opts.max_seconds.to_string(),
                                         "--riffle",
                                     ])
                                     .arg(&riffle)
@@ -708,6 +739,7 @@ pub fn run(
         batch: opts.batch,
         workers: opts.workers,
         rounds: opts.rounds,
+        max_seconds: opts.max_seconds,
         cold_cache: cold,
         venv: venv.display().to_string(),
         versions: versions(&python),
@@ -728,8 +760,9 @@ pub fn markdown(r: &PeersReport) -> String {
     s.push_str(&format!(
         "{} {}: one epoch of label-sorted records per run, batches of {}, DataLoader \
          workers {} wherever a loader uses them, each run in its own {} memory cgroup (page \
-         cache included), cold cache: {}; {} run(s) per reader, alternated, medians. Peers \
-         from {} ({}).\n\n",
+         cache included), cold cache: {}; {} run(s) per reader, alternated, medians; a \
+         reader still short of its epoch after {} s stops there and its rate so far is its \
+         figure. Peers from {} ({}).\n\n",
         report::today(),
         report::hostname(),
         r.batch,
@@ -737,6 +770,7 @@ pub fn markdown(r: &PeersReport) -> String {
         riffle::size::human_bytes(r.memory as f64),
         r.cold_cache,
         r.rounds,
+        r.max_seconds,
         r.venv,
         r.versions.join(", ")
     ));
@@ -747,16 +781,17 @@ pub fn markdown(r: &PeersReport) -> String {
             riffle::size::human_bytes(t.record as f64),
             riffle::size::human_bytes((t.records * t.record) as f64)
         ));
-        s.push_str("| reader | full shuffle | samples/s | riffle speed-up | 1st batch (s) | peak memory (anon + shm) | peak with page cache | labels/batch | position corr | every record once |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        s.push_str("| reader | full shuffle | samples/s | per CPU-second | riffle speed-up | 1st batch (s) | peak memory (anon + shm) | peak with page cache | labels/batch | position corr | every record once |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for x in &t.rows {
             let err = x.runs.iter().find_map(|r| r.error.as_deref());
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 x.reader,
                 if x.full_shuffle { "yes" } else { "no" },
                 x.samples_per_s
                     .map(|v| format!("{v:.0}"))
                     .unwrap_or_else(|| format!("failed: {}", err.unwrap_or("?"))),
+                opt(x.samples_per_cpu_s, 0),
                 x.riffle_speedup
                     .map(|v| format!("{v:.2}x"))
                     .unwrap_or_default(),
@@ -769,7 +804,11 @@ pub fn markdown(r: &PeersReport) -> String {
                     .unwrap_or_default(),
                 opt(x.labels_per_batch, 1),
                 opt(x.position_corr, 3),
-                x.exactly_once.map(|b| b.to_string()).unwrap_or_default(),
+                if x.runs.iter().any(|r| r.partial) {
+                    format!("not known: stopped after {} s", r.max_seconds)
+                } else {
+                    x.exactly_once.map(|b| b.to_string()).unwrap_or_default()
+                },
             ));
         }
         s.push('\n');
@@ -809,6 +848,7 @@ mod tests {
             riffle,
             workers: reader.contains("workers (") && !reader.contains("no workers"),
             samples_per_s: Some(sps),
+            samples_per_cpu_s: None,
             riffle_speedup: None,
             first_batch_s: None,
             peak_bytes: None,

@@ -135,6 +135,23 @@ pub fn write_report(
     Ok(())
 }
 
+/// CPU seconds (user + system) of this process, or of its children waited for.
+pub fn cpu_seconds(who: nix::sys::resource::UsageWho) -> f64 {
+    let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    nix::sys::resource::getrusage(who)
+        .map(|u| tv(u.user_time()) + tv(u.system_time()))
+        .unwrap_or(0.0)
+}
+
+/// Records per CPU-second: `records` over `cpu` seconds (0 when no CPU was measured).
+pub fn per_cpu_second(records: f64, cpu: f64) -> f64 {
+    if cpu > 0.0 {
+        records / cpu
+    } else {
+        0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -54,6 +54,8 @@ pub struct Run {
     pub max_fds: u64,
     /// Peak RSS in bytes (VmHWM).
     pub peak_rss: u64,
+    /// CPU seconds (user + system) the process used, every thread.
+    pub cpu_seconds: f64,
     /// What the command printed with --json.
     pub report: Value,
 }
@@ -77,6 +79,9 @@ pub struct Row {
     pub target: String,
     /// Whether the ratio meets it.
     pub met: bool,
+    /// Records per CPU-second of the runs measured (the riffle process's user + system
+    /// time), where records are what the case counts.
+    pub records_per_cpu_s: Option<f64>,
     /// Notes: fds, memory, runs.
     pub notes: String,
 }
@@ -126,6 +131,9 @@ fn run_riffle_env(args: &[&str], nofile: Option<u64>, env: &[(&str, &str)]) -> R
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     report::drop_caches();
+    // The child's CPU: what the children waited for used, before and after it.
+    use nix::sys::resource::UsageWho::RUSAGE_CHILDREN;
+    let cpu0 = report::cpu_seconds(RUSAGE_CHILDREN);
     let started = Instant::now();
     let mut child = cmd.spawn().context("starting riffle")?;
     let pid = child.id();
@@ -163,6 +171,7 @@ fn run_riffle_env(args: &[&str], nofile: Option<u64>, env: &[(&str, &str)]) -> R
         std::thread::sleep(Duration::from_millis(20));
     };
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_seconds = report::cpu_seconds(RUSAGE_CHILDREN) - cpu0;
     let stdout = out.join().expect("reader thread")?;
     let stderr = err.join().expect("reader thread")?;
     if !status.success() {
@@ -177,6 +186,7 @@ fn run_riffle_env(args: &[&str], nofile: Option<u64>, env: &[(&str, &str)]) -> R
         seconds,
         max_fds,
         peak_rss,
+        cpu_seconds,
         report,
     })
 }
@@ -292,6 +302,7 @@ pub fn run(
             let mut one_rps = Vec::new();
             let mut many_rps = Vec::new();
             let mut fds = 0;
+            let (mut records, mut cpu) = (0.0, 0.0);
             for _ in 0..opts.repeats {
                 for (which, path) in [("one file", &one), ("files", &files)] {
                     let r = run_riffle_env(
@@ -315,6 +326,8 @@ pub fn run(
                     } else {
                         many_rps.push(rps);
                         fds = fds.max(r.max_fds);
+                        records += num(&r.report, "records");
+                        cpu += r.cpu_seconds;
                     }
                     runs.push((format!("many-files {backend} {which}"), r));
                 }
@@ -329,6 +342,7 @@ pub fn run(
                 ratio: m / o,
                 target: ">= 0.85".into(),
                 met: m / o >= 0.85,
+                records_per_cpu_s: Some(report::per_cpu_second(records, cpu)),
                 notes: format!("at most {fds} fds open"),
             });
         }
@@ -429,6 +443,11 @@ pub fn run(
                     "<= 1.25".into()
                 },
                 met: e == 0 || ratio <= 1.25,
+                // Over whole runs: the scatter and every epoch.
+                records_per_cpu_s: Some(report::per_cpu_second(
+                    done.iter().map(|d| num(&d.3.report, "records")).sum(),
+                    done.iter().map(|d| d.3.cpu_seconds).sum(),
+                )),
                 notes: format!(
                     "median of {} runs (each against the mean of the probes around it), \
                      per run {}; {piles} piles, at most {max_fds} fds open (target <= 128), peak RSS {}; \
@@ -458,6 +477,7 @@ pub fn run(
         let bound = 2.0 * bytes / rd + 2.0 * bytes / wr;
         let mut t = Vec::new();
         let mut rss = 0;
+        let mut cpu = 0.0;
         for _ in 0..opts.repeats {
             let r = run_riffle(
                 &[
@@ -473,6 +493,7 @@ pub fn run(
             )?;
             t.push(r.seconds);
             rss = rss.max(r.peak_rss);
+            cpu += r.cpu_seconds;
             runs.push(("shuffle".into(), r));
         }
         let m = median(&t);
@@ -488,6 +509,10 @@ pub fn run(
             ratio: m / bound,
             target: "<= 1.5".into(),
             met: m / bound <= 1.5,
+            records_per_cpu_s: Some(report::per_cpu_second(
+                (records * opts.repeats as u64) as f64,
+                cpu,
+            )),
             notes: format!("peak RSS {}", riffle::size::human_bytes(rss as f64)),
         });
         let _ = std::fs::remove_file(&out);
@@ -526,6 +551,10 @@ pub fn run(
                 ratio: mem / budget as f64,
                 target: "<= 1".into(),
                 met: mem <= budget as f64,
+                records_per_cpu_s: Some(report::per_cpu_second(
+                    num(&r.report, "records"),
+                    r.cpu_seconds,
+                )),
                 notes: format!(
                     "table {} B, {:.1} s, peak RSS {}",
                     num(&r.report, "table_bytes"),
@@ -561,7 +590,7 @@ pub fn markdown(r: &ScaleReport) -> String {
         riffle::size::human_bytes(r.seq_write_bps),
         r.cold_cache
     ));
-    s.push_str("| case | measured | reference | ratio | target | met | notes |\n|---|---:|---:|---:|---|---|---|\n");
+    s.push_str("| case | measured | reference | ratio | target | met | records per CPU-second | notes |\n|---|---:|---:|---:|---|---|---:|---|\n");
     // Byte figures read better as sizes.
     let show = |v: f64, unit: &str| {
         if unit.contains("bytes") {
@@ -572,7 +601,7 @@ pub fn markdown(r: &ScaleReport) -> String {
     };
     for row in &r.rows {
         s.push_str(&format!(
-            "| {} | {} | {} ({}) | {:.2} | {} | {} | {} |\n",
+            "| {} | {} | {} ({}) | {:.2} | {} | {} | {} | {} |\n",
             row.case,
             show(row.value, &row.unit),
             show(
@@ -587,6 +616,9 @@ pub fn markdown(r: &ScaleReport) -> String {
             row.ratio,
             row.target,
             if row.met { "yes" } else { "**no**" },
+            row.records_per_cpu_s
+                .map(|v| format!("{v:.0}"))
+                .unwrap_or_else(|| "—".into()),
             row.notes
         ));
     }

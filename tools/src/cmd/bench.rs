@@ -361,6 +361,7 @@ fn peers(args: &Args) -> Result<()> {
         batch: 256,
         rounds: args.repeats.unwrap_or(if args.quick { 1 } else { 2 }),
         keep: args.keep,
+        max_seconds: if args.quick { 30 } else { 60 },
     };
     suite(
         args,
