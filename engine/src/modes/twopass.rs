@@ -104,10 +104,16 @@ impl PilePlan {
         let mean = frames as f64 / units.len() as f64;
         let batch_bytes = (opts.batch as f64 * stats.total as f64 / records as f64) as u64
             + (opts.batch + 1) * 16;
-        // Four sequential reads in flight: 4 MiB each, or small enough under a tight budget
-        // that the slab stays below the huge-page threshold.
+        // Four sequential reads in flight: 4 MiB each; under a budget below 256 MiB a
+        // sixty-fourth of it each (4 x 2 MiB at 128 MiB); under 32 MiB, 48 KiB. The pile
+        // store's I/O in flight scales with this too. 1.6 GB of 4 KiB records, two-pass,
+        // alternated runs here: 48 KiB reads at every budget below 256 MiB made the scatter
+        // the bottleneck (60-70k records/s at 128 MiB, 57k at 64 MiB, 48k at 32 MiB, against
+        // 131-133k, 83-88k and 64k with a sixty-fourth); at 16 MiB 48 KiB stays faster (28k
+        // against 22k: larger reads leave too little for the piles).
         let scan_size: u64 = match opts.memory {
-            Some(m) if m < (256 << 20) => 48 << 10,
+            Some(m) if m < (32 << 20) => 48 << 10,
+            Some(m) if m < (256 << 20) => (m / 64 / 4096 * 4096).clamp(48 << 10, 4 << 20),
             _ => 4 << 20,
         };
         let scan_bytes = crate::io::footprint(scan_size as usize * 4) as u64;
