@@ -302,17 +302,28 @@ fn modes(args: &Args) -> Result<()> {
     )
 }
 
-fn fast_device(args: &Args) -> Result<()> {
-    let mut opts = riffle_bench::fast_device::FastOptions::new(args.quick, args.out.clone());
+/// `--points`, `--repeats` and `--seconds` over a suite's defaults (fio-parity's and
+/// fast-device's).
+fn timed_points(
+    args: &Args,
+    points: &mut Vec<ParityPoint>,
+    repeats: &mut usize,
+    seconds: &mut u64,
+) {
     if !args.points.is_empty() {
-        opts.points = args.points.clone();
+        *points = args.points.clone();
     }
     if let Some(r) = args.repeats {
-        opts.repeats = r.max(1);
+        *repeats = r.max(1);
     }
     if let Some(s) = args.seconds {
-        opts.seconds = s.max(1);
+        *seconds = s.max(1);
     }
+}
+
+fn fast_device(args: &Args) -> Result<()> {
+    let mut opts = riffle_bench::fast_device::FastOptions::new(args.quick, args.out.clone());
+    timed_points(args, &mut opts.points, &mut opts.repeats, &mut opts.seconds);
     suite(
         args,
         opts.steps(),
@@ -406,15 +417,7 @@ fn parity(args: &Args) -> Result<()> {
     let mut opts = ParityOptions::new(args.quick, args.out.clone(), args.data_dir.clone());
     opts.file_size = args.size;
     opts.keep_file = args.keep;
-    if !args.points.is_empty() {
-        opts.points = args.points.clone();
-    }
-    if let Some(r) = args.repeats {
-        opts.repeats = r.max(1);
-    }
-    if let Some(s) = args.seconds {
-        opts.seconds = s.max(1);
-    }
+    timed_points(args, &mut opts.points, &mut opts.repeats, &mut opts.seconds);
     suite(
         args,
         opts.points.len() * 2 * opts.repeats + 1,
