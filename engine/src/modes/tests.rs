@@ -446,6 +446,34 @@ fn two_pass_with_many_piles_under_a_tight_budget() {
     );
 }
 
+/// Budgets from 32 MiB to 256 MiB scatter with reads of a sixty-fourth of the budget:
+/// more than the piles' share of a small budget, so the plan must fit the piles around
+/// them. A dataset larger than each budget: the same batches as LIRS, many piles, and the
+/// reported memory within the budget.
+#[test]
+fn two_pass_under_budgets_of_tens_of_mib_stays_within_them() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Fixed, 24_000, 4096, 0.0);
+    let mut o = ReadOptions::new(256);
+    o.seed = 3;
+    let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
+    for mib in [32u64, 48, 80] {
+        o.memory = Some(mib << 20);
+        let mut stream =
+            super::read_two_pass(ds.clone(), o.clone(), dir.path().join(format!("s{mib}")))
+                .unwrap();
+        let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
+        assert_eq!(got, want, "--memory {mib}M");
+        let r = stream.report();
+        assert!(r.piles >= 2, "--memory {mib}M: {} piles", r.piles);
+        assert!(
+            r.memory_bytes <= mib << 20,
+            "--memory {mib}M: memory {} over the budget",
+            r.memory_bytes
+        );
+    }
+}
+
 /// The baselines: exact permutations, deterministic, and the orders they promise.
 #[test]
 fn baselines_are_deterministic_permutations_of_their_kind() {
