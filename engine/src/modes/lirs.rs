@@ -256,20 +256,41 @@ impl MemoryPlan {
             (None, Grouping::Record) => stats.max,
             (None, Grouping::Page { unit }) => stats.max.max(unit + stats.max.min(unit)),
         };
-        let slot_size = (piece + 2 * align)
+        let mut slot_size = (piece + 2 * align)
             .next_power_of_two()
             .clamp(align, 1 << 20) as usize;
         let table_width = if units.len() <= u32::MAX as u64 { 4 } else { 8 };
         let table_bytes = entries * table_width;
         let batch_bytes = (opts.batch as f64 * mean) as u64 + (opts.batch + 1) * 16;
+        // Enough batches under assembly to keep `depth` reads in flight: a batch needs about
+        // batch / records-per-unit reads (page grouping reads a unit at once; a baseline's
+        // runs of neighbours one read per slot), plus two for the batch being finished and
+        // the one being planned.
+        let assembling_of = |slot: usize| {
+            let reads_per_batch = match opts.baseline {
+                Some(_) => batch_bytes / slot as u64,
+                None => (opts.batch as f64 / units.mean_records()).floor() as u64,
+            }
+            .max(1);
+            (opts.io.depth as u64).div_ceil(reads_per_batch) + 2
+        };
+        // A baseline's long reads are split by the reader into slots: under a tight budget
+        // its slots (and the batches their reads in flight fill) shrink to half of it, down
+        // to 64 KiB, rather than the read being refused (1 MiB slots at QD 64 took 64 MiB of
+        // buffers and 66 batches under assembly: 128 MiB was refused).
+        if let (Some(limit), Some(_)) = (opts.memory, opts.baseline) {
+            let need = |slot: usize| {
+                crate::io::footprint(slot * opts.io.depth) as u64
+                    + assembling_of(slot) * batch_bytes
+            };
+            while slot_size > 64 << 10 && need(slot_size) > limit / 2 {
+                slot_size /= 2;
+            }
+        }
         let buffers = crate::io::footprint(slot_size * opts.io.depth) as u64;
         let fixed = table_bytes + units.bytes() + ds.index_bytes() + buffers;
         let mut prefetch = opts.prefetch.max(1);
-        // Enough batches under assembly to keep `depth` reads in flight: a batch needs about
-        // batch / records-per-unit reads (page grouping reads a unit at once), plus two for
-        // the batch being finished and the one being planned.
-        let reads_per_batch = ((opts.batch as f64 / units.mean_records()).floor() as u64).max(1);
-        let assembling_batches = (opts.io.depth as u64).div_ceil(reads_per_batch) + 2;
+        let assembling_batches = assembling_of(slot_size);
         if let Some(limit) = opts.memory {
             // Batches being assembled plus the read-ahead queue.
             let assembling = assembling_batches * batch_bytes;

@@ -474,6 +474,31 @@ fn two_pass_under_budgets_of_tens_of_mib_stays_within_them() {
     }
 }
 
+/// A baseline under a budget smaller than its default reads in flight (1 MiB slots at the
+/// default depth): smaller slots, the same order, memory within the budget (32 MiB was
+/// refused before).
+#[test]
+fn baselines_fit_a_tight_budget_with_smaller_reads() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Fixed, 24_000, 4096, 0.0);
+    use super::Baseline;
+    for baseline in [Baseline::Sequential, Baseline::Bmf { block: 64 }] {
+        let mut o = ReadOptions::new(256);
+        o.baseline = Some(baseline);
+        let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
+        o.memory = Some(32 << 20);
+        let mut stream = super::read(ds.clone(), o).unwrap();
+        let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
+        assert_eq!(got, want, "{baseline:?}");
+        let r = stream.report();
+        assert!(
+            r.memory_bytes <= 32 << 20,
+            "{baseline:?}: memory {} over the budget",
+            r.memory_bytes
+        );
+    }
+}
+
 /// The baselines: exact permutations, deterministic, and the orders they promise.
 #[test]
 fn baselines_are_deterministic_permutations_of_their_kind() {
