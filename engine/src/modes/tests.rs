@@ -499,6 +499,35 @@ fn baselines_fit_a_tight_budget_with_smaller_reads() {
     }
 }
 
+/// Large batches under a tight budget: two-pass queues fewer batches ahead rather than
+/// refusing (the default read-ahead alone would take most of the budget); the same batches
+/// as LIRS, memory within the budget.
+#[test]
+fn two_pass_reads_ahead_less_when_large_batches_crowd_the_budget() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Fixed, 400, 256 << 10, 0.0);
+    let mut o = ReadOptions::new(16);
+    o.seed = 5;
+    let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
+    // Exactly the default read-ahead: nothing left for the piles unless it is cut.
+    let budget = (o.prefetch as u64 + 1) * (16 * (256 << 10));
+    o.memory = Some(budget);
+    let mut stream = super::read_two_pass(ds, o.clone(), dir.path().join("s")).unwrap();
+    let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
+    assert_eq!(got, want);
+    let r = stream.report();
+    assert!(
+        r.memory_bytes <= budget,
+        "memory {} over {budget}",
+        r.memory_bytes
+    );
+    assert!(
+        r.prefetch_bytes < (o.prefetch as u64 + 1) * 16 * (256 << 10),
+        "read-ahead {} not cut",
+        r.prefetch_bytes
+    );
+}
+
 /// The baselines: exact permutations, deterministic, and the orders they promise.
 #[test]
 fn baselines_are_deterministic_permutations_of_their_kind() {

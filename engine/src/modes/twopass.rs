@@ -45,7 +45,7 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     }
     opts.check(ds.len())?;
     let units = Units::new(&ds, opts.grouping);
-    let plan = PilePlan::new(&ds, &units, &opts)?;
+    let (opts, plan) = fitted(&ds, &units, opts)?;
     // One private directory for the run (made in `scratch`, which is made too if it is
     // missing, and removed again), locked while this process lives; each epoch's piles in
     // a directory inside it. It goes when the I/O thread ends, or on SIGINT/SIGTERM.
@@ -62,7 +62,7 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    let plan = PilePlan::new(ds, units, opts)?;
+    let (opts, plan) = fitted(ds, units, opts.clone())?;
     let scan = crate::io::footprint(plan.scan_size as usize * 4) as u64;
     let memory = units.bytes()
         + ds.index_bytes()
@@ -77,6 +77,21 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
     // and one group's.
     let scratch = frames + frames / plan.layout.groups() as u64;
     Ok((memory, scratch, plan.piles() as u64))
+}
+
+/// `opts` and its pile plan; under a `--memory` too tight for the plan with `opts.prefetch`
+/// batches queued ahead, the read-ahead halves (down to one batch) until the plan fits, as
+/// LIRS's does. Large batches are what the budget then lacks: 200 records of 3 MiB in
+/// batches of 4 under --memory 64M took 60 MiB of read-ahead and were refused.
+fn fitted(ds: &Dataset, units: &Units, opts: ReadOptions) -> Result<(ReadOptions, PilePlan)> {
+    let mut o = opts;
+    loop {
+        match PilePlan::new(ds, units, &o) {
+            Ok(plan) => return Ok((o, plan)),
+            Err(e) if o.memory.is_none() || o.prefetch <= 1 => return Err(e),
+            Err(_) => o.prefetch = (o.prefetch / 2).max(1),
+        }
+    }
 }
 
 /// Pile count and memory shares.
