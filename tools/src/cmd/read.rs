@@ -93,7 +93,8 @@ pub struct Args {
     /// padding).
     #[arg(long)]
     pub pad: bool,
-    /// Batches read ahead of the consumer (at most 65536).
+    /// Batches read ahead of the consumer (at most 65536). Under a tight --memory fewer are:
+    /// LIRS and two-pass cut the read-ahead to what the budget leaves room for (one at least).
     #[arg(long, default_value_t = 4, value_parser = parse_prefetch)]
     pub prefetch: usize,
     /// Resume mid-epoch from a cursor: EPOCH:BATCH@WORLD, EPOCH:BATCH or EPOCH+RECORDS.
