@@ -426,6 +426,26 @@ fn a_led_two_pass_read_hands_over_exactly() {
     }
 }
 
+/// One read of `stream` under `budget` (`what` names it in a failure): its batches are
+/// `want` (LIRS's, unlimited) and its reported memory is within the budget. Returns the
+/// report.
+fn within_budget(
+    mut stream: super::BatchStream,
+    want: &[Vec<u64>],
+    budget: u64,
+    what: &str,
+) -> super::ReadReport {
+    let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
+    assert_eq!(got, want, "{what}");
+    let r = stream.report();
+    assert!(
+        r.memory_bytes <= budget,
+        "{what}: memory {} over the budget {budget}",
+        r.memory_bytes
+    );
+    r
+}
+
 /// A dataset far larger than the memory budget: many piles, same batches as LIRS.
 #[test]
 fn two_pass_with_many_piles_under_a_tight_budget() {
@@ -434,16 +454,9 @@ fn two_pass_with_many_piles_under_a_tight_budget() {
     let mut o = ReadOptions::new(100);
     let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
     o.memory = Some(3 << 20);
-    let mut stream = super::read_two_pass(ds, o, dir.path().join("s")).unwrap();
-    let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
-    assert_eq!(got, want);
-    let r = stream.report();
+    let stream = super::read_two_pass(ds, o, dir.path().join("s")).unwrap();
+    let r = within_budget(stream, &want, 3 << 20, "--memory 3M");
     assert!(r.piles >= 8, "expected many piles, got {}", r.piles);
-    assert!(
-        r.memory_bytes <= 3 << 20,
-        "memory {} over the budget",
-        r.memory_bytes
-    );
 }
 
 /// Budgets from 32 MiB to 256 MiB scatter with reads of a sixty-fourth of the budget:
@@ -459,18 +472,11 @@ fn two_pass_under_budgets_of_tens_of_mib_stays_within_them() {
     let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
     for mib in [32u64, 48, 80] {
         o.memory = Some(mib << 20);
-        let mut stream =
+        let stream =
             super::read_two_pass(ds.clone(), o.clone(), dir.path().join(format!("s{mib}")))
                 .unwrap();
-        let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
-        assert_eq!(got, want, "--memory {mib}M");
-        let r = stream.report();
+        let r = within_budget(stream, &want, mib << 20, &format!("--memory {mib}M"));
         assert!(r.piles >= 2, "--memory {mib}M: {} piles", r.piles);
-        assert!(
-            r.memory_bytes <= mib << 20,
-            "--memory {mib}M: memory {} over the budget",
-            r.memory_bytes
-        );
     }
 }
 
@@ -487,15 +493,8 @@ fn baselines_fit_a_tight_budget_with_smaller_reads() {
         o.baseline = Some(baseline);
         let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
         o.memory = Some(32 << 20);
-        let mut stream = super::read(ds.clone(), o).unwrap();
-        let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
-        assert_eq!(got, want, "{baseline:?}");
-        let r = stream.report();
-        assert!(
-            r.memory_bytes <= 32 << 20,
-            "{baseline:?}: memory {} over the budget",
-            r.memory_bytes
-        );
+        let stream = super::read(ds.clone(), o).unwrap();
+        within_budget(stream, &want, 32 << 20, &format!("{baseline:?}"));
     }
 }
 
@@ -512,15 +511,8 @@ fn two_pass_reads_ahead_less_when_large_batches_crowd_the_budget() {
     // Exactly the default read-ahead: nothing left for the piles unless it is cut.
     let budget = (o.prefetch as u64 + 1) * (16 * (256 << 10));
     o.memory = Some(budget);
-    let mut stream = super::read_two_pass(ds, o.clone(), dir.path().join("s")).unwrap();
-    let got: Vec<Vec<u64>> = stream.by_ref().map(|b| b.unwrap().ids).collect();
-    assert_eq!(got, want);
-    let r = stream.report();
-    assert!(
-        r.memory_bytes <= budget,
-        "memory {} over {budget}",
-        r.memory_bytes
-    );
+    let stream = super::read_two_pass(ds, o.clone(), dir.path().join("s")).unwrap();
+    let r = within_budget(stream, &want, budget, "batches of 4 MiB");
     assert!(
         r.prefetch_bytes < (o.prefetch as u64 + 1) * 16 * (256 << 10),
         "read-ahead {} not cut",
