@@ -354,21 +354,23 @@ pub fn run_fio_side(
     extra: &[&str],
 ) -> Result<SideRun> {
     use nix::sys::resource::UsageWho::RUSAGE_CHILDREN;
-    let before = cpu_seconds(RUSAGE_CHILDREN);
-    let r = fio::run_with(
-        file,
-        point.rw(),
-        point.bs,
-        point.qd,
-        Some(seconds),
-        file_size,
-        mem,
-        extra,
-    )?;
+    let (r, cpu) = crate::report::cpu_of(RUSAGE_CHILDREN, || {
+        fio::run_with(
+            file,
+            point.rw(),
+            point.bs,
+            point.qd,
+            Some(seconds),
+            file_size,
+            mem,
+            extra,
+        )
+    });
+    let r = r?;
     Ok(SideRun {
         iops: r.iops,
         p99_us: r.lat_p99_us,
-        cpu_seconds: cpu_seconds(RUSAGE_CHILDREN) - before,
+        cpu_seconds: cpu,
         reads: r.iops * seconds as f64,
     })
 }
@@ -392,12 +394,12 @@ pub fn run_engine(
         random: !point.sequential,
         seed,
     };
-    let before = cpu_seconds(RUSAGE_SELF);
-    let p = read_point(file, &spec, cfg)?;
+    let (p, cpu) = crate::report::cpu_of(RUSAGE_SELF, || read_point(file, &spec, cfg));
+    let p = p?;
     Ok(SideRun {
         iops: p.iops,
         p99_us: p.lat_p99_us,
-        cpu_seconds: cpu_seconds(RUSAGE_SELF) - before,
+        cpu_seconds: cpu,
         reads: p.ops as f64,
     })
 }

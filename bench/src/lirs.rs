@@ -159,9 +159,10 @@ pub fn run(opts: &LirsOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> 
                         fio_runs.push(r.iops);
                     } else {
                         use nix::sys::resource::UsageWho::RUSAGE_SELF;
-                        let before = report::cpu_seconds(RUSAGE_SELF);
-                        let r = epoch(&files[i], *record, *grouping)?;
-                        cpu += report::cpu_seconds(RUSAGE_SELF) - before;
+                        let (r, used) =
+                            report::cpu_of(RUSAGE_SELF, || epoch(&files[i], *record, *grouping));
+                        let r = r?;
+                        cpu += used;
                         records += r.records as f64;
                         runs.push(r.records as f64 / r.seconds);
                         last = Some(r);

@@ -227,9 +227,9 @@ pub fn run(
                     step += 1;
                     cold &= report::drop_caches();
                     use nix::sys::resource::UsageWho::RUSAGE_SELF;
-                    let cpu0 = report::cpu_seconds(RUSAGE_SELF);
-                    let (r, batches) = one_epoch(ds.clone(), mode, &opts.data_dir)?;
-                    let cpu = report::cpu_seconds(RUSAGE_SELF) - cpu0;
+                    let (epoch, cpu) =
+                        report::cpu_of(RUSAGE_SELF, || one_epoch(ds.clone(), mode, &opts.data_dir));
+                    let (r, batches) = epoch?;
                     let (corr, labels, together) = quality(&batches, records, |id| spec.label(id));
                     rows.push(ModesRow {
                         device: name.clone(),

@@ -143,6 +143,14 @@ pub fn cpu_seconds(who: nix::sys::resource::UsageWho) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// `f()` and the CPU seconds `who` used while it ran (this process's, every thread; or
+/// the children it waited for meanwhile).
+pub fn cpu_of<T>(who: nix::sys::resource::UsageWho, f: impl FnOnce() -> T) -> (T, f64) {
+    let before = cpu_seconds(who);
+    let out = f();
+    (out, cpu_seconds(who) - before)
+}
+
 /// Records per CPU-second: `records` over `cpu` seconds (0 when no CPU was measured).
 pub fn per_cpu_second(records: f64, cpu: f64) -> f64 {
     if cpu > 0.0 {
