@@ -237,10 +237,6 @@ impl PilePlan {
                 )));
             }
         }
-        // No pile holds more than every frame: a budget beyond that is not taken (nor
-        // reported: --memory 1T reported 1 TiB for piles of 1.6 GB, and --memory of 2^64 - 1
-        // wrapped the report's sum).
-        let pile_budget = pile_budget.min(frames.max(1));
         Ok(PilePlan {
             bits,
             pile_budget,
