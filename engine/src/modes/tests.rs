@@ -480,6 +480,25 @@ fn two_pass_under_budgets_of_tens_of_mib_stays_within_them() {
     }
 }
 
+/// The largest budget a field takes: the piles' memory reported is what the data needs,
+/// not the budget, and the report's sum does not wrap.
+#[test]
+fn two_pass_under_the_largest_budget_reports_what_it_needs() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Fixed, 2_000, 4096, 0.0);
+    let mut o = ReadOptions::new(64);
+    let want: Vec<Vec<u64>> = all(&ds, o.clone()).into_iter().map(|b| b.ids).collect();
+    o.memory = Some(u64::MAX);
+    let stream = super::read_two_pass(ds, o, dir.path().join("s")).unwrap();
+    let r = within_budget(stream, &want, u64::MAX, "--memory 2^64 - 1");
+    // Two loaded piles of every frame, with their index, and the buffers around them.
+    assert!(
+        r.memory_bytes < 4 * 2_000 * 4096 + (64 << 20),
+        "memory {} for 8 MB of records",
+        r.memory_bytes
+    );
+}
+
 /// A baseline under a budget smaller than its default reads in flight (1 MiB slots at the
 /// default depth): smaller slots, the same order, memory within the budget (32 MiB was
 /// refused before).
