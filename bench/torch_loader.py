@@ -117,7 +117,7 @@ def main():
         sides = {"riffle read (in process)": None,
                  "DataLoader(RiffleDataset), num_workers=0 (ring views)": ("dataloader", 0),
                  "riffle.torch.loader, num_workers=2 (ring views, no copy)": ("loader", 2),
-                 "DataLoader(RiffleDataset), num_workers=2 (one copy to shared memory)": ("dataloader", 2)}
+                 "DataLoader(RiffleDataset), num_workers=2 (one copy into the worker's shared ring)": ("dataloader", 2)}
         rows = {s: [] for s in sides}
         for i in range(a.runs):
             for side, workers in sides.items():

@@ -9,10 +9,12 @@ Two ways to feed a training loop, both reading every record of the epoch once:
   `pin_memory=True` copy it into pinned memory. This is the fast path.
 - `DataLoader(RiffleDataset(...), batch_size=None, num_workers=N)`: each worker streams
   as one rank of a job of `world * N` ranks, so the daemon reads the epoch once for all
-  of them (one shared pass), and each batch crosses from the worker to the training
-  process once, through shared memory (the worker copies it out of the ring into a
-  shared tensor; the DataLoader then passes only a file descriptor). Use it when the
-  per-batch work you do in `transform` needs more than one core.
+  of them (one shared pass). A worker copies each batch once, into a shared ring of its
+  own that the training process maps once; the DataLoader carries only where the batch
+  lies, and the batch's place in the ring is reused when the last tensor viewing it is
+  gone (a batch kept for good only makes the worker fall back to a fresh shared block
+  per batch). Use it when the per-batch work you do in `transform` needs more than one
+  core, or when the loop is built around a plain DataLoader.
 
     import riffle.torch
     ds = riffle.torch.RiffleDataset("/run/riffle.sock", "train", batch_size=256)
@@ -30,6 +32,7 @@ import select as _select
 import struct as _struct
 import threading as _threading
 import uuid as _uuid
+import weakref as _weakref
 import warnings as _warnings
 
 import numpy as _np
@@ -189,15 +192,169 @@ def _tickets(stream, b, held, state):
                    b.ids.ctypes.data - base, b.offsets.ctypes.data - base, b.data.ctypes.data - base)
 
 
+# Hand-over from a plain DataLoader's workers (`DataLoader(RiffleDataset(...),
+# num_workers=N)`), where nothing tells a worker when the training process is done with a
+# batch. A worker copies each batch once into a shared ring of its own (a memfd, mapped
+# once by the training process through /proc) and sends a ticket naming where it lies.
+# In the training process every batch is one numpy block over the ring, under all its
+# tensors; when the block is collected (the last tensor viewing it is gone) a finalizer
+# marks its sequence number released, and the first sequence number still in use is
+# written to a page the worker shares. The worker reuses ring space up to there. If the
+# ring has no room (the loop keeps batches, or DataLoader holds many), the batch goes in
+# a fresh shared block instead: slower, never blocked, never overwritten.
+
+
+class _WorkerRing:
+    """In a DataLoader worker: the ring it copies batches into (made at its first batch,
+    kept for the worker's life, so a persistent worker reuses it every epoch)."""
+
+    def __init__(self, size):
+        self.size = size
+        self.fd = _os.memfd_create("riffle-handoff")
+        _os.ftruncate(self.fd, size)
+        self.mm = _mmap.mmap(self.fd, size)
+        self.arr = _np.frombuffer(self.mm, _np.uint8)
+        self.ctl_fd = _os.memfd_create("riffle-release")
+        _os.ftruncate(self.ctl_fd, _RELEASE.size)
+        self.ctl = _mmap.mmap(self.ctl_fd, _RELEASE.size)
+        self.token = _uuid.uuid4().hex
+        self.pid = _os.getpid()
+        self.seq = 0
+        self.head = 0
+        self.live = _collections.deque()  # (seq, start) of batches not yet released
+        self.fallbacks = 0
+
+    def _alloc(self, need):
+        done = _RELEASE.unpack_from(self.ctl)[0]
+        while self.live and self.live[0][0] < done:
+            self.live.popleft()
+        if not self.live:
+            self.head = 0
+            return 0 if need <= self.size else None
+        tail = self.live[0][1]
+        if self.head > tail:  # free: [head, size) and [0, tail)
+            if self.head + need <= self.size:
+                return self.head
+            return 0 if need <= tail else None
+        return self.head if self.head + need <= tail else None
+
+    def put(self, b, view=None):
+        """A ticket for batch `b` copied into the ring, or None when it has no room.
+        `view`, a `_Reshape`, is applied where the ticket is unpickled."""
+        n, dlen = len(b.ids), len(b.data)
+        need = (8 * (2 * n + 1) + dlen + 63) & ~63
+        at = self._alloc(need)
+        if at is None:
+            self.fallbacks += 1
+            return None
+        a = self.arr
+        _np.copyto(a[at : at + 8 * n].view(_np.uint64), b.ids)
+        _np.copyto(a[at + 8 * n : at + 8 * (2 * n + 1)].view(_np.uint64), b.offsets)
+        _np.copyto(a[at + 8 * (2 * n + 1) : at + 8 * (2 * n + 1) + dlen], b.data)
+        seq = self.seq
+        self.seq += 1
+        self.live.append((seq, at))
+        self.head = at + need
+        return _Handoff(self.token, self.pid, self.fd, self.size, self.ctl_fd, seq, b.epoch,
+                        b.index, b.padding, n, dlen, at, view)
+
+
+_worker_ring = None
+
+
+def _ring_for(b, size=None):
+    """This worker's ring, made at its first batch: `size` bytes (the dataset's
+    `ring_bytes`), else room for about eight batches of this size (16 MiB to 1 GiB)."""
+    global _worker_ring
+    if _worker_ring is None or _worker_ring.pid != _os.getpid():
+        per = 8 * (2 * len(b.ids) + 1) + len(b.data)
+        _worker_ring = _WorkerRing(size or min(max(8 * per, 16 << 20), 1 << 30))
+    return _worker_ring
+
+
+class _RingState:
+    """In the training process: one worker ring's mapping and its releases. It lives as
+    long as a batch of it does (each batch's finalizer holds it); then the mapping goes."""
+
+    def __init__(self, pid, ring_fd, size, ctl_fd):
+        fd = _proc_open(pid, ring_fd, _os.O_RDONLY)
+        try:
+            self.mm = _mmap.mmap(fd, size, flags=_mmap.MAP_SHARED, prot=_mmap.PROT_READ)
+        finally:
+            _os.close(fd)
+        fd = _proc_open(pid, ctl_fd, _os.O_RDWR)
+        try:
+            self.ctl = _mmap.mmap(fd, _RELEASE.size)
+        finally:
+            _os.close(fd)
+        self.first = _RELEASE.unpack_from(self.ctl)[0]  # first sequence number in use
+        self.released = set()
+        self.lock = _threading.Lock()
+
+    def release(self, seq):
+        with self.lock:
+            self.released.add(seq)
+            first = self.first
+            while first in self.released:
+                self.released.remove(first)
+                first += 1
+            if first != self.first:
+                self.first = first
+                _RELEASE.pack_into(self.ctl, 0, first)
+
+
+_rings = _weakref.WeakValueDictionary()  # token -> _RingState
+
+
+def _from_handoff(token, pid, ring_fd, size, ctl_fd, seq, epoch, index, padding, n, dlen, at,
+                  view=None):
+    """In the training process: the batch as tensors over one block of the worker's ring,
+    released to the worker when the block is collected."""
+    state = _rings.get(token)
+    if state is None:
+        state = _rings[token] = _RingState(pid, ring_fd, size, ctl_fd)
+    head = 8 * (2 * n + 1)
+    block = _np.frombuffer(state.mm, _np.uint8, count=head + dlen, offset=at)
+    _weakref.finalize(block, state.release, seq)
+    out = {
+        "ids": _view(block[: 8 * n].view(_np.int64)),
+        "offsets": _view(block[8 * n : head].view(_np.int64)),
+        "data": _view(block[head:]),
+        "epoch": epoch,
+        "index": index,
+        "padding": padding,
+    }
+    return view(out) if view is not None else out
+
+
+class _Handoff:
+    """A batch in a worker's ring; unpickled in the training process as tensors."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        return (_from_handoff, self.args)
+
+
+class _Reshape:
+    """`fixed`'s transform: picklable, and a view, so it may run on either side of a
+    worker's hand-over."""
+
+    def __init__(self, record_size):
+        self.record_size = record_size
+
+    def __call__(self, batch):
+        batch["data"] = batch["data"].view(-1, self.record_size)
+        return batch
+
+
 def fixed(record_size):
     """A `transform` for fixed-size records: `data` as a (records, record_size) uint8
     tensor (a view, no copy)."""
-
-    def reshape(batch):
-        batch["data"] = batch["data"].view(-1, record_size)
-        return batch
-
-    return reshape
+    return _Reshape(record_size)
 
 
 class RiffleDataset(IterableDataset):
@@ -213,9 +370,12 @@ class RiffleDataset(IterableDataset):
 
     In the training process (`num_workers=0`) the tensors view the daemon's shared ring
     and are valid until the next batch (`copy=True` copies them out). In a DataLoader
-    worker they are copied once into shared memory that the DataLoader passes on without
-    another copy. `transform(batch) -> anything` runs on each batch where it is made (in
-    the worker, with workers). `ring_bytes` asks the daemon for a ring of that size.
+    worker they are copied once into the worker's shared ring, which the training process
+    maps once; they stay valid as long as they are referenced. `transform(batch) ->
+    anything` runs on each batch where it is made (in the worker, with workers: the batch
+    then goes through a fresh shared block, as the transform's result may keep it; the
+    views `fixed` makes are the exception, made where the batch arrives). `ring_bytes`
+    asks the daemon for a ring of that size, and sizes a worker's ring the same.
     """
 
     def __init__(self, socket, dataset, batch_size, seed=0, epoch=0, rank=None, world=None,
@@ -269,6 +429,13 @@ class RiffleDataset(IterableDataset):
                 return
             for b in stream:
                 if in_worker:
+                    view = isinstance(self.transform, _Reshape)
+                    t = None
+                    if self.transform is None or view:
+                        t = _ring_for(b, self.ring_bytes).put(b, self.transform)
+                    if t is not None:
+                        yield t
+                        continue
                     out = _as_dict(b, *_shared_copy(b))
                 elif self.copy:
                     out = _as_dict(b, _torch.from_numpy(b.ids.astype(_np.int64)),

@@ -105,8 +105,8 @@ def test_workers_share_one_pass_and_cross_processes_through_shared_memory(served
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     for b in loader:
         assert b["data"].shape[1] == 128
-        # Made in a worker: in shared memory, handed over without a copy.
-        assert b["data"].untyped_storage().is_shared()
+        # Copied once in a worker, into its ring, which this process maps: no other copy.
+        assert "memfd:riffle-handoff" in _mapping_of(b["data"].data_ptr())
         data_bytes = b["data"].reshape(-1).numpy()
         got.append((b["ids"].numpy(), b["offsets"].numpy(), data_bytes))
     # 6000 records, 2 workers x 100 per batch: drop_last of the 2-rank world loses none.
@@ -115,6 +115,32 @@ def test_workers_share_one_pass_and_cross_processes_through_shared_memory(served
     with riffle.Client(d.socket) as c:
         st = c.stats()
     assert st["streams_shared"] >= 2, st
+
+
+def test_workers_reuse_their_ring_once_the_loop_lets_batches_go(served):
+    """A loop that drops each batch: a worker ring of a few batches serves the whole
+    epoch (every batch a view of it), reused as batches are collected."""
+    d, data = served
+    records = _records(data)
+    ds = riffle.torch.RiffleDataset(d.socket, "train", 100, seed=8, ring_bytes=64 << 10)
+    got = []
+    for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2):
+        assert "memfd:riffle-handoff" in _mapping_of(b["data"].data_ptr())
+        got.append((b["ids"].numpy().copy(), b["offsets"].numpy().copy(), b["data"].numpy().copy()))
+    _check(got, records, 6000)
+
+
+def test_batches_a_loop_keeps_stay_whole_when_worker_rings_fill(served):
+    """A loop that keeps every batch of the epoch: once a worker's ring holds all it can,
+    it falls back to a fresh shared block per batch instead of waiting (which would never
+    end) or reusing what the loop still holds. Every kept batch is checked at the end."""
+    d, data = served
+    records = _records(data)
+    ds = riffle.torch.RiffleDataset(d.socket, "train", 100, seed=9, ring_bytes=64 << 10)
+    kept = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+    where = ["memfd:riffle-handoff" in _mapping_of(b["data"].data_ptr()) for b in kept]
+    assert any(where) and not all(where), where
+    _check([(b["ids"].numpy(), b["offsets"].numpy(), b["data"].numpy()) for b in kept], records, 6000)
 
 
 def test_loader_copies_or_collates_on_a_background_thread(served):
