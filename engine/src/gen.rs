@@ -1,8 +1,11 @@
 //! Synthetic datasets for tests and benchmarks: every record carries its id and a label, so
 //! order and shuffle quality can be checked from the payload alone.
 //!
-//! Binary records (`fixed`, `npy`, `tfrecord`) start with the id (u64, little endian) and
-//! the label (u32, little endian), then filler. Lines are JSON objects
+//! Binary records (`fixed`, `npy`, `tfrecord`, `files`) start with the id (u64, little
+//! endian) and the label (u32, little endian), then filler. `files` writes a directory tree
+//! in ImageFolder's layout, `OUT/LABEL/ID.bin` (zero-padded so names sort as numbers), one
+//! file per record; its labels are always ascending with the id (as `--sorted`), so the
+//! tree's record order (class by class) is the id order. Lines are JSON objects
 //! `{"id":ID,"label":L,"pad":"..."}` padded to the requested length (newline excluded).
 
 use std::path::Path;
@@ -23,6 +26,8 @@ pub enum GenFormat {
     Lines,
     /// TFRecord frames.
     TfRecord,
+    /// A directory tree of one file per record, in class directories.
+    Files,
 }
 
 impl std::str::FromStr for GenFormat {
@@ -33,7 +38,10 @@ impl std::str::FromStr for GenFormat {
             "npy" => Ok(GenFormat::Npy),
             "lines" | "jsonl" => Ok(GenFormat::Lines),
             "tfrecord" => Ok(GenFormat::TfRecord),
-            _ => Err(format!("'{s}': expected npy, fixed, lines or tfrecord")),
+            "files" | "imagefolder" => Ok(GenFormat::Files),
+            _ => Err(format!(
+                "'{s}': expected npy, fixed, lines, tfrecord or files"
+            )),
         }
     }
 }
@@ -79,7 +87,7 @@ impl GenSpec {
     /// The label of record `id`.
     pub fn label(&self, id: u64) -> u32 {
         let c = self.labels.max(1) as u64;
-        if self.sorted {
+        if self.sorted || self.format == GenFormat::Files {
             ((id as u128 * c as u128) / self.records.max(1) as u128) as u32
         } else {
             (mix(self.seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15)) % c) as u32
@@ -124,7 +132,7 @@ impl GenSpec {
                 fill(out, len - 2);
                 out.extend_from_slice(b"\"}\n");
             }
-            GenFormat::Fixed | GenFormat::Npy | GenFormat::TfRecord => {
+            GenFormat::Fixed | GenFormat::Npy | GenFormat::TfRecord | GenFormat::Files => {
                 let mut payload = Vec::with_capacity(len);
                 payload.extend_from_slice(&id.to_le_bytes());
                 payload.extend_from_slice(&self.label(id).to_le_bytes());
@@ -161,6 +169,11 @@ impl GenSpec {
         if !(0.0..1.0).contains(&self.jitter) {
             return Err(Error::Invalid("--size-jitter must be in [0, 1)".into()));
         }
+        if self.format == GenFormat::Files && self.record_size < 12 {
+            return Err(Error::Invalid(
+                "binary records need at least 12 bytes (id and label)".into(),
+            ));
+        }
         if matches!(self.format, GenFormat::Fixed | GenFormat::Npy) {
             if self.jitter > 0.0 {
                 return Err(Error::Invalid(
@@ -196,6 +209,55 @@ impl GenSpec {
     }
 }
 
+/// Writes a `files` tree to `out`: built in a scratch directory beside it and renamed to
+/// `out` when complete, so an interrupted run leaves nothing at `out`. `out` must not exist.
+fn generate_tree(
+    out: &Path,
+    spec: &GenSpec,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<GenReport> {
+    if std::fs::symlink_metadata(out).is_ok() {
+        return Err(Error::Invalid(format!(
+            "{}: already exists; a files tree is written to a new path",
+            out.display()
+        )));
+    }
+    let started = Instant::now();
+    let parent = crate::scratch::parent_dir(out);
+    let scratch = crate::scratch::ScratchDir::new_in(parent, "gen")?;
+    let tree = scratch.path().join("tree");
+    let mk = |p: &Path| std::fs::create_dir(p).map_err(|e| Error::io(p, "create", None, e));
+    mk(&tree)?;
+    let classes = spec.labels.max(1);
+    let cw = (classes - 1).to_string().len();
+    let iw = (spec.records - 1).to_string().len();
+    for c in 0..classes {
+        mk(&tree.join(format!("{c:0cw$}")))?;
+    }
+    let total = (0..spec.records).map(|i| spec.payload_len(i)).sum::<u64>();
+    let mut done = 0u64;
+    let mut frame = Vec::new();
+    for id in 0..spec.records {
+        spec.frame(id, &mut frame);
+        let p = tree
+            .join(format!("{:0cw$}", spec.label(id)))
+            .join(format!("{id:0iw$}.bin"));
+        std::fs::write(&p, &frame).map_err(|e| Error::io(&p, "write", None, e))?;
+        done += frame.len() as u64;
+        if id % 1024 == 0 || id + 1 == spec.records {
+            progress(done, total);
+        }
+    }
+    std::fs::rename(&tree, out)
+        .map_err(|e| Error::io(out, "rename the finished tree to", None, e))?;
+    crate::scratch::sync_dir(parent)?;
+    scratch.close()?;
+    Ok(GenReport {
+        bytes: total,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
 /// Writes the dataset to `out` (through a temporary name, renamed when complete).
 pub fn generate(
     out: &Path,
@@ -204,6 +266,9 @@ pub fn generate(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<GenReport> {
     spec.check()?;
+    if spec.format == GenFormat::Files {
+        return generate_tree(out, spec, progress);
+    }
     // Refused before the sizes are added up (a pass over every record) or anything is
     // written: a file that cannot fit.
     let dir = crate::scratch::parent_dir(out);

@@ -363,6 +363,14 @@ impl Cut {
                         .into(),
                 ))
             }
+            Format::Files => {
+                return Err(Error::Invalid(
+                    "riffle shuffle streams files of records; a files dataset (one record per \
+                     file) is shuffled by `riffle read` (lirs or two-pass), which can write the \
+                     order with --ids-out"
+                        .into(),
+                ))
+            }
         })
     }
 

@@ -5,6 +5,7 @@
 //! loads or builds the offset index of variable-length files. Afterwards
 //! [`Dataset::locate`] turns a global id into (file, offset, length) in O(log files).
 
+mod files;
 pub mod index;
 
 use std::path::{Path, PathBuf};
@@ -102,6 +103,10 @@ pub struct Dataset {
     first_id: Vec<u64>,
     /// Record size statistics, worked out once (a pass over every record's span).
     stats: std::sync::OnceLock<SizeStats>,
+    /// Each record's label, by id, when the layout gives labels (`files`).
+    labels: Option<Arc<[u32]>>,
+    /// Class names in label order.
+    classes: Vec<String>,
 }
 
 impl Dataset {
@@ -111,6 +116,9 @@ impl Dataset {
         opts: &OpenOptions,
         progress: &mut dyn FnMut(&Path, u64, u64),
     ) -> Result<Dataset> {
+        if opts.format == Some(Format::Files) {
+            return Self::open_files(paths, opts);
+        }
         let files = skip_empty(resolve(paths)?, |p| Some(p.as_path()))?;
         let format = decide_format(&files, opts.format.as_ref())?;
         let mut out = Vec::with_capacity(files.len());
@@ -131,11 +139,59 @@ impl Dataset {
             files: out,
             first_id,
             stats: std::sync::OnceLock::new(),
+            labels: None,
+            classes: Vec::new(),
         };
         if let Some(limit) = opts.max_record {
             ds.check_max_record(limit)?;
         }
         Ok(ds)
+    }
+
+    /// A `files` dataset: one directory tree or one manifest (see [`files`]).
+    fn open_files<P: AsRef<Path>>(paths: &[P], opts: &OpenOptions) -> Result<Dataset> {
+        let [path] = paths else {
+            return Err(Error::Invalid(format!(
+                "a files dataset is one directory tree or one manifest; {} paths were given",
+                paths.len()
+            )));
+        };
+        let listing = files::list(path.as_ref())?;
+        let n = listing.files.len() as u64;
+        let files = listing
+            .files
+            .into_iter()
+            .map(|(path, size)| DatasetFile {
+                path,
+                size,
+                records: 1,
+                layout: Layout::Fixed { header: 0, size },
+                index_origin: None,
+            })
+            .collect();
+        let ds = Dataset {
+            format: Format::Files,
+            files,
+            first_id: (0..=n).collect(),
+            stats: std::sync::OnceLock::new(),
+            labels: listing.labels.map(Arc::from),
+            classes: listing.classes,
+        };
+        if let Some(limit) = opts.max_record {
+            ds.check_max_record(limit)?;
+        }
+        Ok(ds)
+    }
+
+    /// Each record's label by id, when the dataset has labels (a `files` tree of class
+    /// directories).
+    pub fn labels(&self) -> Option<&Arc<[u32]>> {
+        self.labels.as_ref()
+    }
+
+    /// Class names in label order (empty without labels).
+    pub fn classes(&self) -> &[String] {
+        &self.classes
     }
 
     /// The format of every file.
@@ -507,7 +563,7 @@ fn open_file(
     // size (the header is read by path), so a dataset of 100,000 such files is listed with
     // a stat each, and the reader opens them when it reads them.
     let file = match format {
-        Format::Fixed { .. } | Format::Npy => None,
+        Format::Fixed { .. } | Format::Npy | Format::Files => None,
         _ => Some(Arc::new(DataFile::open(
             path,
             Access::Read,
@@ -592,6 +648,7 @@ fn open_file(
                 None,
             )
         }
+        Format::Files => unreachable!("a files dataset is listed by files::list"),
         Format::Lines { .. } | Format::TfRecord { .. } => {
             let (ix, origin) = index::load_or_build(
                 file.as_ref().expect("indexed formats are opened"),

@@ -7,6 +7,8 @@
 //!   record, `\r` kept as data, a last line without separator still a record, optional
 //!   header lines skipped (`csv` skips one).
 //! - `tfrecord`: u64 length, masked CRC32C of the length, data, masked CRC32C of the data.
+//! - `files`: a record is a whole file (a directory tree of one file per sample, as
+//!   ImageFolder keeps images, or a manifest listing the files); see `crate::dataset::files`.
 //!
 //! Variable-length formats (`lines`, `tfrecord`) need an offset index, built by one
 //! sequential scan with [`Scanner`]; see `crate::dataset::index`.
@@ -48,6 +50,9 @@ pub enum Format {
         /// Verify both CRCs while scanning.
         verify: bool,
     },
+    /// One record per file: a directory tree (labels from first-level directories) or a
+    /// manifest of paths.
+    Files,
 }
 
 impl Format {
@@ -81,6 +86,7 @@ impl Format {
             Format::Npy => "npy",
             Format::Lines { .. } => "lines",
             Format::TfRecord { .. } => "tfrecord",
+            Format::Files => "files",
         }
     }
 
@@ -103,6 +109,7 @@ impl fmt::Display for Format {
             Format::Lines { sep, skip } => write!(f, "lines(sep={:?}, skip={skip})", *sep as char),
             Format::TfRecord { verify: true } => write!(f, "tfrecord"),
             Format::TfRecord { verify: false } => write!(f, "tfrecord(no CRC check)"),
+            Format::Files => write!(f, "files"),
         }
     }
 }
@@ -111,7 +118,8 @@ impl FromStr for Format {
     type Err = String;
 
     /// `npy`, `lines`, `jsonl`, `csv` (lines with one header line), `libsvm`, `tfrecord`,
-    /// `fixed:SIZE[:HEADER_BYTES]` (sizes take suffixes: `fixed:4K`).
+    /// `fixed:SIZE[:HEADER_BYTES]` (sizes take suffixes: `fixed:4K`), `files` (or
+    /// `imagefolder`: one record per file).
     fn from_str(s: &str) -> Result<Self, String> {
         let lower = s.to_ascii_lowercase();
         let mut parts = lower.split(':');
@@ -121,6 +129,7 @@ impl FromStr for Format {
             "lines" | "jsonl" | "ndjson" | "libsvm" | "svm" | "txt" | "text" => Format::Lines { sep: b'\n', skip: 0 },
             "csv" => Format::Lines { sep: b'\n', skip: 1 },
             "tfrecord" | "tfrecords" => Format::TfRecord { verify: true },
+            "files" | "imagefolder" => Format::Files,
             "fixed" => {
                 let size = parts.next().ok_or_else(|| format!("'{s}': fixed needs a size, like fixed:4096 or fixed:4K"))?;
                 let size = parse_size(size)?;
@@ -135,7 +144,7 @@ impl FromStr for Format {
             }
             _ => {
                 return Err(format!(
-                    "'{s}': unknown format (expected npy, lines, jsonl, csv, libsvm, tfrecord or fixed:SIZE[:HEADER])"
+                    "'{s}': unknown format (expected npy, lines, jsonl, csv, libsvm, tfrecord, files or fixed:SIZE[:HEADER])"
                 ))
             }
         };
@@ -228,6 +237,7 @@ mod tests {
                 skip: 1
             })
         );
+        assert_eq!("ImageFolder".parse::<Format>(), Ok(Format::Files));
         assert!("fixed".parse::<Format>().is_err());
         assert!("fixed:0".parse::<Format>().is_err());
         assert!("parquet"

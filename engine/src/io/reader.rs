@@ -5,6 +5,12 @@
 //! is not at the end of the file where it stopped (the rest of the piece into the rest of
 //! its slot), and hands the caller exactly the requested bytes, clipped at the end of the
 //! file.
+//!
+//! A lazy reader (a dataset's) opens files ahead of their reads: ranges are taken from the
+//! caller a window ahead of planning, and each file of the window not open yet is opened
+//! by a small pool of threads (`Opener`), so the I/O thread does not wait on `open` (on a
+//! cold cache, a directory and inode read from the device) once per file of a dataset of
+//! one file per record.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -29,6 +35,15 @@ pub struct RangeReader {
     lazy: Option<Lazy>,
     unit: usize,
     stats: ReadStats,
+}
+
+/// A request and its number: (number, (file, offset, len)).
+type Numbered = (usize, (usize, u64, usize));
+
+/// Files a lazy reader opens ahead of their reads, at most: a quarter of its open-file cap,
+/// up to 256.
+fn open_window(cap: usize) -> usize {
+    (cap / 4).clamp(1, 256)
 }
 
 /// A file a reader opens when it first reads it.
@@ -56,6 +71,99 @@ struct Lazy {
     all_direct: bool,
     /// Files opened (a file opened again after eviction counts again).
     opens: u64,
+    /// Of those, files the opener threads opened ahead of their reads.
+    opened_ahead: u64,
+    /// The pool opening files ahead of their reads (started at the first file asked for).
+    opener: Option<Opener>,
+}
+
+/// Threads that open a lazy reader's files ahead of their reads. A file asked for is
+/// `pending` until it is taken (installed in the backend, or found open already); the
+/// files pending count against the reader's open-file cap. Dropping it closes the job
+/// queue and joins the threads; files opened and never taken are closed then.
+struct Opener {
+    jobs: Option<crossbeam_channel::Sender<(usize, PathBuf, u64)>>,
+    done: crossbeam_channel::Receiver<(usize, Result<DataFile>)>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Whether each file is asked for and not yet taken.
+    pending: Vec<bool>,
+    /// How many are.
+    outstanding: usize,
+    /// Opened (or failed) files that arrived before they were wanted.
+    arrived: HashMap<usize, Result<DataFile>>,
+}
+
+/// Threads of an `Opener`: opens block on the device on a cold cache, so a few run at once.
+const OPENER_THREADS: usize = 2;
+
+impl Opener {
+    fn start(files: usize, direct: bool) -> Result<Opener> {
+        let (jobs, rx) = crossbeam_channel::unbounded::<(usize, PathBuf, u64)>();
+        let (tx, done) = crossbeam_channel::unbounded();
+        let mut threads = Vec::with_capacity(OPENER_THREADS);
+        for n in 0..OPENER_THREADS {
+            let (rx, tx) = (rx.clone(), tx.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("riffle-open-{n}"))
+                .spawn(move || {
+                    for (i, path, size) in rx {
+                        if tx
+                            .send((i, DataFile::open_listed(&path, direct, size)))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                })
+                .map_err(|e| Error::io(Path::new("(opener thread)"), "spawn", None, e))?;
+            threads.push(t);
+        }
+        Ok(Opener {
+            jobs: Some(jobs),
+            done,
+            threads,
+            pending: vec![false; files],
+            outstanding: 0,
+            arrived: HashMap::new(),
+        })
+    }
+
+    /// File `i`'s open, waiting for it if it has not arrived yet.
+    fn take(&mut self, i: usize) -> Result<DataFile> {
+        debug_assert!(self.pending[i]);
+        let got = match self.arrived.remove(&i) {
+            Some(r) => r,
+            None => loop {
+                let (j, r) = self
+                    .done
+                    .recv()
+                    .map_err(|_| Error::Invalid("the file opener threads have stopped".into()))?;
+                if j == i {
+                    break r;
+                }
+                self.arrived.insert(j, r);
+            },
+        };
+        self.pending[i] = false;
+        self.outstanding -= 1;
+        got
+    }
+
+    /// Drops file `i`'s open if it was asked for (it is open already).
+    fn forget(&mut self, i: usize) {
+        if self.pending[i] {
+            drop(self.take(i));
+        }
+    }
+}
+
+impl Drop for Opener {
+    fn drop(&mut self) {
+        self.jobs = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Counters of what a reader did.
@@ -156,6 +264,8 @@ impl RangeReader {
                 tick: 0,
                 all_direct: true,
                 opens: 0,
+                opened_ahead: 0,
+                opener: None,
             }),
             unit,
             stats: ReadStats::default(),
@@ -171,6 +281,11 @@ impl RangeReader {
         }
     }
 
+    /// Files the opener threads opened ahead of their reads (a lazy reader's; 0 otherwise).
+    pub fn opened_ahead(&self) -> u64 {
+        self.lazy.as_ref().map_or(0, |l| l.opened_ahead)
+    }
+
     /// The key of file `i`, opening it (and closing the least recently used file with
     /// nothing planned on it) when it is not open.
     fn key_of(&mut self, i: usize) -> Result<FileKey> {
@@ -182,25 +297,26 @@ impl RangeReader {
         };
         lazy.tick += 1;
         if let Some(key) = *slot {
+            if let Some(o) = lazy.opener.as_mut() {
+                o.forget(i);
+            }
             lazy.by_use.remove(&lazy.used[i]);
             lazy.used[i] = lazy.tick;
             lazy.by_use.insert(lazy.tick, i);
             return Ok(key);
         }
-        if lazy.by_use.len() >= lazy.cap {
-            let victim = lazy
-                .by_use
-                .iter()
-                .find(|(_, &f)| lazy.pins[f] == 0)
-                .map(|(&t, &f)| (t, f));
-            if let Some((t, f)) = victim {
-                lazy.by_use.remove(&t);
-                let key = self.keys[f].take().expect("an open file");
-                self.backend.remove_file(key);
-            }
-        }
+        // A file opened ahead already counts against the cap.
+        let ahead = lazy.opener.as_ref().map_or(0, |o| o.pending[i] as usize);
+        self.make_room(ahead);
+        let lazy = self.lazy.as_mut().expect("a lazy reader");
         let spec = &lazy.files[i];
-        let file = DataFile::open_listed(&spec.path, lazy.direct, spec.size)?;
+        let file = match lazy.opener.as_mut() {
+            Some(o) if o.pending[i] => {
+                lazy.opened_ahead += 1;
+                o.take(i)?
+            }
+            _ => DataFile::open_listed(&spec.path, lazy.direct, spec.size)?,
+        };
         let unit = file.alignment().unit().max(512);
         if !self.backend.slot_size().is_multiple_of(unit) {
             return Err(Error::BadInput {
@@ -220,6 +336,60 @@ impl RangeReader {
         lazy.used[i] = lazy.tick;
         lazy.by_use.insert(lazy.tick, i);
         Ok(key)
+    }
+
+    /// Closes the least recently used open file with nothing planned on it when the files
+    /// open and opening ahead (less `mine`, already counted by the caller) are at the cap.
+    /// Returns whether there is room for one more.
+    fn make_room(&mut self, mine: usize) -> bool {
+        let Some(lazy) = self.lazy.as_mut() else {
+            return true;
+        };
+        let ahead = lazy.opener.as_ref().map_or(0, |o| o.outstanding) - mine;
+        if lazy.by_use.len() + ahead < lazy.cap {
+            return true;
+        }
+        let victim = lazy
+            .by_use
+            .iter()
+            .find(|(_, &f)| lazy.pins[f] == 0)
+            .map(|(&t, &f)| (t, f));
+        let Some((t, f)) = victim else {
+            return false;
+        };
+        lazy.by_use.remove(&t);
+        let key = self.keys[f].take().expect("an open file");
+        self.backend.remove_file(key);
+        true
+    }
+
+    /// Asks the opener pool to open file `file` ahead of its read, when this reader is
+    /// lazy, the file is not open or asked for yet, and the window has room.
+    fn open_ahead(&mut self, file: usize) -> Result<()> {
+        let Some(lazy) = self.lazy.as_mut() else {
+            return Ok(());
+        };
+        if lazy.files.len() < 2 || file >= lazy.files.len() || self.keys[file].is_some() {
+            return Ok(());
+        }
+        if lazy.opener.is_none() {
+            lazy.opener = Some(Opener::start(lazy.files.len(), lazy.direct)?);
+        }
+        let window = open_window(lazy.cap);
+        let o = lazy.opener.as_ref().expect("started above");
+        if o.pending[file] || o.outstanding >= window || !self.make_room(0) {
+            return Ok(());
+        }
+        let lazy = self.lazy.as_mut().expect("a lazy reader");
+        let o = lazy.opener.as_mut().expect("started above");
+        let spec = &lazy.files[file];
+        if let Some(jobs) = &o.jobs {
+            if jobs.send((file, spec.path.clone(), spec.size)).is_ok() {
+                o.pending[file] = true;
+                o.outstanding += 1;
+            }
+        }
+        Ok(())
     }
 
     fn pin(&mut self, file: usize, by: i32) {
@@ -281,6 +451,9 @@ impl RangeReader {
         F: FnMut(usize, &[u8]),
     {
         let mut requests = ranges.into_iter().enumerate();
+        // Requests taken ahead of planning, so their files are opened ahead (lazy readers).
+        let mut ahead: VecDeque<Numbered> = VecDeque::new();
+        let window = self.lazy.as_ref().map_or(0, |l| open_window(l.cap));
         let mut pieces: VecDeque<Piece> = VecDeque::new();
         let mut slots: Vec<Option<Piece>> = vec![None; self.backend.depth()];
         let mut assemblies: HashMap<usize, Assembly> = HashMap::new();
@@ -291,7 +464,7 @@ impl RangeReader {
                 while self.backend.in_flight() < depth {
                     let piece = match pieces.pop_front() {
                         Some(p) => p,
-                        None => match requests.next() {
+                        None => match self.next_request(&mut requests, &mut ahead, window)? {
                             Some((i, (file, offset, len))) => {
                                 self.plan(
                                     i,
@@ -371,6 +544,22 @@ impl RangeReader {
             }
         }
         result
+    }
+
+    /// The next request: taken from the window of requests read ahead, which is first
+    /// refilled from `requests` (each new one's file asked to be opened ahead).
+    fn next_request<I: Iterator<Item = Numbered>>(
+        &mut self,
+        requests: &mut I,
+        ahead: &mut VecDeque<Numbered>,
+        window: usize,
+    ) -> Result<Option<Numbered>> {
+        while ahead.len() < window {
+            let Some(r) = requests.next() else { break };
+            self.open_ahead(r.1 .0)?;
+            ahead.push_back(r);
+        }
+        Ok(ahead.pop_front().or_else(|| requests.next()))
     }
 
     /// Splits one request into aligned pieces; empty requests complete at once.

@@ -45,6 +45,8 @@ pub(crate) struct Emitter<'a> {
     skip_end: u64,
     /// When the run started: the report's time to the first batch counts from here.
     run_started: Option<Instant>,
+    /// The dataset's labels by id, when it has them.
+    labels: Option<Arc<[u32]>>,
 }
 
 impl<'a> Emitter<'a> {
@@ -80,7 +82,14 @@ impl<'a> Emitter<'a> {
             ranks: None,
             skip_end: 0,
             run_started: None,
+            labels: None,
         }
+    }
+
+    /// Labels each batch's records from `labels` (by id), when given.
+    pub(crate) fn labelled(mut self, labels: Option<&Arc<[u32]>>) -> Self {
+        self.labels = labels.cloned();
+        self
     }
 
     /// Reports the time from `started` to the first batch sent, if none was before.
@@ -177,6 +186,7 @@ impl Emitter<'_> {
                 offsets: Vec::with_capacity(n + 1),
                 payload,
                 padding: 0,
+                labels: Vec::new(),
                 ready_ns: 0,
             };
             (j, positions.end, batch, Instant::now())
@@ -198,6 +208,7 @@ impl Emitter<'_> {
                 return;
             }
             b.payload.seal();
+            b.label(self.labels.as_ref());
             b.ready_ns = super::monotonic_ns();
             self.hist
                 .saturating_record(started.elapsed().as_micros().max(1) as u64);

@@ -458,6 +458,9 @@ struct EpochOutcome {
 /// every batch, or, leading a two-pass read (`lead`), the batches the lead may claim
 /// that the table covers.
 #[allow(clippy::too_many_arguments)]
+// A batch is a large value, and so is the error of a failed send of one (which hands it
+// back); it is sent once and dropped at once.
+#[allow(clippy::result_large_err)]
 fn read_epoch(
     ds: &Dataset,
     units: &Units,
@@ -584,15 +587,17 @@ fn read_epoch(
                     if r.batches == 1 {
                         r.first_batch_seconds = started.elapsed().as_secs_f64();
                     }
-                    let out = Batch {
+                    let mut out = Batch {
                         epoch,
                         index,
                         ids: b.ids,
                         offsets: b.offsets,
                         payload: b.payload,
                         padding: b.padding,
+                        labels: Vec::new(),
                         ready_ns: super::monotonic_ns(),
                     };
+                    out.label(ds.labels());
                     drop(st);
                     // A lender may take the batch over here (announced by it).
                     let out = match &opts.lender {

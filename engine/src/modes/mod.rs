@@ -202,9 +202,21 @@ pub struct Batch {
     pub payload: Payload,
     /// How many records at the end are padding (repeated from the epoch's start).
     pub padding: usize,
+    /// Each record's label, when the dataset has labels ([`Dataset::labels`]: a `files`
+    /// tree of class directories); empty otherwise. A function of `ids`.
+    pub labels: Vec<u32>,
     /// When the engine completed it ([`monotonic_ns`]): latency is measured from here.
     /// Not part of the batch's identity (equality ignores it).
     pub ready_ns: u64,
+}
+
+impl Batch {
+    /// Fills `labels` from a dataset's label table (nothing without one).
+    pub(crate) fn label(&mut self, table: Option<&std::sync::Arc<[u32]>>) {
+        if let Some(t) = table {
+            self.labels = self.ids.iter().map(|&id| t[id as usize]).collect();
+        }
+    }
 }
 
 impl PartialEq for Batch {

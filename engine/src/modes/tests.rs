@@ -15,6 +15,7 @@ fn make(dir: &Path, format: GenFormat, records: u64, size: u64, jitter: f64) -> 
         GenFormat::Npy => "d.npy",
         GenFormat::Lines => "d.jsonl",
         GenFormat::TfRecord => "d.tfrecord",
+        GenFormat::Files => "tree",
     };
     let path = dir.join(name);
     let spec = spec(format, records, size, jitter, 3);
@@ -25,8 +26,11 @@ fn make(dir: &Path, format: GenFormat, records: u64, size: u64, jitter: f64) -> 
     };
     generate(&path, &spec, &cfg, &mut |_, _| {}).unwrap();
     let opts = OpenOptions {
-        format: (format == GenFormat::Fixed)
-            .then_some(crate::format::Format::Fixed { size, header: 0 }),
+        format: match format {
+            GenFormat::Fixed => Some(crate::format::Format::Fixed { size, header: 0 }),
+            GenFormat::Files => Some(crate::format::Format::Files),
+            _ => None,
+        },
         ..OpenOptions::default()
     };
     Arc::new(Dataset::open(&[path], &opts, &mut |_, _, _| {}).unwrap())
@@ -75,20 +79,28 @@ fn all(ds: &Arc<Dataset>, opts: ReadOptions) -> Vec<Batch> {
         .collect()
 }
 
+/// Every record's payload carries its id; labelled batches (a files tree) carry, for each
+/// record, the label its payload holds (bytes 8..12).
 fn check_payloads(batches: &[Batch]) {
     for b in batches {
         assert_eq!(b.offsets.len(), b.ids.len() + 1);
+        assert!(b.labels.is_empty() || b.labels.len() == b.ids.len());
         for (i, &id) in b.ids.iter().enumerate() {
             assert_eq!(payload_id(b.record(i)), id, "batch {} record {i}", b.index);
+            if let Some(&label) = b.labels.get(i) {
+                let want = u32::from_le_bytes(b.record(i)[8..12].try_into().unwrap());
+                assert_eq!(label, want, "batch {} record {i}: label", b.index);
+            }
         }
     }
 }
 
-const FORMATS: [(GenFormat, f64); 4] = [
+const FORMATS: [(GenFormat, f64); 5] = [
     (GenFormat::Fixed, 0.0),
     (GenFormat::Npy, 0.0),
     (GenFormat::Lines, 0.6),
     (GenFormat::TfRecord, 0.6),
+    (GenFormat::Files, 0.6),
 ];
 
 #[test]
@@ -104,6 +116,11 @@ fn every_epoch_is_an_exact_permutation_for_every_format_and_grouping() {
             o.epochs = 2;
             let batches = all(&ds, o);
             check_payloads(&batches);
+            assert_eq!(
+                batches.iter().all(|b| !b.labels.is_empty()),
+                format == GenFormat::Files,
+                "{format:?}: labels only (and always) for a files tree"
+            );
             for epoch in 0..2 {
                 let mut ids = epoch_ids(&batches, epoch);
                 let order = ids.clone();

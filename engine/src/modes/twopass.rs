@@ -453,6 +453,7 @@ fn run(
                 &mut *r,
             )
             .lend_from(opts.lender.clone(), ds.size_stats().max)
+            .labelled(ds.labels())
             .shared(opts.ranks.clone())
             .timed(started);
             // The pile pass, double buffered: a loader thread reads and sorts the next pile

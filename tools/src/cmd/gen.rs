@@ -12,9 +12,11 @@ use crate::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The file to write (written under a temporary name, renamed when complete).
+    /// The file to write (written under a temporary name, renamed when complete); for
+    /// `files`, the directory tree to make (it must not exist).
     pub out: PathBuf,
-    /// npy, fixed, lines (JSON lines) or tfrecord.
+    /// npy, fixed, lines (JSON lines), tfrecord, or files (a tree OUT/LABEL/ID.bin of one
+    /// file per record, ImageFolder's layout; labels ascend with the id).
     #[arg(long)]
     pub format: GenFormat,
     /// Number of records.

@@ -114,6 +114,10 @@ pub struct Args {
     /// Write one line per batch: its record ids in delivery order, space separated.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
+    /// In --ids-out, write each record as ID:LABEL (a files dataset of class directories,
+    /// ImageFolder's labels).
+    #[arg(long, requires = "ids_out")]
+    pub labels: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -222,6 +226,12 @@ pub fn run(a: Args) -> Result<()> {
         ranks: None,
         lead: !a.no_lead,
     };
+    if a.labels && ds.labels().is_none() {
+        bail!(
+            "--labels: the dataset has no labels (labels come with --format files over a tree \
+             of class directories)"
+        );
+    }
     let mut ids_out = match &a.ids_out {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?,
@@ -291,6 +301,10 @@ pub fn run(a: Args) -> Result<()> {
                     line.push(' ');
                 }
                 line.push_str(&id.to_string());
+                if a.labels {
+                    line.push(':');
+                    line.push_str(&b.labels[i].to_string());
+                }
             }
             line.push('\n');
             out.write_all(line.as_bytes())?;
