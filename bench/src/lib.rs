@@ -8,7 +8,8 @@
 //! utilisation with a simulated compute time per batch), [`modes`] (every mode x record
 //! size x device, with shuffle quality), [`peers`] (numpy memmap and a Python shuffle buffer
 //! under a memory limit), [`scale`] (100,000 files, hundreds of piles under a small fd limit,
-//! 100 million records), [`node`] (the daemon serving the 16 streams of one job),
+//! 100 million records), [`formats`] (the formats users already have: a tree of one file
+//! per sample against fio), [`node`] (the daemon serving the 16 streams of one job),
 //! [`fast_device`] (the engine against fio, io_uring feature by feature, lirs and two-pass on
 //! a loop device over tmpfs). [`plot`] draws their SVG charts.
 
@@ -18,6 +19,7 @@ pub mod data;
 pub mod fast_device;
 pub mod fio;
 pub mod fio_parity;
+pub mod formats;
 pub mod lirs;
 pub mod loop_device;
 pub mod modes;

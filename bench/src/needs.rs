@@ -7,7 +7,9 @@ use std::process::Command;
 /// or `None` when it can. Suites not named here need nothing else.
 pub fn missing(suite: &str) -> Option<String> {
     match suite {
-        "fio-parity" | "probe-check" | "lirs" => crate::fio::version().err().map(|e| e.to_string()),
+        "fio-parity" | "probe-check" | "lirs" | "formats" => {
+            crate::fio::version().err().map(|e| e.to_string())
+        }
         "peers" => python_module("venv")
             .or_else(|| python_module("ensurepip"))
             .or_else(|| {

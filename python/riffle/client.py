@@ -27,6 +27,7 @@ _HEAD = struct.Struct("<IB")
 _BATCH = struct.Struct("<IIQQQQQQQQQ")
 _CHUNK = 1 << 16
 _MAX_FDS = 4
+_LABEL = np.dtype("<u4")
 _U64 = np.dtype("<u8")
 
 
@@ -368,15 +369,19 @@ def _error(body):
 
 class Batch:
     """One batch. `ids` (uint64), `offsets` (uint64, len(ids) + 1) and `data` (uint8) are
-    numpy views into the shared ring, valid until the batch is released."""
+    numpy views into the shared ring, valid until the batch is released. `labels` (uint32,
+    one per record) when the dataset has labels (`files` over class directories: the index
+    of the record's class, ImageFolder's rule), else None."""
 
-    __slots__ = ("ids", "offsets", "data", "epoch", "index", "padding", "ready_ns", "_slot", "_stream",
-                 "_gen")
+    __slots__ = ("ids", "offsets", "data", "labels", "epoch", "index", "padding", "ready_ns", "_slot",
+                 "_stream", "_gen")
 
-    def __init__(self, ids, offsets, data, epoch, index, padding, ready_ns, slot, stream, gen):
+    def __init__(self, ids, offsets, data, epoch, index, padding, ready_ns, slot, stream, gen,
+                 labels=None):
         self.ids = ids
         self.offsets = offsets
         self.data = data
+        self.labels = labels
         self.epoch = epoch
         self.index = index
         self.padding = padding
@@ -493,14 +498,16 @@ class Stream:
             if kind == STATS_REPLY:
                 continue
             raise RiffleError(f"unexpected frame kind {kind} in a stream", "protocol")
-        slot, _flags, epoch, index, n, padding, dlen, ids_at, off_at, data_at, ready_ns = (
+        slot, flags, epoch, index, n, padding, dlen, ids_at, off_at, data_at, ready_ns = (
             _BATCH.unpack_from(body)
         )
         src = self._mm if kind == BATCH else body
         ids = np.frombuffer(src, _U64, n, ids_at)
         offsets = np.frombuffer(src, _U64, n + 1, off_at)
         data = np.frombuffer(src, np.uint8, dlen, data_at)
-        b = Batch(ids, offsets, data, epoch, index, padding, ready_ns, slot, self, self._gen)
+        # Bit 0: one label (u32) per record, right after the offsets.
+        labels = np.frombuffer(src, _LABEL, n, off_at + 8 * (n + 1)) if flags & 1 else None
+        b = Batch(ids, offsets, data, epoch, index, padding, ready_ns, slot, self, self._gen, labels)
         self.cursor = {"epoch": epoch, "batch": index + 1}
         if self.auto_release:
             self._held = b

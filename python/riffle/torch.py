@@ -78,8 +78,13 @@ def _shared_copy(b):
     return ids, offsets, block[head:]
 
 
+def _labels(labels):
+    """A batch's labels as an int64 tensor (a copy: 8 bytes a record), or None."""
+    return None if labels is None else _torch.from_numpy(labels.astype(_np.int64))
+
+
 def _as_dict(b, ids, offsets, data):
-    return {
+    out = {
         "ids": ids,
         "offsets": offsets,
         "data": data,
@@ -87,6 +92,9 @@ def _as_dict(b, ids, offsets, data):
         "index": b.index,
         "padding": b.padding,
     }
+    if b.labels is not None:
+        out["labels"] = _labels(b.labels)
+    return out
 
 
 # Zero-copy hand-over from DataLoader workers (used by `loader(..., num_workers=N)`).
@@ -117,7 +125,7 @@ def _proc_open(pid, fd, flags):
 
 
 def _from_ticket(token, pid, ring_fd, ring_bytes, ctl_fd, seq, epoch, index, padding, n, dlen,
-                 ids_at, off_at, data_at):
+                 ids_at, off_at, data_at, labels=None):
     """In the training process: the ticket's batch as tensors viewing the worker's ring."""
     m = _maps.get(token)
     if m is None:
@@ -133,7 +141,7 @@ def _from_ticket(token, pid, ring_fd, ring_bytes, ctl_fd, seq, epoch, index, pad
             _os.close(fd)
         m = _maps[token] = (_np.frombuffer(ring, _np.uint8), ctl)
     arr = m[0]
-    return {
+    out = {
         "ids": _view(arr[ids_at : ids_at + 8 * n].view(_np.int64)),
         "offsets": _view(arr[off_at : off_at + 8 * (n + 1)].view(_np.int64)),
         "data": _view(arr[data_at : data_at + dlen]),
@@ -142,6 +150,9 @@ def _from_ticket(token, pid, ring_fd, ring_bytes, ctl_fd, seq, epoch, index, pad
         "padding": padding,
         "_riffle": (token, seq),
     }
+    if labels is not None:
+        out["labels"] = _labels(labels)
+    return out
 
 
 class _Ticket:
@@ -189,7 +200,8 @@ def _tickets(stream, b, held, state):
     held.append((seq, b))
     return _Ticket(state["token"], _os.getpid(), stream.ring_fd, stream.opened["ring_bytes"],
                    state["ctl_fd"], seq, b.epoch, b.index, b.padding, len(b.ids), len(b.data),
-                   b.ids.ctypes.data - base, b.offsets.ctypes.data - base, b.data.ctypes.data - base)
+                   b.ids.ctypes.data - base, b.offsets.ctypes.data - base, b.data.ctypes.data - base,
+                   None if b.labels is None else b.labels.copy())
 
 
 # Hand-over from a plain DataLoader's workers (`DataLoader(RiffleDataset(...),
@@ -256,7 +268,8 @@ class _WorkerRing:
         self.live.append((seq, at))
         self.head = at + need
         return _Handoff(self.token, self.pid, self.fd, self.size, self.ctl_fd, seq, b.epoch,
-                        b.index, b.padding, n, dlen, at, view)
+                        b.index, b.padding, n, dlen, at, view,
+                        None if b.labels is None else b.labels.copy())
 
 
 _worker_ring = None
@@ -307,7 +320,7 @@ _rings = _weakref.WeakValueDictionary()  # token -> _RingState
 
 
 def _from_handoff(token, pid, ring_fd, size, ctl_fd, seq, epoch, index, padding, n, dlen, at,
-                  view=None):
+                  view=None, labels=None):
     """In the training process: the batch as tensors over one block of the worker's ring,
     released to the worker when the block is collected."""
     state = _rings.get(token)
@@ -324,6 +337,8 @@ def _from_handoff(token, pid, ring_fd, size, ctl_fd, seq, epoch, index, padding,
         "index": index,
         "padding": padding,
     }
+    if labels is not None:
+        out["labels"] = _labels(labels)
     return view(out) if view is not None else out
 
 
@@ -366,7 +381,8 @@ class RiffleDataset(IterableDataset):
     start, and `batch["padding"]` says how many of a batch's last records are such
     repeats) or `drop_last`.
     Batches are dicts: `ids` and `offsets` (int64 tensors), `data` (uint8 tensor: record
-    i is `data[offsets[i]:offsets[i+1]]`), `epoch`, `index`, `padding`.
+    i is `data[offsets[i]:offsets[i+1]]`), `epoch`, `index`, `padding`, and `labels`
+    (int64 tensor) when the dataset has labels (`files` over class directories).
 
     In the training process (`num_workers=0`) the tensors view the daemon's shared ring
     and are valid until the next batch (`copy=True` copies them out). In a DataLoader

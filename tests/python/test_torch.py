@@ -208,3 +208,28 @@ def test_the_readme_pytorch_example_runs(served):
     code = re.search(r"```python\n(import torch, riffle\.torch\n.*?)```", readme, re.S).group(1)
     assert '"/tmp/riffle.sock"' in code
     exec(compile(code.replace('"/tmp/riffle.sock"', repr(d.socket)), "README.md", "exec"), {})
+
+
+def test_labels_of_a_files_tree_reach_the_loop_with_and_without_workers(tmp_path):
+    """A files tree's labels (ImageFolder's rule) come with every batch as an int64
+    tensor, from the ring (no workers), a worker's ring (a plain DataLoader) and tickets
+    (`loader(num_workers=2)`); each equals the label the record's payload carries."""
+    tree = tmp_path / "tree"
+    run("gen", tree, "--format", "files", "--records", 600, "--record-size", 200, "--labels", 4)
+    d = Daemon({"train": f"{tree}:files"})
+    try:
+        ds = riffle.torch.RiffleDataset(d.socket, "train", 50, seed=1)
+        for it in [torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0),
+                   torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2),
+                   riffle.torch.loader(d.socket, "train", 50, num_workers=2, seed=1)]:
+            seen = []
+            for b in it:
+                assert b["labels"].dtype == torch.int64 and len(b["labels"]) == len(b["ids"])
+                offs, data = b["offsets"].numpy(), b["data"].numpy()
+                for i in range(len(b["ids"])):
+                    want = int(np.frombuffer(data[offs[i] + 8 : offs[i] + 12].tobytes(), "<u4")[0])
+                    assert int(b["labels"][i]) == want
+                seen.append(b["ids"].numpy().copy())
+            assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(600))
+    finally:
+        d.stop()

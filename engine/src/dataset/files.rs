@@ -15,6 +15,26 @@
 //! Hidden entries (a name starting with `.`) and riffle's own sidecars are skipped,
 //! directory links are followed once (a link cycle is not walked twice), FIFOs, sockets
 //! and devices are skipped with a notice, and empty files too (a record of no bytes).
+//!
+//! A tree's listing (every file's path and size, the classes and labels) is saved as a
+//! sidecar, `ROOT.ridx` beside the tree (or in the cache directory when that is not
+//! writable), with the identity (mtime, ctime, inode, device) of every directory walked:
+//! a later run stats the directories only, not every file, and walks again when any
+//! directory changed (a file added, removed or renamed changes its directory). A file
+//! rewritten in place with another size is caught when it is read (the reader refuses a
+//! file of another size than listed). All integers little endian:
+//!
+//! ```text
+//!  0  8  magic "RIFFLFLS"
+//!  8  4  version (1)
+//! 12  4  flags: bit 0 = labelled
+//! 16  8  directories D, then classes C, then files N (8 bytes each)
+//! 40  .. D x (u32 length, path relative to ROOT, mtime s, mtime ns, ctime s, ctime ns,
+//!          inode, device: 8 bytes each)
+//!     .. C x (u32 length, name)
+//!     .. N x (u32 length, path relative to ROOT, u64 size, u32 label)
+//!     4  CRC32C of every byte before it
+//! ```
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -34,11 +54,46 @@ pub(crate) struct Listing {
     pub classes: Vec<String>,
 }
 
-/// Lists the dataset at `path`: a directory tree, or a manifest of paths.
+/// Lists the dataset at `path`: a directory tree (from its sidecar when that is current),
+/// or a manifest of paths.
 pub(crate) fn list(path: &Path) -> Result<Listing> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "open", None, e))?;
     if meta.is_dir() {
-        walk(path)
+        let (beside, cached) = super::index::sidecar_paths(path);
+        let mut stale = None;
+        for candidate in [&beside, &cached] {
+            match std::fs::read(candidate) {
+                Ok(bytes) => match decode(&bytes, path) {
+                    Ok(listing) => return Ok(listing),
+                    Err(why) => stale = Some(format!("{}: {why}", candidate.display())),
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => stale = Some(format!("{}: cannot read: {e}", candidate.display())),
+            }
+        }
+        let (listing, dirs) = walk(path)?;
+        let bytes = encode(&listing, &dirs, path);
+        let saved = [&beside, &cached].into_iter().any(|p| {
+            p.parent()
+                .is_none_or(|d| std::fs::create_dir_all(d).is_ok())
+                && crate::scratch::write_atomic(p, &bytes).is_ok()
+        });
+        if !saved {
+            notice::once(
+                &format!("listing-unsaved:{}", path.display()),
+                &format!(
+                    "could not save the listing of {} beside it or in the cache; it will be walked again next time",
+                    path.display()
+                ),
+            );
+        }
+        if let Some(why) = stale {
+            notice::once(
+                &format!("listing-rebuilt:{}", path.display()),
+                &format!("walked the tree again: its listing was stale ({why})"),
+            );
+        }
+        Ok(listing)
     } else if meta.is_file() {
         manifest(path)
     } else {
@@ -68,13 +123,29 @@ struct Found {
     size: u64,
 }
 
-fn walk(root: &Path) -> Result<Listing> {
+/// A directory's identity: its path relative to ROOT, mtime and ctime (s, ns), inode,
+/// device.
+type DirId = (Vec<u8>, [i64; 4], u64, u64);
+
+fn dir_id(rel: &Path, m: &std::fs::Metadata) -> DirId {
+    use std::os::unix::ffi::OsStrExt;
+    (
+        rel.as_os_str().as_bytes().to_vec(),
+        [m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()],
+        m.ino(),
+        m.dev(),
+    )
+}
+
+fn walk(root: &Path) -> Result<(Listing, Vec<DirId>)> {
     use std::os::unix::ffi::OsStrExt;
     let mut found = Vec::new();
+    let mut dirs = Vec::new();
     let mut classes = Vec::new();
     let mut seen_dirs = HashSet::new();
     let root_meta = std::fs::metadata(root).map_err(|e| Error::io(root, "stat", None, e))?;
     seen_dirs.insert((root_meta.dev(), root_meta.ino()));
+    dirs.push(dir_id(Path::new(""), &root_meta));
     // (directory, its path relative to ROOT, its class)
     let mut stack = vec![(root.to_path_buf(), PathBuf::new(), None::<String>)];
     let mut empty = 0u64;
@@ -107,6 +178,7 @@ fn walk(root: &Path) -> Result<Listing> {
                     continue; // a link back into the tree
                 }
                 let sub = rel.join(&name);
+                dirs.push(dir_id(&sub, &meta));
                 let class = match &class {
                     Some(c) => Some(c.clone()),
                     None => {
@@ -187,9 +259,140 @@ fn walk(root: &Path) -> Result<Listing> {
             })
             .collect()
     });
-    Ok(Listing {
+    let listing = Listing {
         files: found.into_iter().map(|f| (f.path, f.size)).collect(),
         labels,
+        classes,
+    };
+    Ok((listing, dirs))
+}
+
+const MAGIC: &[u8; 8] = b"RIFFLFLS";
+const VERSION: u32 = 1;
+
+fn encode(l: &Listing, dirs: &[DirId], root: &Path) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut b = Vec::with_capacity(64 + l.files.len() * 48);
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&(l.labels.is_some() as u32).to_le_bytes());
+    for n in [dirs.len(), l.classes.len(), l.files.len()] {
+        b.extend_from_slice(&(n as u64).to_le_bytes());
+    }
+    let bytes = |b: &mut Vec<u8>, s: &[u8]| {
+        b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        b.extend_from_slice(s);
+    };
+    for (rel, times, ino, dev) in dirs {
+        bytes(&mut b, rel);
+        for t in times {
+            b.extend_from_slice(&t.to_le_bytes());
+        }
+        b.extend_from_slice(&ino.to_le_bytes());
+        b.extend_from_slice(&dev.to_le_bytes());
+    }
+    for c in &l.classes {
+        bytes(&mut b, c.as_bytes());
+    }
+    for (i, (path, size)) in l.files.iter().enumerate() {
+        let rel = path.strip_prefix(root).unwrap_or(path);
+        bytes(&mut b, rel.as_os_str().as_bytes());
+        b.extend_from_slice(&size.to_le_bytes());
+        let label = l.labels.as_ref().map_or(0, |v| v[i]);
+        b.extend_from_slice(&label.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// A cursor over a sidecar's bytes; every read is bounds-checked.
+struct Bytes<'a>(&'a [u8]);
+
+impl<'a> Bytes<'a> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
+        if n > self.0.len() {
+            return Err("it ends early (corrupt listing)".into());
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn str(&mut self) -> std::result::Result<&'a [u8], String> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+}
+
+/// The listing a sidecar holds, if it is intact and every directory it walked is as it was.
+fn decode(all: &[u8], root: &Path) -> std::result::Result<Listing, String> {
+    use std::os::unix::ffi::OsStrExt;
+    if all.len() < 44 || &all[..8] != MAGIC {
+        return Err("not a riffle listing".into());
+    }
+    let (body, crc) = all.split_at(all.len() - 4);
+    if crc32c::crc32c(body).to_le_bytes() != crc {
+        return Err("its checksum does not match (corrupt listing)".into());
+    }
+    let mut r = Bytes(&body[8..]);
+    let version = r.u32()?;
+    if version != VERSION {
+        return Err(format!("version {version}, this riffle writes {VERSION}"));
+    }
+    let labelled = r.u32()? & 1 == 1;
+    let (nd, nc, nf) = (r.u64()?, r.u64()?, r.u64()?);
+    // Each entry takes at least 4 bytes: counts past what the bytes hold are corrupt.
+    if [nd, nc, nf].iter().any(|&n| n > body.len() as u64 / 4) {
+        return Err("its counts are impossible (corrupt listing)".into());
+    }
+    for _ in 0..nd {
+        let rel = Path::new(std::ffi::OsStr::from_bytes(r.str()?)).to_path_buf();
+        let mut times = [0i64; 4];
+        for t in &mut times {
+            *t = r.u64()? as i64;
+        }
+        let (ino, dev) = (r.u64()?, r.u64()?);
+        let dir = root.join(&rel);
+        let now = std::fs::metadata(&dir)
+            .map_err(|e| format!("{} cannot be read now: {e}", dir.display()))?;
+        if dir_id(&rel, &now) != (rel.as_os_str().as_bytes().to_vec(), times, ino, dev) {
+            return Err(format!("{} changed since it was listed", dir.display()));
+        }
+    }
+    let mut classes = Vec::with_capacity(nc as usize);
+    for _ in 0..nc {
+        classes.push(String::from_utf8_lossy(r.str()?).into_owned());
+    }
+    let mut files = Vec::with_capacity(nf as usize);
+    let mut labels = Vec::with_capacity(if labelled { nf as usize } else { 0 });
+    for _ in 0..nf {
+        let rel = std::ffi::OsStr::from_bytes(r.str()?);
+        let size = r.u64()?;
+        let label = r.u32()?;
+        if size == 0 || (labelled && label as usize >= classes.len()) {
+            return Err("an impossible entry (corrupt listing)".into());
+        }
+        files.push((root.join(rel), size));
+        if labelled {
+            labels.push(label);
+        }
+    }
+    if !r.0.is_empty() || files.is_empty() {
+        return Err("its length does not match its counts (corrupt listing)".into());
+    }
+    Ok(Listing {
+        files,
+        labels: labelled.then_some(labels),
         classes,
     })
 }
@@ -282,4 +485,118 @@ fn manifest(path: &Path) -> Result<Listing> {
         labels,
         classes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(p: &Path, n: usize) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, vec![7u8; n]).unwrap();
+    }
+
+    fn names(l: &Listing, root: &Path) -> Vec<String> {
+        l.files
+            .iter()
+            .map(|(p, _)| p.strip_prefix(root).unwrap().display().to_string())
+            .collect()
+    }
+
+    /// ImageFolder's rule: classes are the sorted first-level directories (an empty one
+    /// included), samples class by class in sorted walk order; files loose in the root,
+    /// hidden entries, empty files and a link back up the tree are left out.
+    #[test]
+    fn a_tree_lists_as_imagefolder_does() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let root = dir.path().join("t");
+        file(&root.join("b/x/1"), 3);
+        file(&root.join("b/2"), 4);
+        file(&root.join("b/x-y/3"), 5);
+        file(&root.join("a/9"), 6);
+        file(&root.join("a/.hidden"), 6);
+        file(&root.join("a/empty"), 0);
+        file(&root.join("loose"), 2);
+        std::fs::create_dir_all(root.join("c")).unwrap();
+        std::os::unix::fs::symlink(&root, root.join("b/up")).unwrap();
+        let (l, dirs) = walk(&root).unwrap();
+        assert_eq!(l.classes, ["a", "b", "c"]);
+        // os.walk sorted by directory path: b, b/x, b/x-y.
+        assert_eq!(names(&l, &root), ["a/9", "b/2", "b/x/1", "b/x-y/3"]);
+        assert_eq!(l.labels, Some(vec![0, 1, 1, 1]));
+        assert_eq!(
+            l.files.iter().map(|f| f.1).collect::<Vec<_>>(),
+            [6, 4, 3, 5]
+        );
+        assert_eq!(dirs.len(), 6, "root, a, b, b/x, b/x-y, c");
+        // A flat directory has no labels.
+        let (flat, _) = walk(&root.join("b/x")).unwrap();
+        assert_eq!(flat.labels, None);
+    }
+
+    /// The sidecar is used while no directory changed (a file rewritten in place with
+    /// another size is not seen: the reader catches that), rebuilt when one did or when it
+    /// is corrupt, and gives the walk's listing.
+    #[test]
+    fn the_listing_sidecar_is_used_until_a_directory_changes() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let root = dir.path().join("t");
+        for i in 0..20 {
+            file(&root.join(format!("c{}/{i:02}", i % 3)), 10 + i);
+        }
+        let first = list(&root).unwrap();
+        let side = super::super::index::sidecar_paths(&root).0;
+        assert!(side.exists());
+        // Same-directory rewrite: the sidecar still answers (the old size proves it).
+        file(&root.join("c0/00"), 99);
+        let again = list(&root).unwrap();
+        assert_eq!(again.files, first.files);
+        assert_eq!(
+            (again.labels.clone(), again.classes.clone()),
+            (first.labels.clone(), first.classes.clone())
+        );
+        // A new file changes its directory: walked again.
+        file(&root.join("c1/zz"), 5);
+        let grown = list(&root).unwrap();
+        assert_eq!(grown.files.len(), 21);
+        assert_eq!(grown.files[0].1, 99);
+        // A corrupt sidecar (one bit) is not used.
+        let mut bytes = std::fs::read(&side).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 1;
+        std::fs::write(&side, &bytes).unwrap();
+        assert!(decode(&bytes, &root).unwrap_err().contains("checksum"));
+        let rebuilt = list(&root).unwrap();
+        assert_eq!(rebuilt.files, grown.files);
+        // Cut anywhere, it is refused, never a panic.
+        let good = std::fs::read(&side).unwrap();
+        for cut in (0..good.len()).step_by(7) {
+            assert!(decode(&good[..cut], &root).is_err());
+        }
+    }
+
+    /// A manifest: paths relative to it, comments and blank lines skipped, labels by the
+    /// first directory; a line naming no file is an error at its byte offset.
+    #[test]
+    fn a_manifest_lists_its_lines() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let d = dir.path();
+        file(&d.join("dog/1.jpg"), 3);
+        file(&d.join("cat/2.jpg"), 4);
+        std::fs::write(
+            d.join("m.txt"),
+            "# samples\ndog/1.jpg\n\ncat/2.jpg\r\ndog/1.jpg\n",
+        )
+        .unwrap();
+        let l = list(&d.join("m.txt")).unwrap();
+        assert_eq!(l.files.len(), 3);
+        assert_eq!(l.classes, ["cat", "dog"]);
+        assert_eq!(l.labels, Some(vec![1, 0, 1]));
+        std::fs::write(d.join("bad.txt"), "dog/1.jpg\nnope.jpg\n").unwrap();
+        let e = list(&d.join("bad.txt")).unwrap_err().to_string();
+        assert!(
+            e.contains("bad.txt") && e.contains("10") && e.contains("nope.jpg"),
+            "{e}"
+        );
+    }
 }

@@ -257,10 +257,26 @@ pub struct BatchRef<'s> {
     pub header: BatchHeader,
     ids: Cow<'s, [u64]>,
     offsets: Cow<'s, [u64]>,
+    labels: Vec<u32>,
     data: &'s [u8],
 }
 
+/// `n` little-endian u32s from `b` (labels), or None when `b` is short.
+fn u32s(b: &[u8], n: u64) -> Option<Vec<u32>> {
+    let s = b.get(..(4 * n) as usize)?;
+    Some(
+        s.chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+    )
+}
+
 impl BatchRef<'_> {
+    /// Each record's label, when the daemon sent labels (a `files` dataset of class
+    /// directories); empty otherwise.
+    pub fn labels(&self) -> &[u32] {
+        &self.labels
+    }
     /// Global record ids.
     pub fn ids(&self) -> &[u64] {
         &self.ids
@@ -345,15 +361,27 @@ impl Stream<'_> {
                     batch: h.index + 1,
                 };
                 let bad = || Error::Invalid(format!("batch {} lies outside its buffer", h.index));
+                let labelled = h.flags & super::proto::FLAG_LABELS != 0;
+                let labels_at = h.offsets_at + 8 * (h.records + 1);
                 if k == Kind::Batch {
                     let m = self.map.as_ref().ok_or_else(bad)?;
                     let ids = m.u64s(h.ids_at, h.records).ok_or_else(bad)?;
                     let offsets = m.u64s(h.offsets_at, h.records + 1).ok_or_else(bad)?;
                     let data = m.bytes(h.data_at, h.data_len).ok_or_else(bad)?;
+                    let labels = if labelled {
+                        u32s(
+                            m.bytes(labels_at, 4 * h.records).ok_or_else(bad)?,
+                            h.records,
+                        )
+                        .ok_or_else(bad)?
+                    } else {
+                        Vec::new()
+                    };
                     Ok(Some(BatchRef {
                         header: h,
                         ids: Cow::Borrowed(ids),
                         offsets: Cow::Borrowed(offsets),
+                        labels,
                         data,
                     }))
                 } else {
@@ -372,10 +400,17 @@ impl Stream<'_> {
                     let data = b
                         .get(h.data_at as usize..(h.data_at + h.data_len) as usize)
                         .ok_or_else(bad)?;
+                    let labels = if labelled {
+                        u32s(b.get(labels_at as usize..).ok_or_else(bad)?, h.records)
+                            .ok_or_else(bad)?
+                    } else {
+                        Vec::new()
+                    };
                     Ok(Some(BatchRef {
                         header: h,
                         ids: Cow::Owned(ids),
                         offsets: Cow::Owned(offsets),
+                        labels,
                         data,
                     }))
                 }

@@ -151,7 +151,7 @@ fn announce_ready(
             return Some(b);
         }
     };
-    let p = match ring.send_lent(lent, used, &b.ids, &b.offsets) {
+    let p = match ring.send_lent(lent, used, &b.ids, &b.offsets, &b.labels) {
         Ok(p) => p,
         Err(lent) => {
             b.payload = Payload::from_lent(lent, used);
@@ -188,7 +188,11 @@ fn announce_ready(
 fn header(b: &Batch) -> BatchHeader {
     BatchHeader {
         slot: 0,
-        flags: 0,
+        flags: if b.labels.is_empty() {
+            0
+        } else {
+            proto::FLAG_LABELS
+        },
         epoch: b.epoch,
         index: b.index,
         records: b.ids.len() as u64,
@@ -518,7 +522,7 @@ impl Conn {
         // Assembled in the ring by the engine: only the arrays are written, and the region
         // is the client's from here. Otherwise the batch is copied in.
         let handed = match std::mem::take(&mut b.payload).into_lent() {
-            Ok((lent, used)) => match ring.send_lent(lent, used, &b.ids, &b.offsets) {
+            Ok((lent, used)) => match ring.send_lent(lent, used, &b.ids, &b.offsets, &b.labels) {
                 Ok(p) => Some(p),
                 Err(lent) => {
                     b.payload = Payload::from_lent(lent, used);
@@ -547,7 +551,13 @@ impl Conn {
                     self.refuse_batch(&msg)?;
                     return Ok(Sent::Closed);
                 }
-                match ring.put(&b.ids, &b.offsets, &b.payload, b.payload.lend_refused()) {
+                match ring.put(
+                    &b.ids,
+                    &b.offsets,
+                    &b.labels,
+                    &b.payload,
+                    b.payload.lend_refused(),
+                ) {
                     Some(p) => (p, false),
                     None => {
                         drop(w);
@@ -571,7 +581,7 @@ impl Conn {
     fn deliver_inline(&mut self, b: Batch) -> Result<Sent, Leave> {
         let st = self.stream.as_mut().expect("a stream");
         let n = b.ids.len() as u64;
-        let arrays = 16 * n + 8;
+        let arrays = 16 * n + 8 + 4 * b.labels.len() as u64;
         let mut h = header(&b);
         h.slot = st.inline_next;
         st.inline_next = st.inline_next.wrapping_add(1);
@@ -595,6 +605,9 @@ impl Conn {
         h.encode(&mut self.out);
         for v in b.ids.iter().chain(b.offsets.iter()) {
             self.out.extend_from_slice(&v.to_le_bytes());
+        }
+        for l in &b.labels {
+            self.out.extend_from_slice(&l.to_le_bytes());
         }
         let mut w = self.wire.lock();
         w.announced += 1;

@@ -200,15 +200,20 @@ pub struct ErrorMsg {
     pub fatal: bool,
 }
 
+/// `BatchHeader::flags`: the batch carries one label (u32) per record, right after its
+/// offsets (a `files` dataset of class directories).
+pub const FLAG_LABELS: u32 = 1;
+
 /// The fixed part of `BATCH` and `BATCH_INLINE`: 80 bytes, little-endian.
 ///
 /// For `BATCH`, `ids_at`, `offsets_at` and `data_at` are byte offsets in the ring; for
-/// `BATCH_INLINE` they are offsets in the frame body (ids right after this header).
+/// `BATCH_INLINE` they are offsets in the frame body (ids right after this header). With
+/// [`FLAG_LABELS`], the records' labels (u32 each) follow the offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BatchHeader {
     /// The slot to acknowledge.
     pub slot: u32,
-    /// Reserved, 0.
+    /// [`FLAG_LABELS`]; other bits 0.
     pub flags: u32,
     /// Epoch.
     pub epoch: u64,

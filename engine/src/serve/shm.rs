@@ -67,9 +67,15 @@ impl super::proto::BatchHeader {
     }
 }
 
-/// Bytes before a payload in a region: the ids and offsets of `records` records, aligned.
+/// Bytes before a payload in a region: the ids and offsets of `records` records, and room
+/// for their labels (u32 each, after the offsets, when the dataset has labels), aligned.
 fn arrays_len(records: usize) -> u64 {
-    (16 * records as u64 + 8).div_ceil(ALIGN) * ALIGN
+    (20 * records as u64 + 8).div_ceil(ALIGN) * ALIGN
+}
+
+/// `labels` as little-endian bytes (the wire form).
+fn label_bytes(labels: &[u32]) -> Vec<u8> {
+    labels.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 impl SharedRing {
@@ -106,7 +112,14 @@ impl SharedRing {
     /// Copies a batch the engine assembled in its own memory into a fresh region and marks
     /// it sent, or `None` while there is no room. `owed`: a lend was refused for it (see
     /// [`crate::modes::Payload::lend_refused`]).
-    pub fn put(&self, ids: &[u64], offsets: &[u64], payload: &[u8], owed: bool) -> Option<Placed> {
+    pub fn put(
+        &self,
+        ids: &[u64],
+        offsets: &[u64],
+        labels: &[u32],
+        payload: &[u8],
+        owed: bool,
+    ) -> Option<Placed> {
         assert_eq!(
             offsets.len(),
             ids.len() + 1,
@@ -131,6 +144,10 @@ impl SharedRing {
         unsafe {
             self.map.write_u64s(placed.ids_at, ids);
             self.map.write_u64s(placed.offsets_at, offsets);
+            self.map.write(
+                placed.offsets_at + 8 * offsets.len() as u64,
+                &label_bytes(labels),
+            );
             self.map.write(placed.data_at, payload);
         }
         let sent = self.slots().mark_sent(slot);
@@ -151,12 +168,14 @@ impl SharedRing {
     /// arrays beside the payload's `used` bytes and marks the slot sent; the region is
     /// the client's from here (the lease is consumed). `Err` gives the region back when it
     /// is not one of this ring's (or was lent for fewer records): the batch is copied.
+    /// `labels` (empty, or one per id) go after the offsets.
     pub fn send_lent(
         self: &Arc<Self>,
         mut lent: Box<dyn Lent>,
         used: usize,
         ids: &[u64],
         offsets: &[u64],
+        labels: &[u32],
     ) -> std::result::Result<Placed, Box<dyn Lent>> {
         let ours = lent
             .as_any_mut()
@@ -165,6 +184,7 @@ impl SharedRing {
                 Arc::ptr_eq(&lease.ring, self)
                     && ids.len() <= lease.records
                     && offsets.len() == ids.len() + 1
+                    && labels.len() <= ids.len()
                     && used <= lease.cap
             });
         if !ours {
@@ -185,6 +205,10 @@ impl SharedRing {
         unsafe {
             self.map.write_u64s(placed.ids_at, ids);
             self.map.write_u64s(placed.offsets_at, offsets);
+            self.map.write(
+                placed.offsets_at + 8 * offsets.len() as u64,
+                &label_bytes(labels),
+            );
         }
         let sent = self.slots().mark_sent(lease.slot);
         assert!(sent, "a lease's slot is live and unsent until handed over");

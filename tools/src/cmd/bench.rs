@@ -21,6 +21,9 @@ pub struct Args {
     /// GB; in `all` only once that exists), scale
     /// (100,000 files, a 20 GiB two-pass under `ulimit -n 256`, a 4 GB shuffle, 100 million
     /// tiny records; about 60 GB of data and 15 minutes, 7 GB with --quick; not in `all`),
+    /// formats (the datasets users already have, read in place: an ImageFolder tree of
+    /// 100,000 files of 16 KiB against fio on one file of the same size, and a Python loop
+    /// that opens and reads each file; 1.6 GB, about 3 minutes; 10,000 files with --quick),
     /// node (`riffle serve` feeding 16 streams of one job, LIRS and two-pass, against an
     /// in-process read; 64 clients of different jobs under --memory 1G; a soak of 64
     /// connections, honest and hostile, for --seconds (300; 60 with --quick); 2 GiB of
@@ -61,7 +64,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
     /// scale: the cases to run, comma separated: many-files, two-pass-large, shuffle,
-    /// tiny-records (default: all four). node: one-job (or one-job-lirs,
+    /// tiny-records (default: all four). formats: files. node: one-job (or one-job-lirs,
     /// one-job-two-pass), many-jobs, soak, attacks (default: all).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -87,13 +90,14 @@ pub fn run(args: Args) -> Result<()> {
         "modes" => modes(&args),
         "peers" => peers(&args),
         "scale" => scale(&args),
+        "formats" => formats(&args),
         "node" => node(&args),
         "fast-device" => fast_device(&args),
         "all" => all(&args),
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
-                 convergence, au, modes, peers, scale, node, fast-device and all"
+                 convergence, au, modes, peers, scale, formats, node, fast-device and all"
             )
         }
     }
@@ -104,7 +108,7 @@ pub fn run(args: Args) -> Result<()> {
 /// still run. Exits non-zero only when a suite failed.
 fn all(args: &Args) -> Result<()> {
     type Suite = fn(&Args) -> Result<()>;
-    let suites: [(&str, Suite); 8] = [
+    let suites: [(&str, Suite); 9] = [
         ("fio-parity", parity),
         ("probe-check", probe_check),
         ("lirs", lirs),
@@ -113,6 +117,7 @@ fn all(args: &Args) -> Result<()> {
         ("au", au),
         ("modes", modes),
         ("peers", peers),
+        ("formats", formats),
     ];
     let mut failed = Vec::new();
     for (name, run) in suites {
@@ -227,6 +232,24 @@ fn scale(args: &Args) -> Result<()> {
         5,
         |p| riffle_bench::scale::run(&opts, p),
         riffle_bench::scale::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn formats(args: &Args) -> Result<()> {
+    let opts = riffle_bench::formats::FormatsOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        quick: args.quick,
+        keep: args.keep,
+        repeats: args.repeats.unwrap_or(if args.quick { 1 } else { 3 }),
+        cases: args.cases.clone(),
+    };
+    suite(
+        args,
+        1,
+        |p| riffle_bench::formats::run(&opts, p),
+        riffle_bench::formats::markdown,
         |r| &r.report_dir,
     )
 }

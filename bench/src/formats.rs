@@ -1,0 +1,256 @@
+//! formats: reading the datasets users already have, without a conversion step (issue 16),
+//! each case against its reference in the same run, cold cache, runs alternated.
+//!
+//! - **files**: N files of 16 KiB in an ImageFolder tree (100,000 in 100 class directories;
+//!   10,000 with `--quick`), `riffle read --format files` (lirs), against fio's 16 KiB random
+//!   reads at QD 64 over one file of the same total size (one pass, every block once, as an
+//!   epoch reads every record once); target >= 0.8. Beside it, what an ImageFolder loader
+//!   does before decoding: a Python loop that opens and reads each file in a shuffled order,
+//!   under a 1 GiB memory cgroup (root), reported as a ratio. The listing (riffle's walk of
+//!   the tree, Python's `os.walk`) is timed apart from the epoch.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::fio::{self, FioMem};
+use crate::report;
+use crate::scale::{gen, median, num, run_riffle, Row, Run};
+
+/// Options of the suite.
+#[derive(Clone, Debug)]
+pub struct FormatsOptions {
+    /// Where results go.
+    pub out: PathBuf,
+    /// Where the test data is made.
+    pub data_dir: PathBuf,
+    /// Smaller datasets, one run per side.
+    pub quick: bool,
+    /// Keep the data for the next run.
+    pub keep: bool,
+    /// Runs per side (alternated).
+    pub repeats: usize,
+    /// The cases to run (all when empty): files.
+    pub cases: Vec<String>,
+}
+
+/// The suite's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct FormatsReport {
+    /// The comparisons.
+    pub rows: Vec<Row>,
+    /// Every riffle run, by case.
+    pub runs: Vec<(String, Run)>,
+    /// Page cache dropped before each run.
+    pub cold_cache: bool,
+    /// Where written.
+    pub report_dir: String,
+}
+
+/// The Python side of the files case: lists the tree as ImageFolder does (sorted class
+/// directories, sorted walk; timed apart), shuffles the paths with a seeded generator, then
+/// opens and reads each file once; prints one JSON line.
+const PY_FILES: &str = r#"
+import json, os, random, sys, time
+root = sys.argv[1]
+t = time.monotonic()
+paths = []
+for c in sorted(e.name for e in os.scandir(root) if e.is_dir()):
+    for d, _, names in sorted(os.walk(os.path.join(root, c), followlinks=True)):
+        paths.extend(os.path.join(d, n) for n in sorted(names))
+listed = time.monotonic() - t
+random.Random(1).shuffle(paths)
+t = time.monotonic()
+n = 0
+for p in paths:
+    with open(p, "rb") as f:
+        n += len(f.read())
+secs = time.monotonic() - t
+print(json.dumps({"records": len(paths), "bytes": n, "seconds": secs, "list_seconds": listed}))
+"#;
+
+fn python_loop(root: &Path, cold: &mut bool) -> Result<serde_json::Value> {
+    *cold &= report::drop_caches();
+    // The cgroup holds this process while the child starts (children inherit it).
+    let limit = riffle::emulate::MemoryLimit::enter(1 << 30).ok();
+    let out = Command::new("python3")
+        .args(["-c", PY_FILES])
+        .arg(root)
+        .output()
+        .context("running python3")?;
+    let limited = limit.is_some();
+    drop(limit);
+    if !out.status.success() {
+        bail!(
+            "the Python loop failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut v: serde_json::Value = serde_json::from_slice(
+        out.stdout
+            .rsplit(|&b| b == b'\n')
+            .find(|l| l.starts_with(b"{"))
+            .unwrap_or(b"{}"),
+    )?;
+    v["memory_cgroup_1g"] = limited.into();
+    Ok(v)
+}
+
+/// Runs the suite.
+pub fn run(
+    opts: &FormatsOptions,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<FormatsReport> {
+    let dir = report::results_dir(&opts.out)?;
+    std::fs::create_dir_all(&opts.data_dir)?;
+    let data = std::fs::canonicalize(&opts.data_dir)?;
+    let want = |c: &str| opts.cases.is_empty() || opts.cases.iter().any(|x| x == c);
+    let mut rows = Vec::new();
+    let mut runs: Vec<(String, Run)> = Vec::new();
+    let mut cold = report::drop_caches();
+    let total = 1;
+    let s = |p: &Path| p.to_str().map(str::to_owned).context("non-UTF-8 path");
+
+    if want("files") {
+        let n: u64 = if opts.quick { 10_000 } else { 100_000 };
+        let tree = data.join(format!("formats-files-{n}"));
+        let one = data.join(format!("formats-files-{n}.bin"));
+        progress(0, total, &format!("files: making {n} files of 16 KiB"));
+        if !tree.exists() {
+            gen(&tree, "files", n, "16K", &["--labels", "100"])?;
+        }
+        if !one.exists() {
+            gen(&one, "fixed", n, "16K", &[])?;
+        }
+        let size = n * 16384;
+        let (mut fio_iops, mut rps, mut walls, mut lists) = (vec![], vec![], vec![], vec![]);
+        let (mut py_rps, mut py_list) = (vec![], vec![]);
+        let (mut records, mut cpu) = (0.0, 0.0);
+        let mut py_limited = true;
+        let mut version = String::new();
+        for k in 0..opts.repeats.max(1) {
+            progress(
+                0,
+                total,
+                &format!("files: round {} of {}", k + 1, opts.repeats),
+            );
+            cold &= report::drop_caches();
+            let f = fio::run(&one, "randread", 16384, 64, None, size, FioMem::Malloc)?;
+            fio_iops.push(f.iops);
+            version = f.version;
+            cold &= report::drop_caches();
+            let r = run_riffle(
+                &[
+                    "read",
+                    &s(&tree)?,
+                    "--format",
+                    "files",
+                    "--mode",
+                    "lirs",
+                    "--batch-size",
+                    "256",
+                    "--json",
+                ],
+                None,
+            )?;
+            let secs = num(&r.report, "seconds");
+            rps.push(num(&r.report, "records") / secs);
+            walls.push(r.seconds);
+            lists.push(r.seconds - secs);
+            records += num(&r.report, "records");
+            cpu += r.cpu_seconds;
+            runs.push(("files".into(), r));
+            let py = python_loop(&tree, &mut cold)?;
+            py_rps.push(num(&py, "records") / num(&py, "seconds"));
+            py_list.push(num(&py, "list_seconds"));
+            py_limited &= py["memory_cgroup_1g"].as_bool().unwrap_or(false);
+        }
+        let (m, f, p) = (median(&rps), median(&fio_iops), median(&py_rps));
+        rows.push(Row {
+            case: format!("files: {n} files of 16 KiB in 100 class directories, lirs"),
+            value: m,
+            unit: "records/s".into(),
+            reference: f,
+            reference_is: format!("fio 16 KiB random reads, QD 64, one file of the same size ({version})"),
+            ratio: m / f,
+            target: ">= 0.8".into(),
+            met: m / f >= 0.8,
+            records_per_cpu_s: Some(report::per_cpu_second(records, cpu)),
+            notes: format!(
+                "riffle {} / fio {}; listing the tree {:.2} s (median; the epoch's time leaves it out)",
+                report::runs(&rps),
+                report::runs(&fio_iops),
+                median(&lists)
+            ),
+        });
+        rows.push(Row {
+            case: "files: the same, riffle against a Python open-and-read loop in a shuffled order"
+                .into(),
+            value: m,
+            unit: "records/s".into(),
+            reference: p,
+            reference_is: format!(
+                "Python: open() and read() of each file{}",
+                if py_limited {
+                    ", 1 GiB memory cgroup"
+                } else {
+                    " (no cgroup: not root)"
+                }
+            ),
+            ratio: m / p,
+            target: "(reported)".into(),
+            met: true,
+            records_per_cpu_s: None,
+            notes: format!(
+                "Python {}; its os.walk listing {:.2} s",
+                report::runs(&py_rps),
+                median(&py_list)
+            ),
+        });
+        if !opts.keep {
+            let _ = std::fs::remove_dir_all(&tree);
+            let _ = std::fs::remove_file(&one);
+        }
+    }
+    progress(total, total, "done");
+    let rep = FormatsReport {
+        rows,
+        runs,
+        cold_cache: cold,
+        report_dir: dir.display().to_string(),
+    };
+    report::write_report(
+        &dir,
+        "formats",
+        &serde_json::to_value(&rep)?,
+        &markdown(&rep),
+    )?;
+    Ok(rep)
+}
+
+/// The Markdown summary.
+pub fn markdown(r: &FormatsReport) -> String {
+    let mut s = String::from("# formats: the datasets users already have\n\n");
+    s.push_str(&format!("Cold cache: {}.\n\n", r.cold_cache));
+    s.push_str("| case | measured | reference | ratio | target | met | records per CPU-second | notes |\n|---|---:|---:|---:|---|---|---:|---|\n");
+    for row in &r.rows {
+        s.push_str(&format!(
+            "| {} | {:.0} {} | {:.0} ({}) | {:.2} | {} | {} | {} | {} |\n",
+            row.case,
+            row.value,
+            row.unit,
+            row.reference,
+            row.reference_is,
+            row.ratio,
+            row.target,
+            if row.met { "yes" } else { "**no**" },
+            row.records_per_cpu_s
+                .map(|v| format!("{v:.0}"))
+                .unwrap_or_default(),
+            row.notes
+        ));
+    }
+    s
+}
