@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::format::{npy, tfrecord};
+use crate::format::{npy, tar, tfrecord};
 use crate::io::{self, IoConfig};
 use crate::{Error, Result};
 
@@ -28,6 +28,9 @@ pub enum GenFormat {
     TfRecord,
     /// A directory tree of one file per record, in class directories.
     Files,
+    /// A WebDataset shard: a tar of samples `ID.bin` (the binary record), `ID.cls` (the
+    /// label as text) and `ID.json` (`{"id":ID,"label":L}`).
+    Tar,
 }
 
 impl std::str::FromStr for GenFormat {
@@ -143,15 +146,47 @@ impl GenSpec {
                     out.extend_from_slice(&payload);
                 }
             }
+            GenFormat::Tar => {
+                let mut payload = Vec::with_capacity(len);
+                payload.extend_from_slice(&id.to_le_bytes());
+                payload.extend_from_slice(&self.label(id).to_le_bytes());
+                fill(&mut payload, len);
+                let (cls, json) = self.tar_meta(id);
+                tar::append(out, &format!("{id:010}.bin"), &payload);
+                tar::append(out, &format!("{id:010}.cls"), cls.as_bytes());
+                tar::append(out, &format!("{id:010}.json"), json.as_bytes());
+            }
         }
+    }
+
+    /// A tar sample's `cls` and `json` members.
+    fn tar_meta(&self, id: u64) -> (String, String) {
+        let label = self.label(id);
+        (
+            label.to_string(),
+            format!("{{\"id\":{id},\"label\":{label}}}"),
+        )
     }
 
     fn frame_len(&self, id: u64) -> u64 {
         let p = self.payload_len(id);
+        let member = |n: u64| tar::BLOCK + n.div_ceil(tar::BLOCK) * tar::BLOCK;
         match self.format {
             GenFormat::Lines => p + 1,
             GenFormat::TfRecord => p + 16,
+            GenFormat::Tar => {
+                let (cls, json) = self.tar_meta(id);
+                member(p) + member(cls.len() as u64) + member(json.len() as u64)
+            }
             _ => p,
+        }
+    }
+
+    /// Bytes after the last record: a tar's end-of-archive blocks.
+    fn trailer(&self) -> Vec<u8> {
+        match self.format {
+            GenFormat::Tar => vec![0; 2 * tar::BLOCK as usize],
+            _ => Vec::new(),
         }
     }
 
@@ -169,7 +204,7 @@ impl GenSpec {
         if !(0.0..1.0).contains(&self.jitter) {
             return Err(Error::Invalid("--size-jitter must be in [0, 1)".into()));
         }
-        if self.format == GenFormat::Files && self.record_size < 12 {
+        if matches!(self.format, GenFormat::Files | GenFormat::Tar) && self.record_size < 12 {
             return Err(Error::Invalid(
                 "binary records need at least 12 bytes (id and label)".into(),
             ));
@@ -286,7 +321,10 @@ pub fn generate(
     }
     let started = Instant::now();
     let header = spec.header();
-    let total = header.len() as u64 + (0..spec.records).map(|i| spec.frame_len(i)).sum::<u64>();
+    let trailer = spec.trailer();
+    let total = header.len() as u64
+        + (0..spec.records).map(|i| spec.frame_len(i)).sum::<u64>()
+        + trailer.len() as u64;
     let mut next_id = 0u64;
     let mut frame: Vec<u8> = header;
     let mut pos = 0usize;
@@ -294,7 +332,12 @@ pub fn generate(
         let mut filled = 0;
         while filled < buf.len() {
             if pos == frame.len() {
-                spec.frame(next_id, &mut frame);
+                if next_id == spec.records {
+                    frame.clear();
+                    frame.extend_from_slice(&trailer);
+                } else {
+                    spec.frame(next_id, &mut frame);
+                }
                 next_id += 1;
                 pos = 0;
             }

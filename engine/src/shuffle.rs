@@ -363,6 +363,13 @@ impl Cut {
                         .into(),
                 ))
             }
+            Format::Tar => {
+                return Err(Error::Invalid(
+                    "riffle shuffle does not write tar archives yet; `riffle read` shuffles \
+                     tar shards in place (lirs or two-pass)"
+                        .into(),
+                ))
+            }
             Format::Files => {
                 return Err(Error::Invalid(
                     "riffle shuffle streams files of records; a files dataset (one record per \

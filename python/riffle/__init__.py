@@ -19,6 +19,7 @@ from .client import (
     RiffleShutdown,
     Stream,
 )
+from .formats import tar_members
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -30,5 +31,6 @@ __all__ = [
     "RiffleError",
     "RiffleShutdown",
     "Stream",
+    "tar_members",
 ]
 __version__ = "0.1.0"

@@ -397,6 +397,12 @@ class Batch:
         """Record i's bytes (a view)."""
         return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
 
+    def sample(self, i):
+        """Record i of a `tar` (WebDataset) dataset as `{suffix: memoryview}` of its
+        members (`{"jpg": ..., "cls": ...}`): views, no copies."""
+        from .formats import tar_members
+        return tar_members(self.record(i))
+
     def release(self):
         """Gives the batch's memory back to the daemon; its arrays must not be used after."""
         if self._stream is not None:

@@ -209,3 +209,117 @@ def test_an_imagefolder_tree_reads_back_as_imagefolder_lists_it(tmp_path):
             assert label == want[rid][1] and data == pathlib.Path(want[rid][0]).read_bytes()
     finally:
         d.stop()
+
+
+def _write_shards(out, samples):
+    """WebDataset shards of `samples` ({"__key__", suffix: bytes}) written by WebDataset's
+    own ShardWriter, or, where webdataset is not installed, by Python's tarfile (which
+    ShardWriter uses underneath) in the same layout. Returns the writer's name."""
+    try:
+        import webdataset as wds
+    except ImportError:
+        import io
+        import tarfile
+        print("webdataset is not installed: shards written with tarfile in its layout")
+        for s in range(0, len(samples), 7):
+            with tarfile.open(out / f"shard-{s // 7:06d}.tar", "w") as t:
+                for smp in samples[s : s + 7]:
+                    for suffix, data in smp.items():
+                        if suffix == "__key__":
+                            continue
+                        info = tarfile.TarInfo(f"{smp['__key__']}.{suffix}")
+                        info.size = len(data)
+                        t.addfile(info, io.BytesIO(data))
+        return "tarfile"
+    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxcount=7, verbose=0) as w:
+        for smp in samples:
+            w.write(smp)
+    return "webdataset"
+
+
+def _read_shards(out):
+    """Every sample of the shards as {"__key__": key, suffix: bytes}: WebDataset's own
+    reader where installed, else tarfile grouping consecutive members by key."""
+    shards = sorted(str(p) for p in out.glob("shard-*.tar"))
+    try:
+        import webdataset as wds
+    except ImportError:
+        import tarfile
+        got = []
+        for sh in shards:
+            with tarfile.open(sh) as t:
+                for m in t.getmembers():
+                    base = m.name.rfind("/") + 1
+                    dot = m.name.find(".", base)
+                    key, suffix = m.name[:dot], m.name[dot + 1 :]
+                    if not got or got[-1]["__key__"] != key:
+                        got.append({"__key__": key})
+                    got[-1][suffix] = t.extractfile(m).read()
+        return got
+    ds = wds.WebDataset(shards, shardshuffle=False, empty_check=False)
+    return [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"} for s in ds]
+
+
+def test_webdataset_shards_read_back_as_webdataset_reads_them(tmp_path):
+    """Shards written by WebDataset's ShardWriter (several shards; jpg, cls and json
+    members; keys past tar's 100-byte name field, which take PAX headers): riffle reads
+    every sample once, each member byte for byte what WebDataset reads, through `riffle
+    cat` (records are the samples' tar bytes) and the daemon's `batch.sample(i)`."""
+    import riffle
+    from test_serve import Daemon
+    rng = np.random.default_rng(5)
+    samples = []
+    for i in range(40):
+        key = f"s{i:04d}" if i % 9 else f"{'long-directory-name/' * 6}s{i:04d}"
+        samples.append({"__key__": key, "jpg": rng.bytes(int(rng.integers(1, 3000))),
+                        "cls": str(i % 4).encode(), "json": f'{{"i": {i}}}'.encode()})
+    out = tmp_path / "shards"
+    out.mkdir()
+    writer = _write_shards(out, samples)
+    want = _read_shards(out)
+    assert len(want) == 40, writer
+    # riffle cat: each record is one sample; its members are what WebDataset read.
+    recs = cat(out)
+    assert len(recs) == 40
+    for r, w in zip(recs, want):
+        got = {k: bytes(v) for k, v in riffle.tar_members(r).items()}
+        assert got == {k: v for k, v in w.items() if k != "__key__"}
+    # Through the daemon: shuffled, every sample once, members as views.
+    d = Daemon({"train": str(out)})
+    try:
+        seen = {}
+        with riffle.Client(d.socket) as c:
+            for b in c.stream("train", 6, seed=3):
+                for i, rid in enumerate(b.ids):
+                    m = b.sample(i)
+                    assert isinstance(m["jpg"], memoryview)
+                    seen[int(rid)] = {k: bytes(v) for k, v in m.items()}
+        assert sorted(seen) == list(range(40))
+        for rid, m in seen.items():
+            assert m == {k: v for k, v in want[rid].items() if k != "__key__"}
+    finally:
+        d.stop()
+
+
+def test_bad_tar_shards_are_refused_with_file_and_offset(tmp_path):
+    """A gzip-compressed shard is refused by name; a corrupt header by file and offset."""
+    import gzip
+    import tarfile
+    import io
+    good = tmp_path / "a.tar"
+    with tarfile.open(good, "w") as t:
+        for n in ["x.jpg", "x.cls", "y.jpg"]:
+            info = tarfile.TarInfo(n)
+            info.size = 600
+            t.addfile(info, io.BytesIO(b"z" * 600))
+    gz = tmp_path / "a.tar.gz"
+    gz.write_bytes(gzip.compress(good.read_bytes()))
+    p = run("cat", gz, check=False)
+    assert p.returncode != 0 and b"gzip" in p.stderr and b"a.tar.gz" in p.stderr, p.stderr
+    bad = tmp_path / "bad" / "b.tar"
+    bad.parent.mkdir()
+    raw = bytearray(good.read_bytes())
+    raw[1536 + 2] ^= 0x20  # the second member's header (after x.jpg's 512 + 1024)
+    bad.write_bytes(bytes(raw))
+    p = run("cat", bad, check=False)
+    assert p.returncode != 0 and b"b.tar" in p.stderr and b"1536" in p.stderr, p.stderr

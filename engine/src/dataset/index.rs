@@ -8,7 +8,7 @@
 //! ```text
 //!  0  8  magic "RIFFLIDX"
 //!  8  4  version (2)
-//! 12  4  format: 1 lines, 2 tfrecord
+//! 12  4  format: 1 lines, 2 tfrecord, 3 tar
 //! 16  8  format parameter: lines: separator byte | header lines << 8; tfrecord: 1 if
 //!        CRCs were checked
 //! 24  8  source size in bytes
@@ -183,7 +183,8 @@ fn format_tag(format: &Format) -> (u32, u64) {
         // Whether CRCs were checked is part of the index: an unchecked index must not pass
         // for a checked one.
         Format::TfRecord { verify } => (2, *verify as u64),
-        _ => unreachable!("only lines and tfrecord are indexed"),
+        Format::Tar => (3, 0),
+        _ => unreachable!("only lines, tfrecord and tar are indexed"),
     }
 }
 
@@ -283,7 +284,8 @@ pub fn build(
     let mut scanner: Box<dyn Scanner> = match format {
         Format::Lines { sep, skip } => Box::new(LinesScanner::new(*sep, *skip)),
         Format::TfRecord { verify } => Box::new(TfRecordScanner::new(*verify)),
-        _ => unreachable!("only lines and tfrecord are indexed"),
+        Format::Tar => Box::new(crate::format::tar::TarScanner::new()),
+        _ => unreachable!("only lines, tfrecord and tar are indexed"),
     };
     let size = file.size();
     let bad = |e: crate::format::ScanError| Error::BadInput {
@@ -429,7 +431,9 @@ fn check_offsets(offsets: &[u64], format: &Format, size: u64) -> std::result::Re
         Format::Lines { skip: 0, .. } => (0, 0, 1),
         Format::Lines { skip, .. } => (*skip, u64::MAX, 1),
         Format::TfRecord { .. } => (0, 0, TFRECORD_FRAMING),
-        _ => unreachable!("only lines and tfrecord are indexed"),
+        // A sample may follow members that are no sample's; each is a header at least.
+        Format::Tar => (0, u64::MAX, crate::format::tar::BLOCK),
+        _ => unreachable!("only lines, tfrecord and tar are indexed"),
     };
     let first = offsets[0];
     if first < first_min || first > first_max {
@@ -460,7 +464,12 @@ fn check_offsets(offsets: &[u64], format: &Format, size: u64) -> std::result::Re
             ));
         }
     }
-    if offsets[n] != size {
+    // A tar archive's end-of-archive blocks follow its last sample.
+    let end_ok = match format {
+        Format::Tar => offsets[n] <= size,
+        _ => offsets[n] == size,
+    };
+    if !end_ok {
         return Err(format!(
             "its last offset (at byte {}) is {}, not the file's size {size} (corrupt index)",
             at(n),

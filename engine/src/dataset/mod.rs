@@ -517,6 +517,19 @@ pub(crate) fn skip_empty<T>(items: Vec<T>, path: impl Fn(&T) -> Option<&Path>) -
 }
 
 fn decide_format(files: &[PathBuf], given: Option<&Format>) -> Result<Format> {
+    if let Some(gz) = files.iter().find(|f| {
+        let n = f.to_string_lossy().to_ascii_lowercase();
+        n.ends_with(".tar.gz") || n.ends_with(".tgz")
+    }) {
+        return Err(Error::BadInput {
+            path: gz.clone(),
+            offset: Some(0),
+            what: "a gzip-compressed tar: riffle reads shards in place, at random, which a \
+                   compressed stream does not allow; decompress it first (gunzip keeps the \
+                   .tar)"
+                .into(),
+        });
+    }
     if let Some(f) = given {
         return Ok(f.clone());
     }
@@ -524,7 +537,7 @@ fn decide_format(files: &[PathBuf], given: Option<&Format>) -> Result<Format> {
     let format = Format::from_extension(first).ok_or_else(|| Error::BadInput {
         path: first.clone(),
         offset: None,
-        what: "cannot tell the format from the extension; pass --format (npy, lines, csv, tfrecord or fixed:SIZE)".into(),
+        what: "cannot tell the format from the extension; pass --format (npy, lines, csv, tfrecord, tar, files or fixed:SIZE)".into(),
     })?;
     for f in &files[1..] {
         match Format::from_extension(f) {
@@ -649,7 +662,7 @@ fn open_file(
             )
         }
         Format::Files => unreachable!("a files dataset is listed by files::list"),
-        Format::Lines { .. } | Format::TfRecord { .. } => {
+        Format::Lines { .. } | Format::TfRecord { .. } | Format::Tar => {
             let (ix, origin) = index::load_or_build(
                 file.as_ref().expect("indexed formats are opened"),
                 format,

@@ -7,6 +7,8 @@
 //!   record, `\r` kept as data, a last line without separator still a record, optional
 //!   header lines skipped (`csv` skips one).
 //! - `tfrecord`: u64 length, masked CRC32C of the length, data, masked CRC32C of the data.
+//! - `tar`: WebDataset shards; a record is a sample, the run of consecutive members that
+//!   share a key (see [`tar`]).
 //! - `files`: a record is a whole file (a directory tree of one file per sample, as
 //!   ImageFolder keeps images, or a manifest listing the files); see `crate::dataset::files`.
 //!
@@ -15,6 +17,7 @@
 
 pub mod lines;
 pub mod npy;
+pub mod tar;
 pub mod tfrecord;
 
 use std::fmt;
@@ -50,6 +53,9 @@ pub enum Format {
         /// Verify both CRCs while scanning.
         verify: bool,
     },
+    /// Tar archives as WebDataset shards: a record is a sample (its members' bytes in the
+    /// archive, headers included).
+    Tar,
     /// One record per file: a directory tree (labels from first-level directories) or a
     /// manifest of paths.
     Files,
@@ -70,13 +76,17 @@ impl Format {
                 skip: 1,
             },
             "tfrecord" | "tfrecords" => Format::TfRecord { verify: true },
+            "tar" => Format::Tar,
             _ => return None,
         })
     }
 
     /// Whether records are located through an offset index.
     pub fn needs_index(&self) -> bool {
-        matches!(self, Format::Lines { .. } | Format::TfRecord { .. })
+        matches!(
+            self,
+            Format::Lines { .. } | Format::TfRecord { .. } | Format::Tar
+        )
     }
 
     /// A short name: `fixed`, `npy`, `lines`, `tfrecord`.
@@ -86,6 +96,7 @@ impl Format {
             Format::Npy => "npy",
             Format::Lines { .. } => "lines",
             Format::TfRecord { .. } => "tfrecord",
+            Format::Tar => "tar",
             Format::Files => "files",
         }
     }
@@ -109,6 +120,7 @@ impl fmt::Display for Format {
             Format::Lines { sep, skip } => write!(f, "lines(sep={:?}, skip={skip})", *sep as char),
             Format::TfRecord { verify: true } => write!(f, "tfrecord"),
             Format::TfRecord { verify: false } => write!(f, "tfrecord(no CRC check)"),
+            Format::Tar => write!(f, "tar"),
             Format::Files => write!(f, "files"),
         }
     }
@@ -130,6 +142,7 @@ impl FromStr for Format {
             "csv" => Format::Lines { sep: b'\n', skip: 1 },
             "tfrecord" | "tfrecords" => Format::TfRecord { verify: true },
             "files" | "imagefolder" => Format::Files,
+            "tar" | "webdataset" | "wds" => Format::Tar,
             "fixed" => {
                 let size = parts.next().ok_or_else(|| format!("'{s}': fixed needs a size, like fixed:4096 or fixed:4K"))?;
                 let size = parse_size(size)?;
@@ -144,7 +157,7 @@ impl FromStr for Format {
             }
             _ => {
                 return Err(format!(
-                    "'{s}': unknown format (expected npy, lines, jsonl, csv, libsvm, tfrecord, files or fixed:SIZE[:HEADER])"
+                    "'{s}': unknown format (expected npy, lines, jsonl, csv, libsvm, tfrecord, tar, files or fixed:SIZE[:HEADER])"
                 ))
             }
         };
@@ -205,7 +218,11 @@ pub fn indexed_span(format: &Format, offsets: &[u64], last_unterminated: bool, i
             offset: start + 12,
             len: next - start - 16,
         },
-        _ => unreachable!("only lines and tfrecord are indexed"),
+        Format::Tar => Span {
+            offset: start,
+            len: next - start,
+        },
+        _ => unreachable!("only lines, tfrecord and tar are indexed"),
     }
 }
 

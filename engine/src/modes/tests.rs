@@ -16,6 +16,7 @@ fn make(dir: &Path, format: GenFormat, records: u64, size: u64, jitter: f64) -> 
         GenFormat::Lines => "d.jsonl",
         GenFormat::TfRecord => "d.tfrecord",
         GenFormat::Files => "tree",
+        GenFormat::Tar => "d.tar",
     };
     let path = dir.join(name);
     let spec = spec(format, records, size, jitter, 3);
@@ -58,8 +59,19 @@ pub(crate) fn epoch_ids(batches: &[Batch], epoch: u64) -> Vec<u64> {
         .collect()
 }
 
+/// A generated tar sample's `bin` member (the binary record), else the record itself.
+fn binary(rec: &[u8]) -> &[u8] {
+    if rec.len() >= 512 && &rec[257..262] == b"ustar" {
+        let m = crate::format::tar::members(rec).unwrap();
+        let bin = m.iter().find(|m| m.suffix == "bin").expect("a bin member");
+        return &rec[bin.offset..bin.offset + bin.len];
+    }
+    rec
+}
+
 /// The id a generated record carries in its payload.
 fn payload_id(rec: &[u8]) -> u64 {
+    let rec = binary(rec);
     if rec.starts_with(b"{\"id\":") {
         let s = std::str::from_utf8(rec).unwrap();
         let digits: String = s["{\"id\":".len()..]
@@ -88,19 +100,20 @@ fn check_payloads(batches: &[Batch]) {
         for (i, &id) in b.ids.iter().enumerate() {
             assert_eq!(payload_id(b.record(i)), id, "batch {} record {i}", b.index);
             if let Some(&label) = b.labels.get(i) {
-                let want = u32::from_le_bytes(b.record(i)[8..12].try_into().unwrap());
+                let want = u32::from_le_bytes(binary(b.record(i))[8..12].try_into().unwrap());
                 assert_eq!(label, want, "batch {} record {i}: label", b.index);
             }
         }
     }
 }
 
-const FORMATS: [(GenFormat, f64); 5] = [
+const FORMATS: [(GenFormat, f64); 6] = [
     (GenFormat::Fixed, 0.0),
     (GenFormat::Npy, 0.0),
     (GenFormat::Lines, 0.6),
     (GenFormat::TfRecord, 0.6),
     (GenFormat::Files, 0.6),
+    (GenFormat::Tar, 0.6),
 ];
 
 #[test]

@@ -1,0 +1,492 @@
+//! Tar archives read as WebDataset shards: a record is a *sample*, the run of consecutive
+//! regular members whose names share a key (the path up to the first dot of its last
+//! component: `d/000123.jpg` and `d/000123.cls` are the members `jpg` and `cls` of sample
+//! `d/000123`), as WebDataset groups them. A member whose last component has no dot before
+//! any other character is no sample's and is skipped, as WebDataset skips it; so are
+//! directories, links and other non-regular members.
+//!
+//! A sample's record is its bytes in the archive, headers included, from the first header
+//! of its first member (a GNU long-name or PAX header before it counts) to the end of its
+//! last member's padded data: one contiguous read. [`members`] splits a record into its
+//! members. The scanner checks every header's checksum and refuses, with the byte offset,
+//! a bad header, a long name or PAX header over 1 MiB, a sample with two members of one
+//! suffix, and an archive that ends inside a member. The archive ends at its first zero
+//! block (as Python's `tarfile` reads it). Gzip-compressed shards are refused by the
+//! dataset (they cannot be read in place).
+
+use super::{ScanError, Scanner};
+
+/// A tar block.
+pub const BLOCK: u64 = 512;
+
+/// The most a GNU long name or a PAX header may hold.
+const MAX_META: u64 = 1 << 20;
+
+/// Bytes a member's data takes, padded to whole blocks.
+fn padded(size: u64) -> u64 {
+    size.div_ceil(BLOCK) * BLOCK
+}
+
+/// One parsed header.
+#[derive(Debug)]
+struct Header {
+    name: String,
+    size: u64,
+    kind: u8,
+}
+
+fn octal(field: &[u8]) -> Option<u64> {
+    // GNU base-256 for sizes past 8 GiB: the first byte's top bit set.
+    if field.first().is_some_and(|b| b & 0x80 != 0) {
+        let mut v: u64 = (field[0] & 0x7f) as u64;
+        for &b in &field[1..] {
+            v = v.checked_mul(256)?.checked_add(b as u64)?;
+        }
+        return Some(v);
+    }
+    let s: Vec<u8> = field
+        .iter()
+        .copied()
+        .skip_while(|&b| b == b' ')
+        .take_while(|&b| b != 0 && b != b' ')
+        .collect();
+    if s.is_empty() {
+        return Some(0);
+    }
+    let s = std::str::from_utf8(&s).ok()?;
+    u64::from_str_radix(s, 8).ok()
+}
+
+fn cstr(field: &[u8]) -> &[u8] {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    &field[..end]
+}
+
+/// Parses the header block `b` at byte `at`: `None` for a zero block (the archive's end).
+fn header(b: &[u8], at: u64) -> Result<Option<Header>, ScanError> {
+    if b.iter().all(|&x| x == 0) {
+        return Ok(None);
+    }
+    let bad = |what: String| ScanError { offset: at, what };
+    let stored = octal(&b[148..156])
+        .ok_or_else(|| bad("a tar header with an unreadable checksum field".into()))?;
+    let sum: u64 = b
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            if (148..156).contains(&i) {
+                b' ' as u64
+            } else {
+                x as u64
+            }
+        })
+        .sum();
+    if sum != stored {
+        return Err(bad(format!(
+            "not a valid tar header: checksum {stored} stored, {sum} computed (a .tar.gz, or not a tar archive?)"
+        )));
+    }
+    let size = octal(&b[124..136])
+        .ok_or_else(|| bad("a tar header with an unreadable size field".into()))?;
+    let mut name = Vec::new();
+    // ustar: a prefix joined with '/'.
+    if &b[257..262] == b"ustar" {
+        let prefix = cstr(&b[345..500]);
+        if !prefix.is_empty() {
+            name.extend_from_slice(prefix);
+            name.push(b'/');
+        }
+    }
+    name.extend_from_slice(cstr(&b[..100]));
+    Ok(Some(Header {
+        name: String::from_utf8_lossy(&name).into_owned(),
+        size,
+        kind: b[156],
+    }))
+}
+
+/// Whether a member of this type flag holds a regular file.
+fn regular(kind: u8) -> bool {
+    matches!(kind, b'0' | 0 | b'7')
+}
+
+/// The name a PAX header's records give (`path=`), if any.
+fn pax_path(data: &[u8]) -> Option<String> {
+    let mut rest = data;
+    while !rest.is_empty() {
+        let sp = rest.iter().position(|&b| b == b' ')?;
+        let len: usize = std::str::from_utf8(&rest[..sp]).ok()?.parse().ok()?;
+        if len <= sp || len > rest.len() {
+            return None;
+        }
+        let rec = &rest[sp + 1..len];
+        let rec = rec.strip_suffix(b"\n").unwrap_or(rec);
+        if let Some(v) = rec.strip_prefix(b"path=") {
+            return Some(String::from_utf8_lossy(v).into_owned());
+        }
+        rest = &rest[len..];
+    }
+    None
+}
+
+/// WebDataset's key and suffix of a member name: `dir/abc.x.jpg` -> (`dir/abc`, `x.jpg`).
+pub fn key_suffix(name: &str) -> Option<(&str, &str)> {
+    let base = name.rfind('/').map_or(0, |i| i + 1);
+    let dot = name[base..].find('.')?;
+    if dot == 0 {
+        return None;
+    }
+    Some((&name[..base + dot], &name[base + dot + 1..]))
+}
+
+/// A member of a sample: its suffix (`jpg`), and where its data is in the record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The name after the key's dot.
+    pub suffix: String,
+    /// Byte offset of its data in the record.
+    pub offset: usize,
+    /// Its length.
+    pub len: usize,
+}
+
+/// The members of one sample's record (its bytes from the archive), in order. Errors name
+/// the byte offset in the record.
+pub fn members(record: &[u8]) -> Result<Vec<Member>, ScanError> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    let mut long: Option<String> = None;
+    while at + BLOCK as usize <= record.len() {
+        let Some(h) = header(&record[at..at + BLOCK as usize], at as u64)? else {
+            break;
+        };
+        let data = at + BLOCK as usize;
+        let end = data
+            .checked_add(h.size as usize)
+            .filter(|&e| e <= record.len())
+            .ok_or_else(|| ScanError {
+                offset: at as u64,
+                what: format!("a member of {} bytes runs past the sample's end", h.size),
+            })?;
+        match h.kind {
+            b'L' => long = Some(String::from_utf8_lossy(cstr(&record[data..end])).into_owned()),
+            b'x' => long = pax_path(&record[data..end]).or(long),
+            k if regular(k) => {
+                let name = long.take().unwrap_or(h.name);
+                if let Some((_, suffix)) = key_suffix(&name) {
+                    out.push(Member {
+                        suffix: suffix.to_owned(),
+                        offset: data,
+                        len: h.size as usize,
+                    });
+                }
+            }
+            _ => long = None,
+        }
+        at = data + padded(h.size) as usize;
+    }
+    Ok(out)
+}
+
+enum State {
+    /// Collecting the header block at `start`.
+    Header {
+        start: u64,
+        have: usize,
+        buf: Box<[u8; 512]>,
+    },
+    /// Inside a member's padded data; `keep` collects a long name or PAX header.
+    Data {
+        left: u64,
+        keep: Option<(u8, u64, Vec<u8>)>,
+    },
+    /// Past the end-of-archive block.
+    End,
+}
+
+/// Finds sample starts in a tar archive.
+pub struct TarScanner {
+    state: State,
+    starts: Vec<u64>,
+    /// The end of the last sample's last member.
+    end: u64,
+    /// Where the current member's header chain (long name, PAX) began.
+    chain: Option<u64>,
+    /// The name a long-name or PAX header gave the next member.
+    pending: Option<String>,
+    /// The current sample's key and its members' suffixes.
+    key: Option<String>,
+    suffixes: Vec<String>,
+}
+
+impl Default for TarScanner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TarScanner {
+    /// A scanner at the start of an archive.
+    pub fn new() -> Self {
+        TarScanner {
+            state: State::Header {
+                start: 0,
+                have: 0,
+                buf: Box::new([0; 512]),
+            },
+            starts: Vec::new(),
+            end: 0,
+            chain: None,
+            pending: None,
+            key: None,
+            suffixes: Vec::new(),
+        }
+    }
+
+    fn on_header(&mut self, start: u64, buf: &[u8]) -> Result<(), ScanError> {
+        let Some(h) = header(buf, start)? else {
+            self.state = State::End;
+            return Ok(());
+        };
+        let chain = *self.chain.get_or_insert(start);
+        let after = start + BLOCK;
+        let keep = match h.kind {
+            b'L' | b'x' => {
+                if h.size > MAX_META {
+                    return Err(ScanError {
+                        offset: start,
+                        what: format!(
+                            "a long-name or PAX header of {} bytes (at most {MAX_META})",
+                            h.size
+                        ),
+                    });
+                }
+                Some((h.kind, h.size, Vec::with_capacity(h.size as usize)))
+            }
+            b'g' | b'K' => None,
+            k if regular(k) => {
+                let name = self.pending.take().unwrap_or(h.name);
+                self.chain = None;
+                if let Some((key, suffix)) = key_suffix(&name) {
+                    if self.key.as_deref() == Some(key) {
+                        if self.suffixes.iter().any(|s| s == suffix) {
+                            return Err(ScanError {
+                                offset: start,
+                                what: format!("sample {key} has two members named {name}"),
+                            });
+                        }
+                    } else {
+                        self.starts.push(chain);
+                        self.key = Some(key.to_owned());
+                        self.suffixes.clear();
+                    }
+                    self.suffixes.push(suffix.to_owned());
+                    self.end = after + padded(h.size);
+                }
+                None
+            }
+            _ => {
+                self.chain = None;
+                self.pending = None;
+                None
+            }
+        };
+        if h.size == 0 {
+            if let Some((kind, _, _)) = keep {
+                // An empty long name or PAX header: nothing to keep.
+                if kind == b'L' {
+                    self.pending = None;
+                }
+            }
+        }
+        self.state = if h.size == 0 {
+            State::Header {
+                start: after,
+                have: 0,
+                buf: Box::new([0; 512]),
+            }
+        } else {
+            State::Data {
+                left: padded(h.size),
+                keep,
+            }
+        };
+        Ok(())
+    }
+}
+
+impl Scanner for TarScanner {
+    fn feed(&mut self, offset: u64, chunk: &[u8]) -> Result<(), ScanError> {
+        let mut i = 0usize;
+        while i < chunk.len() {
+            match &mut self.state {
+                State::End => return Ok(()),
+                State::Header { start, have, buf } => {
+                    let n = (512 - *have).min(chunk.len() - i);
+                    buf[*have..*have + n].copy_from_slice(&chunk[i..i + n]);
+                    *have += n;
+                    i += n;
+                    if *have == 512 {
+                        let (start, buf) = (*start, std::mem::replace(buf, Box::new([0; 512])));
+                        self.on_header(start, &buf[..])?;
+                    }
+                }
+                State::Data { left, keep } => {
+                    let n = (*left).min((chunk.len() - i) as u64) as usize;
+                    if let Some((_, size, data)) = keep {
+                        let want = (*size as usize).saturating_sub(data.len()).min(n);
+                        data.extend_from_slice(&chunk[i..i + want]);
+                    }
+                    *left -= n as u64;
+                    i += n;
+                    if *left == 0 {
+                        if let Some((kind, _, data)) = keep.take() {
+                            self.pending = match kind {
+                                b'L' => Some(String::from_utf8_lossy(cstr(&data)).into_owned()),
+                                _ => pax_path(&data).or(self.pending.take()),
+                            };
+                        }
+                        self.state = State::Header {
+                            start: offset + i as u64,
+                            have: 0,
+                            buf: Box::new([0; 512]),
+                        };
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, size: u64) -> Result<(), ScanError> {
+        match &self.state {
+            State::End => Ok(()),
+            State::Header { have: 0, .. } => Ok(()),
+            State::Header { start, .. } => Err(ScanError {
+                offset: *start,
+                what: format!("the archive ends inside a header (at byte {size})"),
+            }),
+            State::Data { .. } => Err(ScanError {
+                offset: size,
+                what: "the archive ends inside a member's data".into(),
+            }),
+        }
+    }
+
+    fn take_offsets(&mut self) -> Vec<u64> {
+        let mut v = std::mem::take(&mut self.starts);
+        if !v.is_empty() {
+            v.push(self.end);
+        }
+        v
+    }
+}
+
+/// Appends one member (a ustar header, then its data padded) to `out`; names longer than
+/// 100 bytes get a GNU long-name header first. For `riffle gen` and tests.
+pub fn append(out: &mut Vec<u8>, name: &str, data: &[u8]) {
+    fn block(name: &[u8], size: u64, kind: u8) -> [u8; 512] {
+        let mut b = [0u8; 512];
+        let n = name.len().min(100);
+        b[..n].copy_from_slice(&name[..n]);
+        b[100..108].copy_from_slice(b"0000644\0");
+        b[108..116].copy_from_slice(b"0000000\0");
+        b[116..124].copy_from_slice(b"0000000\0");
+        b[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+        b[136..148].copy_from_slice(b"00000000000\0");
+        b[156] = kind;
+        b[257..263].copy_from_slice(b"ustar\0");
+        b[263..265].copy_from_slice(b"00");
+        b[148..156].copy_from_slice(b"        ");
+        let sum: u64 = b.iter().map(|&x| x as u64).sum();
+        b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        b
+    }
+    let pad = |out: &mut Vec<u8>| out.resize(out.len().div_ceil(512) * 512, 0);
+    if name.len() > 100 {
+        let mut long = name.as_bytes().to_vec();
+        long.push(0);
+        out.extend_from_slice(&block(b"././@LongLink", long.len() as u64, b'L'));
+        out.extend_from_slice(&long);
+        pad(out);
+    }
+    out.extend_from_slice(&block(name.as_bytes(), data.len() as u64, b'0'));
+    out.extend_from_slice(data);
+    pad(out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn archive(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (n, d) in members {
+            append(&mut out, n, d);
+        }
+        out.extend_from_slice(&[0u8; 1024]);
+        out
+    }
+
+    fn scan(bytes: &[u8], chunk: usize) -> Result<Vec<u64>, ScanError> {
+        let mut s = TarScanner::new();
+        for (k, c) in bytes.chunks(chunk).enumerate() {
+            s.feed((k * chunk) as u64, c)?;
+        }
+        s.finish(bytes.len() as u64)?;
+        Ok(s.take_offsets())
+    }
+
+    #[test]
+    fn samples_group_consecutive_members_of_one_key() {
+        let long = format!("{}/x.jpg", "d".repeat(150));
+        let a = archive(&[
+            ("s/000.jpg", b"jpeg0"),
+            ("s/000.cls", b"3"),
+            ("s/001.jpg", &[7u8; 700]),
+            ("s/001.json", b"{}"),
+            ("noext", b"skipped"),
+            (&long, b"L"),
+            (&format!("{}/x.cls", "d".repeat(150)), b"9"),
+        ]);
+        for chunk in [1, 7, 512, 1000, 1 << 20] {
+            let offs = scan(&a, chunk).unwrap();
+            assert_eq!(offs.len(), 4, "three samples and the end, chunk {chunk}");
+            let rec = |i: usize| &a[offs[i] as usize..offs[i + 1] as usize];
+            let m = members(rec(0)).unwrap();
+            assert_eq!(
+                m.iter().map(|m| m.suffix.as_str()).collect::<Vec<_>>(),
+                ["jpg", "cls"]
+            );
+            assert_eq!(&rec(0)[m[0].offset..m[0].offset + m[0].len], b"jpeg0");
+            let m = members(rec(1)).unwrap();
+            assert_eq!(m[0].len, 700);
+            let m = members(rec(2)).unwrap();
+            assert_eq!(
+                m.iter().map(|m| m.suffix.as_str()).collect::<Vec<_>>(),
+                ["jpg", "cls"]
+            );
+            assert_eq!(&rec(2)[m[1].offset..m[1].offset + 1], b"9");
+        }
+    }
+
+    #[test]
+    fn bad_archives_are_refused_at_their_offset() {
+        let mut a = archive(&[("a.jpg", b"x"), ("b.jpg", b"y")]);
+        a[512 + 512 + 3] ^= 1; // the second header's name
+        let e = scan(&a, 4096).unwrap_err();
+        assert_eq!(e.offset, 1024);
+        assert!(e.what.contains("checksum"), "{}", e.what);
+        let a = archive(&[("a.jpg", &[1u8; 2000])]);
+        let e = scan(&a[..1500], 4096).unwrap_err();
+        assert!(e.what.contains("ends inside"), "{}", e.what);
+        let a = archive(&[("a.jpg", b"x"), ("a.jpg", b"y")]);
+        assert!(scan(&a, 4096).unwrap_err().what.contains("two members"));
+        // gzip magic
+        let e = scan(&[0x1f, 0x8b, 8, 0].repeat(200), 4096).unwrap_err();
+        assert_eq!(e.offset, 0);
+        for cut in (0..a.len()).step_by(97) {
+            let _ = members(&a[..cut]);
+        }
+    }
+}
