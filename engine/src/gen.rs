@@ -28,6 +28,10 @@ pub enum GenFormat {
     TfRecord,
     /// A directory tree of one file per record, in class directories.
     Files,
+    /// A MosaicML Streaming MDS directory (`index.json`, `shard.NNNNN.mds` of up to 64 MiB)
+    /// of one column `x` holding the binary record: `ndarray:uint8:SIZE` (a sample is then
+    /// exactly the record), or `bytes` with `--size-jitter`.
+    Mds,
     /// A WebDataset shard: a tar of samples `ID.bin` (the binary record), `ID.cls` (the
     /// label as text) and `ID.json` (`{"id":ID,"label":L}`).
     Tar,
@@ -42,8 +46,10 @@ impl std::str::FromStr for GenFormat {
             "lines" | "jsonl" => Ok(GenFormat::Lines),
             "tfrecord" => Ok(GenFormat::TfRecord),
             "files" | "imagefolder" => Ok(GenFormat::Files),
+            "tar" | "webdataset" | "wds" => Ok(GenFormat::Tar),
+            "mds" | "mosaic" => Ok(GenFormat::Mds),
             _ => Err(format!(
-                "'{s}': expected npy, fixed, lines, tfrecord or files"
+                "'{s}': expected npy, fixed, lines, tfrecord, tar, mds or files"
             )),
         }
     }
@@ -135,7 +141,11 @@ impl GenSpec {
                 fill(out, len - 2);
                 out.extend_from_slice(b"\"}\n");
             }
-            GenFormat::Fixed | GenFormat::Npy | GenFormat::TfRecord | GenFormat::Files => {
+            GenFormat::Fixed
+            | GenFormat::Npy
+            | GenFormat::TfRecord
+            | GenFormat::Files
+            | GenFormat::Mds => {
                 let mut payload = Vec::with_capacity(len);
                 payload.extend_from_slice(&id.to_le_bytes());
                 payload.extend_from_slice(&self.label(id).to_le_bytes());
@@ -204,7 +214,11 @@ impl GenSpec {
         if !(0.0..1.0).contains(&self.jitter) {
             return Err(Error::Invalid("--size-jitter must be in [0, 1)".into()));
         }
-        if matches!(self.format, GenFormat::Files | GenFormat::Tar) && self.record_size < 12 {
+        if matches!(
+            self.format,
+            GenFormat::Files | GenFormat::Tar | GenFormat::Mds
+        ) && self.record_size < 12
+        {
             return Err(Error::Invalid(
                 "binary records need at least 12 bytes (id and label)".into(),
             ));
@@ -244,8 +258,9 @@ impl GenSpec {
     }
 }
 
-/// Writes a `files` tree to `out`: built in a scratch directory beside it and renamed to
-/// `out` when complete, so an interrupted run leaves nothing at `out`. `out` must not exist.
+/// Writes a `files` tree or an MDS directory to `out`: built in a scratch directory beside
+/// it and renamed to `out` when complete, so an interrupted run leaves nothing at `out`.
+/// `out` must not exist.
 fn generate_tree(
     out: &Path,
     spec: &GenSpec,
@@ -263,6 +278,25 @@ fn generate_tree(
     let tree = scratch.path().join("tree");
     let mk = |p: &Path| std::fs::create_dir(p).map_err(|e| Error::io(p, "create", None, e));
     mk(&tree)?;
+    if spec.format == GenFormat::Mds {
+        let total = (0..spec.records).map(|i| spec.payload_len(i)).sum::<u64>();
+        let bytes = crate::dataset::mds::write(
+            &tree,
+            spec.records,
+            64 << 20,
+            (spec.jitter == 0.0).then_some(spec.record_size.max(12)),
+            &mut |id, out| spec.frame(id, out),
+            &mut |id| progress(id * total / spec.records, total),
+        )?;
+        std::fs::rename(&tree, out)
+            .map_err(|e| Error::io(out, "rename the finished dataset to", None, e))?;
+        crate::scratch::sync_dir(parent)?;
+        scratch.close()?;
+        return Ok(GenReport {
+            bytes,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
     let classes = spec.labels.max(1);
     let cw = (classes - 1).to_string().len();
     let iw = (spec.records - 1).to_string().len();
@@ -301,7 +335,7 @@ pub fn generate(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<GenReport> {
     spec.check()?;
-    if spec.format == GenFormat::Files {
+    if matches!(spec.format, GenFormat::Files | GenFormat::Mds) {
         return generate_tree(out, spec, progress);
     }
     // Refused before the sizes are added up (a pass over every record) or anything is

@@ -363,10 +363,10 @@ impl Cut {
                         .into(),
                 ))
             }
-            Format::Tar => {
+            Format::Tar | Format::Mds => {
                 return Err(Error::Invalid(
-                    "riffle shuffle does not write tar archives yet; `riffle read` shuffles \
-                     tar shards in place (lirs or two-pass)"
+                    "riffle shuffle does not write tar or MDS shards yet; `riffle read` \
+                     shuffles them in place (lirs or two-pass)"
                         .into(),
                 ))
             }

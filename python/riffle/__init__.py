@@ -19,7 +19,7 @@ from .client import (
     RiffleShutdown,
     Stream,
 )
-from .formats import tar_members
+from .formats import mds_sample, tar_members
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -31,6 +31,7 @@ __all__ = [
     "RiffleError",
     "RiffleShutdown",
     "Stream",
+    "mds_sample",
     "tar_members",
 ]
 __version__ = "0.1.0"

@@ -374,7 +374,7 @@ class Batch:
     of the record's class, ImageFolder's rule), else None."""
 
     __slots__ = ("ids", "offsets", "data", "labels", "epoch", "index", "padding", "ready_ns", "_slot",
-                 "_stream", "_gen")
+                 "_stream", "_gen", "_format")
 
     def __init__(self, ids, offsets, data, epoch, index, padding, ready_ns, slot, stream, gen,
                  labels=None):
@@ -389,6 +389,8 @@ class Batch:
         self._slot = slot
         self._stream = stream
         self._gen = gen
+        # (format, MDS columns) of the stream's dataset, for `sample`.
+        self._format = stream._format if stream is not None else ("", [])
 
     def __len__(self):
         return len(self.ids)
@@ -398,10 +400,17 @@ class Batch:
         return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
 
     def sample(self, i):
-        """Record i of a `tar` (WebDataset) dataset as `{suffix: memoryview}` of its
-        members (`{"jpg": ..., "cls": ...}`): views, no copies."""
-        from .formats import tar_members
-        return tar_members(self.record(i))
+        """Record i of a `tar` (WebDataset) or `mds` (MosaicML Streaming) dataset as a dict:
+        a tar sample's members by suffix (`{"jpg": memoryview, "cls": ...}`), an MDS
+        sample's columns decoded (see `riffle.formats.mds_sample`). Views, no copies, where
+        the value is bytes."""
+        from .formats import mds_sample, tar_members
+        fmt, columns = self._format
+        if fmt == "tar":
+            return tar_members(self.record(i))
+        if fmt == "mds":
+            return mds_sample(self.record(i), columns)
+        raise ValueError(f"sample(i) decodes tar and mds records; this dataset is {fmt or 'unknown'}")
 
     def release(self):
         """Gives the batch's memory back to the daemon; its arrays must not be used after."""
@@ -442,6 +451,7 @@ class Stream:
         self._gen = 0  # which opening of the stream; slots of an earlier one are moot
         self._superseded = False
         self.opened = None
+        self._format = ("", [])
         # Waits for batches (the data stall on this side): count, total, recent samples.
         self._waits = 0
         self._waited = 0.0
@@ -584,6 +594,7 @@ class Stream:
         if kind != OPENED:
             raise RiffleError(f"expected OPENED, got kind {kind}", "protocol")
         self.opened = json.loads(body)
+        self._format = (self.opened.get("format", ""), self.opened.get("columns", []))
         if self.opened["transport"] == "shm":
             fd = c._take_fd()
             try:

@@ -3,7 +3,18 @@
 - `tar_members(record)`: a WebDataset sample (a `tar` dataset's record: the sample's bytes
   in its shard, headers included) as `{suffix: memoryview}`, e.g. `{"jpg": ..., "cls":
   ...}`, in member order.
+- `mds_sample(record, columns)`: a MosaicML Streaming MDS sample (an `mds` dataset's
+  record) as `{column: value}`, decoded as MDS's plain encodings are: `bytes` and the image
+  encodings (`jpeg`, `png`, `pil`, lists of them) as memoryviews of the raw bytes, `str`,
+  `int`, the numpy scalars (`uint8` ... `float64`), `str_int`, `str_float`, `str_decimal`,
+  `json`, and `ndarray` (static or dynamic dtype and shape) as a numpy array viewing the
+  record. `pkl` is never unpickled (it would run code from the file): its bytes are given.
 """
+
+import json as _json
+from decimal import Decimal as _Decimal
+
+import numpy as _np
 
 _BLOCK = 512
 
@@ -73,4 +84,70 @@ def tar_members(record):
         else:
             long = None
         at = data + (size + _BLOCK - 1) // _BLOCK * _BLOCK
+    return out
+
+
+_MDS_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32",
+               33: "int32", 34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
+_MDS_SCALARS = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+                "float16", "float32", "float64"}
+
+
+def _ndarray(enc, mv):
+    args = enc.split(":")[1:]
+    dtype = args[0] if args else None
+    shape = tuple(int(x) for x in args[1].split(",")) if len(args) > 1 else None
+    at = 0
+    if dtype is None:
+        dtype = _MDS_DTYPES[mv[0]]
+        at = 1
+    if shape is None:
+        byte = mv[at]
+        at += 1
+        ndim, sdt = byte >> 2, ("uint8", "uint16", "uint32", "uint64")[byte & 3]
+        n = ndim * (1 << (byte & 3))
+        shape = tuple(int(x) for x in _np.frombuffer(mv[at : at + n], sdt))
+        at += n
+    return _np.frombuffer(mv[at:], dtype).reshape(shape)
+
+
+def _mds_decode(enc, mv):
+    name = enc.split(":")[0]
+    if name == "ndarray":
+        return _ndarray(enc, mv)
+    if name in _MDS_SCALARS:
+        return _np.frombuffer(mv, name)[0]
+    if name == "int":
+        return int(_np.frombuffer(mv, "<i8")[0])
+    if name == "str":
+        return bytes(mv).decode("utf-8")
+    if name == "str_int":
+        return int(bytes(mv).decode("utf-8"))
+    if name == "str_float":
+        return float(bytes(mv).decode("utf-8"))
+    if name == "str_decimal":
+        return _Decimal(bytes(mv).decode("utf-8"))
+    if name == "json":
+        return _json.loads(bytes(mv).decode("utf-8"))
+    # bytes, jpeg, png, pil, list[...], jpeg_array, pkl: the raw bytes, not decoded here.
+    return mv
+
+
+def mds_sample(record, columns):
+    """`{column: value}` of an MDS sample (`columns`: the stream's `opened["columns"]`,
+    dicts of name, encoding and size, in the sample's order)."""
+    mv = memoryview(record).cast("B")
+    sizes, at = [], 0
+    for c in columns:
+        if c.get("size") is not None:
+            sizes.append(int(c["size"]))
+        else:
+            sizes.append(int.from_bytes(mv[at : at + 4], "little"))
+            at += 4
+    out = {}
+    for c, n in zip(columns, sizes):
+        if at + n > len(mv):
+            raise ValueError(f"column {c['name']} runs past the sample's end ({at + n} > {len(mv)})")
+        out[c["name"]] = _mds_decode(c["encoding"], mv[at : at + n])
+        at += n
     return out

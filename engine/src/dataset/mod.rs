@@ -7,6 +7,7 @@
 
 mod files;
 pub mod index;
+pub(crate) mod mds;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use crate::io::{self, Access, DataFile, IoConfig, RangeReader};
 use crate::{notice, Error, Result};
 
 pub use index::{IndexOrigin, OffsetIndex, StalePolicy};
+pub use mds::MdsColumn;
 
 /// How to open a dataset.
 #[derive(Clone, Debug)]
@@ -107,6 +109,8 @@ pub struct Dataset {
     labels: Option<Arc<[u32]>>,
     /// Class names in label order.
     classes: Vec<String>,
+    /// An MDS dataset's columns (empty for other formats).
+    columns: Vec<MdsColumn>,
 }
 
 impl Dataset {
@@ -118,6 +122,20 @@ impl Dataset {
     ) -> Result<Dataset> {
         if opts.format == Some(Format::Files) {
             return Self::open_files(paths, opts);
+        }
+        if let [path] = paths {
+            let mds = mds::index_of(path.as_ref());
+            match (&opts.format, mds) {
+                (Some(Format::Mds) | None, Some(index)) => return Self::open_mds(&index, opts),
+                (Some(Format::Mds), None) => {
+                    return Err(Error::BadInput {
+                        path: path.as_ref().into(),
+                        offset: None,
+                        what: "not an MDS dataset: no index.json in it".into(),
+                    })
+                }
+                _ => {}
+            }
         }
         let files = skip_empty(resolve(paths)?, |p| Some(p.as_path()))?;
         let format = decide_format(&files, opts.format.as_ref())?;
@@ -141,11 +159,52 @@ impl Dataset {
             stats: std::sync::OnceLock::new(),
             labels: None,
             classes: Vec::new(),
+            columns: Vec::new(),
         };
         if let Some(limit) = opts.max_record {
             ds.check_max_record(limit)?;
         }
         Ok(ds)
+    }
+
+    /// An MDS dataset, its shards located by their own offset tables (see [`mds`]).
+    fn open_mds(index: &Path, opts: &OpenOptions) -> Result<Dataset> {
+        let (shards, columns) = mds::open(index)?;
+        let mut first_id = Vec::with_capacity(shards.len() + 1);
+        let mut total = 0;
+        let files = shards
+            .into_iter()
+            .map(|s| {
+                first_id.push(total);
+                total += s.index.len();
+                DatasetFile {
+                    path: s.path,
+                    size: s.size,
+                    records: s.index.len(),
+                    layout: Layout::Indexed(s.index),
+                    index_origin: None,
+                }
+            })
+            .collect();
+        first_id.push(total);
+        let ds = Dataset {
+            format: Format::Mds,
+            files,
+            first_id,
+            stats: std::sync::OnceLock::new(),
+            labels: None,
+            classes: Vec::new(),
+            columns,
+        };
+        if let Some(limit) = opts.max_record {
+            ds.check_max_record(limit)?;
+        }
+        Ok(ds)
+    }
+
+    /// An MDS dataset's columns (empty for other formats).
+    pub fn columns(&self) -> &[MdsColumn] {
+        &self.columns
     }
 
     /// A `files` dataset: one directory tree or one manifest (see [`files`]).
@@ -176,6 +235,7 @@ impl Dataset {
             stats: std::sync::OnceLock::new(),
             labels: listing.labels.map(Arc::from),
             classes: listing.classes,
+            columns: Vec::new(),
         };
         if let Some(limit) = opts.max_record {
             ds.check_max_record(limit)?;
@@ -576,7 +636,7 @@ fn open_file(
     // size (the header is read by path), so a dataset of 100,000 such files is listed with
     // a stat each, and the reader opens them when it reads them.
     let file = match format {
-        Format::Fixed { .. } | Format::Npy | Format::Files => None,
+        Format::Fixed { .. } | Format::Npy | Format::Files | Format::Mds => None,
         _ => Some(Arc::new(DataFile::open(
             path,
             Access::Read,
@@ -661,7 +721,9 @@ fn open_file(
                 None,
             )
         }
-        Format::Files => unreachable!("a files dataset is listed by files::list"),
+        Format::Files | Format::Mds => {
+            unreachable!("files and mds datasets are listed by their own modules")
+        }
         Format::Lines { .. } | Format::TfRecord { .. } | Format::Tar => {
             let (ix, origin) = index::load_or_build(
                 file.as_ref().expect("indexed formats are opened"),

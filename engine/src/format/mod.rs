@@ -9,6 +9,8 @@
 //! - `tfrecord`: u64 length, masked CRC32C of the length, data, masked CRC32C of the data.
 //! - `tar`: WebDataset shards; a record is a sample, the run of consecutive members that
 //!   share a key (see [`tar`]).
+//! - `mds`: MosaicML Streaming's MDS (`index.json` and `shard.NNNNN.mds`, uncompressed);
+//!   a record is a sample's encoded bytes (see `crate::dataset::mds`).
 //! - `files`: a record is a whole file (a directory tree of one file per sample, as
 //!   ImageFolder keeps images, or a manifest listing the files); see `crate::dataset::files`.
 //!
@@ -56,6 +58,8 @@ pub enum Format {
     /// Tar archives as WebDataset shards: a record is a sample (its members' bytes in the
     /// archive, headers included).
     Tar,
+    /// MosaicML Streaming's MDS: a record is a sample, located by its shard's offsets.
+    Mds,
     /// One record per file: a directory tree (labels from first-level directories) or a
     /// manifest of paths.
     Files,
@@ -97,6 +101,7 @@ impl Format {
             Format::Lines { .. } => "lines",
             Format::TfRecord { .. } => "tfrecord",
             Format::Tar => "tar",
+            Format::Mds => "mds",
             Format::Files => "files",
         }
     }
@@ -121,6 +126,7 @@ impl fmt::Display for Format {
             Format::TfRecord { verify: true } => write!(f, "tfrecord"),
             Format::TfRecord { verify: false } => write!(f, "tfrecord(no CRC check)"),
             Format::Tar => write!(f, "tar"),
+            Format::Mds => write!(f, "mds"),
             Format::Files => write!(f, "files"),
         }
     }
@@ -143,6 +149,7 @@ impl FromStr for Format {
             "tfrecord" | "tfrecords" => Format::TfRecord { verify: true },
             "files" | "imagefolder" => Format::Files,
             "tar" | "webdataset" | "wds" => Format::Tar,
+            "mds" | "mosaic" => Format::Mds,
             "fixed" => {
                 let size = parts.next().ok_or_else(|| format!("'{s}': fixed needs a size, like fixed:4096 or fixed:4K"))?;
                 let size = parse_size(size)?;
@@ -157,7 +164,7 @@ impl FromStr for Format {
             }
             _ => {
                 return Err(format!(
-                    "'{s}': unknown format (expected npy, lines, jsonl, csv, libsvm, tfrecord, tar, files or fixed:SIZE[:HEADER])"
+                    "'{s}': unknown format (expected npy, lines, jsonl, csv, libsvm, tfrecord, tar, mds, files or fixed:SIZE[:HEADER])"
                 ))
             }
         };
@@ -218,11 +225,11 @@ pub fn indexed_span(format: &Format, offsets: &[u64], last_unterminated: bool, i
             offset: start + 12,
             len: next - start - 16,
         },
-        Format::Tar => Span {
+        Format::Tar | Format::Mds => Span {
             offset: start,
             len: next - start,
         },
-        _ => unreachable!("only lines, tfrecord and tar are indexed"),
+        _ => unreachable!("only lines, tfrecord, tar and mds are indexed"),
     }
 }
 

@@ -17,6 +17,7 @@ fn make(dir: &Path, format: GenFormat, records: u64, size: u64, jitter: f64) -> 
         GenFormat::TfRecord => "d.tfrecord",
         GenFormat::Files => "tree",
         GenFormat::Tar => "d.tar",
+        GenFormat::Mds => "mds",
     };
     let path = dir.join(name);
     let spec = spec(format, records, size, jitter, 3);
@@ -107,13 +108,14 @@ fn check_payloads(batches: &[Batch]) {
     }
 }
 
-const FORMATS: [(GenFormat, f64); 6] = [
+const FORMATS: [(GenFormat, f64); 7] = [
     (GenFormat::Fixed, 0.0),
     (GenFormat::Npy, 0.0),
     (GenFormat::Lines, 0.6),
     (GenFormat::TfRecord, 0.6),
     (GenFormat::Files, 0.6),
     (GenFormat::Tar, 0.6),
+    (GenFormat::Mds, 0.0),
 ];
 
 #[test]

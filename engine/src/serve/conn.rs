@@ -537,8 +537,7 @@ impl Conn {
         let (placed, in_place) = match handed {
             Some(p) => (p, true),
             None => {
-                let arrays = 16 * b.ids.len() as u64 + 8;
-                let total = arrays.div_ceil(ALIGN) * ALIGN + b.payload.len() as u64;
+                let total = super::shm::arrays_len(b.ids.len()) + b.payload.len() as u64;
                 if !ring.slots().fits_empty(total) {
                     drop(w);
                     let msg = format!(
@@ -788,7 +787,8 @@ impl Conn {
         let largest = req
             .batch_size
             .saturating_mul(max_record)
-            .saturating_add(req.batch_size.saturating_mul(16))
+            // ids, offsets and labels: 20 bytes a record.
+            .saturating_add(req.batch_size.saturating_mul(20))
             .saturating_add(8 + 2 * ALIGN);
         let share = self.shared.ring_share();
         // Refused up front rather than failing mid-stream, and so a request can never make
@@ -915,6 +915,9 @@ impl Conn {
             pass: if job.is_some() { "shared" } else { "own" }.into(),
             job,
             stream: Some(stream_id),
+            format: ds.format().name().into(),
+            columns: ds.columns().to_vec(),
+            classes: ds.classes().to_vec(),
         };
         let frame = proto::json_frame(Kind::Opened, &opened);
         let fd = match &ring {

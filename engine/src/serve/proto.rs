@@ -177,6 +177,16 @@ pub struct Opened {
     /// The stream's id in the daemon's stats (`stream_waits`).
     #[serde(default)]
     pub stream: Option<u64>,
+    /// The dataset's format (`npy`, `tar`, `mds`, `files`, ...): how a client decodes a
+    /// record (`tar` and `mds` records are samples).
+    #[serde(default)]
+    pub format: String,
+    /// An MDS dataset's columns, in a sample's order (empty otherwise).
+    #[serde(default)]
+    pub columns: Vec<crate::dataset::MdsColumn>,
+    /// A labelled dataset's class names, in label order (empty otherwise).
+    #[serde(default)]
+    pub classes: Vec<String>,
 }
 
 /// `END`: why the stream stopped and where it stopped.

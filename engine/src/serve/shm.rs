@@ -69,7 +69,7 @@ impl super::proto::BatchHeader {
 
 /// Bytes before a payload in a region: the ids and offsets of `records` records, and room
 /// for their labels (u32 each, after the offsets, when the dataset has labels), aligned.
-fn arrays_len(records: usize) -> u64 {
+pub(crate) fn arrays_len(records: usize) -> u64 {
     (20 * records as u64 + 8).div_ceil(ALIGN) * ALIGN
 }
 

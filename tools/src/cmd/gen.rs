@@ -13,10 +13,12 @@ use crate::progress;
 #[derive(clap::Args)]
 pub struct Args {
     /// The file to write (written under a temporary name, renamed when complete); for
-    /// `files`, the directory tree to make (it must not exist).
+    /// `files` and `mds`, the directory to make (it must not exist).
     pub out: PathBuf,
-    /// npy, fixed, lines (JSON lines), tfrecord, or files (a tree OUT/LABEL/ID.bin of one
-    /// file per record, ImageFolder's layout; labels ascend with the id).
+    /// npy, fixed, lines (JSON lines), tfrecord, tar (a WebDataset shard of samples ID.bin,
+    /// ID.cls, ID.json), mds (a MosaicML Streaming directory: index.json and shards of one
+    /// column `x`), or files (a tree OUT/LABEL/ID.bin of one file per record, ImageFolder's
+    /// layout; labels ascend with the id).
     #[arg(long)]
     pub format: GenFormat,
     /// Number of records.
