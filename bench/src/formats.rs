@@ -8,6 +8,13 @@
 //!   does before decoding: a Python loop that opens and reads each file in a shuffled order,
 //!   under a 1 GiB memory cgroup (root), reported as a ratio. The listing (riffle's walk of
 //!   the tree, Python's `os.walk`) is timed apart from the epoch.
+//! - **tar**: two WebDataset shards of 10,000 samples each (`bin` of ~100 KiB, `cls`,
+//!   `json`; 1,000 each with `--quick`): lirs samples/s against fio's random reads at the
+//!   mean sample size (rounded up to 4 KiB) over one shard, QD 64 (target >= 0.85); and
+//!   two-pass for three epochs, each later (rolling) epoch against size/sequential read +
+//!   size/sequential write from `riffle probe` run right before (target <= 1.25).
+//! - **mds**: the same records (100 KiB each) as an MDS dataset and as a `.npy`, lirs,
+//!   alternated: samples/s within 10% of the `.npy`'s.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,7 +24,7 @@ use serde::Serialize;
 
 use crate::fio::{self, FioMem};
 use crate::report;
-use crate::scale::{gen, median, num, run_riffle, Row, Run};
+use crate::scale::{gen, median, num, probe_seq, run_riffle, Row, Run};
 
 /// Options of the suite.
 #[derive(Clone, Debug)]
@@ -32,7 +39,7 @@ pub struct FormatsOptions {
     pub keep: bool,
     /// Runs per side (alternated).
     pub repeats: usize,
-    /// The cases to run (all when empty): files.
+    /// The cases to run (all when empty): files, tar, mds.
     pub cases: Vec<String>,
 }
 
@@ -110,7 +117,7 @@ pub fn run(
     let mut rows = Vec::new();
     let mut runs: Vec<(String, Run)> = Vec::new();
     let mut cold = report::drop_caches();
-    let total = 1;
+    let total = 3;
     let s = |p: &Path| p.to_str().map(str::to_owned).context("non-UTF-8 path");
 
     if want("files") {
@@ -214,6 +221,228 @@ pub fn run(
             let _ = std::fs::remove_file(&one);
         }
     }
+    if want("tar") {
+        let per: u64 = if opts.quick { 1_000 } else { 10_000 };
+        let shards: Vec<PathBuf> = (0..2)
+            .map(|k| data.join(format!("formats-tar-{per}/shard-{k:02}.tar")))
+            .collect();
+        let dir = shards[0].parent().expect("a directory").to_path_buf();
+        std::fs::create_dir_all(&dir)?;
+        progress(1, total, "tar: writing two shards");
+        for (k, p) in shards.iter().enumerate() {
+            gen(
+                p,
+                "tar",
+                per,
+                "100K",
+                &["--size-jitter", "0.2", "--seed", &k.to_string()],
+            )?;
+        }
+        let bytes: u64 = shards
+            .iter()
+            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+            .sum();
+        let mean = bytes as f64 / (2 * per) as f64;
+        let bs = ((mean / 4096.0).ceil() as usize) * 4096;
+        let shard_bytes = std::fs::metadata(&shards[0])?.len() / bs as u64 * bs as u64;
+        let (mut fio_iops, mut rps) = (vec![], vec![]);
+        let (mut records, mut cpu) = (0.0, 0.0);
+        for k in 0..opts.repeats.max(1) {
+            progress(
+                1,
+                total,
+                &format!("tar: lirs round {} of {}", k + 1, opts.repeats),
+            );
+            cold &= report::drop_caches();
+            let f = fio::run(
+                &shards[0],
+                "randread",
+                bs,
+                64,
+                None,
+                shard_bytes,
+                FioMem::Malloc,
+            )?;
+            fio_iops.push(f.iops);
+            cold &= report::drop_caches();
+            let r = run_riffle(
+                &[
+                    "read",
+                    &s(&dir)?,
+                    "--mode",
+                    "lirs",
+                    "--batch-size",
+                    "64",
+                    "--json",
+                ],
+                None,
+            )?;
+            rps.push(num(&r.report, "records") / num(&r.report, "seconds"));
+            records += num(&r.report, "records");
+            cpu += r.cpu_seconds;
+            runs.push(("tar lirs".into(), r));
+        }
+        let (m, f) = (median(&rps), median(&fio_iops));
+        rows.push(Row {
+            case: format!(
+                "tar: 2 shards of {per} samples (bin ~100 KiB, cls, json; mean {:.1} KiB), lirs",
+                mean / 1024.0
+            ),
+            value: m,
+            unit: "samples/s".into(),
+            reference: f,
+            reference_is: format!("fio {} KiB random reads, QD 64, one shard", bs / 1024),
+            ratio: m / f,
+            target: ">= 0.85".into(),
+            met: m / f >= 0.85,
+            records_per_cpu_s: Some(report::per_cpu_second(records, cpu)),
+            notes: format!(
+                "riffle {} / fio {}",
+                report::runs(&rps),
+                report::runs(&fio_iops)
+            ),
+        });
+        // Two-pass, three epochs: each later one against the I/O bound of a probe run just
+        // before it (the disk drifts).
+        let mut ratios: Vec<Vec<f64>> = vec![vec![]; 3];
+        let mut bounds = vec![];
+        for k in 0..opts.repeats.max(1) {
+            progress(
+                1,
+                total,
+                &format!("tar: two-pass round {} of {}", k + 1, opts.repeats),
+            );
+            let (rd, wr) = probe_seq(&data)?;
+            let bound = bytes as f64 / rd + bytes as f64 / wr;
+            bounds.push(bound);
+            cold &= report::drop_caches();
+            let r = run_riffle(
+                &[
+                    "read",
+                    &s(&dir)?,
+                    "--mode",
+                    "two-pass",
+                    "--epochs",
+                    "3",
+                    "--batch-size",
+                    "64",
+                    "--memory",
+                    "512M",
+                    "--json",
+                ],
+                None,
+            )?;
+            if let Some(eps) = r
+                .report
+                .get("epoch_seconds")
+                .and_then(serde_json::Value::as_array)
+            {
+                for (e, t) in eps
+                    .iter()
+                    .filter_map(serde_json::Value::as_f64)
+                    .enumerate()
+                    .take(3)
+                {
+                    ratios[e].push(t / bound);
+                }
+            }
+            runs.push(("tar two-pass".into(), r));
+        }
+        for (e, rs) in ratios.iter().enumerate().skip(1) {
+            if rs.is_empty() {
+                continue;
+            }
+            let ratio = median(rs);
+            rows.push(Row {
+                case: format!(
+                    "tar: the same shards, two-pass, --memory 512M: epoch {e} ({})",
+                    if e + 1 == ratios.len() {
+                        "the last: reads only"
+                    } else {
+                        "rolling"
+                    }
+                ),
+                value: ratio * median(&bounds),
+                unit: "s".into(),
+                reference: median(&bounds),
+                reference_is: "size/seq read + size/seq write (riffle probe before each run)"
+                    .into(),
+                ratio,
+                target: "<= 1.25".into(),
+                met: ratio <= 1.25,
+                records_per_cpu_s: None,
+                notes: format!(
+                    "per run {}",
+                    rs.iter()
+                        .map(|r| format!("{r:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        if !opts.keep {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    if want("mds") {
+        let n: u64 = if opts.quick { 2_000 } else { 20_000 };
+        let mds = data.join(format!("formats-mds-{n}"));
+        let npy = data.join(format!("formats-mds-{n}.npy"));
+        progress(2, total, "mds: writing the records as MDS and as .npy");
+        gen(&mds, "mds", n, "100K", &[])?;
+        gen(&npy, "npy", n, "100K", &[])?;
+        let (mut a, mut b) = (vec![], vec![]);
+        let (mut records, mut cpu) = (0.0, 0.0);
+        for k in 0..opts.repeats.max(1) {
+            progress(
+                2,
+                total,
+                &format!("mds: round {} of {}", k + 1, opts.repeats),
+            );
+            for (which, p) in [("npy", &npy), ("mds", &mds)] {
+                cold &= report::drop_caches();
+                let r = run_riffle(
+                    &[
+                        "read",
+                        &s(p)?,
+                        "--mode",
+                        "lirs",
+                        "--batch-size",
+                        "64",
+                        "--json",
+                    ],
+                    None,
+                )?;
+                let v = num(&r.report, "records") / num(&r.report, "seconds");
+                if which == "mds" {
+                    a.push(v);
+                    records += num(&r.report, "records");
+                    cpu += r.cpu_seconds;
+                } else {
+                    b.push(v);
+                }
+                runs.push((format!("mds {which}"), r));
+            }
+        }
+        let (m, r) = (median(&a), median(&b));
+        rows.push(Row {
+            case: format!("mds: {n} samples of 100 KiB (one ndarray column), lirs"),
+            value: m,
+            unit: "samples/s".into(),
+            reference: r,
+            reference_is: "the same records in one .npy".into(),
+            ratio: m / r,
+            target: "0.9 to 1.1".into(),
+            met: (0.9..=1.1).contains(&(m / r)),
+            records_per_cpu_s: Some(report::per_cpu_second(records, cpu)),
+            notes: format!("mds {} / npy {}", report::runs(&a), report::runs(&b)),
+        });
+        if !opts.keep {
+            let _ = std::fs::remove_dir_all(&mds);
+            let _ = std::fs::remove_file(&npy);
+        }
+    }
     progress(total, total, "done");
     let rep = FormatsReport {
         rows,
@@ -235,13 +464,20 @@ pub fn markdown(r: &FormatsReport) -> String {
     let mut s = String::from("# formats: the datasets users already have\n\n");
     s.push_str(&format!("Cold cache: {}.\n\n", r.cold_cache));
     s.push_str("| case | measured | reference | ratio | target | met | records per CPU-second | notes |\n|---|---:|---:|---:|---|---|---:|---|\n");
+    let num = |v: f64| {
+        if v >= 100.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.2}")
+        }
+    };
     for row in &r.rows {
         s.push_str(&format!(
-            "| {} | {:.0} {} | {:.0} ({}) | {:.2} | {} | {} | {} | {} |\n",
+            "| {} | {} {} | {} ({}) | {:.2} | {} | {} | {} | {} |\n",
             row.case,
-            row.value,
+            num(row.value),
             row.unit,
-            row.reference,
+            num(row.reference),
             row.reference_is,
             row.ratio,
             row.target,

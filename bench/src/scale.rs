@@ -193,7 +193,7 @@ fn run_riffle_env(args: &[&str], nofile: Option<u64>, env: &[(&str, &str)]) -> R
 
 /// Sequential read and write bandwidth of the device holding `dir`, from `riffle probe
 /// --quick --refresh` (bytes/s).
-fn probe_seq(dir: &Path) -> Result<(f64, f64)> {
+pub(crate) fn probe_seq(dir: &Path) -> Result<(f64, f64)> {
     let dir = dir.to_str().context("non-UTF-8 path")?;
     let p = run_riffle(&["probe", dir, "--quick", "--refresh", "--json"], None)?;
     Ok((

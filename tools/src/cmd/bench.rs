@@ -22,8 +22,10 @@ pub struct Args {
     /// (100,000 files, a 20 GiB two-pass under `ulimit -n 256`, a 4 GB shuffle, 100 million
     /// tiny records; about 60 GB of data and 15 minutes, 7 GB with --quick; not in `all`),
     /// formats (the datasets users already have, read in place: an ImageFolder tree of
-    /// 100,000 files of 16 KiB against fio on one file of the same size, and a Python loop
-    /// that opens and reads each file; 1.6 GB, about 3 minutes; 10,000 files with --quick),
+    /// 100,000 files of 16 KiB against fio on one file of the same size and a Python loop
+    /// that opens and reads each file; WebDataset shards (2 x 10,000 samples of ~100 KiB)
+    /// against fio, and two-pass against the I/O bound; an MDS dataset against the same
+    /// records in .npy; about 8 GB and 10 minutes, a tenth with --quick),
     /// node (`riffle serve` feeding 16 streams of one job, LIRS and two-pass, against an
     /// in-process read; 64 clients of different jobs under --memory 1G; a soak of 64
     /// connections, honest and hostile, for --seconds (300; 60 with --quick); 2 GiB of
@@ -64,7 +66,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
     /// scale: the cases to run, comma separated: many-files, two-pass-large, shuffle,
-    /// tiny-records (default: all four). formats: files. node: one-job (or one-job-lirs,
+    /// tiny-records (default: all four). formats: files, tar, mds. node: one-job (or one-job-lirs,
     /// one-job-two-pass), many-jobs, soak, attacks (default: all).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -247,7 +249,7 @@ fn formats(args: &Args) -> Result<()> {
     };
     suite(
         args,
-        1,
+        3,
         |p| riffle_bench::formats::run(&opts, p),
         riffle_bench::formats::markdown,
         |r| &r.report_dir,
