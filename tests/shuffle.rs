@@ -786,3 +786,134 @@ fn shuffle_under_ulimit_256_fits_its_piles_and_gives_the_same_output() {
         std::fs::read(&capped).unwrap()
     );
 }
+
+/// Each record of a dataset through `riffle cat --framed`.
+fn cat_records(sb: &Sandbox, dataset: &Path, extra: &[&str]) -> Vec<Vec<u8>> {
+    let o = sb
+        .cmd()
+        .arg("cat")
+        .arg(dataset)
+        .arg("--framed")
+        .args(extra)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let (b, mut at, mut v) = (o.stdout, 0, Vec::new());
+    while at < b.len() {
+        let n = u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize;
+        v.push(b[at + 8..at + 8 + n].to_vec());
+        at += 8 + n;
+    }
+    v
+}
+
+/// WebDataset shards shuffle into one tar of whole samples (the same output whatever the
+/// memory, piles or not), which riffle reads back as the same samples; `tar` lists it.
+#[test]
+fn tar_shards_shuffle_as_whole_samples_whatever_the_memory() {
+    let sb = Sandbox::new();
+    let dir = sb.data().join("shards");
+    std::fs::create_dir(&dir).unwrap();
+    // One shard: generated shards number their samples from 0, and two samples of one key
+    // side by side would be one sample with two members of each name (refused).
+    gen(
+        &sb,
+        &dir.join("s0.tar"),
+        "tar",
+        6_000,
+        300,
+        &["--size-jitter", "0.9"],
+    );
+    let inputs = [dir.join("s0.tar")];
+    let mut outs = Vec::new();
+    for (i, mem) in ["1G", "1M"].iter().enumerate() {
+        let out = sb.data().join(format!("out{i}.tar"));
+        let o = sb
+            .cmd()
+            .arg("shuffle")
+            .args(&inputs)
+            .arg("-o")
+            .arg(&out)
+            .args(["--seed", "3", "--memory", mem, "--json"])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let rep: serde_json::Value = serde_json::from_slice(&o.stderr).unwrap();
+        assert_eq!(rep["records"], 6_000, "{rep}");
+        assert_eq!(rep["in_memory"], i == 0, "{mem}: {rep}");
+        outs.push(out);
+    }
+    let (a, b) = (
+        std::fs::read(&outs[0]).unwrap(),
+        std::fs::read(&outs[1]).unwrap(),
+    );
+    assert!(a == b, "the output depends on --memory");
+    let mut want = cat_records(&sb, &dir, &[]);
+    let got = cat_records(&sb, &outs[0], &[]);
+    assert_ne!(got, want, "not shuffled");
+    let mut sorted = got.clone();
+    sorted.sort();
+    want.sort();
+    assert_eq!(sorted, want, "other samples than the shards'");
+    // A valid archive for tar itself: every member listed.
+    let o = std::process::Command::new("tar")
+        .arg("tf")
+        .arg(&outs[0])
+        .output();
+    if let Ok(o) = o {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            o.stdout
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+                .count(),
+            18_000
+        );
+    } else {
+        eprintln!("tar is not installed: the archive's listing is not checked");
+    }
+}
+
+/// A files tree shuffles into a tar whose members are the files, named by their path under
+/// the tree, each file's bytes once.
+#[test]
+fn a_files_tree_shuffles_into_a_tar_of_its_files() {
+    let sb = Sandbox::new();
+    let tree = sb.data().join("tree");
+    gen(
+        &sb,
+        &tree,
+        "files",
+        500,
+        200,
+        &["--size-jitter", "0.5", "--labels", "3"],
+    );
+    let out = sb.data().join("out.tar");
+    let o = sb
+        .cmd()
+        .arg("shuffle")
+        .arg(&tree)
+        .args(["--format", "files", "-o"])
+        .arg(&out)
+        .args(["--memory", "1M", "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let samples = cat_records(&sb, &out, &[]);
+    assert_eq!(samples.len(), 500);
+    let mut seen = std::collections::BTreeSet::new();
+    for s in &samples {
+        // One member: a ustar header naming LABEL/ID.bin, then the file's bytes.
+        let name = String::from_utf8_lossy(&s[..100])
+            .trim_end_matches('\0')
+            .to_owned();
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&s[124..135]).trim_matches(|c: char| c == '\0' || c == ' '),
+            8,
+        )
+        .unwrap();
+        let body = std::fs::read(tree.join(&name)).unwrap();
+        assert_eq!(&s[512..512 + size], &body[..], "{name}");
+        assert!(seen.insert(name));
+    }
+}

@@ -66,8 +66,10 @@ pub struct ShuffleOptions {
     pub memory: u64,
     /// Record format: lines (`sep`; `skip` header lines at the top of each input, the first
     /// input's kept at the top of the first output), TFRecord (whole frames, CRCs checked),
-    /// or fixed-size records (a `header` of bytes at the top of each input, the first
-    /// input's kept likewise). NumPy files are refused: `riffle read` serves them.
+    /// fixed-size records (a `header` of bytes at the top of each input, the first input's
+    /// kept likewise), tar (WebDataset samples; a tar out) or files (each input a tree or
+    /// manifest whose files are the records; a tar out). NumPy files and MDS are refused:
+    /// `riffle read` serves them.
     pub format: Format,
     /// Where piles go (default: the output's directory).
     pub tmpdir: Option<PathBuf>,
@@ -111,6 +113,34 @@ pub fn shuffle(
         return Err(Error::Invalid("--memory must be at least 1 MiB".into()));
     }
     let cut = Cut::of(&opts.format)?;
+    // A files dataset: its listing's files are the inputs, each one record, written as a
+    // tar member named by its path under the tree (or manifest) it came from.
+    let mut members: Vec<String> = Vec::new();
+    let listed: Vec<Input>;
+    let inputs = if let Cut::Whole = cut {
+        let mut v = Vec::new();
+        for i in inputs {
+            let Input::File(root) = i else {
+                return Err(Error::Invalid(
+                    "a files dataset is a directory tree or a manifest, not standard input".into(),
+                ));
+            };
+            let base = if root.is_dir() {
+                root.clone()
+            } else {
+                crate::scratch::parent_dir(root).to_path_buf()
+            };
+            for (path, _) in crate::dataset::files::list(root)?.files {
+                let rel = path.strip_prefix(&base).unwrap_or(&path);
+                members.push(rel.to_string_lossy().trim_start_matches('/').to_owned());
+                v.push(Input::File(path));
+            }
+        }
+        listed = v;
+        &listed[..]
+    } else {
+        inputs
+    };
     // Empty files are skipped with a notice, as `read` and `index` skip them; the first
     // input left gives the header.
     let inputs = &crate::dataset::skip_empty(inputs.to_vec(), |i| match i {
@@ -161,7 +191,15 @@ pub fn shuffle(
         let mut keep_header = n == 0;
         // A record must fit a pile's share of the budget to be sorted in memory.
         let max_record = opts.memory / 4;
+        let mut member = Vec::new();
         let result = for_each_record(input, cut, max_record, &name, small_reads, |offset, rec| {
+            let rec = if let Cut::Whole = cut {
+                member.clear();
+                crate::format::tar::append(&mut member, &members[n], rec);
+                &member[..]
+            } else {
+                rec
+            };
             rep.bytes += rec.len() as u64 + cut.sep().is_some() as u64;
             if skipped < skip {
                 skipped += 1;
@@ -209,7 +247,7 @@ pub fn shuffle(
         }
     }
     rep.records = id;
-    let mut out = OutputWriter::new(output, opts.split, cut.sep())?;
+    let mut out = OutputWriter::new(output, opts.split, cut.sep(), cut.trailer())?;
     out.header(&header)?;
     let written = match piles {
         None => {
@@ -342,6 +380,12 @@ enum Cut {
     TfRecord,
     /// Every `size` bytes after `header` bytes.
     Fixed { size: u64, header: u64 },
+    /// WebDataset samples of a tar archive (their bytes, headers included), up to its
+    /// end-of-archive block; the output is a tar.
+    Tar,
+    /// The whole input is one record (a `files` dataset), written as a tar member named
+    /// by its path under the dataset's root; the output is a tar.
+    Whole,
 }
 
 impl Cut {
@@ -363,18 +407,12 @@ impl Cut {
                         .into(),
                 ))
             }
-            Format::Tar | Format::Mds => {
+            Format::Tar => Cut::Tar,
+            Format::Files => Cut::Whole,
+            Format::Mds => {
                 return Err(Error::Invalid(
-                    "riffle shuffle does not write tar or MDS shards yet; `riffle read` \
-                     shuffles them in place (lirs or two-pass)"
-                        .into(),
-                ))
-            }
-            Format::Files => {
-                return Err(Error::Invalid(
-                    "riffle shuffle streams files of records; a files dataset (one record per \
-                     file) is shuffled by `riffle read` (lirs or two-pass), which can write the \
-                     order with --ids-out"
+                    "riffle shuffle does not write MDS shards; `riffle read` shuffles them in \
+                     place (lirs or two-pass)"
                         .into(),
                 ))
             }
@@ -386,6 +424,14 @@ impl Cut {
         match self {
             Cut::Sep(b) => Some(*b),
             _ => None,
+        }
+    }
+
+    /// Bytes that end every output file: a tar's end-of-archive blocks.
+    fn trailer(&self) -> Vec<u8> {
+        match self {
+            Cut::Tar | Cut::Whole => vec![0; 2 * crate::format::tar::BLOCK as usize],
+            _ => Vec::new(),
         }
     }
 }
@@ -410,6 +456,8 @@ fn for_each_record(
         carry_at: 0,
         pos: 0,
         header: Vec::new(),
+        tar: matches!(cut, Cut::Tar).then(crate::format::tar::TarScanner::new),
+        sample: None,
     };
     match *source {
         Source::File { path: p, .. } => {
@@ -460,6 +508,10 @@ struct RecordSplitter<'a> {
     pos: u64,
     /// The header bytes met so far (fixed records).
     header: Vec<u8>,
+    /// A tar input's scanner, and where its current sample starts (`carry` holds the
+    /// bytes from there on).
+    tar: Option<crate::format::tar::TarScanner>,
+    sample: Option<u64>,
 }
 
 impl RecordSplitter<'_> {
@@ -486,8 +538,81 @@ impl RecordSplitter<'_> {
     fn feed(&mut self, chunk: &[u8], f: &mut impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
         match self.cut {
             Cut::Sep(sep) => self.feed_sep(sep, chunk, f),
+            Cut::Tar => self.feed_tar(chunk, f),
+            Cut::Whole => {
+                if self.carry.len() + chunk.len() > self.max as usize {
+                    return Err(self.too_long(0, self.carry.len() + chunk.len()));
+                }
+                self.carry.extend_from_slice(chunk);
+                self.pos += chunk.len() as u64;
+                Ok(())
+            }
             _ => self.feed_framed(chunk, f),
         }
+    }
+
+    /// Tar samples: the scanner finds where each starts; a sample is delivered when the
+    /// next one starts, and the last when the archive ends (its end-of-archive blocks and
+    /// anything after them are not records).
+    fn feed_tar(
+        &mut self,
+        chunk: &[u8],
+        f: &mut impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        use crate::format::Scanner;
+        let at = self.pos;
+        self.pos += chunk.len() as u64;
+        let scanner = self.tar.as_mut().expect("a tar input has a scanner");
+        if scanner.ended() {
+            return Ok(());
+        }
+        scanner
+            .feed(at, chunk)
+            .map_err(|e| self.bad(e.offset, e.what))?;
+        let scanner = self.tar.as_mut().expect("a tar input has a scanner");
+        let starts = scanner.take_starts();
+        let end = scanner.ended().then(|| scanner.end());
+        // `carry` holds the bytes from `carry_at` (the current sample's start) to `at`.
+        if self.sample.is_none() {
+            self.carry_at = at;
+            self.carry.clear();
+        }
+        self.carry.extend_from_slice(chunk);
+        for s in starts {
+            if let Some(cur) = self.sample {
+                let len = (s - cur) as usize;
+                self.deliver_sample(cur, len, f)?;
+            } else {
+                // Bytes before the first sample are no sample's.
+                self.carry.drain(..(s - self.carry_at) as usize);
+                self.carry_at = s;
+            }
+            self.sample = Some(s);
+        }
+        if let (Some(end), Some(cur)) = (end, self.sample) {
+            self.deliver_sample(cur, (end - cur) as usize, f)?;
+            self.sample = None;
+            self.carry.clear();
+        } else if self.carry.len() as u64 > self.max {
+            return Err(self.too_long(self.carry_at, self.carry.len()));
+        }
+        Ok(())
+    }
+
+    /// Hands on the sample of `len` bytes at the front of `carry` (it starts at `at`).
+    fn deliver_sample(
+        &mut self,
+        at: u64,
+        len: usize,
+        f: &mut impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if len as u64 > self.max {
+            return Err(self.too_long(at, len));
+        }
+        f(at, &self.carry[..len])?;
+        self.carry.drain(..len);
+        self.carry_at = at + len as u64;
+        Ok(())
     }
 
     fn feed_sep(
@@ -530,7 +655,9 @@ impl RecordSplitter<'_> {
     /// tell (`None` until then); checks a TFRecord's length CRC.
     fn frame_len(&self, rest: &[u8], at: u64) -> Result<Option<usize>> {
         let len = match self.cut {
-            Cut::Sep(_) => unreachable!("separated records are cut by feed_sep"),
+            Cut::Sep(_) | Cut::Tar | Cut::Whole => {
+                unreachable!("separated, tar and whole records are cut elsewhere")
+            }
             Cut::Fixed { size, .. } => size,
             Cut::TfRecord => {
                 if rest.len() < 12 {
@@ -627,6 +754,25 @@ impl RecordSplitter<'_> {
     }
 
     fn finish(&mut self, f: &mut impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+        if let Some(scanner) = self.tar.as_mut() {
+            use crate::format::Scanner;
+            scanner.finish(self.pos).map_err(|e| Error::BadInput {
+                path: self.name.into(),
+                offset: Some(e.offset),
+                what: e.what,
+            })?;
+            // An archive without its end-of-archive block: the last sample ends where its
+            // last member does.
+            let end = scanner.end();
+            if let Some(cur) = self.sample.take() {
+                self.deliver_sample(cur, (end - cur) as usize, f)?;
+            }
+            return Ok(());
+        }
+        if let Cut::Whole = self.cut {
+            let rec = std::mem::take(&mut self.carry);
+            return f(0, &rec);
+        }
         if self.carry.is_empty() {
             return Ok(());
         }
@@ -650,6 +796,7 @@ impl RecordSplitter<'_> {
                     self.carry.len()
                 ),
             )),
+            Cut::Tar | Cut::Whole => unreachable!("tar and whole inputs finish above"),
         }
     }
 }

@@ -277,11 +277,13 @@ _worker_ring = None
 
 def _ring_for(b, size=None):
     """This worker's ring, made at its first batch: `size` bytes (the dataset's
-    `ring_bytes`), else room for about eight batches of this size (16 MiB to 1 GiB)."""
+    `ring_bytes`), else room for about five batches of this size (16 to 256 MiB: the
+    DataLoader holds `prefetch_factor` per worker, the loop one; more only falls back to
+    fresh blocks, it never waits)."""
     global _worker_ring
     if _worker_ring is None or _worker_ring.pid != _os.getpid():
         per = 8 * (2 * len(b.ids) + 1) + len(b.data)
-        _worker_ring = _WorkerRing(size or min(max(8 * per, 16 << 20), 1 << 30))
+        _worker_ring = _WorkerRing(size or min(max(5 * per, 16 << 20), 256 << 20))
     return _worker_ring
 
 

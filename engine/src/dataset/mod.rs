@@ -5,7 +5,7 @@
 //! loads or builds the offset index of variable-length files. Afterwards
 //! [`Dataset::locate`] turns a global id into (file, offset, length) in O(log files).
 
-mod files;
+pub(crate) mod files;
 pub mod index;
 pub(crate) mod mds;
 

@@ -243,6 +243,21 @@ impl TarScanner {
         }
     }
 
+    /// Sample starts found since the last call (a streaming reader of the archive).
+    pub fn take_starts(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.starts)
+    }
+
+    /// Whether the end-of-archive block was met.
+    pub fn ended(&self) -> bool {
+        matches!(self.state, State::End)
+    }
+
+    /// The end of the last sample's last member so far.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
     fn on_header(&mut self, start: u64, buf: &[u8]) -> Result<(), ScanError> {
         let Some(h) = header(buf, start)? else {
             self.state = State::End;

@@ -28,6 +28,8 @@ pub(super) struct OutputWriter {
     target: Output,
     split: Option<SplitBy>,
     sep: Option<u8>,
+    /// Bytes that end every output file (a tar's end-of-archive blocks).
+    trailer: Vec<u8>,
     /// The open output: its final path (`<stdout>` for stdout) and where bytes go.
     current: Option<(PathBuf, Sink)>,
     /// Finished parts, waiting for the commit.
@@ -38,11 +40,17 @@ pub(super) struct OutputWriter {
 }
 
 impl OutputWriter {
-    pub(super) fn new(target: &Output, split: Option<SplitBy>, sep: Option<u8>) -> Result<Self> {
+    pub(super) fn new(
+        target: &Output,
+        split: Option<SplitBy>,
+        sep: Option<u8>,
+        trailer: Vec<u8>,
+    ) -> Result<Self> {
         let mut w = OutputWriter {
             target: target.clone(),
             split,
             sep,
+            trailer,
             current: None,
             done: Vec::new(),
             records: 0,
@@ -133,6 +141,12 @@ impl OutputWriter {
     }
 
     fn close_current(&mut self) -> Result<()> {
+        if self.current.is_some() && !self.trailer.is_empty() {
+            let t = std::mem::take(&mut self.trailer);
+            let written = self.write(&t);
+            self.trailer = t;
+            written?;
+        }
         if let Some((path, sink)) = self.current.take() {
             match sink {
                 Sink::Stream(mut w) => w.flush().map_err(|e| Error::io(&path, "write", None, e))?,

@@ -53,8 +53,10 @@ pub struct Args {
     /// Record format: lines (also jsonl, csv, libsvm), tfrecord (whole frames are moved and
     /// both CRCs checked, so the output is TFRecord), or fixed:SIZE[:HEADER] (records of
     /// SIZE bytes after HEADER bytes at the top of each input; the first input's header is
-    /// kept at the top of the output). Default: told from the first input's extension, else
-    /// lines.
+    /// kept at the top of the output), tar (WebDataset shards: whole samples are moved, the
+    /// output is one tar), or files (a directory tree or manifest of one file per record:
+    /// the output is a tar whose members are the files, named by their path under the tree).
+    /// Default: told from the first input's extension, else lines.
     #[arg(long)]
     pub format: Option<Format>,
     /// Print a JSON report on stderr.
