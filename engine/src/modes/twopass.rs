@@ -592,6 +592,11 @@ fn scatter_led(
             .spawn_scoped(s, || {
                 super::lirs::lead(ds, units, opts, epoch, budget, &lead, tx, stop)
             });
+        // The lead's first batch first: the scatter waits for it (a fraction of a second
+        // at most, and nothing when the lead did not start).
+        if led.is_ok() {
+            lead.wait_first(std::time::Duration::from_millis(250));
+        }
         let scattered = scatter(ds, units, plan, &opts.io, reader, &key, scratch, stop);
         #[cfg(test)]
         if let (Some((n, _)), Ok(h)) = (tests_hold::of(opts.seed), &led) {
