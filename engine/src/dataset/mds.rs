@@ -34,6 +34,7 @@ pub struct MdsColumn {
 }
 
 /// One shard: its path, its size, and its samples' offsets (plus the end).
+#[derive(Debug)]
 pub(crate) struct Shard {
     pub path: PathBuf,
     pub size: u64,
@@ -186,7 +187,12 @@ fn read_offsets(path: &Path, samples: u64) -> Result<(u64, OffsetIndex)> {
         .metadata()
         .map_err(|e| Error::io(path, "stat", None, e))?
         .len();
-    let head = 4 + 4 * (samples + 1);
+    // Counts from a hostile index.json must not overflow or allocate past the file.
+    let head = samples
+        .checked_add(1)
+        .and_then(|n| n.checked_mul(4))
+        .and_then(|n| n.checked_add(4))
+        .unwrap_or(u64::MAX);
     if size < head {
         return Err(bad(
             size,
@@ -318,4 +324,82 @@ pub(crate) fn write(
     let p = out.join("index.json");
     std::fs::write(&p, &index).map_err(|e| Error::io(&p, "write", None, e))?;
     Ok(total + index.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dataset(dir: &Path) -> PathBuf {
+        write(
+            dir,
+            50,
+            1000,
+            Some(64),
+            &mut |id, out| {
+                out.clear();
+                out.extend_from_slice(&[id as u8; 64]);
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        dir.join("index.json")
+    }
+
+    fn edited(index: &Path, edit: impl FnOnce(&mut Value)) -> String {
+        let mut v: Value = serde_json::from_slice(&std::fs::read(index).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(index, serde_json::to_vec(&v).unwrap()).unwrap();
+        match open(index) {
+            Ok(_) => "opened".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// What `riffle gen` writes opens, with one sample per record; a hostile or damaged
+    /// index is refused with the reason, never followed outside the directory, never a
+    /// panic or an allocation its numbers ask for.
+    #[test]
+    fn written_datasets_open_and_bad_indexes_are_refused() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let index = dataset(dir.path());
+        let (shards, cols) = open(&index).unwrap();
+        assert_eq!(shards.iter().map(|s| s.index.len()).sum::<u64>(), 50);
+        assert!(shards.len() > 1, "several shards of at most 1000 bytes");
+        assert_eq!(cols[0].encoding, "ndarray:uint8:64");
+        let good = std::fs::read(&index).unwrap();
+        let restore = || std::fs::write(&index, &good).unwrap();
+        let e = edited(&index, |v| {
+            v["shards"][0]["raw_data"]["basename"] = "../../etc/passwd".into()
+        });
+        assert!(e.contains("not a plain file name"), "{e}");
+        restore();
+        let e = edited(&index, |v| v["shards"][0]["samples"] = u64::MAX.into());
+        assert!(e.contains("ends before its header"), "{e}");
+        restore();
+        let e = edited(&index, |v| v["shards"][1]["compression"] = "zstd:7".into());
+        assert!(e.contains("zstd:7"), "{e}");
+        restore();
+        let e = edited(&index, |v| {
+            v["shards"][1]["column_names"] = serde_json::json!(["y"])
+        });
+        assert!(e.contains("columns differ"), "{e}");
+        restore();
+        std::fs::write(&index, b"{\"version\": 2, \"shards\": [").unwrap();
+        assert!(open(&index)
+            .unwrap_err()
+            .to_string()
+            .contains("not valid JSON"));
+        restore();
+        // A shard whose offsets run backwards.
+        let shard = shards[0].path.clone();
+        let mut b = std::fs::read(&shard).unwrap();
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&shard, &b).unwrap();
+        let e = open(&index).unwrap_err().to_string();
+        assert!(
+            e.contains("before sample 0") || e.contains("outside"),
+            "{e}"
+        );
+    }
 }
