@@ -242,7 +242,7 @@ fn run(
         let epoch_started = Instant::now();
         let key = EpochKey::new(opts.seed, epoch);
         let mut rng = SmallRng::seed_from_u64(key.key(u64::MAX));
-        let split = opts.split(ds.len())?;
+        let split = opts.split_for(epoch, ds.len())?;
         let first_batch = match opts.resume {
             Some(c) if c.epoch == epoch => c.batch,
             _ => 0,

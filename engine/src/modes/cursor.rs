@@ -204,6 +204,21 @@ impl Resume {
         }
     }
 
+    /// This rank's cursor, and, for a global position inside a round of `split`'s batches,
+    /// the position itself: the read then cuts the rest of that epoch into this job's
+    /// batches from there ([`crate::order::split::Split::resumed`], through
+    /// [`crate::modes::ReadOptions::resume_start`]), so a global cursor converts exactly to
+    /// any world and batch size. Everything [`Resume::resolve`] refuses otherwise is still
+    /// refused.
+    pub fn resolve_anywhere(&self, split: &Split) -> Result<(Cursor, Option<u64>)> {
+        if let Resume::Global { epoch, records } = *self {
+            if let Err(Between::Inside { .. }) = split.batch_at(records) {
+                return Ok((Cursor { epoch, batch: 0 }, Some(records)));
+            }
+        }
+        self.resolve(split).map(|c| (c, None))
+    }
+
     /// Why `E:B@W` cannot be given under `split`'s world, and what to give instead.
     fn other_world(&self, epoch: u64, batch: u64, taken: u64, split: &Split) -> String {
         let then = match Split::new(split.records, split.batch, 0, taken, split.tail) {
@@ -229,6 +244,11 @@ impl Resume {
         match split.batch_at(at) {
             Ok(b) => format!(
                 "{head}: under world {} that is --resume {epoch}+{at} (batch {b} of each rank)",
+                split.world
+            ),
+            Err(Between::Inside { .. }) => format!(
+                "{head}: under world {} that is --resume {epoch}+{at} (the rest of the epoch cut \
+                 into this world's batches from there)",
                 split.world
             ),
             Err(between) => format!(
@@ -369,11 +389,15 @@ mod tests {
                 batch: 10
             }
         );
-        // 0:21@2 is record 4,200: between two rounds of 400.
+        // 0:21@2 is record 4,200: between two rounds of 400, given in its global form, which
+        // resumes there exactly (the rest cut into world 4's batches from record 4,200).
         let e = resolve("0:21@2", &w4).unwrap_err();
-        assert!(
-            e.contains("--resume 0+4000") && e.contains("--resume 0+4400"),
-            "{e}"
+        assert!(e.contains("--resume 0+4200"), "{e}");
+        let g: Resume = "0+4200".parse().unwrap();
+        assert!(g.resolve(&w4).is_err(), "not a round's start under world 4");
+        assert_eq!(
+            g.resolve_anywhere(&w4).unwrap(),
+            (Cursor { epoch: 0, batch: 0 }, Some(4200))
         );
         // The same world, with or without @W, is taken as it is.
         assert_eq!(resolve("0:21@4", &w4).unwrap().batch, 21);

@@ -115,7 +115,7 @@ impl<'a> Emitter<'a> {
     pub(crate) fn pad_records(split: &Split) -> u64 {
         match split.tail {
             Tail::Pad => (split.global_batches * split.batch)
-                .saturating_sub(split.records)
+                .saturating_sub(split.remaining())
                 .min(split.records),
             _ => 0,
         }
@@ -144,7 +144,11 @@ impl Emitter<'_> {
         if self.stopped {
             return;
         }
-        let g = p / self.split.batch;
+        // Positions before a resumed split's start were consumed before this read.
+        let Some(local) = p.checked_sub(self.split.start) else {
+            return;
+        };
+        let g = local / self.split.batch;
         if g >= self.split.global_batches || g % self.split.world != self.split.rank {
             return;
         }
@@ -237,7 +241,7 @@ impl Emitter<'_> {
             return;
         }
         let keep = std::mem::take(&mut self.pad_keep);
-        for p in self.records..self.split.global_batches * self.split.batch {
+        for p in self.records..self.split.start + self.split.global_batches * self.split.batch {
             let (id, bytes) = &keep[(p % self.records) as usize];
             self.place(p, *id, bytes, true);
         }

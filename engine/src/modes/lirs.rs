@@ -476,7 +476,7 @@ fn read_epoch(
     r: &mut ReadReport,
     started: Instant,
 ) -> Result<EpochOutcome> {
-    let split = opts.split(ds.len())?;
+    let split = opts.split_for(epoch, ds.len())?;
     let first = match opts.resume {
         Some(c) if c.epoch == epoch => c.batch.min(split.batches()),
         _ => 0,

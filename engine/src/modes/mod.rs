@@ -77,6 +77,10 @@ pub struct ReadOptions {
     pub grouping: Grouping,
     /// Start here instead of at batch 0 of `first_epoch`.
     pub resume: Option<Cursor>,
+    /// Positions of the resume epoch's sequence consumed by all ranks together before this
+    /// read (a global cursor taken under another world or batch size, `E+R`): that epoch is
+    /// then split from there ([`Split::resumed`]) and `resume` is its batch 0.
+    pub resume_start: Option<u64>,
     /// I/O (queue depth = `io.depth`).
     pub io: IoConfig,
     /// Batches read ahead of the consumer (at most [`MAX_PREFETCH`]).
@@ -130,9 +134,25 @@ impl ReadOptions {
         let split = self.split(records)?;
         self.epoch_range()?;
         if let Some(c) = self.resume {
-            c.check(&split)?;
+            c.check(&self.split_for(c.epoch, records)?)?;
         }
         Ok(split)
+    }
+
+    /// The split of epoch `epoch`: [`ReadOptions::split`], or, for the epoch a global
+    /// cursor resumes inside a round of batches, what remains of it from there.
+    pub(crate) fn split_for(&self, epoch: u64, records: u64) -> crate::Result<Split> {
+        match (self.resume, self.resume_start) {
+            (Some(c), Some(start)) if c.epoch == epoch && start > 0 => {
+                let split =
+                    Split::resumed(records, self.batch, self.rank, self.world, self.tail, start)?;
+                Ok(match self.ranks {
+                    Some(_) => split.all_ranks(),
+                    None => split,
+                })
+            }
+            _ => self.split(records),
+        }
     }
 
     /// The batches of an epoch of `records` this read delivers: its rank's, or with
@@ -163,6 +183,7 @@ impl ReadOptions {
             tail: Tail::Partial,
             grouping: Grouping::Record,
             resume: None,
+            resume_start: None,
             io: IoConfig::default(),
             prefetch: 4,
             memory: None,

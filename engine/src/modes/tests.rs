@@ -632,3 +632,79 @@ fn baselines_are_deterministic_permutations_of_their_kind() {
 
 mod share;
 mod stop;
+
+/// Issue 17: a global cursor (R records of the epoch consumed by all ranks together) taken
+/// under one world and batch size resumes exactly under another, inside a round of the
+/// new world's batches too: what the first world's ranks read before it and what the new
+/// world's ranks read from it cover the epoch as the new tail rule says (exactly once with
+/// a partial tail that divides; drop-last loses less than a new round; pad repeats only
+/// its padding), and lirs and two-pass deliver the same batches from the cursor.
+#[test]
+fn a_global_cursor_resumes_exactly_under_any_world_and_batch_size() {
+    use super::read_two_pass;
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::TfRecord, 2000, 60, 0.5);
+    let n = 2000u64;
+    // (world, batch, batches each rank read) before; (world, batch, tail) after.
+    let cases = [
+        ((2, 50, 7), (4, 50, Tail::Pad)),
+        ((4, 25, 5), (3, 25, Tail::DropLast)),
+        ((8, 16, 4), (1, 16, Tail::Partial)),
+        ((2, 50, 7), (2, 64, Tail::Pad)),
+        ((3, 40, 2), (5, 10, Tail::DropLast)),
+        ((2, 50, 6), (4, 50, Tail::Partial)),
+    ];
+    for ((w1, b1, k), (w2, b2, tail)) in cases {
+        let mut seen = vec![0u32; n as usize];
+        for r in 0..w1 {
+            let mut o = ReadOptions::new(b1);
+            (o.world, o.rank, o.tail) = (w1, r, Tail::Pad);
+            for b in all(&ds, o).iter().take(k as usize) {
+                b.ids.iter().for_each(|&id| seen[id as usize] += 1);
+            }
+        }
+        let at = k * w1 * b1;
+        let mut padding = 0u64;
+        for r in 0..w2 {
+            let mut o = ReadOptions::new(b2);
+            (o.world, o.rank, o.tail) = (w2, r, tail);
+            o.resume = Some(Cursor { epoch: 0, batch: 0 });
+            o.resume_start = Some(at);
+            let lirs = all(&ds, o.clone());
+            check_payloads(&lirs);
+            let scratch = dir.path().join("scratch");
+            let two: Vec<Batch> = read_two_pass(ds.clone(), o, scratch)
+                .unwrap()
+                .map(|b| b.unwrap())
+                .collect();
+            assert_eq!(
+                lirs, two,
+                "lirs and two-pass from 0+{at}, world {w2} rank {r}"
+            );
+            for b in &lirs {
+                b.ids.iter().for_each(|&id| seen[id as usize] += 1);
+                padding += b.padding as u64;
+            }
+        }
+        let once = seen.iter().filter(|&&c| c == 1).count() as u64;
+        let total: u64 = seen.iter().map(|&c| c as u64).sum();
+        let round = w2 * b2;
+        let case = format!("world {w1} batch {b1} -> world {w2} batch {b2} {tail:?} at 0+{at}");
+        match tail {
+            Tail::Partial => assert_eq!(once, n, "{case}"),
+            Tail::DropLast => {
+                assert!(seen.iter().all(|&c| c <= 1), "{case}");
+                assert!(n - total < round, "{case}: {} dropped", n - total);
+            }
+            Tail::Pad => {
+                assert!(seen.iter().all(|&c| c >= 1), "{case}");
+                assert_eq!(total - n, padding, "{case}: only padding read twice");
+            }
+        }
+        eprintln!(
+            "{case}: {once} records once, {} twice (padding), {} not read (dropped tail)",
+            seen.iter().filter(|&&c| c == 2).count(),
+            seen.iter().filter(|&&c| c == 0).count()
+        );
+    }
+}

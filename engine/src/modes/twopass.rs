@@ -379,7 +379,7 @@ fn run(
                 break;
             }
             let key = EpochKey::new(opts.seed, epoch);
-            let split = opts.split(ds.len())?;
+            let split = opts.split_for(epoch, ds.len())?;
             let epoch_started = Instant::now();
             // Piles for this epoch: rolled over from the previous epoch's pile pass, or a
             // scatter of the dataset (the first epoch).

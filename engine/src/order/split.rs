@@ -6,6 +6,11 @@
 //! only whole rounds of W full batches are kept) or to pad it (`Pad`: the sequence is
 //! extended from its own start, the extra records marked as padding). A single rank may
 //! also end on a partial batch (`Partial`).
+//!
+//! A split may start past the epoch's first positions (`Split::resumed`): a job resumed
+//! from a global cursor (R positions consumed by all ranks, under any world and batch
+//! size) cuts what remains, positions R onward, into batches in the same way, its tail
+//! rule applied to what remains; padding still repeats the epoch's first records.
 
 use crate::{Error, Result};
 
@@ -33,13 +38,37 @@ pub struct Split {
     pub world: u64,
     /// The tail policy.
     pub tail: Tail,
-    /// Global batches in the epoch (all ranks).
+    /// Global batches in the epoch (all ranks), after `start`.
     pub global_batches: u64,
+    /// Positions of the epoch's sequence consumed before this split's first batch (0
+    /// unless resumed from a global cursor).
+    pub start: u64,
 }
 
 impl Split {
     /// Checks the arguments and works out the number of batches.
     pub fn new(records: u64, batch: u64, rank: u64, world: u64, tail: Tail) -> Result<Split> {
+        Split::resumed(records, batch, rank, world, tail, 0)
+    }
+
+    /// The split of what remains of an epoch of `records` once `start` positions of its
+    /// sequence are consumed (`start` below `records`): positions `start..` cut into
+    /// batches of `batch` over `world` ranks, the tail rule applied to what remains.
+    pub fn resumed(
+        records: u64,
+        batch: u64,
+        rank: u64,
+        world: u64,
+        tail: Tail,
+        start: u64,
+    ) -> Result<Split> {
+        if start >= records && start > 0 {
+            return Err(Error::Invalid(format!(
+                "a resume point at record {start} of an epoch of {records} leaves nothing to read"
+            )));
+        }
+        let all_records = records;
+        let records = records - start;
         if batch == 0 {
             return Err(Error::Invalid("the batch size must be at least 1".into()));
         }
@@ -78,20 +107,29 @@ impl Split {
         };
         // Every position of the (padded) sequence fits in 64 bits: the arithmetic on
         // positions below (and in the modes) cannot overflow.
-        global_batches.checked_mul(batch).ok_or_else(too_long)?;
+        global_batches
+            .checked_mul(batch)
+            .and_then(|n| n.checked_add(start))
+            .ok_or_else(too_long)?;
         if global_batches == 0 {
             return Err(Error::Invalid(format!(
                 "{records} records give no batch of {batch} for {world} rank(s) with --drop-last"
             )));
         }
         Ok(Split {
-            records,
+            records: all_records,
             batch,
             rank,
             world,
             tail,
             global_batches,
+            start,
         })
+    }
+
+    /// Records left to split (after `start`).
+    pub fn remaining(&self) -> u64 {
+        self.records - self.start
     }
 
     /// The same global batches seen as one rank's: every rank's batches, in global order
@@ -118,10 +156,11 @@ impl Split {
     /// padded length with `Pad`, the records kept otherwise.
     pub fn end(&self) -> u64 {
         let all = self.global_batches * self.batch;
-        match self.tail {
-            Tail::Pad => all,
-            _ => all.min(self.records),
-        }
+        self.start
+            + match self.tail {
+                Tail::Pad => all,
+                _ => all.min(self.remaining()),
+            }
     }
 
     /// Records per round of batches: one batch for every rank.
@@ -136,7 +175,7 @@ impl Split {
         if j > self.batches() {
             return None;
         }
-        Some((j * self.world * self.batch).min(self.end()))
+        Some((self.start + j * self.world * self.batch).min(self.end()))
     }
 
     /// The batch of each rank that starts at position `pos` of the epoch sequence (the
@@ -151,10 +190,17 @@ impl Split {
             return Err(Between::PastEnd { end });
         }
         let round = self.round();
-        if pos.is_multiple_of(round) {
-            return Ok(pos / round);
+        if pos < self.start {
+            return Err(Between::Inside {
+                before: 0,
+                after: self.start,
+            });
         }
-        let before = pos - pos % round;
+        let local = pos - self.start;
+        if local.is_multiple_of(round) {
+            return Ok(local / round);
+        }
+        let before = pos - local % round;
         Err(Between::Inside {
             before,
             after: (before + round).min(end),
@@ -167,9 +213,9 @@ impl Split {
         let g = self.global(j);
         let end = match self.tail {
             Tail::Pad => (g + 1) * self.batch,
-            _ => ((g + 1) * self.batch).min(self.records),
+            _ => ((g + 1) * self.batch).min(self.remaining()),
         };
-        g * self.batch..end
+        self.start + g * self.batch..self.start + end
     }
 }
 
@@ -259,6 +305,64 @@ mod tests {
                 proptest::prop_assert!(covered(records, batch, world, Tail::Partial).iter().all(|&c| c == 1));
             }
         }
+    }
+
+    /// A split resumed at any position, under any world, batch size and tail: what the
+    /// earlier ranks read before it plus what the new ranks read covers the epoch as the
+    /// new tail rule says (exactly once with an even split; drop-last loses less than a
+    /// new round; pad repeats less than a round, from the epoch's start).
+    #[test]
+    fn resumed_splits_cover_the_rest_of_the_epoch() {
+        for (records, b1, w1, k, b2, w2) in [
+            (1000, 10, 2, 7, 10, 4),
+            (1000, 10, 4, 5, 10, 3),
+            (1024, 16, 8, 3, 16, 1),
+            (999, 7, 3, 11, 20, 5),
+        ] {
+            let before = Split::new(records, b1, 0, w1, Tail::Pad).unwrap();
+            let at = before.consumed(k).unwrap();
+            for tail in [Tail::DropLast, Tail::Pad, Tail::Partial] {
+                let Ok(probe) = Split::resumed(records, b2, 0, w2, tail, at) else {
+                    assert_eq!(
+                        tail,
+                        Tail::Partial,
+                        "only an uneven partial split is refused"
+                    );
+                    continue;
+                };
+                let mut seen = vec![0u32; records as usize];
+                for p in 0..at {
+                    seen[p as usize] += 1;
+                }
+                for r in 0..w2 {
+                    let s = Split::resumed(records, b2, r, w2, tail, at).unwrap();
+                    assert_eq!(s.batches(), probe.batches());
+                    for j in 0..s.batches() {
+                        for p in s.positions(j) {
+                            assert!(p >= at);
+                            seen[(p % records) as usize] += 1;
+                        }
+                    }
+                }
+                let once = seen.iter().filter(|&&c| c == 1).count() as u64;
+                let round = b2 * w2;
+                match tail {
+                    Tail::DropLast => {
+                        assert!(seen.iter().all(|&c| c <= 1));
+                        assert!(records - once < round, "{records} {at} {tail:?}");
+                    }
+                    Tail::Pad => {
+                        assert!(seen.iter().all(|&c| c >= 1));
+                        assert!(seen.iter().map(|&c| c as u64).sum::<u64>() - records < round);
+                    }
+                    Tail::Partial => assert_eq!(once, records),
+                }
+                assert_eq!(probe.consumed(0), Some(at));
+                assert_eq!(probe.batch_at(at), Ok(0));
+                assert_eq!(probe.consumed(probe.batches()), Some(probe.end()));
+            }
+        }
+        assert!(Split::resumed(10, 2, 0, 1, Tail::Partial, 10).is_err());
     }
 
     #[test]

@@ -768,6 +768,7 @@ impl Conn {
                 epoch: c.epoch,
                 batch: c.batch,
             }),
+            resume_start: None,
             io: IoConfig {
                 depth: cfg.queue_depth.max(1),
                 ..IoConfig::default()

@@ -105,8 +105,9 @@ pub struct Args {
     /// run's --world.
     ///
     /// EPOCH+RECORDS starts after RECORDS of the epoch's sequence consumed by all ranks
-    /// together (cursor.resume_global), under any --world and --batch-size whose rounds of
-    /// batches (--batch-size x --world records) start there.
+    /// together (cursor.resume_global), under any --world and --batch-size: the rest of
+    /// the epoch is cut into this run's batches from there (its tail rule applied to what
+    /// remains), so the ranks before and after together read the epoch exactly once.
     ///
     /// A cursor past the end of its epoch is refused; its end (EPOCH:BATCHES) is not.
     #[arg(long, value_name = "CURSOR")]
@@ -193,7 +194,13 @@ pub fn run(a: Args) -> Result<()> {
     // The job's batches: the cursor given is resolved against them, and the one printed
     // at the end is taken under them.
     let split = Split::new(records, a.job.batch_size, a.rank, a.world, tail)?;
-    let resume = a.resume.map(|r| r.resolve(&split)).transpose()?;
+    let (resume, resume_start) = match a.resume {
+        Some(r) => {
+            let (c, start) = r.resolve_anywhere(&split)?;
+            (Some(c), start)
+        }
+        None => (None, None),
+    };
     let device = riffle::device::identify(&ds.files()[0].path).ok();
     let emulated = device.and_then(|d| riffle::emulate::active(&d));
     let mut read_opts = ReadOptions {
@@ -206,6 +213,7 @@ pub fn run(a: Args) -> Result<()> {
         tail,
         grouping,
         resume,
+        resume_start,
         io: IoConfig {
             depth: a.job.queue_depth.max(1),
             ..IoConfig::default()
@@ -316,10 +324,26 @@ pub fn run(a: Args) -> Result<()> {
         out.flush()?;
     }
     let r = stream.report();
-    let rank_form = next.rank_form(a.world);
+    // In an epoch resumed inside a round of batches, this run's batches are numbered from
+    // the resume point: its cursor is given in the global form only.
+    let resumed_here = match (resume, resume_start) {
+        (Some(c), Some(start)) if c.epoch == next.epoch => Some(Split::resumed(
+            records,
+            a.job.batch_size,
+            a.rank,
+            a.world,
+            tail,
+            start,
+        )?),
+        _ => None,
+    };
     let global_form = next
-        .global_form(&split)
+        .global_form(resumed_here.as_ref().unwrap_or(&split))
         .context("the cursor after the last batch lies past its epoch")?;
+    let rank_form = match resumed_here {
+        Some(_) => global_form.clone(),
+        None => next.rank_form(a.world),
+    };
     let iops = r.read_ops as f64 / r.seconds;
     let rps = r.records as f64 / r.seconds;
     let bps = r.bytes as f64 / r.seconds;
