@@ -443,7 +443,10 @@ class Stream:
         self.auto_release = auto_release
         self.ring_bytes = ring_bytes
         self.cursor = {"epoch": params["epoch"], "batch": 0}
+        # Records of the cursor's epoch consumed by all ranks together (the global cursor).
+        self.global_cursor = {"epoch": params["epoch"], "records": 0}
         self._resume = None
+        self._resume_global = None
         self._open = False
         self._ended = False
         self._held = None
@@ -460,23 +463,51 @@ class Stream:
     # Resume.
     def state_dict(self):
         """A small dict (JSON-friendly) that `load_state_dict` or `Client.stream(state=)`
-        resumes from, on this daemon or a restarted one."""
-        return {"version": 1, **self.params, "cursor": dict(self.cursor)}
+        resumes from, on this daemon or a restarted one: the parameters, this rank's
+        cursor, and the global cursor (records of the epoch consumed by all ranks together,
+        assuming every rank got as far: ranks step together), which resumes under another
+        world or batch size."""
+        # In an epoch resumed inside a round, batches are numbered from the resume point:
+        # only the global cursor says where that is.
+        g = self._resume_global
+        inside = (g is not None and self.opened is not None and self.opened.get("start", 0) > 0
+                  and self.cursor["epoch"] == g["epoch"])
+        return {"version": 1, **self.params, "cursor": None if inside else dict(self.cursor),
+                "global": dict(self.global_cursor)}
 
     def load_state_dict(self, state):
-        """Resumes from `state`: the stream parameters must match."""
-        for k in _PARAMS:
+        """Resumes from `state`. Under the same batch size, rank, world and tail it resumes
+        at this rank's cursor; under others, at the global cursor (the rest of that epoch
+        cut into this job's batches from there). The order's own parameters (dataset,
+        seed, grouping) must match."""
+        for k in ("dataset", "seed", "grouping"):
             if k in state and state[k] != self.params[k]:
                 raise ValueError(
                     f"the state is for {k}={state[k]!r}, this stream has {k}={self.params[k]!r}"
                 )
-        c = state["cursor"]
+        same = all(state.get(k, self.params[k]) == self.params[k]
+                   for k in ("batch_size", "rank", "world", "tail"))
         if self._open:
             self._drop()
         self._ended = False
         self._superseded = False
-        self.cursor = {"epoch": int(c["epoch"]), "batch": int(c["batch"])}
-        self._resume = dict(self.cursor)
+        if (same and state.get("cursor") is not None) or "global" not in state:
+            for k in _PARAMS:
+                if k in state and state[k] != self.params[k]:
+                    raise ValueError(
+                        f"the state is for {k}={state[k]!r}, this stream has {k}={self.params[k]!r} "
+                        "(and holds no global cursor to convert)"
+                    )
+            c = state["cursor"]
+            self.cursor = {"epoch": int(c["epoch"]), "batch": int(c["batch"])}
+            self._resume = dict(self.cursor)
+            self._resume_global = None
+        else:
+            g = state["global"]
+            self.global_cursor = {"epoch": int(g["epoch"]), "records": int(g["records"])}
+            self.cursor = {"epoch": int(g["epoch"]), "batch": 0}
+            self._resume = None
+            self._resume_global = dict(self.global_cursor)
 
     # Iteration.
     def __iter__(self):
@@ -525,6 +556,13 @@ class Stream:
         labels = np.frombuffer(src, _LABEL, n, off_at + 8 * (n + 1)) if flags & 1 else None
         b = Batch(ids, offsets, data, epoch, index, padding, ready_ns, slot, self, self._gen, labels)
         self.cursor = {"epoch": epoch, "batch": index + 1}
+        o = self.opened
+        if o.get("round"):
+            # The first epoch of a stream resumed inside a round starts at `start`.
+            first = epoch == self.params["epoch"] if self._resume_global is None else \
+                epoch == self._resume_global["epoch"]
+            start, end = (o["start"], o["start_end"]) if first and o["start"] else (0, o["epoch_end"])
+            self.global_cursor = {"epoch": epoch, "records": min(start + (index + 1) * o["round"], end)}
         if self.auto_release:
             self._held = b
         return b
@@ -584,6 +622,8 @@ class Stream:
         req = dict(self.params, transport=self.transport)
         if self._resume is not None:
             req["resume"] = self._resume
+        elif self._resume_global is not None:
+            req["resume_global"] = self._resume_global
         if self.ring_bytes is not None:
             req["ring_bytes"] = int(self.ring_bytes)
         c._send_json(OPEN, req)

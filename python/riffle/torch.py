@@ -45,8 +45,30 @@ __all__ = ["RiffleDataset", "loader", "split", "fixed"]
 
 
 def split(rank, world, worker_id, num_workers):
-    """The (rank, world) a worker streams as: workers of a rank are ranks of their own."""
-    return rank * num_workers + worker_id, world * num_workers
+    """The (rank, world) a worker streams as: workers of a rank are ranks of their own,
+    numbered so that the job's processes, taking their workers' batches in turn as a
+    DataLoader does, consume the epoch's global batches in order: a process's step `s` is
+    global batch `s * world + rank`, so after `m` steps of every process (ranks step
+    together) the job has consumed exactly the epoch's first `m * world` batches, which a
+    global cursor (`state_dict()`) records."""
+    return worker_id * world + rank, world * num_workers
+
+
+def _cursor(stream, b, wid, nw):
+    """The global cursor after batch `b` of a worker `wid` of `nw` (every process of the
+    job having taken as many steps): `{"epoch", "records"}`, from what OPENED says."""
+    o = stream.opened or {}
+    rnd = o.get("round", 0)
+    if not rnd:
+        return None
+    g = stream._resume_global
+    first = g["epoch"] if g is not None else stream.params["epoch"]
+    if b.epoch == first and o.get("start", 0):
+        start, end = o["start"], o["start_end"]
+    else:
+        start, end = 0, o["epoch_end"]
+    step = int(b.index) * nw + wid
+    return {"epoch": int(b.epoch), "records": int(min(start + (step + 1) * (rnd // nw), end))}
 
 
 # torch warns, for every tensor made over read-only memory, that it cannot mark the tensor
@@ -83,7 +105,7 @@ def _labels(labels):
     return None if labels is None else _torch.from_numpy(labels.astype(_np.int64))
 
 
-def _as_dict(b, ids, offsets, data):
+def _as_dict(b, ids, offsets, data, meta=None):
     out = {
         "ids": ids,
         "offsets": offsets,
@@ -94,6 +116,8 @@ def _as_dict(b, ids, offsets, data):
     }
     if b.labels is not None:
         out["labels"] = _labels(b.labels)
+    if meta:
+        out.update(meta)
     return out
 
 
@@ -125,7 +149,7 @@ def _proc_open(pid, fd, flags):
 
 
 def _from_ticket(token, pid, ring_fd, ring_bytes, ctl_fd, seq, epoch, index, padding, n, dlen,
-                 ids_at, off_at, data_at, labels=None):
+                 ids_at, off_at, data_at, labels=None, meta=None):
     """In the training process: the ticket's batch as tensors viewing the worker's ring."""
     m = _maps.get(token)
     if m is None:
@@ -152,6 +176,8 @@ def _from_ticket(token, pid, ring_fd, ring_bytes, ctl_fd, seq, epoch, index, pad
     }
     if labels is not None:
         out["labels"] = _labels(labels)
+    if meta:
+        out.update(meta)
     return out
 
 
@@ -178,10 +204,13 @@ def _release(batch):
             _RELEASE.pack_into(ctl, 0, t[1] + 1)
 
 
-def _forget_rings():
-    for arr, ctl in _maps.values():
-        ctl.close()
-    _maps.clear()  # the rings go with the last view of them
+def _forget_rings(tokens):
+    """Unmaps the release pages of the rings of `tokens` (one loader's: loaders of other
+    threads keep theirs); the rings go with the last view of them."""
+    for t in tokens:
+        m = _maps.pop(t, None)
+        if m is not None:
+            m[1].close()
 
 
 def _give_back(held, state):
@@ -191,7 +220,7 @@ def _give_back(held, state):
         held.popleft()[1].release()
 
 
-def _tickets(stream, b, held, state):
+def _tickets(stream, b, held, state, meta=None):
     """In a worker: a ticket for batch `b`, held until the training process releases it."""
     _give_back(held, state)
     seq = state["seq"]
@@ -201,7 +230,7 @@ def _tickets(stream, b, held, state):
     return _Ticket(state["token"], _os.getpid(), stream.ring_fd, stream.opened["ring_bytes"],
                    state["ctl_fd"], seq, b.epoch, b.index, b.padding, len(b.ids), len(b.data),
                    b.ids.ctypes.data - base, b.offsets.ctypes.data - base, b.data.ctypes.data - base,
-                   None if b.labels is None else b.labels.copy())
+                   None if b.labels is None else b.labels.copy(), meta)
 
 
 # Hand-over from a plain DataLoader's workers (`DataLoader(RiffleDataset(...),
@@ -250,7 +279,7 @@ class _WorkerRing:
             return 0 if need <= tail else None
         return self.head if self.head + need <= tail else None
 
-    def put(self, b, view=None):
+    def put(self, b, view=None, meta=None):
         """A ticket for batch `b` copied into the ring, or None when it has no room.
         `view`, a `_Reshape`, is applied where the ticket is unpickled."""
         n, dlen = len(b.ids), len(b.data)
@@ -269,7 +298,7 @@ class _WorkerRing:
         self.head = at + need
         return _Handoff(self.token, self.pid, self.fd, self.size, self.ctl_fd, seq, b.epoch,
                         b.index, b.padding, n, dlen, at, view,
-                        None if b.labels is None else b.labels.copy())
+                        None if b.labels is None else b.labels.copy(), meta)
 
 
 _worker_ring = None
@@ -322,7 +351,7 @@ _rings = _weakref.WeakValueDictionary()  # token -> _RingState
 
 
 def _from_handoff(token, pid, ring_fd, size, ctl_fd, seq, epoch, index, padding, n, dlen, at,
-                  view=None, labels=None):
+                  view=None, labels=None, meta=None):
     """In the training process: the batch as tensors over one block of the worker's ring,
     released to the worker when the block is collected."""
     state = _rings.get(token)
@@ -341,6 +370,8 @@ def _from_handoff(token, pid, ring_fd, size, ctl_fd, seq, epoch, index, padding,
     }
     if labels is not None:
         out["labels"] = _labels(labels)
+    if meta:
+        out.update(meta)
     return view(out) if view is not None else out
 
 
@@ -415,6 +446,8 @@ class RiffleDataset(IterableDataset):
         self.ring_bytes = ring_bytes
         # Set by `loader()`, which releases each batch when the next one is asked for.
         self.tickets = False
+        # A global cursor to resume from (`loader(...).load_state_dict`).
+        self._resume_global = None
 
     def set_epoch(self, epoch):
         """The epoch the next iteration reads (each epoch is a fresh order)."""
@@ -437,35 +470,43 @@ class RiffleDataset(IterableDataset):
         tail = self.tail or ("partial" if world == 1 else "pad")
         in_worker = info is not None
         tickets = in_worker and self.tickets and self.transform is None and self.transport == "shm"
+        # A global cursor to resume from (load_state_dict), for the epoch it is in.
+        g = self._resume_global
+        state = None
+        if g is not None and g["epoch"] == self.epoch and g["records"] > 0:
+            state = {"dataset": self.dataset, "seed": self.seed, "grouping": self.grouping,
+                     "cursor": None, "global": dict(g)}
         with Client(self.socket) as client:
             stream = client.stream(self.dataset, self.batch_size, seed=self.seed,
                                    epoch=self.epoch, rank=rank, world=world, tail=tail,
                                    grouping=self.grouping, transport=self.transport,
-                                   auto_release=not tickets, ring_bytes=self.ring_bytes)
+                                   auto_release=not tickets, ring_bytes=self.ring_bytes,
+                                   state=state)
             if tickets:
-                yield from self._iter_tickets(stream)
+                yield from self._iter_tickets(stream, wid, nw)
                 return
             for b in stream:
+                meta = {"cursor": _cursor(stream, b, wid, nw)}
                 if in_worker:
                     view = isinstance(self.transform, _Reshape)
                     t = None
                     if self.transform is None or view:
-                        t = _ring_for(b, self.ring_bytes).put(b, self.transform)
+                        t = _ring_for(b, self.ring_bytes).put(b, self.transform, meta)
                     if t is not None:
                         yield t
                         continue
-                    out = _as_dict(b, *_shared_copy(b))
+                    out = _as_dict(b, *_shared_copy(b), meta)
                 elif self.copy:
                     out = _as_dict(b, _torch.from_numpy(b.ids.astype(_np.int64)),
                                    _torch.from_numpy(b.offsets.astype(_np.int64)),
-                                   _torch.from_numpy(b.data.copy()))
+                                   _torch.from_numpy(b.data.copy()), meta)
                 else:
                     out = _as_dict(b, _view(b.ids.view(_np.int64)),
-                                   _view(b.offsets.view(_np.int64)), _view(b.data))
+                                   _view(b.offsets.view(_np.int64)), _view(b.data), meta)
                 yield self.transform(out) if self.transform is not None else out
 
 
-    def _iter_tickets(self, stream):
+    def _iter_tickets(self, stream, wid, nw):
         global _worker_fds
         for fd in _worker_fds:  # the previous stream's: its epoch is over
             _os.close(fd)
@@ -498,7 +539,7 @@ class RiffleDataset(IterableDataset):
             if state["base"] is None:
                 _worker_fds.append(stream.ring_fd)
                 state["base"] = _np.frombuffer(stream._mm, _np.uint8).ctypes.data
-            yield _tickets(stream, b, held, state)
+            yield _tickets(stream, b, held, state, {"cursor": _cursor(stream, b, wid, nw)})
         # The stream is over: the daemon has let go of the ring, whose memory lives on in
         # the training process's mapping of it.
 
@@ -515,6 +556,8 @@ class _Background:
             _warnings.warn("pin_memory is set but no accelerator is available: not pinning")
             pin_memory = False
         self.ds, self.collate, self.pin, self.depth = ds, collate, pin_memory, depth
+        # The global cursor after the batch last yielded (its collate may drop it).
+        self.cursor = None
 
     def set_epoch(self, epoch):
         """The epoch the next iteration reads."""
@@ -537,10 +580,11 @@ class _Background:
             it = iter(self.ds)
             try:
                 for b in it:
+                    c = b.get("cursor") if isinstance(b, dict) else None
                     out = self.collate(b) if self.collate is not None else b
                     if self.pin:
                         out = _pin(out)
-                    if not put(out):
+                    if not put((c, out)):
                         return
                 put(self._END)
             except BaseException as e:  # handed to the consumer, raised there
@@ -557,7 +601,8 @@ class _Background:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                self.cursor, out = item
+                yield out
         finally:
             stop.set()
             t.join()
@@ -592,19 +637,80 @@ class _WorkerLoader:
 
     def __iter__(self):
         it = iter(self.dl)
+        tokens = set()
         try:
             while True:
                 try:
                     b = next(it)
                 except StopIteration:
                     return
+                t = b.get("_riffle") if isinstance(b, dict) else None
+                if t is not None:
+                    tokens.add(t[0])
                 yield b
                 # Asked for the next one: this one goes back to its worker first (which
                 # may need it back to make the next).
                 _release(b)
                 del b
         finally:
-            _forget_rings()
+            _forget_rings(tokens)
+
+
+class _Stateful:
+    """`loader()`'s batches, and where the loop is: `state_dict()` gives a global cursor
+    (the epoch, and the records of its sequence the whole job has consumed, every process
+    having taken as many batches), which `load_state_dict()` resumes from exactly under
+    any world size, `num_workers` or batch size: the rest of that epoch is cut into the new
+    job's batches from there."""
+
+    def __init__(self, inner, ds):
+        self.inner, self.ds = inner, ds
+        self._cursor = None
+        self._done = False
+
+    def set_epoch(self, epoch):
+        """The epoch the next iteration reads."""
+        self.ds.set_epoch(epoch)
+        self._cursor, self._done = None, False
+
+    def __iter__(self):
+        self._cursor, self._done = None, False
+        for b in self.inner:
+            c = b.get("cursor") if isinstance(b, dict) else getattr(self.inner, "cursor", None)
+            if c is not None:
+                self._cursor = c
+            yield b
+        self._done = True
+        self.ds._resume_global = None
+
+    def state_dict(self):
+        """A small JSON-friendly dict: the global cursor after the last batch the loop
+        took (the next epoch's start once an epoch is done)."""
+        ds = self.ds
+        if self._done:
+            at = {"epoch": ds.epoch + 1, "records": 0}
+        elif self._cursor is not None:
+            at = dict(self._cursor)
+        elif ds._resume_global is not None:
+            at = dict(ds._resume_global)
+        else:
+            at = {"epoch": ds.epoch, "records": 0}
+        return {"version": 1, "dataset": ds.dataset, "seed": ds.seed, "grouping": ds.grouping,
+                "global": at}
+
+    def load_state_dict(self, state):
+        """The next iteration resumes at `state`'s global cursor (the dataset, seed and
+        grouping must match: they decide the order)."""
+        ds = self.ds
+        for k in ("dataset", "seed", "grouping"):
+            if k in state and state[k] != getattr(ds, k):
+                raise ValueError(f"the state is for {k}={state[k]!r}, this loader has "
+                                 f"{k}={getattr(ds, k)!r}")
+        g = state["global"]
+        ds.epoch = int(g["epoch"])
+        ds._resume_global = ({"epoch": int(g["epoch"]), "records": int(g["records"])}
+                             if int(g["records"]) > 0 else None)
+        self._cursor, self._done = None, False
 
 
 def loader(socket, dataset, batch_size, num_workers=0, collate=None, pin_memory=False,
@@ -622,13 +728,18 @@ def loader(socket, dataset, batch_size, num_workers=0, collate=None, pin_memory=
     maps the worker's ring and views the batch there, and the batch goes back to the
     daemon when the next one is asked for. `dataloader` holds more DataLoader arguments
     (`prefetch_factor`, `persistent_workers`, ...). Other arguments are `RiffleDataset`'s.
+
+    The result has `set_epoch`, and `state_dict()`/`load_state_dict()`: a global cursor
+    that resumes exactly under another world size, `num_workers` or batch size (each batch
+    dict carries it as `batch["cursor"]`).
     """
     ds = RiffleDataset(socket, dataset, batch_size, **kwargs)
     if num_workers > 0:
         ds.tickets = tickets
-        return _WorkerLoader(ds, num_workers, pin_memory, **(dataloader or {}))
+        return _Stateful(_WorkerLoader(ds, num_workers, pin_memory, **(dataloader or {})), ds)
     if background is None:
         background = collate is not None or pin_memory
     if not background:
-        return ds
-    return _Background(ds, collate if collate is not None else _copied, pin_memory, depth)
+        return _Stateful(ds, ds)
+    return _Stateful(_Background(ds, collate if collate is not None else _copied, pin_memory,
+                                 depth), ds)

@@ -159,6 +159,52 @@ def test_state_dict_resumes_with_nothing_lost_or_repeated(daemon):
     assert first + rest == full
 
 
+def test_a_global_cursor_resumes_under_another_world_and_batch_size(daemon):
+    """World 2 reads 7 batches of 50 a rank (700 records of the epoch) and checkpoints;
+    the job resumes from that state under world 4, under one rank with batches of 64, and
+    under world 3 with batches of 40 (inside a round of theirs: the rest of the epoch is
+    cut into their batches from record 700). Every record is read once, padding aside."""
+
+    def ranks(world, batch, stop=None, state=None):
+        out, states = {}, {}
+
+        def reader(r):
+            with riffle.Client(daemon.socket) as c:
+                s = c.stream("train", batch, seed=5, rank=r, world=world, tail="pad", state=state)
+                got = []
+                for b in s:
+                    got.append((b.ids.copy(), int(b.padding)))
+                    if stop and len(got) == stop:
+                        break
+                states[r] = json.loads(json.dumps(s.state_dict()))
+                s.close()
+            out[r] = got
+
+        threads = [threading.Thread(target=reader, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out, states
+
+    before, states = ranks(2, 50, stop=7)
+    assert states[0]["global"] == {"epoch": 0, "records": 700}, states[0]
+    assert states[0]["global"] == states[1]["global"]
+    for world, batch in [(4, 50), (1, 64), (3, 40)]:
+        after, _ = ranks(world, batch, state=states[0])
+        seen = np.zeros(3000, int)
+        for v in before.values():
+            for ids, _ in v:
+                np.add.at(seen, ids.astype(np.int64), 1)
+        padding = 0
+        for v in after.values():
+            for ids, p in v:
+                np.add.at(seen, ids.astype(np.int64), 1)
+                padding += p
+        assert (seen >= 1).all(), (world, batch)
+        assert seen.sum() - 3000 == padding, (world, batch, seen.sum(), padding)
+
+
 def test_four_ranks_receive_an_exact_permutation_of_the_epoch(daemon):
     out = {}
 

@@ -39,8 +39,11 @@ def test_workers_and_ranks_split_the_epoch(tmp_path):
 
 
 def test_split_numbers_workers_as_ranks():
-    assert riffle.torch.split(1, 2, 0, 3) == (3, 6)
+    # Worker w of rank r in a world of W is rank w * W + r of W * workers: a process's step
+    # s (its workers in turn) is global batch s * W + r.
+    assert riffle.torch.split(1, 2, 0, 3) == (1, 6)
     assert riffle.torch.split(1, 2, 2, 3) == (5, 6)
+    assert riffle.torch.split(0, 1, 1, 2) == (1, 2)
 
 
 def _records(path):
@@ -233,3 +236,61 @@ def test_labels_of_a_files_tree_reach_the_loop_with_and_without_workers(tmp_path
             assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(600))
     finally:
         d.stop()
+
+
+def test_a_loader_checkpoint_resumes_exactly_under_other_workers_worlds_and_batch_sizes(served):
+    """`loader(...).state_dict()` mid-epoch, then `load_state_dict()` into loaders of
+    another shape: 2 workers -> none; one process -> a world of 2 (threads standing for
+    ranks) with 3 workers... each time what was read before and after covers the epoch's
+    6,000 records once, padding aside."""
+    import json
+    import threading
+
+    d, _ = served
+
+    def take(it, n=None):
+        got = []
+        for b in it:
+            got.append((b["ids"].numpy().copy(), int(b["padding"])))
+            if n is not None and len(got) == n:
+                break
+        return got
+
+    def check(parts):
+        seen = np.zeros(6000, int)
+        padding = 0
+        for part in parts:
+            for ids, p in part:
+                np.add.at(seen, ids, 1)
+                padding += p
+        assert (seen >= 1).all() and seen.sum() - 6000 == padding, (seen.sum(), padding)
+
+    # 2 workers read 5 batches of 100; the rest with no workers, batches of 64.
+    it = riffle.torch.loader(d.socket, "train", 100, num_workers=2, seed=12)
+    before = take(it, 5)
+    state = json.loads(json.dumps(it.state_dict()))
+    assert state["global"] == {"epoch": 0, "records": 500}, state
+    del it
+    rest = riffle.torch.loader(d.socket, "train", 64, seed=12)
+    rest.load_state_dict(state)
+    check([before, take(rest)])
+    assert rest.state_dict()["global"] == {"epoch": 1, "records": 0}
+
+    # One process reads 7 batches of 100; then a world of 2 ranks, with 2 workers each.
+    it = riffle.torch.loader(d.socket, "train", 100, seed=13)
+    before = take(it, 7)
+    state = it.state_dict()
+    assert state["global"] == {"epoch": 0, "records": 700}
+    out = {}
+
+    def rank(r):
+        l = riffle.torch.loader(d.socket, "train", 100, seed=13, rank=r, world=2, num_workers=2)
+        l.load_state_dict(state)
+        out[r] = take(l)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check([before, out[0], out[1]])

@@ -464,6 +464,7 @@ impl OpenRequest {
             tail: "partial".into(),
             grouping: "record".into(),
             resume: None,
+            resume_global: None,
             transport: Transport::Shm,
             ring_bytes: None,
         }

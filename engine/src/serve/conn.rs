@@ -755,6 +755,24 @@ impl Conn {
                     "set tail to drop_last or pad",
                 ))
             })?;
+        if req.resume.is_some() && req.resume_global.is_some() {
+            return Err(bad("give resume or resume_global, not both".into()));
+        }
+        // A global cursor: a round's start is this rank's batch there; inside a round, the
+        // rest of its epoch is cut into this job's batches from it.
+        let (global_resume, resume_start) = match req.resume_global {
+            Some(g) => {
+                let r = modes::Resume::Global {
+                    epoch: g.epoch,
+                    records: g.records,
+                };
+                let (c, start) = r
+                    .resolve_anywhere(&split)
+                    .map_err(|e| bad(e.to_string().replace("--resume ", "resume ")))?;
+                (Some(c), start)
+            }
+            None => (None, None),
+        };
         let mut opts = ReadOptions {
             seed: req.seed,
             first_epoch: req.epoch,
@@ -764,11 +782,14 @@ impl Conn {
             world: req.world,
             tail,
             grouping,
-            resume: req.resume.map(|c| Cursor {
-                epoch: c.epoch,
-                batch: c.batch,
-            }),
-            resume_start: None,
+            resume: req
+                .resume
+                .map(|c| Cursor {
+                    epoch: c.epoch,
+                    batch: c.batch,
+                })
+                .or(global_resume),
+            resume_start,
             io: IoConfig {
                 depth: cfg.queue_depth.max(1),
                 ..IoConfig::default()
@@ -853,7 +874,8 @@ impl Conn {
                 world: req.world,
                 tail: req.tail.clone(),
                 grouping: req.grouping.clone(),
-                resume: req.resume.map(|c| (c.epoch, c.batch)),
+                resume: opts.resume.map(|c| (c.epoch, c.batch)),
+                resume_start: opts.resume_start,
                 two_pass: mode == ServeMode::TwoPass,
             };
             let shared = &self.shared;
@@ -901,6 +923,14 @@ impl Conn {
             (stream, None)
         };
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
+        // The split of the stream's first epoch (resumed inside a round, or whole).
+        let first_split = match resume_start {
+            Some(start) => {
+                Split::resumed(ds.len(), req.batch_size, req.rank, req.world, tail, start)
+                    .map_err(|e| ("bad_request", e.to_string()))?
+            }
+            None => split,
+        };
         let stream_id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
         let opened = proto::Opened {
             records: ds.len(),
@@ -919,6 +949,10 @@ impl Conn {
             format: ds.format().name().into(),
             columns: ds.columns().to_vec(),
             classes: ds.classes().to_vec(),
+            start: first_split.start,
+            start_end: first_split.end(),
+            round: split.round(),
+            epoch_end: split.end(),
         };
         let frame = proto::json_frame(Kind::Opened, &opened);
         let fd = match &ring {

@@ -32,6 +32,8 @@ pub(super) struct JobKey {
     pub(super) tail: String,
     pub(super) grouping: String,
     pub(super) resume: Option<(u64, u64)>,
+    /// A global resume point inside a round of batches (see `ReadOptions::resume_start`).
+    pub(super) resume_start: Option<u64>,
     /// Two-pass, or LIRS.
     pub(super) two_pass: bool,
 }

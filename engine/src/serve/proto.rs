@@ -98,6 +98,17 @@ pub struct WireCursor {
     pub batch: u64,
 }
 
+/// A global cursor on the wire: `records` positions of `epoch`'s sequence consumed by all
+/// ranks together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalCursor {
+    /// Epoch.
+    pub epoch: u64,
+    /// Positions consumed.
+    pub records: u64,
+}
+
 /// `OPEN`: what to stream.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -130,6 +141,10 @@ pub struct OpenRequest {
     /// Resume here.
     #[serde(default)]
     pub resume: Option<WireCursor>,
+    /// Resume from a global cursor instead (`resume` left out): `records` positions of
+    /// `epoch`'s sequence consumed by all ranks together, under any world and batch size.
+    #[serde(default)]
+    pub resume_global: Option<GlobalCursor>,
     /// `shm` (default) or `inline`.
     #[serde(default)]
     pub transport: Transport,
@@ -187,6 +202,22 @@ pub struct Opened {
     /// A labelled dataset's class names, in label order (empty otherwise).
     #[serde(default)]
     pub classes: Vec<String>,
+    /// Where the stream's first batch starts in its epoch's sequence (records consumed by
+    /// all ranks before it), and where that epoch's batches end: with `round` (records per
+    /// round of batches, batch size x world), a client's global cursor after its batch `j`
+    /// of that epoch is `min(start + (j + 1) * round, end)`; later epochs start at 0 and
+    /// end at `epoch_end`.
+    #[serde(default)]
+    pub start: u64,
+    /// The end of the first epoch's batches (see `start`).
+    #[serde(default)]
+    pub start_end: u64,
+    /// Records per round of batches.
+    #[serde(default)]
+    pub round: u64,
+    /// The end of a whole epoch's batches (positions, padding included).
+    #[serde(default)]
+    pub epoch_end: u64,
 }
 
 /// `END`: why the stream stopped and where it stopped.
