@@ -294,3 +294,62 @@ def test_a_loader_checkpoint_resumes_exactly_under_other_workers_worlds_and_batc
     for t in threads:
         t.join()
     check([before, out[0], out[1]])
+
+
+def test_two_daemons_for_two_nodes_under_torchrun_and_an_elastic_resume(tmp_path):
+    """Many nodes without a coordinator: two daemons on this machine stand for two nodes,
+    torchrun starts ranks 0-3 on node 0 and 4-7 on node 1 (gloo), each reading from its
+    node's daemon. One epoch: equal steps on every rank, the union exactly the epoch. Then
+    the job stops mid-epoch, and resumes with 6 ranks (3 per node) from the checkpoint:
+    before and after together read every record once (padding aside)."""
+    import json
+    import shutil
+    import socket
+    import subprocess
+
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not on PATH: the multi-node job cannot be started")
+    data = tmp_path / "d.npy"
+    n = 4000
+    run("gen", data, "--format", "npy", "--records", n, "--record-size", 64)
+    daemons = [Daemon({"train": data}), Daemon({"train": data})]
+    sockets = ",".join(d.socket for d in daemons)
+    script = pathlib.Path(__file__).parent / "torchrun_job.py"
+
+    def job(per_node, out, *extra):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [subprocess.Popen(
+            [torchrun, "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node",
+             str(per_node), "--master_addr", "127.0.0.1", "--master_port", str(port), str(script),
+             "--sockets", sockets, "--out", str(out), *map(str, extra)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for node in (0, 1)]
+        for p in procs:
+            text = p.communicate(timeout=240)[0].decode()
+            assert p.returncode == 0, text[-3000:]
+        return json.loads(out.read_text())
+
+    try:
+        full = job(4, tmp_path / "full.json")
+        assert [r["node"] for r in full] == [0] * 4 + [1] * 4
+        assert len({r["steps"] for r in full}) == 1, [r["steps"] for r in full]
+        ids = np.concatenate([r["ids"] for r in full])
+        assert np.array_equal(np.sort(ids), np.arange(n)), "the epoch once over 8 ranks"
+
+        before = job(4, tmp_path / "before.json", "--stop", 3)
+        states = {json.dumps(r["state"], sort_keys=True) for r in before}
+        assert len(states) == 1, states
+        state = before[0]["state"]
+        assert state["global"] == {"epoch": 0, "records": 3 * 8 * 50}, state
+        (tmp_path / "state.json").write_text(json.dumps(state))
+        after = job(3, tmp_path / "after.json", "--state", tmp_path / "state.json")
+        assert len(after) == 6 and len({r["steps"] for r in after}) == 1
+        seen = np.zeros(n, int)
+        for r in before + after:
+            np.add.at(seen, np.asarray(r["ids"], dtype=np.int64), 1)
+        assert (seen == 1).all(), (seen.min(), seen.max())
+    finally:
+        for d in daemons:
+            d.stop()
