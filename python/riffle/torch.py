@@ -448,6 +448,24 @@ class RiffleDataset(IterableDataset):
         self.tickets = False
         # A global cursor to resume from (`loader(...).load_state_dict`).
         self._resume_global = None
+        # This process's stream's state after the batch it made last, and one to resume
+        # from (`state_dict`/`load_state_dict`, what torchdata's StatefulDataLoader calls
+        # in each worker).
+        self._last_state = None
+        self._resume_state = None
+
+    def state_dict(self):
+        """This process's position (in a DataLoader worker, that worker's): its stream's
+        `state_dict()` after the batch it made last. torchdata's `StatefulDataLoader`
+        keeps one per worker and hands each back to its worker on resume, which resumes
+        exactly under the same world and `num_workers`; to resume under others, use
+        `riffle.torch.loader(...).state_dict()` (a global cursor)."""
+        return {"stream": self._last_state}
+
+    def load_state_dict(self, state):
+        """Resumes this process's stream from `state` (from `state_dict`) at its next
+        iteration."""
+        self._resume_state = state.get("stream") if state else None
 
     def set_epoch(self, epoch):
         """The epoch the next iteration reads (each epoch is a fresh order)."""
@@ -476,6 +494,17 @@ class RiffleDataset(IterableDataset):
         if g is not None and g["epoch"] == self.epoch and g["records"] > 0:
             state = {"dataset": self.dataset, "seed": self.seed, "grouping": self.grouping,
                      "cursor": None, "global": dict(g)}
+        elif self._resume_state is not None:
+            # A worker's own state (StatefulDataLoader): the same world and workers.
+            st, self._resume_state = self._resume_state, None
+            for k, v in (("rank", rank), ("world", world), ("batch_size", self.batch_size)):
+                if st.get(k) != v:
+                    raise ValueError(
+                        f"riffle.torch: this worker's saved state has {k}={st.get(k)}, the "
+                        f"worker now has {k}={v}: a StatefulDataLoader resumes under the same "
+                        "world and num_workers; riffle.torch.loader(...).state_dict() resumes "
+                        "under others")
+            state = st
         with Client(self.socket) as client:
             stream = client.stream(self.dataset, self.batch_size, seed=self.seed,
                                    epoch=self.epoch, rank=rank, world=world, tail=tail,
@@ -487,6 +516,7 @@ class RiffleDataset(IterableDataset):
                 return
             for b in stream:
                 meta = {"cursor": _cursor(stream, b, wid, nw)}
+                self._last_state = stream.state_dict()
                 if in_worker:
                     view = isinstance(self.transform, _Reshape)
                     t = None

@@ -353,3 +353,30 @@ def test_two_daemons_for_two_nodes_under_torchrun_and_an_elastic_resume(tmp_path
     finally:
         for d in daemons:
             d.stop()
+
+
+def test_torchdata_stateful_dataloader_resumes_each_worker_where_it_was(served):
+    """torchdata's StatefulDataLoader over RiffleDataset with 2 workers: a state taken
+    after 7 batches resumes a new StatefulDataLoader (same world and workers) so that
+    before and after together read the epoch once; each worker's position comes from
+    RiffleDataset.state_dict() in that worker."""
+    sdl = pytest.importorskip(
+        "torchdata.stateful_dataloader",
+        reason="torchdata is not installed: StatefulDataLoader is not tested here")
+
+    d, _ = served
+    ds = riffle.torch.RiffleDataset(d.socket, "train", 100, seed=14)
+    it = sdl.StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    before = []
+    for b in it:
+        before.append(b["ids"].numpy().copy())
+        if len(before) == 7:
+            break
+    state = it.state_dict()
+    del it
+    ds2 = riffle.torch.RiffleDataset(d.socket, "train", 100, seed=14)
+    it2 = sdl.StatefulDataLoader(ds2, batch_size=None, num_workers=2)
+    it2.load_state_dict(state)
+    after = [b["ids"].numpy().copy() for b in it2]
+    ids = np.concatenate(before + after)
+    assert np.array_equal(np.sort(ids), np.arange(6000)), (len(before), len(after))
