@@ -1365,3 +1365,42 @@ fn slow_and_idle_clients_lose_their_slot_and_honest_ones_do_not() {
     // Only the stats query's own connection is left.
     d.wait_stats("every slot freed", |s| s["clients"] == 1);
 }
+
+/// Issue 17: a global cursor taken by a Rust client (5 batches of 64: record 320) resumes
+/// a stream of batches of 100 (inside one of its rounds) through `resume_global`: before and
+/// after together are the epoch once; the resumed stream's cursor ends at the epoch's end.
+#[test]
+fn a_global_cursor_resumes_a_stream_of_another_batch_size() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let mut c = d.client();
+    let mut seen = vec![0u32; 3000];
+    let mut req = OpenRequest::new("train", 64);
+    req.seed = 3;
+    let mut s = c.open(req).unwrap();
+    for _ in 0..5 {
+        let b = s.next_batch().unwrap().unwrap();
+        b.ids().iter().for_each(|&id| seen[id as usize] += 1);
+    }
+    let g = s.global_cursor();
+    assert_eq!((g.epoch, g.records), (0, 320));
+    drop(s);
+    let mut req = OpenRequest::new("train", 100);
+    req.seed = 3;
+    req.resume_global = Some(g);
+    let mut s = c.open(req).unwrap();
+    assert_eq!(s.opened.start, 320);
+    while let Some(b) = s.next_batch().unwrap() {
+        b.ids().iter().for_each(|&id| seen[id as usize] += 1);
+    }
+    assert!(seen.iter().all(|&n| n == 1), "every record once");
+    assert_eq!(s.global_cursor().records, 3000);
+    // A cursor and a global cursor at once: refused.
+    drop(s);
+    let mut req = OpenRequest::new("train", 100);
+    req.resume = Some(WireCursor { epoch: 0, batch: 1 });
+    req.resume_global = Some(g);
+    assert!(c.open(req).is_err());
+}

@@ -199,15 +199,26 @@ impl Client {
             }
             Transport::Inline => None,
         };
+        let first_epoch = req
+            .resume
+            .map(|c| c.epoch)
+            .or(req.resume_global.map(|g| g.epoch))
+            .unwrap_or(req.epoch);
         let cursor = req.resume.unwrap_or(WireCursor {
-            epoch: req.epoch,
+            epoch: first_epoch,
             batch: 0,
         });
+        let global = super::proto::GlobalCursor {
+            epoch: first_epoch,
+            records: opened.start,
+        };
         Ok(Stream {
             client: self,
             opened,
             map,
             cursor,
+            global,
+            first_epoch,
             held: None,
             inline: Vec::new(),
             ended: false,
@@ -226,6 +237,9 @@ pub struct Stream<'c> {
     pub opened: Opened,
     map: Option<Mapping>,
     cursor: WireCursor,
+    /// The global cursor after the last batch returned.
+    global: super::proto::GlobalCursor,
+    first_epoch: u64,
     held: Option<u32>,
     inline: Vec<u8>,
     ended: bool,
@@ -302,6 +316,13 @@ impl Stream<'_> {
         self.cursor
     }
 
+    /// The global cursor after the last batch returned: records of its epoch consumed by
+    /// all ranks together (every rank having received as many batches). Given as
+    /// `OpenRequest::resume_global`, it resumes exactly under any world and batch size.
+    pub fn global_cursor(&self) -> super::proto::GlobalCursor {
+        self.global
+    }
+
     /// What the stream waited for its batches (the data stall), on this side; the
     /// daemon's view of the same stream is in [`Client::stats`]'s `stream_waits`, under
     /// this `stream` id.
@@ -359,6 +380,19 @@ impl Stream<'_> {
                 self.cursor = WireCursor {
                     epoch: h.epoch,
                     batch: h.index + 1,
+                };
+                let o = &self.opened;
+                let (start, end) = if h.epoch == self.first_epoch && o.start > 0 {
+                    (o.start, o.start_end)
+                } else {
+                    (0, o.epoch_end)
+                };
+                self.global = super::proto::GlobalCursor {
+                    epoch: h.epoch,
+                    records: (h.index + 1)
+                        .saturating_mul(o.round)
+                        .saturating_add(start)
+                        .min(end),
                 };
                 let bad = || Error::Invalid(format!("batch {} lies outside its buffer", h.index));
                 let labelled = h.flags & super::proto::FLAG_LABELS != 0;
