@@ -26,21 +26,18 @@ use crate::fio::{self, FioMem};
 use crate::report;
 use crate::scale::{gen, median, num, probe_seq, run_riffle, Row, Run};
 
-/// Options of the suite.
-#[derive(Clone, Debug)]
-pub struct FormatsOptions {
-    /// Where results go.
-    pub out: PathBuf,
-    /// Where the test data is made.
-    pub data_dir: PathBuf,
-    /// Smaller datasets, one run per side.
-    pub quick: bool,
-    /// Keep the data for the next run.
-    pub keep: bool,
-    /// Runs per side (alternated).
-    pub repeats: usize,
-    /// The cases to run (all when empty): files, tar, mds.
-    pub cases: Vec<String>,
+/// Options of the suite: the scale suite's (its cases here: files, tar, mds).
+pub type FormatsOptions = crate::scale::ScaleOptions;
+
+/// `riffle read PATH --mode lirs --batch-size BATCH --json EXTRA...` from a cold cache: its
+/// records/s and the run.
+fn cold_lirs(path: &Path, batch: &str, extra: &[&str], cold: &mut bool) -> Result<(f64, Run)> {
+    *cold &= report::drop_caches();
+    let p = path.to_str().context("non-UTF-8 path")?;
+    let mut args = vec!["read", p, "--mode", "lirs", "--batch-size", batch, "--json"];
+    args.extend_from_slice(extra);
+    let r = run_riffle(&args, None)?;
+    Ok((num(&r.report, "records") / num(&r.report, "seconds"), r))
 }
 
 /// The suite's result.
@@ -147,23 +144,9 @@ pub fn run(
             let f = fio::run(&one, "randread", 16384, 64, None, size, FioMem::Malloc)?;
             fio_iops.push(f.iops);
             version = f.version;
-            cold &= report::drop_caches();
-            let r = run_riffle(
-                &[
-                    "read",
-                    &s(&tree)?,
-                    "--format",
-                    "files",
-                    "--mode",
-                    "lirs",
-                    "--batch-size",
-                    "256",
-                    "--json",
-                ],
-                None,
-            )?;
+            let (v, r) = cold_lirs(&tree, "256", &["--format", "files"], &mut cold)?;
             let secs = num(&r.report, "seconds");
-            rps.push(num(&r.report, "records") / secs);
+            rps.push(v);
             walls.push(r.seconds);
             lists.push(r.seconds - secs);
             records += num(&r.report, "records");
@@ -264,20 +247,8 @@ pub fn run(
                 FioMem::Malloc,
             )?;
             fio_iops.push(f.iops);
-            cold &= report::drop_caches();
-            let r = run_riffle(
-                &[
-                    "read",
-                    &s(&dir)?,
-                    "--mode",
-                    "lirs",
-                    "--batch-size",
-                    "64",
-                    "--json",
-                ],
-                None,
-            )?;
-            rps.push(num(&r.report, "records") / num(&r.report, "seconds"));
+            let (v, r) = cold_lirs(&dir, "64", &[], &mut cold)?;
+            rps.push(v);
             records += num(&r.report, "records");
             cpu += r.cpu_seconds;
             runs.push(("tar lirs".into(), r));
@@ -401,20 +372,7 @@ pub fn run(
                 &format!("mds: round {} of {}", k + 1, opts.repeats),
             );
             for (which, p) in [("npy", &npy), ("mds", &mds)] {
-                cold &= report::drop_caches();
-                let r = run_riffle(
-                    &[
-                        "read",
-                        &s(p)?,
-                        "--mode",
-                        "lirs",
-                        "--batch-size",
-                        "64",
-                        "--json",
-                    ],
-                    None,
-                )?;
-                let v = num(&r.report, "records") / num(&r.report, "seconds");
+                let (v, r) = cold_lirs(p, "64", &[], &mut cold)?;
                 if which == "mds" {
                     a.push(v);
                     records += num(&r.report, "records");
