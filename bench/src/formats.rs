@@ -421,30 +421,18 @@ pub fn run(
 pub fn markdown(r: &FormatsReport) -> String {
     let mut s = String::from("# formats: the datasets users already have\n\n");
     s.push_str(&format!("Cold cache: {}.\n\n", r.cold_cache));
-    s.push_str("| case | measured | reference | ratio | target | met | records per CPU-second | notes |\n|---|---:|---:|---:|---|---|---:|---|\n");
-    let num = |v: f64| {
-        if v >= 100.0 {
+    let show = |v: f64, unit: &str| {
+        let n = if v >= 100.0 {
             format!("{v:.0}")
         } else {
             format!("{v:.2}")
+        };
+        if unit.is_empty() {
+            n
+        } else {
+            format!("{n} {unit}")
         }
     };
-    for row in &r.rows {
-        s.push_str(&format!(
-            "| {} | {} {} | {} ({}) | {:.2} | {} | {} | {} | {} |\n",
-            row.case,
-            num(row.value),
-            row.unit,
-            num(row.reference),
-            row.reference_is,
-            row.ratio,
-            row.target,
-            if row.met { "yes" } else { "**no**" },
-            row.records_per_cpu_s
-                .map(|v| format!("{v:.0}"))
-                .unwrap_or_default(),
-            row.notes
-        ));
-    }
+    s.push_str(&crate::scale::row_table(&r.rows, &show));
     s
 }

@@ -590,7 +590,6 @@ pub fn markdown(r: &ScaleReport) -> String {
         riffle::size::human_bytes(r.seq_write_bps),
         r.cold_cache
     ));
-    s.push_str("| case | measured | reference | ratio | target | met | records per CPU-second | notes |\n|---|---:|---:|---:|---|---|---:|---|\n");
     // Byte figures read better as sizes.
     let show = |v: f64, unit: &str| {
         if unit.contains("bytes") {
@@ -599,19 +598,25 @@ pub fn markdown(r: &ScaleReport) -> String {
             format!("{v:.1} {unit}")
         }
     };
-    for row in &r.rows {
+    s.push_str(&row_table(&r.rows, &show));
+    s
+}
+
+/// The rows as a Markdown table (the scale and formats suites'): `show(value, unit)`
+/// renders a figure; a reference is shown with "bytes" or no unit.
+pub(crate) fn row_table(rows: &[Row], show: &dyn Fn(f64, &str) -> String) -> String {
+    let mut s = String::from("| case | measured | reference | ratio | target | met | records per CPU-second | notes |\n|---|---:|---:|---:|---|---|---:|---|\n");
+    for row in rows {
+        let ref_unit = if row.unit.contains("bytes") {
+            "bytes"
+        } else {
+            ""
+        };
         s.push_str(&format!(
             "| {} | {} | {} ({}) | {:.2} | {} | {} | {} | {} |\n",
             row.case,
             show(row.value, &row.unit),
-            show(
-                row.reference,
-                if row.unit.contains("bytes") {
-                    "bytes"
-                } else {
-                    ""
-                }
-            ),
+            show(row.reference, ref_unit),
             row.reference_is,
             row.ratio,
             row.target,
