@@ -760,3 +760,31 @@ fn a_lazy_reader_names_a_file_gone_or_changed() {
         .unwrap();
     assert_eq!(got, db[10..60]);
 }
+
+/// Reads leave a file's access time alone where O_NOATIME is allowed (the file's owner):
+/// a read-only pass over a dataset writes no inode back.
+#[test]
+fn reads_do_not_touch_the_access_time_of_files_one_owns() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let (path, data) = random_file(dir.path(), "a", 20_000, 4);
+    // An access time well before the modification time: relatime would update it.
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_accessed(old))
+        .unwrap();
+    let mut r = RangeReader::open(&[&path], &IoConfig::default()).unwrap();
+    let mut got = Vec::new();
+    r.read_ranges([(0, 0, 20_000)], |_, b| got = b.to_vec())
+        .unwrap();
+    assert_eq!(got, data);
+    drop(r);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().atime(),
+        1_000_000,
+        "the read set atime"
+    );
+}
