@@ -201,6 +201,8 @@ pub fn run(
         });
         if !opts.keep {
             let _ = std::fs::remove_dir_all(&tree);
+            // The tree's listing sidecar, beside it.
+            let _ = std::fs::remove_file(riffle::dataset::index::sidecar_paths(&tree).0);
             let _ = std::fs::remove_file(&one);
         }
     }
