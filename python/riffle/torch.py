@@ -431,6 +431,11 @@ class RiffleDataset(IterableDataset):
                  tail=None, transport="shm", grouping="record", copy=False, transform=None,
                  ring_bytes=None):
         super().__init__()
+        # The epoch and a global resume point live in shared memory: DataLoader workers
+        # that persist across epochs (`persistent_workers=True`) keep their own copy of
+        # this object, and must still see `set_epoch` and `load_state_dict` made in the
+        # training process. [epoch, resume epoch (-1: none), resume records]
+        self._shared = _torch.tensor([0, -1, 0], dtype=_torch.int64).share_memory_()
         self.socket = socket
         self.dataset = dataset
         self.batch_size = batch_size
@@ -446,8 +451,7 @@ class RiffleDataset(IterableDataset):
         self.ring_bytes = ring_bytes
         # Set by `loader()`, which releases each batch when the next one is asked for.
         self.tickets = False
-        # A global cursor to resume from (`loader(...).load_state_dict`).
-        self._resume_global = None
+        # A global cursor to resume from (`loader(...).load_state_dict`): see `_shared`.
         # This process's stream's state after the batch it made last, and one to resume
         # from (`state_dict`/`load_state_dict`, what torchdata's StatefulDataLoader calls
         # in each worker).
@@ -467,8 +471,31 @@ class RiffleDataset(IterableDataset):
         iteration."""
         self._resume_state = state.get("stream") if state else None
 
+    @property
+    def epoch(self):
+        """The epoch the next iteration reads."""
+        return int(self._shared[0])
+
+    @epoch.setter
+    def epoch(self, epoch):
+        self._shared[0] = int(epoch)
+
+    @property
+    def _resume_global(self):
+        e = int(self._shared[1])
+        return None if e < 0 else {"epoch": e, "records": int(self._shared[2])}
+
+    @_resume_global.setter
+    def _resume_global(self, g):
+        if g is None:
+            self._shared[1] = -1
+        else:
+            self._shared[2] = int(g["records"])
+            self._shared[1] = int(g["epoch"])
+
     def set_epoch(self, epoch):
-        """The epoch the next iteration reads (each epoch is a fresh order)."""
+        """The epoch the next iteration reads (each epoch is a fresh order); seen by
+        DataLoader workers too, persistent ones included."""
         self.epoch = epoch
 
     def _rank_world(self):

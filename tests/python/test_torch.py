@@ -380,3 +380,27 @@ def test_torchdata_stateful_dataloader_resumes_each_worker_where_it_was(served):
     after = [b["ids"].numpy().copy() for b in it2]
     ids = np.concatenate(before + after)
     assert np.array_equal(np.sort(ids), np.arange(6000)), (len(before), len(after))
+
+
+def test_set_epoch_reaches_persistent_workers(served):
+    """Regression: with `persistent_workers=True` the workers keep their own copy of the
+    dataset, and `set_epoch` in the training process did not reach them: every epoch
+    repeated epoch 0's order. Each epoch now reads as with fresh workers."""
+    d, _ = served
+
+    def epochs(persistent):
+        ds = riffle.torch.RiffleDataset(d.socket, "train", 100, seed=15)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         persistent_workers=persistent)
+        out = []
+        for e in range(3):
+            ds.set_epoch(e)
+            out.append([(int(b["epoch"]), b["ids"].numpy().copy()) for b in dl])
+        return out
+
+    fresh, kept = epochs(False), epochs(True)
+    for e in range(3):
+        assert [x[0] for x in kept[e]] == [e] * len(kept[e])
+        assert len(kept[e]) == len(fresh[e])
+        assert all(np.array_equal(a[1], b[1]) for a, b in zip(kept[e], fresh[e])), e
+    assert not np.array_equal(kept[0][0][1], kept[1][0][1]), "epoch 1 is another order"
