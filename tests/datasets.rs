@@ -907,3 +907,25 @@ fn gen_sizes_past_2_pow_64_or_the_free_space_are_refused_at_once() {
         assert!(!out.exists());
     }
 }
+
+/// A tired user's ImageFolder tree read without `--format files`: the error says what to
+/// pass; with it, every file is a record.
+#[test]
+fn a_tree_of_class_directories_points_at_format_files() {
+    let sb = Sandbox::new();
+    let tree = sb.data().join("tree");
+    gen(&sb, &tree, "files", 30, 100, &["--labels", "3"]);
+    let o = sb.cmd().arg("cat").arg(&tree).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--format files") && err.contains("tree"),
+        "{err}"
+    );
+    let recs = cat(
+        &sb,
+        &[tree.as_os_str(), "--format".as_ref(), "files".as_ref()],
+    );
+    assert_eq!(recs.len(), 30);
+    assert!(recs.iter().enumerate().all(|(i, r)| id_of(r) == i as u64));
+}

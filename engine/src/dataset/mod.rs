@@ -473,10 +473,22 @@ pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
                 .filter(|e| is_regular_entry(e))
                 .collect();
             if entries.is_empty() {
+                let has_dirs = std::fs::read_dir(p).is_ok_and(|rd| {
+                    rd.flatten().any(|e| {
+                        !e.file_name().to_string_lossy().starts_with('.')
+                            && e.file_type().is_ok_and(|t| t.is_dir())
+                    })
+                });
                 return Err(Error::BadInput {
                     path: p.into(),
                     offset: None,
-                    what: "the directory holds no data files".into(),
+                    what: if has_dirs {
+                        "the directory holds no data files, only directories: for a tree of one \
+                         file per sample (ImageFolder's layout), pass --format files"
+                            .into()
+                    } else {
+                        "the directory holds no data files".into()
+                    },
                 });
             }
             entries.sort();
