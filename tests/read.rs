@@ -927,3 +927,57 @@ fn more_files_than_the_open_file_limit_read_like_one_file() {
         assert_eq!(got, want, "{mode}: another order than one file's");
     }
 }
+
+/// Issue 17: a weighted mixture through the CLI: the same batches from lirs and two-pass
+/// (ids of the sources side by side), exact counts per source each epoch, and the
+/// composition in `--json`.
+#[test]
+fn a_mixture_reads_the_same_in_both_modes_with_exact_counts() {
+    let sb = Sandbox::new();
+    let mut paths = Vec::new();
+    for (name, n) in [("a", 300u64), ("b", 50)] {
+        let p = sb.data().join(format!("{name}.npy"));
+        make(&sb, &p, "npy", n, 32);
+        paths.push(p);
+    }
+    let spec = format!(
+        "mix:a={}*0.5,b={}*0.5;size=400",
+        paths[0].display(),
+        paths[1].display()
+    );
+    let args = ["--batch-size", "40", "--epochs", "2"];
+    let lirs = read_ids(
+        &sb,
+        Path::new(&spec),
+        &[&args[..], &["--mode", "lirs"]].concat(),
+        &[],
+    );
+    let two = read_ids(
+        &sb,
+        Path::new(&spec),
+        &[&args[..], &["--mode", "two-pass"]].concat(),
+        &[],
+    );
+    assert_eq!(lirs, two, "lirs and two-pass");
+    assert_eq!(lirs.len(), 20);
+    for epoch in lirs.chunks(10) {
+        let ids: Vec<u64> = epoch.concat();
+        assert_eq!(
+            ids.iter().filter(|&&i| i < 300).count(),
+            200,
+            "a: 200 of 300"
+        );
+        assert_eq!(
+            ids.iter().filter(|&&i| i >= 300).count(),
+            200,
+            "b: 50 records x 4"
+        );
+        for b in 300..350 {
+            assert_eq!(ids.iter().filter(|&&i| i == b).count(), 4);
+        }
+    }
+    let v = read_json(&sb, Path::new(&spec), &args);
+    assert_eq!(v["mixture"]["records_per_epoch"], 400, "{v}");
+    assert_eq!(v["mixture"]["sources"][1]["per_epoch"], 200, "{v}");
+    assert_eq!(v["records"], 800);
+}

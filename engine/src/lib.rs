@@ -38,6 +38,7 @@ mod error;
 pub mod format;
 pub mod gen;
 pub mod io;
+pub mod mix;
 pub mod modes;
 pub mod notice;
 pub mod order;

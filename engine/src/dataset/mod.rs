@@ -44,7 +44,7 @@ impl Default for OpenOptions {
 }
 
 /// One file of a dataset.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct DatasetFile {
     /// Its path.
     pub path: PathBuf,
@@ -57,7 +57,7 @@ pub struct DatasetFile {
     pub index_origin: Option<IndexOrigin>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum Layout {
     Fixed { header: u64, size: u64 },
     Indexed(OffsetIndex),
@@ -100,9 +100,12 @@ pub struct RecordLoc {
 #[derive(Debug)]
 pub struct Dataset {
     format: Format,
-    files: Vec<DatasetFile>,
+    files: Arc<[DatasetFile]>,
     /// first_id[f] is the global id of file f's first record; the last entry is the total.
-    first_id: Vec<u64>,
+    first_id: Arc<[u64]>,
+    /// A view's records (`with_draws`): record i is the files' record `draws[i]` (a
+    /// mixture's epoch, where a record may be drawn more than once or not at all).
+    draws: Option<Arc<[u64]>>,
     /// Record size statistics, worked out once (a pass over every record's span).
     stats: std::sync::OnceLock<SizeStats>,
     /// Each record's label, by id, when the layout gives labels (`files`).
@@ -154,8 +157,9 @@ impl Dataset {
         first_id.push(total);
         let ds = Dataset {
             format,
-            files: out,
-            first_id,
+            files: out.into(),
+            first_id: first_id.into(),
+            draws: None,
             stats: std::sync::OnceLock::new(),
             labels: None,
             classes: Vec::new(),
@@ -172,7 +176,7 @@ impl Dataset {
         let (shards, columns) = mds::open(index)?;
         let mut first_id = Vec::with_capacity(shards.len() + 1);
         let mut total = 0;
-        let files = shards
+        let files: Vec<DatasetFile> = shards
             .into_iter()
             .map(|s| {
                 first_id.push(total);
@@ -189,8 +193,9 @@ impl Dataset {
         first_id.push(total);
         let ds = Dataset {
             format: Format::Mds,
-            files,
-            first_id,
+            files: files.into(),
+            first_id: first_id.into(),
+            draws: None,
             stats: std::sync::OnceLock::new(),
             labels: None,
             classes: Vec::new(),
@@ -217,7 +222,7 @@ impl Dataset {
         };
         let listing = files::list(path.as_ref())?;
         let n = listing.files.len() as u64;
-        let files = listing
+        let files: Vec<DatasetFile> = listing
             .files
             .into_iter()
             .map(|(path, size)| DatasetFile {
@@ -230,8 +235,9 @@ impl Dataset {
             .collect();
         let ds = Dataset {
             format: Format::Files,
-            files,
-            first_id: (0..=n).collect(),
+            files: files.into(),
+            first_id: (0..=n).collect::<Vec<_>>().into(),
+            draws: None,
             stats: std::sync::OnceLock::new(),
             labels: listing.labels.map(Arc::from),
             classes: listing.classes,
@@ -266,7 +272,97 @@ impl Dataset {
 
     /// Total records.
     pub fn len(&self) -> u64 {
+        match &self.draws {
+            Some(d) => d.len() as u64,
+            None => self.records(),
+        }
+    }
+
+    /// Records in the files (a view's `len` is its draws').
+    pub fn records(&self) -> u64 {
         *self.first_id.last().expect("at least the total")
+    }
+
+    /// A view of this dataset whose record `i` is its record `draws[i]` (each below
+    /// [`Dataset::records`]): a mixture's epoch. The files, indexes and format are shared;
+    /// labels follow the draws.
+    pub fn with_draws(&self, draws: Vec<u64>) -> Result<Dataset> {
+        let n = self.records();
+        if let Some(bad) = draws.iter().find(|&&d| d >= n) {
+            return Err(Error::Invalid(format!(
+                "draw of record {bad} from a dataset of {n} records"
+            )));
+        }
+        if draws.is_empty() {
+            return Err(Error::Invalid("a view of no records".into()));
+        }
+        let labels = self.labels.as_ref().map(|l| {
+            draws
+                .iter()
+                .map(|&d| l[d as usize])
+                .collect::<Vec<u32>>()
+                .into()
+        });
+        Ok(Dataset {
+            format: self.format.clone(),
+            files: self.files.clone(),
+            first_id: self.first_id.clone(),
+            draws: Some(draws.into()),
+            stats: std::sync::OnceLock::new(),
+            labels,
+            classes: self.classes.clone(),
+            columns: self.columns.clone(),
+        })
+    }
+
+    /// The files' record a view's record `id` is (itself without a view).
+    pub fn drawn(&self, id: u64) -> u64 {
+        match &self.draws {
+            Some(d) => d[id as usize],
+            None => id,
+        }
+    }
+
+    /// Datasets of one format side by side: their records in turn (a mixture's sources),
+    /// each source's first id in the result.
+    pub fn concat(parts: Vec<Dataset>) -> Result<(Dataset, Vec<u64>)> {
+        let Some(first) = parts.first() else {
+            return Err(Error::Invalid("no datasets to put together".into()));
+        };
+        let format = first.format.clone();
+        let mut files = Vec::new();
+        let mut first_id = Vec::new();
+        let mut starts = Vec::new();
+        let mut total = 0u64;
+        for p in parts {
+            if !p.format.same_kind(&format) || p.draws.is_some() {
+                return Err(Error::Invalid(format!(
+                    "datasets of one format only: {} and {}",
+                    format.name(),
+                    p.format.name()
+                )));
+            }
+            starts.push(total);
+            for f in p.files.iter().cloned() {
+                first_id.push(total);
+                total += f.records;
+                files.push(f);
+            }
+        }
+        first_id.push(total);
+        Ok((
+            Dataset {
+                format,
+                files: files.into(),
+                first_id: first_id.into(),
+                draws: None,
+                stats: std::sync::OnceLock::new(),
+                labels: None,
+                classes: Vec::new(),
+                columns: Vec::new(),
+            },
+            starts,
+        ))
     }
 
     /// Whether there are no records (never true for an opened dataset).
@@ -291,6 +387,7 @@ impl Dataset {
             "record id {id} out of range ({} records)",
             self.len()
         );
+        let id = self.drawn(id);
         let file = self.first_id.partition_point(|&first| first <= id) - 1;
         let span = self.files[file].span(&self.format, id - self.first_id[file]);
         RecordLoc {

@@ -191,6 +191,7 @@ impl Emitter<'_> {
                 payload,
                 padding: 0,
                 labels: Vec::new(),
+                sources: Vec::new(),
                 ready_ns: 0,
             };
             (j, positions.end, batch, Instant::now())

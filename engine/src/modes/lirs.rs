@@ -595,6 +595,7 @@ fn read_epoch(
                         payload: b.payload,
                         padding: b.padding,
                         labels: Vec::new(),
+                        sources: Vec::new(),
                         ready_ns: super::monotonic_ns(),
                     };
                     out.label(ds.labels());

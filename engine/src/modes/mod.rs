@@ -226,6 +226,8 @@ pub struct Batch {
     /// Each record's label, when the dataset has labels ([`Dataset::labels`]: a `files`
     /// tree of class directories); empty otherwise. A function of `ids`.
     pub labels: Vec<u32>,
+    /// Each record's source, in a mixture ([`crate::mix`]); empty otherwise.
+    pub sources: Vec<u32>,
     /// When the engine completed it ([`monotonic_ns`]): latency is measured from here.
     /// Not part of the batch's identity (equality ignores it).
     pub ready_ns: u64,

@@ -708,3 +708,100 @@ fn a_global_cursor_resumes_exactly_under_any_world_and_batch_size() {
         );
     }
 }
+
+/// Issue 17: a mixture of three sources weighted 0.7 / 0.2 / 0.1 over an epoch of 3,000
+/// records, the third (100 records) upsampled 3x, the second (2,000) downsampled: each
+/// epoch holds exactly 2,100 / 600 / 300 records of them, the third's every record three
+/// times, the second's without repeats, a new sample each epoch; lirs and two-pass deliver
+/// the same batches; each source's positions in the epoch are uniform (chi-square).
+#[test]
+fn a_weighted_mixture_has_exact_counts_and_the_same_batches_in_both_modes() {
+    use crate::mix::{read_mixture, MixSpec, Mixture};
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let mut paths = Vec::new();
+    for (name, n) in [("web", 1000u64), ("code", 2000), ("books", 100)] {
+        let p = dir.path().join(format!("{name}.npy"));
+        generate(
+            &p,
+            &spec(GenFormat::Npy, n, 64, 0.0, 1),
+            &IoConfig::default(),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        paths.push(p);
+    }
+    let text = format!(
+        "mix:web={}*0.7,code={}*0.2,books={}*0.1;size=3000",
+        paths[0].display(),
+        paths[1].display(),
+        paths[2].display()
+    );
+    let spec = MixSpec::parse(&text).unwrap().unwrap();
+    let mix = Arc::new(Mixture::open(&spec, &OpenOptions::default()).unwrap());
+    assert_eq!(mix.counts, [2100, 600, 300]);
+    let mut o = ReadOptions::new(100);
+    o.epochs = 2;
+    let lirs: Vec<Batch> = read_mixture(mix.clone(), o.clone(), None)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect();
+    let two: Vec<Batch> = read_mixture(mix.clone(), o, Some(&dir.path().join("scratch")))
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(lirs.len(), two.len());
+    for (a, b) in lirs.iter().zip(&two) {
+        assert_eq!(
+            a, b,
+            "lirs and two-pass, batch {} of epoch {}",
+            a.index, a.epoch
+        );
+        assert_eq!(a.sources, b.sources);
+    }
+    let mut samples = Vec::new();
+    for epoch in 0..2 {
+        let batches: Vec<&Batch> = lirs.iter().filter(|b| b.epoch == epoch).collect();
+        let mut times = vec![0u32; 3100];
+        let mut positions: Vec<Vec<u64>> = vec![Vec::new(); 3];
+        let mut pos = 0u64;
+        for b in &batches {
+            for (i, &id) in b.ids.iter().enumerate() {
+                let s = b.sources[i] as usize;
+                assert_eq!(s, mix.source_of(id));
+                // The payload is the source's record (generated ids count from 0 per source).
+                assert_eq!(payload_id(b.record(i)), id - mix.starts[s]);
+                times[id as usize] += 1;
+                positions[s].push(pos);
+                pos += 1;
+            }
+        }
+        assert_eq!(pos, 3000);
+        assert_eq!(
+            positions.iter().map(Vec::len).collect::<Vec<_>>(),
+            [2100, 600, 300],
+            "epoch {epoch}: exact counts"
+        );
+        let web = &times[..1000];
+        assert!(web.iter().all(|&t| t == 2 || t == 3));
+        assert_eq!(web.iter().filter(|&&t| t == 3).count(), 100);
+        let code = &times[1000..3000];
+        assert!(code.iter().all(|&t| t <= 1), "downsampled without repeats");
+        assert!(
+            times[3000..].iter().all(|&t| t == 3),
+            "upsampled 3x exactly"
+        );
+        samples.push(code.to_vec());
+        // Each source's positions spread evenly over the epoch: chi-square over 10 bins
+        // below the 0.1% critical value for 9 degrees of freedom.
+        for (s, p) in positions.iter().enumerate() {
+            let mut bins = [0f64; 10];
+            p.iter()
+                .for_each(|&x| bins[(x * 10 / 3000) as usize] += 1.0);
+            let want = p.len() as f64 / 10.0;
+            let chi2: f64 = bins.iter().map(|b| (b - want).powi(2) / want).sum();
+            eprintln!("epoch {epoch} source {s}: chi-square {chi2:.1} over 10 bins");
+            assert!(chi2 < 27.88, "epoch {epoch} source {s}: chi-square {chi2}");
+        }
+    }
+    assert_ne!(samples[0], samples[1], "each epoch draws a new sample");
+}

@@ -9,7 +9,9 @@ use riffle::format::Format;
 /// A dataset as given on the command line.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatasetArgs {
-    /// A file, a directory of files of one format, or globs.
+    /// A file, a directory of files of one format, or globs. `riffle read` also takes a
+    /// weighted mixture of datasets of one format:
+    /// 'mix:NAME=PATH*WEIGHT,NAME=PATH*WEIGHT[;size=RECORDS_PER_EPOCH]'.
     #[arg(required = true)]
     pub dataset: Vec<PathBuf>,
     /// npy, lines, jsonl, csv (one header line), libsvm, tfrecord or fixed:SIZE[:HEADER];

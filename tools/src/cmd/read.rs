@@ -7,7 +7,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use riffle::dataset::Dataset;
 use riffle::io::IoConfig;
-use riffle::modes::{self, Baseline, Cursor, ReadOptions, Resume};
+use riffle::mix::{MixSpec, MixStream, Mixture};
+use riffle::modes::{self, Baseline, Batch, BatchStream, Cursor, ReadOptions, ReadReport, Resume};
 use riffle::order::{Grouping, Split, Tail};
 use riffle::size::{human_bytes, parse_size};
 use serde_json::json;
@@ -189,7 +190,26 @@ pub fn run(a: Args) -> Result<()> {
     modes::epochs_from(a.epoch, a.job.epochs)
         .with_context(|| format!("--epoch {} --epochs {}", a.epoch, a.job.epochs))?;
     let opts = a.data.options(false, false, a.job.memory)?;
-    let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
+    // A mixture (`mix:NAME=PATH*WEIGHT,...`): its sources side by side, each epoch a view
+    // of its draws; the first epoch's view stands for the job in what follows.
+    let spec = match &a.data.dataset[..] {
+        [one] => one.to_str().and_then(MixSpec::parse),
+        _ => None,
+    };
+    let mixture = match spec {
+        Some(s) => {
+            let s = s.map_err(anyhow::Error::msg)?;
+            if grouping != Grouping::Record {
+                bail!("a mixture is read with --grouping record");
+            }
+            Some(Arc::new(Mixture::open(&s, &opts)?))
+        }
+        None => None,
+    };
+    let ds = match &mixture {
+        Some(m) => m.ds.with_draws(m.draws(a.seed, a.epoch))?,
+        None => Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?,
+    };
     let records = ds.len();
     // The job's batches: the cursor given is resolved against them, and the one printed
     // at the end is taken under them.
@@ -275,10 +295,19 @@ pub fn run(a: Args) -> Result<()> {
         }
         mode
     };
-    let stream = if mode == "two-pass" {
-        modes::read_two_pass(Arc::new(ds), read_opts, scratch)?
-    } else {
-        modes::read(Arc::new(ds), read_opts)?
+    if mixture.is_some() && !matches!(mode, "lirs" | "two-pass") {
+        bail!("a mixture is read by lirs or two-pass (--mode {mode})");
+    }
+    let stream = match &mixture {
+        Some(m) => Batches::Mix(Box::new(riffle::mix::read_mixture(
+            m.clone(),
+            read_opts,
+            (mode == "two-pass").then_some(scratch.as_path()),
+        )?)),
+        None if mode == "two-pass" => {
+            Batches::One(modes::read_two_pass(Arc::new(ds), read_opts, scratch)?)
+        }
+        None => Batches::One(modes::read(Arc::new(ds), read_opts)?),
     };
     let bar = progress::steps(0, a.json);
     let mut line = String::new();
@@ -324,6 +353,21 @@ pub fn run(a: Args) -> Result<()> {
         out.flush()?;
     }
     let r = stream.report();
+    if let Some(m) = &mixture {
+        if !a.json {
+            let parts: Vec<String> = m
+                .names
+                .iter()
+                .zip(&m.counts)
+                .map(|(n, c)| format!("{n} {c}"))
+                .collect();
+            eprintln!(
+                "mixture: each epoch {} records: {}",
+                m.size(),
+                parts.join(", ")
+            );
+        }
+    }
     // In an epoch resumed inside a round of batches, this run's batches are numbered from
     // the resume point: its cursor is given in the global form only.
     let resumed_here = match (resume, resume_start) {
@@ -362,6 +406,17 @@ pub fn run(a: Args) -> Result<()> {
         v["seed"] = a.seed.into();
         v["epochs"] = a.job.epochs.into();
         v["emulated"] = serde_json::to_value(emulated)?;
+        if let Some(m) = &mixture {
+            v["mixture"] = json!({
+                "records_per_epoch": m.size(),
+                "sources": m.names.iter().enumerate().map(|(i, n)| json!({
+                    "name": n,
+                    "records": m.starts[i + 1] - m.starts[i],
+                    "first_id": m.starts[i],
+                    "per_epoch": m.counts[i],
+                })).collect::<Vec<_>>(),
+            });
+        }
         v["cursor"] = json!({
             "epoch": next.epoch,
             "batch": next.batch,
@@ -443,4 +498,26 @@ fn parse_prefetch(s: &str) -> Result<usize, String> {
         ));
     }
     Ok(n)
+}
+
+/// A plain read's batches, or a mixture's (epoch by epoch).
+enum Batches {
+    One(BatchStream),
+    Mix(Box<MixStream>),
+}
+
+impl Batches {
+    fn next(&mut self) -> Option<riffle::Result<Batch>> {
+        match self {
+            Batches::One(s) => s.next(),
+            Batches::Mix(s) => s.next(),
+        }
+    }
+
+    fn report(&self) -> ReadReport {
+        match self {
+            Batches::One(s) => s.report(),
+            Batches::Mix(s) => s.report(),
+        }
+    }
 }

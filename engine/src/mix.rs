@@ -1,0 +1,351 @@
+//! Weighted mixtures of datasets: several named sources read as one job, each epoch made
+//! of an exact number of records from each source.
+//!
+//! A spec is `mix:NAME=PATH*WEIGHT,NAME=PATH*WEIGHT,...[;size=N]` (one format for all
+//! sources). An epoch holds `size` records (default: the sources' records together); a
+//! source's count is its share of the weights, rounded by largest remainder so the counts
+//! add up to `size` exactly. A source whose count fits it is sampled without replacement;
+//! one whose count is larger is repeated: every record `count / records` times, and the
+//! remainder sampled without replacement. The sample depends only on (seed, epoch, source):
+//! each source's records are ranked by a keyed hash and the lowest taken. The epoch is then
+//! a view of the sources side by side ([`Dataset::with_draws`]), shuffled by the order
+//! contract like any dataset, so lirs and two-pass deliver the same batches. Batches carry
+//! each record's source ([`crate::modes::Batch::sources`]) and its id in the sources side
+//! by side.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::dataset::{Dataset, OpenOptions};
+use crate::modes::{Batch, BatchStream, ReadOptions, ReadReport};
+use crate::order::{EpochKey, Grouping};
+use crate::{Error, Result};
+
+/// One source of a mixture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MixSource {
+    /// Its name.
+    pub name: String,
+    /// Its dataset (a file, a directory or a glob).
+    pub path: PathBuf,
+    /// Its weight (positive).
+    pub weight: f64,
+}
+
+/// A mixture as given.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MixSpec {
+    /// The sources, in order.
+    pub sources: Vec<MixSource>,
+    /// Records per epoch (default: the sources' records together).
+    pub size: Option<u64>,
+}
+
+impl MixSpec {
+    /// Parses `mix:NAME=PATH*WEIGHT,...[;size=N]`; `None` when `s` is not a mixture.
+    pub fn parse(s: &str) -> Option<std::result::Result<MixSpec, String>> {
+        let body = s.strip_prefix("mix:")?;
+        Some((|| {
+            let (list, size) = match body.rsplit_once(";size=") {
+                Some((l, n)) => (
+                    l,
+                    Some(
+                        n.parse::<u64>()
+                            .map_err(|_| format!("'{s}': size '{n}' is not a number"))?,
+                    ),
+                ),
+                None => (body, None),
+            };
+            let mut sources = Vec::new();
+            for part in list.split(',') {
+                let (name, rest) = part.split_once('=').ok_or_else(|| {
+                    format!("'{part}': a source is NAME=PATH*WEIGHT, like web=data/web.npy*0.7")
+                })?;
+                let (path, w) = rest.rsplit_once('*').ok_or_else(|| {
+                    format!("'{part}': a source is NAME=PATH*WEIGHT, like web=data/web.npy*0.7")
+                })?;
+                let weight: f64 = w
+                    .parse()
+                    .map_err(|_| format!("'{part}': weight '{w}' is not a number"))?;
+                if !(weight.is_finite() && weight > 0.0) {
+                    return Err(format!("'{part}': a weight must be above 0"));
+                }
+                if name.is_empty() || sources.iter().any(|x: &MixSource| x.name == name) {
+                    return Err(format!("'{part}': each source needs a name of its own"));
+                }
+                sources.push(MixSource {
+                    name: name.into(),
+                    path: path.into(),
+                    weight,
+                });
+            }
+            if size == Some(0) {
+                return Err(format!("'{s}': an epoch of no records"));
+            }
+            Ok(MixSpec { sources, size })
+        })())
+    }
+}
+
+/// An opened mixture: the sources side by side, and each epoch's composition.
+#[derive(Debug)]
+pub struct Mixture {
+    /// The sources' records side by side (source i's records are ids
+    /// `starts[i]..starts[i + 1]`).
+    pub ds: Dataset,
+    /// Source names.
+    pub names: Vec<String>,
+    /// First id of each source, and the total.
+    pub starts: Vec<u64>,
+    /// Records each source gives every epoch (they add up to the epoch's size).
+    pub counts: Vec<u64>,
+}
+
+impl Mixture {
+    /// Opens every source (one format) and works out the counts.
+    pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
+        let mut parts = Vec::new();
+        for s in &spec.sources {
+            parts.push(Dataset::open(&[&s.path], opts, &mut |_, _, _| {})?);
+        }
+        let sizes: Vec<u64> = parts.iter().map(Dataset::len).collect();
+        let (ds, mut starts) = Dataset::concat(parts)?;
+        starts.push(ds.records());
+        let total = spec.size.unwrap_or_else(|| sizes.iter().sum());
+        let weights: Vec<f64> = spec.sources.iter().map(|s| s.weight).collect();
+        Ok(Mixture {
+            ds,
+            names: spec.sources.iter().map(|s| s.name.clone()).collect(),
+            starts,
+            counts: counts(&weights, total),
+        })
+    }
+
+    /// Records in an epoch.
+    pub fn size(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The source of id `id` (of the sources side by side).
+    pub fn source_of(&self, id: u64) -> usize {
+        self.starts.partition_point(|&s| s <= id) - 1
+    }
+
+    /// Epoch `epoch`'s records (ids of the sources side by side, ascending, a record as
+    /// many times as it is drawn).
+    pub fn draws(&self, seed: u64, epoch: u64) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.size() as usize);
+        for (i, &c) in self.counts.iter().enumerate() {
+            let (first, n) = (self.starts[i], self.starts[i + 1] - self.starts[i]);
+            let (copies, rest) = (c / n, (c % n) as usize);
+            // The sample without replacement: the `rest` records of lowest keyed hash.
+            let key = EpochKey::new(seed ^ 0x6d69_7873_6f75_7263 ^ (i as u64) << 48, epoch);
+            let mut chosen = vec![false; n as usize];
+            if rest > 0 {
+                let mut ranked: Vec<(u64, u64)> = (0..n).map(|id| (key.key(id), id)).collect();
+                ranked.select_nth_unstable(rest - 1);
+                for &(_, id) in &ranked[..rest] {
+                    chosen[id as usize] = true;
+                }
+            }
+            for id in 0..n {
+                let times = copies + chosen[id as usize] as u64;
+                for _ in 0..times {
+                    out.push(first + id);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Counts proportional to `weights` adding up to `total` exactly (largest remainder;
+/// ties to the earlier source).
+fn counts(weights: &[f64], total: u64) -> Vec<u64> {
+    let sum: f64 = weights.iter().sum();
+    let exact: Vec<f64> = weights.iter().map(|w| w / sum * total as f64).collect();
+    let mut out: Vec<u64> = exact.iter().map(|e| e.floor() as u64).collect();
+    let mut left = total - out.iter().sum::<u64>().min(total);
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (fa, fb) = (exact[a] - exact[a].floor(), exact[b] - exact[b].floor());
+        fb.partial_cmp(&fa)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    for &i in order.iter().cycle() {
+        if left == 0 {
+            break;
+        }
+        out[i] += 1;
+        left -= 1;
+    }
+    out
+}
+
+/// A mixture's batches, epoch by epoch: each epoch a view of its draws read by lirs or
+/// two-pass (`scratch` given), its batches' ids mapped to the sources side by side and
+/// their sources filled in.
+pub struct MixStream {
+    mix: Arc<Mixture>,
+    opts: ReadOptions,
+    scratch: Option<PathBuf>,
+    epochs: std::ops::Range<u64>,
+    cur: Option<(BatchStream, Arc<Dataset>)>,
+    report: ReadReport,
+    started: std::time::Instant,
+}
+
+/// Reads `mix` with `opts` (record grouping, no baseline): two-pass when `scratch` is
+/// given, lirs otherwise.
+pub fn read_mixture(
+    mix: Arc<Mixture>,
+    opts: ReadOptions,
+    scratch: Option<&Path>,
+) -> Result<MixStream> {
+    if opts.grouping != Grouping::Record || opts.baseline.is_some() {
+        return Err(Error::Invalid(
+            "a mixture is read with record grouping by lirs or two-pass".into(),
+        ));
+    }
+    let epochs = opts.epoch_range()?;
+    Ok(MixStream {
+        mix,
+        opts,
+        scratch: scratch.map(Path::to_path_buf),
+        epochs,
+        cur: None,
+        report: ReadReport::default(),
+        started: std::time::Instant::now(),
+    })
+}
+
+impl MixStream {
+    /// What the read did, summed over its epochs.
+    pub fn report(&self) -> ReadReport {
+        let mut r = self.report.clone();
+        r.seconds = self.started.elapsed().as_secs_f64();
+        r
+    }
+
+    fn open_epoch(&mut self, epoch: u64) -> Result<()> {
+        let view = Arc::new(
+            self.mix
+                .ds
+                .with_draws(self.mix.draws(self.opts.seed, epoch))?,
+        );
+        let mut o = self.opts.clone();
+        o.first_epoch = epoch;
+        o.epochs = 1;
+        if o.resume.is_some_and(|c| c.epoch != epoch) {
+            o.resume = None;
+            o.resume_start = None;
+        }
+        let stream = match &self.scratch {
+            Some(s) => crate::modes::read_two_pass(view.clone(), o, s.clone())?,
+            None => crate::modes::read(view.clone(), o)?,
+        };
+        self.cur = Some((stream, view));
+        Ok(())
+    }
+
+    fn absorb(&mut self, r: &ReadReport) {
+        let t = &mut self.report;
+        if t.mode.is_empty() {
+            *t = r.clone();
+            t.epoch_seconds = vec![r.seconds];
+            return;
+        }
+        t.records += r.records;
+        t.batches += r.batches;
+        t.bytes += r.bytes;
+        t.read_ops += r.read_ops;
+        t.device_bytes += r.device_bytes;
+        t.piles = t.piles.max(r.piles);
+        t.pile_loads += r.pile_loads;
+        t.scratch_bytes = t.scratch_bytes.max(r.scratch_bytes);
+        t.memory_bytes = t.memory_bytes.max(r.memory_bytes);
+        t.epoch_seconds.push(r.seconds);
+    }
+}
+
+impl Iterator for MixStream {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        loop {
+            if self.cur.is_none() {
+                let epoch = self.epochs.next()?;
+                if let Err(e) = self.open_epoch(epoch) {
+                    self.epochs = 0..0;
+                    return Some(Err(e));
+                }
+            }
+            let (stream, view) = self.cur.as_mut().expect("opened above");
+            match stream.next() {
+                Some(Ok(mut b)) => {
+                    for id in b.ids.iter_mut() {
+                        *id = view.drawn(*id);
+                    }
+                    b.sources = b
+                        .ids
+                        .iter()
+                        .map(|&id| self.mix.source_of(id) as u32)
+                        .collect();
+                    return Some(Ok(b));
+                }
+                Some(Err(e)) => {
+                    self.epochs = 0..0;
+                    return Some(Err(e));
+                }
+                None => {
+                    let (stream, _) = self.cur.take().expect("a stream");
+                    let r = stream.report();
+                    self.absorb(&r);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_bad_ones_are_refused() {
+        let s = MixSpec::parse("mix:a=x.npy*0.7,b=dir/*2;size=10")
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.sources.len(), 2);
+        assert_eq!(
+            (s.sources[1].path.to_str(), s.sources[1].weight),
+            (Some("dir/"), 2.0)
+        );
+        assert_eq!(s.size, Some(10));
+        assert!(MixSpec::parse("x.npy").is_none(), "not a mixture");
+        for bad in [
+            "mix:a=x",
+            "mix:a=x*0",
+            "mix:a=x*-1",
+            "mix:a=x*w",
+            "mix:=x*1",
+            "mix:a=x*1,a=y*1",
+            "mix:a=x*1;size=0",
+            "mix:a=x*1;size=q",
+        ] {
+            assert!(MixSpec::parse(bad).unwrap().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn counts_follow_the_weights_and_add_up_exactly() {
+        assert_eq!(counts(&[0.7, 0.2, 0.1], 3000), [2100, 600, 300]);
+        assert_eq!(counts(&[1.0, 1.0, 1.0], 10), [4, 3, 3]);
+        assert_eq!(counts(&[1.0], 7), [7]);
+        for total in [1u64, 2, 99, 1000, 12_345] {
+            let c = counts(&[0.5, 0.3, 0.15, 0.05], total);
+            assert_eq!(c.iter().sum::<u64>(), total);
+        }
+    }
+}
