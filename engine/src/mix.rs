@@ -13,11 +13,11 @@
 //! each record's source ([`crate::modes::Batch::sources`]) and its id in the sources side
 //! by side.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::dataset::{Dataset, OpenOptions};
-use crate::modes::{Batch, BatchStream, ReadOptions, ReadReport};
+use crate::modes::{BatchStream, ReadOptions, ReadReport};
 use crate::order::{EpochKey, Grouping};
 use crate::{Error, Result};
 
@@ -87,12 +87,10 @@ impl MixSpec {
     }
 }
 
-/// An opened mixture: the sources side by side, and each epoch's composition.
+/// A mixture's sources: names, where each starts in the sources side by side, and the
+/// records each gives every epoch.
 #[derive(Debug)]
-pub struct Mixture {
-    /// The sources' records side by side (source i's records are ids
-    /// `starts[i]..starts[i + 1]`).
-    pub ds: Dataset,
+pub struct MixInfo {
     /// Source names.
     pub names: Vec<String>,
     /// First id of each source, and the total.
@@ -101,26 +99,27 @@ pub struct Mixture {
     pub counts: Vec<u64>,
 }
 
-impl Mixture {
-    /// Opens every source (one format) and works out the counts.
-    pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
-        let mut parts = Vec::new();
-        for s in &spec.sources {
-            parts.push(Dataset::open(&[&s.path], opts, &mut |_, _, _| {})?);
-        }
-        let sizes: Vec<u64> = parts.iter().map(Dataset::len).collect();
-        let (ds, mut starts) = Dataset::concat(parts)?;
-        starts.push(ds.records());
-        let total = spec.size.unwrap_or_else(|| sizes.iter().sum());
-        let weights: Vec<f64> = spec.sources.iter().map(|s| s.weight).collect();
-        Ok(Mixture {
-            ds,
-            names: spec.sources.iter().map(|s| s.name.clone()).collect(),
-            starts,
-            counts: counts(&weights, total),
-        })
+/// Opens every source (one format) and puts them side by side, marked as a mixture: a
+/// read of it reads each epoch's draws ([`read`]).
+pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Dataset> {
+    let mut parts = Vec::new();
+    for s in &spec.sources {
+        parts.push(Dataset::open(&[&s.path], opts, &mut |_, _, _| {})?);
     }
+    let sizes: Vec<u64> = parts.iter().map(Dataset::len).collect();
+    let (mut ds, mut starts) = Dataset::concat(parts)?;
+    starts.push(ds.records());
+    let total = spec.size.unwrap_or_else(|| sizes.iter().sum());
+    let weights: Vec<f64> = spec.sources.iter().map(|s| s.weight).collect();
+    ds.set_mixture(Arc::new(MixInfo {
+        names: spec.sources.iter().map(|s| s.name.clone()).collect(),
+        starts,
+        counts: counts(&weights, total),
+    }));
+    Ok(ds)
+}
 
+impl MixInfo {
     /// Records in an epoch.
     pub fn size(&self) -> u64 {
         self.counts.iter().sum()
@@ -183,129 +182,68 @@ fn counts(weights: &[f64], total: u64) -> Vec<u64> {
     out
 }
 
-/// A mixture's batches, epoch by epoch: each epoch a view of its draws read by lirs or
-/// two-pass (`scratch` given), its batches' ids mapped to the sources side by side and
-/// their sources filled in.
-pub struct MixStream {
-    mix: Arc<Mixture>,
-    opts: ReadOptions,
-    scratch: Option<PathBuf>,
-    epochs: std::ops::Range<u64>,
-    cur: Option<(BatchStream, Arc<Dataset>)>,
-    report: ReadReport,
-    started: std::time::Instant,
-}
-
-/// Reads `mix` with `opts` (record grouping, no baseline): two-pass when `scratch` is
-/// given, lirs otherwise.
-pub fn read_mixture(
-    mix: Arc<Mixture>,
-    opts: ReadOptions,
-    scratch: Option<&Path>,
-) -> Result<MixStream> {
+/// Reads mixture `ds` (from [`open`]) with `opts` (record grouping, no baseline): each
+/// epoch a view of its draws read by lirs, or by two-pass (`scratch` given, one epoch at a
+/// time: the membership changes, so nothing rolls over). The views' batches carry the ids
+/// of the sources side by side and each record's source.
+pub fn read(ds: Arc<Dataset>, opts: ReadOptions, scratch: Option<PathBuf>) -> Result<BatchStream> {
+    let Some(mix) = ds.mixture().cloned() else {
+        return Err(Error::Invalid("not a mixture".into()));
+    };
     if opts.grouping != Grouping::Record || opts.baseline.is_some() {
         return Err(Error::Invalid(
             "a mixture is read with record grouping by lirs or two-pass".into(),
         ));
     }
     let epochs = opts.epoch_range()?;
-    Ok(MixStream {
-        mix,
-        opts,
-        scratch: scratch.map(Path::to_path_buf),
-        epochs,
-        cur: None,
-        report: ReadReport::default(),
-        started: std::time::Instant::now(),
+    BatchStream::spawn("riffle-mix", 1, move |tx, stop, report| {
+        let started = std::time::Instant::now();
+        for epoch in epochs {
+            if stop.is_set() {
+                break;
+            }
+            let view = Arc::new(ds.with_draws(mix.draws(opts.seed, epoch))?);
+            let mut o = opts.clone();
+            o.first_epoch = epoch;
+            o.epochs = 1;
+            if o.resume.is_some_and(|c| c.epoch != epoch) {
+                o.resume = None;
+                o.resume_start = None;
+            }
+            let mut stream = match &scratch {
+                Some(s) => crate::modes::read_two_pass(view, o, s.clone())?,
+                None => crate::modes::read(view, o)?,
+            };
+            for b in stream.by_ref() {
+                let b = b?;
+                if stop.is_set() || tx.send(Ok(b)).is_err() {
+                    return Ok(());
+                }
+            }
+            absorb(report, &stream.report());
+        }
+        report.seconds = started.elapsed().as_secs_f64();
+        Ok(())
     })
 }
 
-impl MixStream {
-    /// What the read did, summed over its epochs.
-    pub fn report(&self) -> ReadReport {
-        let mut r = self.report.clone();
-        r.seconds = self.started.elapsed().as_secs_f64();
-        r
+/// Adds an epoch's report to the read's.
+fn absorb(t: &mut ReadReport, r: &ReadReport) {
+    if t.mode.is_empty() {
+        *t = r.clone();
+        t.epoch_seconds = vec![r.seconds];
+        return;
     }
-
-    fn open_epoch(&mut self, epoch: u64) -> Result<()> {
-        let view = Arc::new(
-            self.mix
-                .ds
-                .with_draws(self.mix.draws(self.opts.seed, epoch))?,
-        );
-        let mut o = self.opts.clone();
-        o.first_epoch = epoch;
-        o.epochs = 1;
-        if o.resume.is_some_and(|c| c.epoch != epoch) {
-            o.resume = None;
-            o.resume_start = None;
-        }
-        let stream = match &self.scratch {
-            Some(s) => crate::modes::read_two_pass(view.clone(), o, s.clone())?,
-            None => crate::modes::read(view.clone(), o)?,
-        };
-        self.cur = Some((stream, view));
-        Ok(())
-    }
-
-    fn absorb(&mut self, r: &ReadReport) {
-        let t = &mut self.report;
-        if t.mode.is_empty() {
-            *t = r.clone();
-            t.epoch_seconds = vec![r.seconds];
-            return;
-        }
-        t.records += r.records;
-        t.batches += r.batches;
-        t.bytes += r.bytes;
-        t.read_ops += r.read_ops;
-        t.device_bytes += r.device_bytes;
-        t.piles = t.piles.max(r.piles);
-        t.pile_loads += r.pile_loads;
-        t.scratch_bytes = t.scratch_bytes.max(r.scratch_bytes);
-        t.memory_bytes = t.memory_bytes.max(r.memory_bytes);
-        t.epoch_seconds.push(r.seconds);
-    }
-}
-
-impl Iterator for MixStream {
-    type Item = Result<Batch>;
-
-    fn next(&mut self) -> Option<Result<Batch>> {
-        loop {
-            if self.cur.is_none() {
-                let epoch = self.epochs.next()?;
-                if let Err(e) = self.open_epoch(epoch) {
-                    self.epochs = 0..0;
-                    return Some(Err(e));
-                }
-            }
-            let (stream, view) = self.cur.as_mut().expect("opened above");
-            match stream.next() {
-                Some(Ok(mut b)) => {
-                    for id in b.ids.iter_mut() {
-                        *id = view.drawn(*id);
-                    }
-                    b.sources = b
-                        .ids
-                        .iter()
-                        .map(|&id| self.mix.source_of(id) as u32)
-                        .collect();
-                    return Some(Ok(b));
-                }
-                Some(Err(e)) => {
-                    self.epochs = 0..0;
-                    return Some(Err(e));
-                }
-                None => {
-                    let (stream, _) = self.cur.take().expect("a stream");
-                    let r = stream.report();
-                    self.absorb(&r);
-                }
-            }
-        }
-    }
+    t.records += r.records;
+    t.batches += r.batches;
+    t.bytes += r.bytes;
+    t.read_ops += r.read_ops;
+    t.device_bytes += r.device_bytes;
+    t.piles = t.piles.max(r.piles);
+    t.pile_loads += r.pile_loads;
+    t.scratch_bytes = t.scratch_bytes.max(r.scratch_bytes);
+    t.memory_bytes = t.memory_bytes.max(r.memory_bytes);
+    t.epoch_seconds.push(r.seconds);
 }
 
 #[cfg(test)]

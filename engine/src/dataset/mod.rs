@@ -106,6 +106,9 @@ pub struct Dataset {
     /// A view's records (`with_draws`): record i is the files' record `draws[i]` (a
     /// mixture's epoch, where a record may be drawn more than once or not at all).
     draws: Option<Arc<[u64]>>,
+    /// A mixture's sources (names, first ids, counts per epoch): set on the sources side
+    /// by side, kept by its views (which then also say each record's source).
+    mixture: Option<Arc<crate::mix::MixInfo>>,
     /// Record size statistics, worked out once (a pass over every record's span).
     stats: std::sync::OnceLock<SizeStats>,
     /// Each record's label, by id, when the layout gives labels (`files`).
@@ -123,6 +126,12 @@ impl Dataset {
         opts: &OpenOptions,
         progress: &mut dyn FnMut(&Path, u64, u64),
     ) -> Result<Dataset> {
+        if let [path] = paths {
+            if let Some(spec) = path.as_ref().to_str().and_then(crate::mix::MixSpec::parse) {
+                let spec = spec.map_err(Error::Invalid)?;
+                return crate::mix::open(&spec, opts);
+            }
+        }
         if opts.format == Some(Format::Files) {
             return Self::open_files(paths, opts);
         }
@@ -160,6 +169,7 @@ impl Dataset {
             files: out.into(),
             first_id: first_id.into(),
             draws: None,
+            mixture: None,
             stats: std::sync::OnceLock::new(),
             labels: None,
             classes: Vec::new(),
@@ -196,6 +206,7 @@ impl Dataset {
             files: files.into(),
             first_id: first_id.into(),
             draws: None,
+            mixture: None,
             stats: std::sync::OnceLock::new(),
             labels: None,
             classes: Vec::new(),
@@ -238,6 +249,7 @@ impl Dataset {
             files: files.into(),
             first_id: (0..=n).collect::<Vec<_>>().into(),
             draws: None,
+            mixture: None,
             stats: std::sync::OnceLock::new(),
             labels: listing.labels.map(Arc::from),
             classes: listing.classes,
@@ -272,10 +284,27 @@ impl Dataset {
 
     /// Total records.
     pub fn len(&self) -> u64 {
-        match &self.draws {
-            Some(d) => d.len() as u64,
-            None => self.records(),
+        match (&self.draws, &self.mixture) {
+            (Some(d), _) => d.len() as u64,
+            // A mixture is read as its epochs' views: an epoch's records.
+            (None, Some(m)) => m.size(),
+            (None, None) => self.records(),
         }
+    }
+
+    /// A mixture's sources, when this is a mixture (or one of its epochs' views).
+    pub fn mixture(&self) -> Option<&Arc<crate::mix::MixInfo>> {
+        self.mixture.as_ref()
+    }
+
+    /// Whether this is a view of drawn records (a mixture's epoch).
+    pub fn is_view(&self) -> bool {
+        self.draws.is_some()
+    }
+
+    /// Marks these (sources side by side) as a mixture.
+    pub(crate) fn set_mixture(&mut self, m: Arc<crate::mix::MixInfo>) {
+        self.mixture = Some(m);
     }
 
     /// Records in the files (a view's `len` is its draws').
@@ -308,6 +337,7 @@ impl Dataset {
             files: self.files.clone(),
             first_id: self.first_id.clone(),
             draws: Some(draws.into()),
+            mixture: self.mixture.clone(),
             stats: std::sync::OnceLock::new(),
             labels,
             classes: self.classes.clone(),
@@ -356,6 +386,7 @@ impl Dataset {
                 files: files.into(),
                 first_id: first_id.into(),
                 draws: None,
+                mixture: None,
                 stats: std::sync::OnceLock::new(),
                 labels: None,
                 classes: Vec::new(),

@@ -258,7 +258,7 @@ fn run(
             &mut *r,
         )
         .lend_from(opts.lender.clone(), ds.size_stats().max)
-        .labelled(ds.labels())
+        .described(ds)
         .shared(opts.ranks.clone())
         .timed(started);
         let mut first_id = 0u64;

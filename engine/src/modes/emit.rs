@@ -45,8 +45,8 @@ pub(crate) struct Emitter<'a> {
     skip_end: u64,
     /// When the run started: the report's time to the first batch counts from here.
     run_started: Option<Instant>,
-    /// The dataset's labels by id, when it has them.
-    labels: Option<Arc<[u32]>>,
+    /// The dataset, to describe each batch's records (labels, a mixture's ids and sources).
+    ds: Option<&'a crate::dataset::Dataset>,
 }
 
 impl<'a> Emitter<'a> {
@@ -82,13 +82,13 @@ impl<'a> Emitter<'a> {
             ranks: None,
             skip_end: 0,
             run_started: None,
-            labels: None,
+            ds: None,
         }
     }
 
-    /// Labels each batch's records from `labels` (by id), when given.
-    pub(crate) fn labelled(mut self, labels: Option<&Arc<[u32]>>) -> Self {
-        self.labels = labels.cloned();
+    /// Describes each batch's records from `ds` ([`Batch::describe`]).
+    pub(crate) fn described(mut self, ds: &'a crate::dataset::Dataset) -> Self {
+        self.ds = Some(ds);
         self
     }
 
@@ -213,7 +213,9 @@ impl Emitter<'_> {
                 return;
             }
             b.payload.seal();
-            b.label(self.labels.as_ref());
+            if let Some(ds) = self.ds {
+                b.describe(ds);
+            }
             b.ready_ns = super::monotonic_ns();
             self.hist
                 .saturating_record(started.elapsed().as_micros().max(1) as u64);

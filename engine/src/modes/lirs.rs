@@ -135,6 +135,10 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
+    // A mixture is read as its epochs' views.
+    if ds.mixture().is_some() && !ds.is_view() {
+        return crate::mix::read(ds, opts, None);
+    }
     // The shuffle buffer streams the dataset sequentially: a mode of its own.
     if let Some(Baseline::Buffer { size }) = opts.baseline {
         return super::buffer::read(ds, opts, size);
@@ -598,7 +602,7 @@ fn read_epoch(
                         sources: Vec::new(),
                         ready_ns: super::monotonic_ns(),
                     };
-                    out.label(ds.labels());
+                    out.describe(ds);
                     drop(st);
                     // A lender may take the batch over here (announced by it).
                     let out = match &opts.lender {

@@ -234,10 +234,19 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Fills `labels` from a dataset's label table (nothing without one).
-    pub(crate) fn label(&mut self, table: Option<&std::sync::Arc<[u32]>>) {
-        if let Some(t) = table {
+    /// Fills in what `ds` says of the batch's records: labels (a labelled dataset), and for
+    /// a mixture's epoch, each record's id among the sources side by side and its source.
+    pub(crate) fn describe(&mut self, ds: &crate::dataset::Dataset) {
+        if let Some(t) = ds.labels() {
             self.labels = self.ids.iter().map(|&id| t[id as usize]).collect();
+        }
+        if ds.is_view() {
+            for id in self.ids.iter_mut() {
+                *id = ds.drawn(*id);
+            }
+        }
+        if let Some(m) = ds.mixture() {
+            self.sources = self.ids.iter().map(|&id| m.source_of(id) as u32).collect();
         }
     }
 }

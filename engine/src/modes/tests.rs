@@ -716,7 +716,7 @@ fn a_global_cursor_resumes_exactly_under_any_world_and_batch_size() {
 /// the same batches; each source's positions in the epoch are uniform (chi-square).
 #[test]
 fn a_weighted_mixture_has_exact_counts_and_the_same_batches_in_both_modes() {
-    use crate::mix::{read_mixture, MixSpec, Mixture};
+    use crate::mix::MixSpec;
     let dir = tempfile::tempdir_in(".").unwrap();
     let mut paths = Vec::new();
     for (name, n) in [("web", 1000u64), ("code", 2000), ("books", 100)] {
@@ -737,15 +737,16 @@ fn a_weighted_mixture_has_exact_counts_and_the_same_batches_in_both_modes() {
         paths[2].display()
     );
     let spec = MixSpec::parse(&text).unwrap().unwrap();
-    let mix = Arc::new(Mixture::open(&spec, &OpenOptions::default()).unwrap());
+    let ds = Arc::new(crate::mix::open(&spec, &OpenOptions::default()).unwrap());
+    let mix = ds.mixture().unwrap().clone();
     assert_eq!(mix.counts, [2100, 600, 300]);
     let mut o = ReadOptions::new(100);
     o.epochs = 2;
-    let lirs: Vec<Batch> = read_mixture(mix.clone(), o.clone(), None)
+    let lirs: Vec<Batch> = read(ds.clone(), o.clone())
         .unwrap()
         .map(|b| b.unwrap())
         .collect();
-    let two: Vec<Batch> = read_mixture(mix.clone(), o, Some(&dir.path().join("scratch")))
+    let two: Vec<Batch> = super::read_two_pass(ds.clone(), o, dir.path().join("scratch"))
         .unwrap()
         .map(|b| b.unwrap())
         .collect();

@@ -43,6 +43,10 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
+    // A mixture is read as its epochs' views, each in two passes of its own.
+    if ds.mixture().is_some() && !ds.is_view() {
+        return crate::mix::read(ds, opts, Some(scratch));
+    }
     opts.check(ds.len())?;
     let units = Units::new(&ds, opts.grouping);
     let (opts, plan) = fitted(&ds, &units, opts)?;
@@ -453,7 +457,7 @@ fn run(
                 &mut *r,
             )
             .lend_from(opts.lender.clone(), ds.size_stats().max)
-            .labelled(ds.labels())
+            .described(ds)
             .shared(opts.ranks.clone())
             .timed(started);
             // The pile pass, double buffered: a loader thread reads and sorts the next pile

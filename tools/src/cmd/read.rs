@@ -7,8 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use riffle::dataset::Dataset;
 use riffle::io::IoConfig;
-use riffle::mix::{MixSpec, MixStream, Mixture};
-use riffle::modes::{self, Baseline, Batch, BatchStream, Cursor, ReadOptions, ReadReport, Resume};
+use riffle::modes::{self, Baseline, Cursor, ReadOptions, Resume};
 use riffle::order::{Grouping, Split, Tail};
 use riffle::size::{human_bytes, parse_size};
 use serde_json::json;
@@ -190,26 +189,13 @@ pub fn run(a: Args) -> Result<()> {
     modes::epochs_from(a.epoch, a.job.epochs)
         .with_context(|| format!("--epoch {} --epochs {}", a.epoch, a.job.epochs))?;
     let opts = a.data.options(false, false, a.job.memory)?;
-    // A mixture (`mix:NAME=PATH*WEIGHT,...`): its sources side by side, each epoch a view
-    // of its draws; the first epoch's view stands for the job in what follows.
-    let spec = match &a.data.dataset[..] {
-        [one] => one.to_str().and_then(MixSpec::parse),
-        _ => None,
-    };
-    let mixture = match spec {
-        Some(s) => {
-            let s = s.map_err(anyhow::Error::msg)?;
-            if grouping != Grouping::Record {
-                bail!("a mixture is read with --grouping record");
-            }
-            Some(Arc::new(Mixture::open(&s, &opts)?))
-        }
-        None => None,
-    };
-    let ds = match &mixture {
-        Some(m) => m.ds.with_draws(m.draws(a.seed, a.epoch))?,
-        None => Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?,
-    };
+    // A mixture (`mix:NAME=PATH*WEIGHT,...`) opens as its sources side by side; a read of
+    // it reads each epoch's draws.
+    let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
+    let mixture = ds.mixture().cloned();
+    if mixture.is_some() && grouping != Grouping::Record {
+        bail!("a mixture is read with --grouping record");
+    }
     let records = ds.len();
     // The job's batches: the cursor given is resolved against them, and the one printed
     // at the end is taken under them.
@@ -298,16 +284,10 @@ pub fn run(a: Args) -> Result<()> {
     if mixture.is_some() && !matches!(mode, "lirs" | "two-pass") {
         bail!("a mixture is read by lirs or two-pass (--mode {mode})");
     }
-    let stream = match &mixture {
-        Some(m) => Batches::Mix(Box::new(riffle::mix::read_mixture(
-            m.clone(),
-            read_opts,
-            (mode == "two-pass").then_some(scratch.as_path()),
-        )?)),
-        None if mode == "two-pass" => {
-            Batches::One(modes::read_two_pass(Arc::new(ds), read_opts, scratch)?)
-        }
-        None => Batches::One(modes::read(Arc::new(ds), read_opts)?),
+    let stream = if mode == "two-pass" {
+        modes::read_two_pass(Arc::new(ds), read_opts, scratch)?
+    } else {
+        modes::read(Arc::new(ds), read_opts)?
     };
     let bar = progress::steps(0, a.json);
     let mut line = String::new();
@@ -498,26 +478,4 @@ fn parse_prefetch(s: &str) -> Result<usize, String> {
         ));
     }
     Ok(n)
-}
-
-/// A plain read's batches, or a mixture's (epoch by epoch).
-enum Batches {
-    One(BatchStream),
-    Mix(Box<MixStream>),
-}
-
-impl Batches {
-    fn next(&mut self) -> Option<riffle::Result<Batch>> {
-        match self {
-            Batches::One(s) => s.next(),
-            Batches::Mix(s) => s.next(),
-        }
-    }
-
-    fn report(&self) -> ReadReport {
-        match self {
-            Batches::One(s) => s.report(),
-            Batches::Mix(s) => s.report(),
-        }
-    }
 }
