@@ -373,15 +373,18 @@ class Batch:
     one per record) when the dataset has labels (`files` over class directories: the index
     of the record's class, ImageFolder's rule), else None."""
 
-    __slots__ = ("ids", "offsets", "data", "labels", "epoch", "index", "padding", "ready_ns", "_slot",
-                 "_stream", "_gen", "_format")
+    __slots__ = ("ids", "offsets", "data", "labels", "sources", "epoch", "index", "padding", "ready_ns",
+                 "_slot", "_stream", "_gen", "_format")
 
     def __init__(self, ids, offsets, data, epoch, index, padding, ready_ns, slot, stream, gen,
-                 labels=None):
+                 labels=None, sources=None):
         self.ids = ids
         self.offsets = offsets
         self.data = data
         self.labels = labels
+        # A mixture's: each record's source (an index into the stream's
+        # `opened["sources"]`), else None.
+        self.sources = sources
         self.epoch = epoch
         self.index = index
         self.padding = padding
@@ -553,8 +556,13 @@ class Stream:
         offsets = np.frombuffer(src, _U64, n + 1, off_at)
         data = np.frombuffer(src, np.uint8, dlen, data_at)
         # Bit 0: one label (u32) per record, right after the offsets.
-        labels = np.frombuffer(src, _LABEL, n, off_at + 8 * (n + 1)) if flags & 1 else None
-        b = Batch(ids, offsets, data, epoch, index, padding, ready_ns, slot, self, self._gen, labels)
+        at = off_at + 8 * (n + 1)
+        labels = np.frombuffer(src, _LABEL, n, at) if flags & 1 else None
+        # Bit 1: one source (u32) per record, after the labels.
+        at += 4 * n if flags & 1 else 0
+        sources = np.frombuffer(src, _LABEL, n, at) if flags & 2 else None
+        b = Batch(ids, offsets, data, epoch, index, padding, ready_ns, slot, self, self._gen, labels,
+                  sources)
         self.cursor = {"epoch": epoch, "batch": index + 1}
         o = self.opened
         if o.get("round"):

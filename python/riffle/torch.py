@@ -117,7 +117,8 @@ def _as_dict(b, ids, offsets, data, meta=None):
     if b.labels is not None:
         out["labels"] = _labels(b.labels)
     if meta:
-        out.update(meta)
+        out.update({k: _torch.from_numpy(v) if isinstance(v, _np.ndarray) else v
+                    for k, v in meta.items()})
     return out
 
 
@@ -177,7 +178,8 @@ def _from_ticket(token, pid, ring_fd, ring_bytes, ctl_fd, seq, epoch, index, pad
     if labels is not None:
         out["labels"] = _labels(labels)
     if meta:
-        out.update(meta)
+        out.update({k: _torch.from_numpy(v) if isinstance(v, _np.ndarray) else v
+                    for k, v in meta.items()})
     return out
 
 
@@ -371,7 +373,8 @@ def _from_handoff(token, pid, ring_fd, size, ctl_fd, seq, epoch, index, padding,
     if labels is not None:
         out["labels"] = _labels(labels)
     if meta:
-        out.update(meta)
+        out.update({k: _torch.from_numpy(v) if isinstance(v, _np.ndarray) else v
+                    for k, v in meta.items()})
     return view(out) if view is not None else out
 
 
@@ -543,6 +546,8 @@ class RiffleDataset(IterableDataset):
                 return
             for b in stream:
                 meta = {"cursor": _cursor(stream, b, wid, nw)}
+                if b.sources is not None:
+                    meta["sources"] = b.sources.astype(_np.int64)
                 self._last_state = stream.state_dict()
                 if in_worker:
                     view = isinstance(self.transform, _Reshape)
@@ -596,7 +601,10 @@ class RiffleDataset(IterableDataset):
             if state["base"] is None:
                 _worker_fds.append(stream.ring_fd)
                 state["base"] = _np.frombuffer(stream._mm, _np.uint8).ctypes.data
-            yield _tickets(stream, b, held, state, {"cursor": _cursor(stream, b, wid, nw)})
+            meta = {"cursor": _cursor(stream, b, wid, nw)}
+            if b.sources is not None:
+                meta["sources"] = b.sources.astype(_np.int64)
+            yield _tickets(stream, b, held, state, meta)
         # The stream is over: the daemon has let go of the ring, whose memory lives on in
         # the training process's mapping of it.
 

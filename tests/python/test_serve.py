@@ -453,3 +453,37 @@ def test_stream_stats_give_the_waits_on_both_sides(daemon):
             rest = sum(1 for _ in s1)
         rest0 = sum(1 for _ in s)
     assert n + rest == n + rest0 == 150
+
+
+def test_a_weighted_mixture_through_the_daemon(tmp_path):
+    """A daemon serving a mixture (`--dataset mix=mix:a=...*0.7,b=...*0.3;size=500`): each
+    epoch exactly 350 records of a (of 400: a sample without repeats) and 150 of b (50
+    records, each three times), every batch saying each record's source, the same
+    batches as `riffle read` of the mixture."""
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    run("gen", a, "--format", "npy", "--records", 400, "--record-size", 32)
+    run("gen", b, "--format", "npy", "--records", 50, "--record-size", 32)
+    spec = f"mix:a={a}*0.7,b={b}*0.3;size=500"
+    d = Daemon({"mix": spec})
+    try:
+        with riffle.Client(d.socket) as c:
+            s = c.stream("mix", 50, seed=3, epochs=2)
+            got = []
+            for batch in s:
+                assert batch.sources is not None
+                assert s.opened["sources"] == ["a", "b"]
+                src = batch.sources.copy()
+                assert ((batch.ids >= 400) == (src == 1)).all()
+                got.append((batch.epoch, batch.ids.copy()))
+        for epoch in (0, 1):
+            ids = np.concatenate([i for e, i in got if e == epoch])
+            assert (ids < 400).sum() == 350 and len(np.unique(ids[ids < 400])) == 350
+            counts = np.bincount(ids[ids >= 400] - 400, minlength=50)
+            assert (counts == 3).all()
+        mix = [x for x in d.stats()["datasets"] if x["name"] == "mix"][0]["mixture"]
+        assert [(m["name"], m["per_epoch"]) for m in mix] == [("a", 350), ("b", 150)], mix
+        want = read_ids(spec, tmp_path, "--batch-size", 50, "--seed", 3, "--epochs", 2,
+                        "--mode", "lirs")
+        assert [i.tolist() for _, i in got] == want
+    finally:
+        d.stop()

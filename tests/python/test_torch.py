@@ -404,3 +404,27 @@ def test_set_epoch_reaches_persistent_workers(served):
         assert len(kept[e]) == len(fresh[e])
         assert all(np.array_equal(a[1], b[1]) for a, b in zip(kept[e], fresh[e])), e
     assert not np.array_equal(kept[0][0][1], kept[1][0][1]), "epoch 1 is another order"
+
+
+def test_a_mixture_through_pytorch_says_each_records_source(tmp_path):
+    """A mixture served by the daemon through riffle.torch, with and without workers:
+    `batch["sources"]` (int64) names each record's source; per epoch the counts are exact."""
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    run("gen", a, "--format", "npy", "--records", 300, "--record-size", 32)
+    run("gen", b, "--format", "npy", "--records", 100, "--record-size", 32)
+    d = Daemon({"mix": f"mix:a={a}*0.5,b={b}*0.5;size=400"})
+    try:
+        ds = riffle.torch.RiffleDataset(d.socket, "mix", 50, seed=2)
+        for it in [torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0),
+                   torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2),
+                   riffle.torch.loader(d.socket, "mix", 50, num_workers=2, seed=2)]:
+            ids, srcs = [], []
+            for batch in it:
+                assert batch["sources"].dtype == torch.int64
+                ids.append(batch["ids"].numpy().copy())
+                srcs.append(batch["sources"].numpy().copy())
+            ids, srcs = np.concatenate(ids), np.concatenate(srcs)
+            assert np.array_equal(srcs, (ids >= 300).astype(np.int64))
+            assert (srcs == 0).sum() == 200 and (srcs == 1).sum() == 200
+    finally:
+        d.stop()

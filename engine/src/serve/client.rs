@@ -272,6 +272,7 @@ pub struct BatchRef<'s> {
     ids: Cow<'s, [u64]>,
     offsets: Cow<'s, [u64]>,
     labels: Vec<u32>,
+    sources: Vec<u32>,
     data: &'s [u8],
 }
 
@@ -290,6 +291,12 @@ impl BatchRef<'_> {
     /// directories); empty otherwise.
     pub fn labels(&self) -> &[u32] {
         &self.labels
+    }
+
+    /// Each record's source (an index into OPENED's `sources`), for a mixture; empty
+    /// otherwise.
+    pub fn sources(&self) -> &[u32] {
+        &self.sources
     }
     /// Global record ids.
     pub fn ids(&self) -> &[u64] {
@@ -396,26 +403,28 @@ impl Stream<'_> {
                 };
                 let bad = || Error::Invalid(format!("batch {} lies outside its buffer", h.index));
                 let labelled = h.flags & super::proto::FLAG_LABELS != 0;
+                let sourced = h.flags & super::proto::FLAG_SOURCES != 0;
                 let labels_at = h.offsets_at + 8 * (h.records + 1);
+                let sources_at = labels_at + if labelled { 4 * h.records } else { 0 };
                 if k == Kind::Batch {
                     let m = self.map.as_ref().ok_or_else(bad)?;
                     let ids = m.u64s(h.ids_at, h.records).ok_or_else(bad)?;
                     let offsets = m.u64s(h.offsets_at, h.records + 1).ok_or_else(bad)?;
                     let data = m.bytes(h.data_at, h.data_len).ok_or_else(bad)?;
-                    let labels = if labelled {
-                        u32s(
-                            m.bytes(labels_at, 4 * h.records).ok_or_else(bad)?,
-                            h.records,
-                        )
-                        .ok_or_else(bad)?
-                    } else {
-                        Vec::new()
+                    let tags = |on: bool, at: u64| -> Result<Vec<u32>> {
+                        if !on {
+                            return Ok(Vec::new());
+                        }
+                        u32s(m.bytes(at, 4 * h.records).ok_or_else(bad)?, h.records).ok_or_else(bad)
                     };
+                    let labels = tags(labelled, labels_at)?;
+                    let sources = tags(sourced, sources_at)?;
                     Ok(Some(BatchRef {
                         header: h,
                         ids: Cow::Borrowed(ids),
                         offsets: Cow::Borrowed(offsets),
                         labels,
+                        sources,
                         data,
                     }))
                 } else {
@@ -434,17 +443,20 @@ impl Stream<'_> {
                     let data = b
                         .get(h.data_at as usize..(h.data_at + h.data_len) as usize)
                         .ok_or_else(bad)?;
-                    let labels = if labelled {
-                        u32s(b.get(labels_at as usize..).ok_or_else(bad)?, h.records)
-                            .ok_or_else(bad)?
-                    } else {
-                        Vec::new()
+                    let tags = |on: bool, at: u64| -> Result<Vec<u32>> {
+                        if !on {
+                            return Ok(Vec::new());
+                        }
+                        u32s(b.get(at as usize..).ok_or_else(bad)?, h.records).ok_or_else(bad)
                     };
+                    let labels = tags(labelled, labels_at)?;
+                    let sources = tags(sourced, sources_at)?;
                     Ok(Some(BatchRef {
                         header: h,
                         ids: Cow::Owned(ids),
                         offsets: Cow::Owned(offsets),
                         labels,
+                        sources,
                         data,
                     }))
                 }

@@ -151,7 +151,7 @@ fn announce_ready(
             return Some(b);
         }
     };
-    let p = match ring.send_lent(lent, used, &b.ids, &b.offsets, &b.labels) {
+    let p = match ring.send_lent(lent, used, &b.ids, &b.offsets, (&b.labels, &b.sources)) {
         Ok(p) => p,
         Err(lent) => {
             b.payload = Payload::from_lent(lent, used);
@@ -192,6 +192,10 @@ fn header(b: &Batch) -> BatchHeader {
             0
         } else {
             proto::FLAG_LABELS
+        } | if b.sources.is_empty() {
+            0
+        } else {
+            proto::FLAG_SOURCES
         },
         epoch: b.epoch,
         index: b.index,
@@ -522,13 +526,15 @@ impl Conn {
         // Assembled in the ring by the engine: only the arrays are written, and the region
         // is the client's from here. Otherwise the batch is copied in.
         let handed = match std::mem::take(&mut b.payload).into_lent() {
-            Ok((lent, used)) => match ring.send_lent(lent, used, &b.ids, &b.offsets, &b.labels) {
-                Ok(p) => Some(p),
-                Err(lent) => {
-                    b.payload = Payload::from_lent(lent, used);
-                    None
+            Ok((lent, used)) => {
+                match ring.send_lent(lent, used, &b.ids, &b.offsets, (&b.labels, &b.sources)) {
+                    Ok(p) => Some(p),
+                    Err(lent) => {
+                        b.payload = Payload::from_lent(lent, used);
+                        None
+                    }
                 }
-            },
+            }
             Err(own) => {
                 b.payload = own;
                 None
@@ -553,7 +559,7 @@ impl Conn {
                 match ring.put(
                     &b.ids,
                     &b.offsets,
-                    &b.labels,
+                    (&b.labels, &b.sources),
                     &b.payload,
                     b.payload.lend_refused(),
                 ) {
@@ -580,7 +586,7 @@ impl Conn {
     fn deliver_inline(&mut self, b: Batch) -> Result<Sent, Leave> {
         let st = self.stream.as_mut().expect("a stream");
         let n = b.ids.len() as u64;
-        let arrays = 16 * n + 8 + 4 * b.labels.len() as u64;
+        let arrays = 16 * n + 8 + 4 * (b.labels.len() + b.sources.len()) as u64;
         let mut h = header(&b);
         h.slot = st.inline_next;
         st.inline_next = st.inline_next.wrapping_add(1);
@@ -605,7 +611,7 @@ impl Conn {
         for v in b.ids.iter().chain(b.offsets.iter()) {
             self.out.extend_from_slice(&v.to_le_bytes());
         }
-        for l in &b.labels {
+        for l in b.labels.iter().chain(&b.sources) {
             self.out.extend_from_slice(&l.to_le_bytes());
         }
         let mut w = self.wire.lock();
@@ -809,8 +815,8 @@ impl Conn {
         let largest = req
             .batch_size
             .saturating_mul(max_record)
-            // ids, offsets and labels: 20 bytes a record.
-            .saturating_add(req.batch_size.saturating_mul(20))
+            // ids, offsets, labels and sources: 24 bytes a record.
+            .saturating_add(req.batch_size.saturating_mul(24))
             .saturating_add(8 + 2 * ALIGN);
         let share = self.shared.ring_share();
         // Refused up front rather than failing mid-stream, and so a request can never make
@@ -949,6 +955,7 @@ impl Conn {
             format: ds.format().name().into(),
             columns: ds.columns().to_vec(),
             classes: ds.classes().to_vec(),
+            sources: ds.mixture().map(|m| m.names.clone()).unwrap_or_default(),
             start: first_split.start,
             start_end: first_split.end(),
             round: split.round(),

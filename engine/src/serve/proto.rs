@@ -202,6 +202,9 @@ pub struct Opened {
     /// A labelled dataset's class names, in label order (empty otherwise).
     #[serde(default)]
     pub classes: Vec<String>,
+    /// A mixture's source names (a batch's `sources` index them; empty otherwise).
+    #[serde(default)]
+    pub sources: Vec<String>,
     /// Where the stream's first batch starts in its epoch's sequence (records consumed by
     /// all ranks before it), and where that epoch's batches end: with `round` (records per
     /// round of batches, batch size x world), a client's global cursor after its batch `j`
@@ -244,6 +247,11 @@ pub struct ErrorMsg {
 /// `BatchHeader::flags`: the batch carries one label (u32) per record, right after its
 /// offsets (a `files` dataset of class directories).
 pub const FLAG_LABELS: u32 = 1;
+
+/// `BatchHeader::flags`: the batch carries each record's source (u32, an index into
+/// OPENED's `sources`) right after its offsets, and after its labels if it has them (a
+/// mixture).
+pub const FLAG_SOURCES: u32 = 2;
 
 /// The fixed part of `BATCH` and `BATCH_INLINE`: 80 bytes, little-endian.
 ///

@@ -70,7 +70,8 @@ impl super::proto::BatchHeader {
 /// Bytes before a payload in a region: the ids and offsets of `records` records, and room
 /// for their labels (u32 each, after the offsets, when the dataset has labels), aligned.
 pub(crate) fn arrays_len(records: usize) -> u64 {
-    (20 * records as u64 + 8).div_ceil(ALIGN) * ALIGN
+    // ids and offsets (8 bytes each), labels and sources (4 bytes each, when present).
+    (24 * records as u64 + 8).div_ceil(ALIGN) * ALIGN
 }
 
 /// `labels` as little-endian bytes (the wire form).
@@ -116,10 +117,11 @@ impl SharedRing {
         &self,
         ids: &[u64],
         offsets: &[u64],
-        labels: &[u32],
+        tags: (&[u32], &[u32]),
         payload: &[u8],
         owed: bool,
     ) -> Option<Placed> {
+        let (labels, sources) = tags;
         assert_eq!(
             offsets.len(),
             ids.len() + 1,
@@ -144,10 +146,10 @@ impl SharedRing {
         unsafe {
             self.map.write_u64s(placed.ids_at, ids);
             self.map.write_u64s(placed.offsets_at, offsets);
-            self.map.write(
-                placed.offsets_at + 8 * offsets.len() as u64,
-                &label_bytes(labels),
-            );
+            let at = placed.offsets_at + 8 * offsets.len() as u64;
+            self.map.write(at, &label_bytes(labels));
+            self.map
+                .write(at + 4 * labels.len() as u64, &label_bytes(sources));
             self.map.write(placed.data_at, payload);
         }
         let sent = self.slots().mark_sent(slot);
@@ -175,8 +177,9 @@ impl SharedRing {
         used: usize,
         ids: &[u64],
         offsets: &[u64],
-        labels: &[u32],
+        tags: (&[u32], &[u32]),
     ) -> std::result::Result<Placed, Box<dyn Lent>> {
+        let (labels, sources) = tags;
         let ours = lent
             .as_any_mut()
             .downcast_mut::<Lease>()
@@ -185,6 +188,7 @@ impl SharedRing {
                     && ids.len() <= lease.records
                     && offsets.len() == ids.len() + 1
                     && labels.len() <= ids.len()
+                    && sources.len() <= ids.len()
                     && used <= lease.cap
             });
         if !ours {
@@ -205,10 +209,10 @@ impl SharedRing {
         unsafe {
             self.map.write_u64s(placed.ids_at, ids);
             self.map.write_u64s(placed.offsets_at, offsets);
-            self.map.write(
-                placed.offsets_at + 8 * offsets.len() as u64,
-                &label_bytes(labels),
-            );
+            let at = placed.offsets_at + 8 * offsets.len() as u64;
+            self.map.write(at, &label_bytes(labels));
+            self.map
+                .write(at + 4 * labels.len() as u64, &label_bytes(sources));
         }
         let sent = self.slots().mark_sent(lease.slot);
         assert!(sent, "a lease's slot is live and unsent until handed over");

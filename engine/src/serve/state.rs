@@ -177,7 +177,18 @@ impl Shared {
             "scratch_planned": self.scratch_budget.as_ref().map(|b| b.used()),
             "scratch_limit": self.scratch_budget.as_ref().map(|b| b.total()),
             "errors": s.errors,
-            "datasets": self.cfg.datasets.iter().map(|(n, d)| json!({"name": n, "records": d.len()})).collect::<Vec<_>>(),
+            "datasets": self.cfg.datasets.iter().map(|(n, d)| {
+                let mut v = json!({"name": n, "records": d.len()});
+                // A mixture's composition: every epoch the same counts per source.
+                if let Some(m) = d.mixture() {
+                    v["mixture"] = m.names.iter().zip(&m.counts).enumerate().map(|(i, (name, c))| json!({
+                        "name": name,
+                        "records": m.starts[i + 1] - m.starts[i],
+                        "per_epoch": c,
+                    })).collect::<Vec<_>>().into();
+                }
+                v
+            }).collect::<Vec<_>>(),
         })
     }
 }

@@ -15,8 +15,9 @@ pub struct Args {
     /// The Unix socket to listen on (a stale socket nobody listens on is replaced).
     #[arg(long)]
     pub socket: PathBuf,
-    /// A dataset clients may ask for: NAME=PATH[:FORMAT] (PATH a file, directory or glob;
-    /// FORMAT as in `riffle read --format`). Repeat for several.
+    /// A dataset clients may ask for: NAME=PATH[:FORMAT] (PATH a file, directory or glob,
+    /// or a weighted mixture 'mix:SRC=PATH*WEIGHT,...[;size=N]'; FORMAT as in `riffle read
+    /// --format`). Repeat for several.
     #[arg(long = "dataset", required = true, value_parser = parse_dataset)]
     pub datasets: Vec<DatasetSpec>,
     /// The daemon's memory, all told: the datasets' indexes, every stream's ring (each at
