@@ -428,3 +428,19 @@ def test_a_mixture_through_pytorch_says_each_records_source(tmp_path):
             assert (srcs == 0).sum() == 200 and (srcs == 1).sum() == 200
     finally:
         d.stop()
+
+
+def test_the_readme_checkpoint_example_runs_and_resumes_exactly(served, tmp_path, monkeypatch):
+    import re
+
+    d, _ = served
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = re.search(r"```python\n(import torch, riffle\.torch  # checkpoint\n.*?)```", readme,
+                     re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    ns = {}
+    exec(compile(code.replace('"/tmp/riffle.sock"', repr(d.socket)), "README.md", "exec"), ns)
+    state = torch.load(tmp_path / "ckpt.pt")
+    assert state["global"] == {"epoch": 0, "records": 11 * 256}, state
+    rest = torch.cat(ns["rest"]).numpy()
+    assert len(rest) == 6000 - 11 * 256 and len(np.unique(rest)) == len(rest)
