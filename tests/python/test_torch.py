@@ -83,6 +83,15 @@ def served(tmp_path_factory):
     d.stop()
 
 
+def _three_loaders(sock, name, batch, seed):
+    """The three ways riffle.torch feeds a loop: the ring's views (no workers), a plain
+    DataLoader's workers (their rings), and `loader`'s workers (tickets)."""
+    ds = riffle.torch.RiffleDataset(sock, name, batch, seed=seed)
+    return [torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0),
+            torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2),
+            riffle.torch.loader(sock, name, batch, num_workers=2, seed=seed)]
+
+
 def test_no_workers_gives_views_of_the_ring_valid_until_the_next_batch(served):
     d, data = served
     records = _records(data)
@@ -221,10 +230,7 @@ def test_labels_of_a_files_tree_reach_the_loop_with_and_without_workers(tmp_path
     run("gen", tree, "--format", "files", "--records", 600, "--record-size", 200, "--labels", 4)
     d = Daemon({"train": f"{tree}:files"})
     try:
-        ds = riffle.torch.RiffleDataset(d.socket, "train", 50, seed=1)
-        for it in [torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0),
-                   torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2),
-                   riffle.torch.loader(d.socket, "train", 50, num_workers=2, seed=1)]:
+        for it in _three_loaders(d.socket, "train", 50, 1):
             seen = []
             for b in it:
                 assert b["labels"].dtype == torch.int64 and len(b["labels"]) == len(b["ids"])
@@ -414,10 +420,7 @@ def test_a_mixture_through_pytorch_says_each_records_source(tmp_path):
     run("gen", b, "--format", "npy", "--records", 100, "--record-size", 32)
     d = Daemon({"mix": f"mix:a={a}*0.5,b={b}*0.5;size=400"})
     try:
-        ds = riffle.torch.RiffleDataset(d.socket, "mix", 50, seed=2)
-        for it in [torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0),
-                   torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2),
-                   riffle.torch.loader(d.socket, "mix", 50, num_workers=2, seed=2)]:
+        for it in _three_loaders(d.socket, "mix", 50, 2):
             ids, srcs = [], []
             for batch in it:
                 assert batch["sources"].dtype == torch.int64

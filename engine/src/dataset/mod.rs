@@ -157,24 +157,7 @@ impl Dataset {
                 progress(&path, done, total)
             })?);
         }
-        let mut first_id = Vec::with_capacity(out.len() + 1);
-        let mut total = 0u64;
-        for f in &out {
-            first_id.push(total);
-            total += f.records;
-        }
-        first_id.push(total);
-        let ds = Dataset {
-            format,
-            files: out.into(),
-            first_id: first_id.into(),
-            draws: None,
-            mixture: None,
-            stats: std::sync::OnceLock::new(),
-            labels: None,
-            classes: Vec::new(),
-            columns: Vec::new(),
-        };
+        let ds = Dataset::of_files(format, out);
         if let Some(limit) = opts.max_record {
             ds.check_max_record(limit)?;
         }
@@ -184,25 +167,35 @@ impl Dataset {
     /// An MDS dataset, its shards located by their own offset tables (see [`mds`]).
     fn open_mds(index: &Path, opts: &OpenOptions) -> Result<Dataset> {
         let (shards, columns) = mds::open(index)?;
-        let mut first_id = Vec::with_capacity(shards.len() + 1);
-        let mut total = 0;
         let files: Vec<DatasetFile> = shards
             .into_iter()
-            .map(|s| {
-                first_id.push(total);
-                total += s.index.len();
-                DatasetFile {
-                    path: s.path,
-                    size: s.size,
-                    records: s.index.len(),
-                    layout: Layout::Indexed(s.index),
-                    index_origin: None,
-                }
+            .map(|s| DatasetFile {
+                path: s.path,
+                size: s.size,
+                records: s.index.len(),
+                layout: Layout::Indexed(s.index),
+                index_origin: None,
             })
             .collect();
+        let mut ds = Dataset::of_files(Format::Mds, files);
+        ds.columns = columns;
+        if let Some(limit) = opts.max_record {
+            ds.check_max_record(limit)?;
+        }
+        Ok(ds)
+    }
+
+    /// A dataset of `files` (ids in file order), nothing else set.
+    fn of_files(format: Format, files: Vec<DatasetFile>) -> Dataset {
+        let mut first_id = Vec::with_capacity(files.len() + 1);
+        let mut total = 0u64;
+        for f in &files {
+            first_id.push(total);
+            total += f.records;
+        }
         first_id.push(total);
-        let ds = Dataset {
-            format: Format::Mds,
+        Dataset {
+            format,
             files: files.into(),
             first_id: first_id.into(),
             draws: None,
@@ -210,12 +203,8 @@ impl Dataset {
             stats: std::sync::OnceLock::new(),
             labels: None,
             classes: Vec::new(),
-            columns,
-        };
-        if let Some(limit) = opts.max_record {
-            ds.check_max_record(limit)?;
+            columns: Vec::new(),
         }
-        Ok(ds)
     }
 
     /// An MDS dataset's columns (empty for other formats).
@@ -232,7 +221,6 @@ impl Dataset {
             )));
         };
         let listing = files::list(path.as_ref())?;
-        let n = listing.files.len() as u64;
         let files: Vec<DatasetFile> = listing
             .files
             .into_iter()
@@ -244,17 +232,9 @@ impl Dataset {
                 index_origin: None,
             })
             .collect();
-        let ds = Dataset {
-            format: Format::Files,
-            files: files.into(),
-            first_id: (0..=n).collect::<Vec<_>>().into(),
-            draws: None,
-            mixture: None,
-            stats: std::sync::OnceLock::new(),
-            labels: listing.labels.map(Arc::from),
-            classes: listing.classes,
-            columns: Vec::new(),
-        };
+        let mut ds = Dataset::of_files(Format::Files, files);
+        ds.labels = listing.labels.map(Arc::from);
+        ds.classes = listing.classes;
         if let Some(limit) = opts.max_record {
             ds.check_max_record(limit)?;
         }
@@ -361,7 +341,6 @@ impl Dataset {
         };
         let format = first.format.clone();
         let mut files = Vec::new();
-        let mut first_id = Vec::new();
         let mut starts = Vec::new();
         let mut total = 0u64;
         for p in parts {
@@ -373,27 +352,10 @@ impl Dataset {
                 )));
             }
             starts.push(total);
-            for f in p.files.iter().cloned() {
-                first_id.push(total);
-                total += f.records;
-                files.push(f);
-            }
+            total += p.records();
+            files.extend(p.files.iter().cloned());
         }
-        first_id.push(total);
-        Ok((
-            Dataset {
-                format,
-                files: files.into(),
-                first_id: first_id.into(),
-                draws: None,
-                mixture: None,
-                stats: std::sync::OnceLock::new(),
-                labels: None,
-                classes: Vec::new(),
-                columns: Vec::new(),
-            },
-            starts,
-        ))
+        Ok((Dataset::of_files(format, files), starts))
     }
 
     /// Whether there are no records (never true for an opened dataset).
