@@ -152,8 +152,9 @@ def _imagefolder_reference(root):
     first-level directories; samples: class by class, os.walk sorted, names sorted)."""
     try:
         from torchvision.datasets import ImageFolder
-    except ImportError:
-        print("torchvision is not installed: checking against ImageFolder's rule written here")
+    except Exception as e:  # not installed, or built for another torch
+        print(f"torchvision cannot be imported ({e!r}): checking against ImageFolder's rule "
+              "written here")
         classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
         out = []
         for i, c in enumerate(classes):
