@@ -278,51 +278,44 @@ fn generate_tree(
     let tree = scratch.path().join("tree");
     let mk = |p: &Path| std::fs::create_dir(p).map_err(|e| Error::io(p, "create", None, e));
     mk(&tree)?;
-    if spec.format == GenFormat::Mds {
-        let total = (0..spec.records).map(|i| spec.payload_len(i)).sum::<u64>();
-        let bytes = crate::dataset::mds::write(
+    let total = (0..spec.records).map(|i| spec.payload_len(i)).sum::<u64>();
+    let bytes = if spec.format == GenFormat::Mds {
+        crate::dataset::mds::write(
             &tree,
             spec.records,
             64 << 20,
             (spec.jitter == 0.0).then_some(spec.record_size.max(12)),
             &mut |id, out| spec.frame(id, out),
             &mut |id| progress(id * total / spec.records, total),
-        )?;
-        std::fs::rename(&tree, out)
-            .map_err(|e| Error::io(out, "rename the finished dataset to", None, e))?;
-        crate::scratch::sync_dir(parent)?;
-        scratch.close()?;
-        return Ok(GenReport {
-            bytes,
-            seconds: started.elapsed().as_secs_f64(),
-        });
-    }
-    let classes = spec.labels.max(1);
-    let cw = (classes - 1).to_string().len();
-    let iw = (spec.records - 1).to_string().len();
-    for c in 0..classes {
-        mk(&tree.join(format!("{c:0cw$}")))?;
-    }
-    let total = (0..spec.records).map(|i| spec.payload_len(i)).sum::<u64>();
-    let mut done = 0u64;
-    let mut frame = Vec::new();
-    for id in 0..spec.records {
-        spec.frame(id, &mut frame);
-        let p = tree
-            .join(format!("{:0cw$}", spec.label(id)))
-            .join(format!("{id:0iw$}.bin"));
-        std::fs::write(&p, &frame).map_err(|e| Error::io(&p, "write", None, e))?;
-        done += frame.len() as u64;
-        if id % 1024 == 0 || id + 1 == spec.records {
-            progress(done, total);
+        )?
+    } else {
+        let classes = spec.labels.max(1);
+        let cw = (classes - 1).to_string().len();
+        let iw = (spec.records - 1).to_string().len();
+        for c in 0..classes {
+            mk(&tree.join(format!("{c:0cw$}")))?;
         }
-    }
+        let mut done = 0u64;
+        let mut frame = Vec::new();
+        for id in 0..spec.records {
+            spec.frame(id, &mut frame);
+            let p = tree
+                .join(format!("{:0cw$}", spec.label(id)))
+                .join(format!("{id:0iw$}.bin"));
+            std::fs::write(&p, &frame).map_err(|e| Error::io(&p, "write", None, e))?;
+            done += frame.len() as u64;
+            if id % 1024 == 0 || id + 1 == spec.records {
+                progress(done, total);
+            }
+        }
+        total
+    };
     std::fs::rename(&tree, out)
-        .map_err(|e| Error::io(out, "rename the finished tree to", None, e))?;
+        .map_err(|e| Error::io(out, "rename the finished dataset to", None, e))?;
     crate::scratch::sync_dir(parent)?;
     scratch.close()?;
     Ok(GenReport {
-        bytes: total,
+        bytes,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -335,11 +328,8 @@ pub fn generate(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<GenReport> {
     spec.check()?;
-    if matches!(spec.format, GenFormat::Files | GenFormat::Mds) {
-        return generate_tree(out, spec, progress);
-    }
     // Refused before the sizes are added up (a pass over every record) or anything is
-    // written: a file that cannot fit.
+    // written: a dataset that cannot fit (a tree and MDS shards included).
     let dir = crate::scratch::parent_dir(out);
     if let Ok(free) = crate::probe::free_bytes(dir) {
         if spec.least_bytes() > free {
@@ -352,6 +342,9 @@ pub fn generate(
                 crate::size::human_bytes(free as f64)
             )));
         }
+    }
+    if matches!(spec.format, GenFormat::Files | GenFormat::Mds) {
+        return generate_tree(out, spec, progress);
     }
     let started = Instant::now();
     let header = spec.header();

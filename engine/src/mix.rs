@@ -87,6 +87,9 @@ impl MixSpec {
     }
 }
 
+/// The most records a mixture epoch holds (its draws are in memory, 8 bytes each).
+const MAX_EPOCH: u64 = 1 << 32;
+
 /// A mixture's sources: names, where each starts in the sources side by side, and the
 /// records each gives every epoch.
 #[derive(Debug)]
@@ -110,6 +113,19 @@ pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Dataset> {
     let (mut ds, mut starts) = Dataset::concat(parts)?;
     starts.push(ds.records());
     let total = spec.size.unwrap_or_else(|| sizes.iter().sum());
+    // An epoch's draws are held in memory, 8 bytes a record (and a source's sample ranks
+    // 16 bytes a record of it while it is drawn).
+    let draws_bytes = total.saturating_mul(8);
+    if total > MAX_EPOCH || opts.max_record.is_some_and(|m| draws_bytes > m) {
+        return Err(Error::Invalid(format!(
+            "a mixture epoch of {total} records: its draws take {} in memory, more than {}",
+            crate::size::human_bytes(draws_bytes as f64),
+            match opts.max_record {
+                Some(m) => format!("--memory ({})", crate::size::human_bytes(m as f64)),
+                None => format!("the {MAX_EPOCH} records a mixture epoch may hold"),
+            }
+        )));
+    }
     let weights: Vec<f64> = spec.sources.iter().map(|s| s.weight).collect();
     ds.set_mixture(Arc::new(MixInfo {
         names: spec.sources.iter().map(|s| s.name.clone()).collect(),

@@ -559,7 +559,10 @@ impl RecordSplitter<'_> {
 
     /// Tar samples: the scanner finds where each starts; a sample is delivered when the
     /// next one starts, and the last when the archive ends (its end-of-archive blocks and
-    /// anything after them are not records).
+    /// anything after them are not records). `carry` holds the input from `carry_at` on:
+    /// the current sample's start, or, before the first, wherever a header the scanner has
+    /// not finished began (a header may straddle two reads of a pipe). It is cut once per
+    /// chunk, not once per sample.
     fn feed_tar(
         &mut self,
         chunk: &[u8],
@@ -572,52 +575,46 @@ impl RecordSplitter<'_> {
         if scanner.ended() {
             return Ok(());
         }
-        scanner
-            .feed(at, chunk)
-            .map_err(|e| self.bad(e.offset, e.what))?;
-        let scanner = self.tar.as_mut().expect("a tar input has a scanner");
+        if let Err(e) = scanner.feed(at, chunk) {
+            return Err(self.bad(e.offset, e.what));
+        }
         let starts = scanner.take_starts();
         let end = scanner.ended().then(|| scanner.end());
-        // `carry` holds the bytes from `carry_at` (the current sample's start) to `at`.
-        if self.sample.is_none() {
+        let pending = scanner.pending_from(self.pos);
+        if self.carry.is_empty() {
             self.carry_at = at;
-            self.carry.clear();
         }
         self.carry.extend_from_slice(chunk);
-        for s in starts {
-            if let Some(cur) = self.sample {
+        let base = self.carry_at;
+        let mut sample = self.sample;
+        for s in starts.into_iter().chain(end) {
+            if let Some(cur) = sample {
                 let len = (s - cur) as usize;
-                self.deliver_sample(cur, len, f)?;
-            } else {
-                // Bytes before the first sample are no sample's.
-                self.carry.drain(..(s - self.carry_at) as usize);
-                self.carry_at = s;
+                if len as u64 > self.max {
+                    return Err(self.too_long(cur, len));
+                }
+                let from = (cur - base) as usize;
+                f(cur, &self.carry[from..from + len])?;
             }
-            self.sample = Some(s);
+            sample = Some(s);
         }
-        if let (Some(end), Some(cur)) = (end, self.sample) {
-            self.deliver_sample(cur, (end - cur) as usize, f)?;
-            self.sample = None;
-            self.carry.clear();
-        } else if self.carry.len() as u64 > self.max {
+        // Keep what a later sample needs: from the current sample's start, or from where
+        // the scanner may still need bytes; nothing once the archive has ended.
+        let keep = match (end, sample) {
+            (Some(_), _) => {
+                sample = None;
+                self.pos
+            }
+            (None, Some(cur)) => cur,
+            (None, None) => pending,
+        };
+        self.sample = sample;
+        let cut = ((keep.max(base) - base) as usize).min(self.carry.len());
+        self.carry.drain(..cut);
+        self.carry_at = base + cut as u64;
+        if self.carry.len() as u64 > self.max {
             return Err(self.too_long(self.carry_at, self.carry.len()));
         }
-        Ok(())
-    }
-
-    /// Hands on the sample of `len` bytes at the front of `carry` (it starts at `at`).
-    fn deliver_sample(
-        &mut self,
-        at: u64,
-        len: usize,
-        f: &mut impl FnMut(u64, &[u8]) -> Result<()>,
-    ) -> Result<()> {
-        if len as u64 > self.max {
-            return Err(self.too_long(at, len));
-        }
-        f(at, &self.carry[..len])?;
-        self.carry.drain(..len);
-        self.carry_at = at + len as u64;
         Ok(())
     }
 
@@ -771,7 +768,11 @@ impl RecordSplitter<'_> {
             // last member does.
             let end = scanner.end();
             if let Some(cur) = self.sample.take() {
-                self.deliver_sample(cur, (end - cur) as usize, f)?;
+                let (from, len) = ((cur - self.carry_at) as usize, (end - cur) as usize);
+                if len as u64 > self.max {
+                    return Err(self.too_long(cur, len));
+                }
+                f(cur, &self.carry[from..from + len])?;
             }
             return Ok(());
         }
@@ -989,6 +990,64 @@ struct Loaded {
 
 #[cfg(test)]
 mod tests {
+    /// A tar streamed in reads of any size (a pipe's: headers straddle reads, also before
+    /// the first sample) is cut into exactly the samples the scanner finds in the file.
+    #[test]
+    fn tar_samples_are_cut_alike_whatever_the_read_sizes() {
+        use crate::format::{tar, Scanner};
+        let mut a = Vec::new();
+        tar::append(&mut a, "dir/", b"");
+        for i in 0..40u32 {
+            let key = if i % 7 == 0 {
+                format!("{}/{i:03}", "long".repeat(40))
+            } else {
+                format!("{i:03}")
+            };
+            tar::append(
+                &mut a,
+                &format!("{key}.jpg"),
+                &vec![i as u8; 300 + 97 * i as usize],
+            );
+            tar::append(&mut a, &format!("{key}.cls"), i.to_string().as_bytes());
+        }
+        a.extend_from_slice(&[0u8; 1024]);
+        let mut sc = tar::TarScanner::new();
+        sc.feed(0, &a).unwrap();
+        sc.finish(a.len() as u64).unwrap();
+        let offs = sc.take_offsets();
+        let want: Vec<&[u8]> = offs
+            .windows(2)
+            .map(|w| &a[w[0] as usize..w[1] as usize])
+            .collect();
+        for step in [1usize, 7, 511, 512, 513, 1000, 4096, 1 << 20] {
+            let mut split = super::RecordSplitter {
+                cut: super::Cut::Tar,
+                max: 1 << 20,
+                name: "t.tar",
+                carry: Vec::new(),
+                carry_at: 0,
+                pos: 0,
+                header: Vec::new(),
+                tar: Some(tar::TarScanner::new()),
+                sample: None,
+            };
+            let mut got: Vec<Vec<u8>> = Vec::new();
+            let mut f = |_: u64, r: &[u8]| {
+                got.push(r.to_vec());
+                Ok(())
+            };
+            for c in a.chunks(step) {
+                split.feed(c, &mut f).unwrap();
+            }
+            split.finish(&mut f).unwrap();
+            assert_eq!(got.len(), want.len(), "reads of {step}");
+            assert!(
+                got.iter().zip(&want).all(|(g, w)| g == w),
+                "reads of {step}"
+            );
+        }
+    }
+
     #[test]
     fn record_ends_widen_past_4_gib() {
         let mut e = super::Ends::default();

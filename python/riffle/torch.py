@@ -184,15 +184,16 @@ def _from_ticket(token, pid, ring_fd, ring_bytes, ctl_fd, seq, epoch, index, pad
 
 
 class _Ticket:
-    """A batch left in a worker's ring; unpickled in the training process as tensors."""
+    """A batch left in a ring a worker shares (the daemon's, or the worker's own): pickled
+    as `make(*args)`, which the training process runs to view it as tensors."""
 
-    __slots__ = ("args",)
+    __slots__ = ("make", "args")
 
-    def __init__(self, *args):
-        self.args = args
+    def __init__(self, make, *args):
+        self.make, self.args = make, args
 
     def __reduce__(self):
-        return (_from_ticket, self.args)
+        return (self.make, self.args)
 
 
 def _release(batch):
@@ -229,7 +230,7 @@ def _tickets(stream, b, held, state, meta=None):
     state["seq"] += 1
     base = state["base"]
     held.append((seq, b))
-    return _Ticket(state["token"], _os.getpid(), stream.ring_fd, stream.opened["ring_bytes"],
+    return _Ticket(_from_ticket, state["token"], _os.getpid(), stream.ring_fd, stream.opened["ring_bytes"],
                    state["ctl_fd"], seq, b.epoch, b.index, b.padding, len(b.ids), len(b.data),
                    b.ids.ctypes.data - base, b.offsets.ctypes.data - base, b.data.ctypes.data - base,
                    None if b.labels is None else b.labels.copy(), meta)
@@ -298,7 +299,7 @@ class _WorkerRing:
         self.seq += 1
         self.live.append((seq, at))
         self.head = at + need
-        return _Handoff(self.token, self.pid, self.fd, self.size, self.ctl_fd, seq, b.epoch,
+        return _Ticket(_from_handoff, self.token, self.pid, self.fd, self.size, self.ctl_fd, seq, b.epoch,
                         b.index, b.padding, n, dlen, at, view,
                         None if b.labels is None else b.labels.copy(), meta)
 
@@ -378,18 +379,6 @@ def _from_handoff(token, pid, ring_fd, size, ctl_fd, seq, epoch, index, padding,
     return view(out) if view is not None else out
 
 
-class _Handoff:
-    """A batch in a worker's ring; unpickled in the training process as tensors."""
-
-    __slots__ = ("args",)
-
-    def __init__(self, *args):
-        self.args = args
-
-    def __reduce__(self):
-        return (_from_handoff, self.args)
-
-
 class _Reshape:
     """`fixed`'s transform: picklable, and a view, so it may run on either side of a
     worker's hand-over."""
@@ -455,11 +444,17 @@ class RiffleDataset(IterableDataset):
         # Set by `loader()`, which releases each batch when the next one is asked for.
         self.tickets = False
         # A global cursor to resume from (`loader(...).load_state_dict`): see `_shared`.
-        # This process's stream's state after the batch it made last, and one to resume
-        # from (`state_dict`/`load_state_dict`, what torchdata's StatefulDataLoader calls
-        # in each worker).
-        self._last_state = None
+        # This process's stream (its cursor is after the batch it made last), and a state
+        # to resume from (`state_dict`/`load_state_dict`, what torchdata's
+        # StatefulDataLoader calls in each worker).
+        self._stream = None
         self._resume_state = None
+
+    def __getstate__(self):
+        # Sent to DataLoader workers: without this process's stream (a connection).
+        state = self.__dict__.copy()
+        state["_stream"] = None
+        return state
 
     def state_dict(self):
         """This process's position (in a DataLoader worker, that worker's): its stream's
@@ -467,7 +462,7 @@ class RiffleDataset(IterableDataset):
         keeps one per worker and hands each back to its worker on resume, which resumes
         exactly under the same world and `num_workers`; to resume under others, use
         `riffle.torch.loader(...).state_dict()` (a global cursor)."""
-        return {"stream": self._last_state}
+        return {"stream": None if self._stream is None else self._stream.state_dict()}
 
     def load_state_dict(self, state):
         """Resumes this process's stream from `state` (from `state_dict`) at its next
@@ -541,6 +536,7 @@ class RiffleDataset(IterableDataset):
                                    grouping=self.grouping, transport=self.transport,
                                    auto_release=not tickets, ring_bytes=self.ring_bytes,
                                    state=state)
+            self._stream = stream
             if tickets:
                 yield from self._iter_tickets(stream, wid, nw)
                 return
@@ -548,7 +544,6 @@ class RiffleDataset(IterableDataset):
                 meta = {"cursor": _cursor(stream, b, wid, nw)}
                 if b.sources is not None:
                     meta["sources"] = b.sources.astype(_np.int64)
-                self._last_state = stream.state_dict()
                 if in_worker:
                     view = isinstance(self.transform, _Reshape)
                     t = None

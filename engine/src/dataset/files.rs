@@ -40,6 +40,7 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use super::skipped_name;
 use crate::{io, notice, Error, Result};
 
 /// What a `files` dataset lists.
@@ -106,11 +107,6 @@ pub(crate) fn list(path: &Path) -> Result<Listing> {
             ),
         })
     }
-}
-
-fn skipped_name(name: &std::ffi::OsStr) -> bool {
-    let name = name.to_string_lossy();
-    name.starts_with('.') || name.ends_with(".ridx") || name.contains(".ridx.tmp")
 }
 
 /// A file found by the walk: its first-level directory (None: directly in ROOT), its

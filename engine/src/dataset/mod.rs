@@ -100,7 +100,7 @@ pub struct RecordLoc {
 #[derive(Debug)]
 pub struct Dataset {
     format: Format,
-    files: Arc<[DatasetFile]>,
+    files: Arc<Vec<DatasetFile>>,
     /// first_id[f] is the global id of file f's first record; the last entry is the total.
     first_id: Arc<[u64]>,
     /// A view's records (`with_draws`): record i is the files' record `draws[i]` (a
@@ -196,7 +196,7 @@ impl Dataset {
         first_id.push(total);
         Dataset {
             format,
-            files: files.into(),
+            files: Arc::new(files),
             first_id: first_id.into(),
             draws: None,
             mixture: None,
@@ -353,7 +353,8 @@ impl Dataset {
             }
             starts.push(total);
             total += p.records();
-            files.extend(p.files.iter().cloned());
+            // The parts are consumed: their files move (a part still shared is copied).
+            files.extend(Arc::try_unwrap(p.files).unwrap_or_else(|a| (*a).clone()));
         }
         Ok((Dataset::of_files(format, files), starts))
     }
@@ -511,11 +512,14 @@ fn has_glob(s: &str) -> bool {
 
 /// Whether a directory entry is data (not hidden, not an index sidecar or temp file).
 fn is_data_file(path: &Path) -> bool {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    !(name.starts_with('.') || name.ends_with(".ridx") || name.contains(".ridx.tmp"))
+    path.file_name().is_some_and(|n| !skipped_name(n))
+}
+
+/// Whether an entry of a dataset's directory is left out: hidden, or riffle's own sidecar
+/// or its temporary file.
+pub(crate) fn skipped_name(name: &std::ffi::OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.starts_with('.') || name.ends_with(".ridx") || name.contains(".ridx.tmp")
 }
 
 /// Dataset files a reader keeps open at once: a quarter of the soft open-file limit, from 16

@@ -254,6 +254,17 @@ impl TarScanner {
         matches!(self.state, State::End)
     }
 
+    /// The first offset the scanner may still need bytes from (a header, or a long-name
+    /// or PAX header chain, begun and not finished), given that `pos` bytes were fed; `pos`
+    /// when it needs none.
+    pub fn pending_from(&self, pos: u64) -> u64 {
+        match &self.state {
+            State::Header { start, .. } => self.chain.unwrap_or(*start).min(pos),
+            State::Data { .. } => self.chain.unwrap_or(pos).min(pos),
+            State::End => pos,
+        }
+    }
+
     /// The end of the last sample's last member so far.
     pub fn end(&self) -> u64 {
         self.end

@@ -55,16 +55,23 @@ impl DataFile {
         // Reads do not update access times (no inode written back for a read-only pass
         // over 100,000 files): O_NOATIME where the kernel allows it (the file's owner, or
         // CAP_FOWNER), a plain open otherwise.
+        // Once refused (files of another owner, without CAP_FOWNER), it is not asked for
+        // again: a dataset of 100,000 such files would pay a failed open for each.
+        static NOATIME_REFUSED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
         let file = match access {
-            Access::Read => {
+            Access::Read if !NOATIME_REFUSED.load(std::sync::atomic::Ordering::Relaxed) => {
                 let mut na = o.clone();
                 na.custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOATIME);
                 match na.open(path) {
-                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => o.open(path),
+                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                        NOATIME_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
+                        o.open(path)
+                    }
                     r => r,
                 }
             }
-            Access::Write => o.open(path),
+            _ => o.open(path),
         }
         .map_err(|e| Error::io(path, "open", None, e))?;
         if access == Access::Read {

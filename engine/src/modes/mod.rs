@@ -141,7 +141,7 @@ impl ReadOptions {
 
     /// The split of epoch `epoch`: [`ReadOptions::split`], or, for the epoch a global
     /// cursor resumes inside a round of batches, what remains of it from there.
-    pub(crate) fn split_for(&self, epoch: u64, records: u64) -> crate::Result<Split> {
+    pub fn split_for(&self, epoch: u64, records: u64) -> crate::Result<Split> {
         match (self.resume, self.resume_start) {
             (Some(c), Some(start)) if c.epoch == epoch && start > 0 => {
                 let split =

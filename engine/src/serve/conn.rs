@@ -862,6 +862,11 @@ impl Conn {
             }
             Transport::Inline => (None, 4, None),
         };
+        // The split of the stream's first epoch (resumed inside a round, or whole), for the
+        // cursor arithmetic OPENED hands the client.
+        let first_split = opts
+            .split_for(opts.resume.map_or(req.epoch, |c| c.epoch), ds.len())
+            .map_err(|e| ("bad_request", e.to_string()))?;
         let root = crate::scratch::location(cfg.scratch.as_deref(), &ds.files()[0].path);
         let (mode, lead) = planned_mode(cfg.mode, ds, &opts, &root);
         opts.lead = lead;
@@ -929,14 +934,6 @@ impl Conn {
             (stream, None)
         };
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
-        // The split of the stream's first epoch (resumed inside a round, or whole).
-        let first_split = match resume_start {
-            Some(start) => {
-                Split::resumed(ds.len(), req.batch_size, req.rank, req.world, tail, start)
-                    .map_err(|e| ("bad_request", e.to_string()))?
-            }
-            None => split,
-        };
         let stream_id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
         let opened = proto::Opened {
             records: ds.len(),

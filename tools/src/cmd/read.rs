@@ -284,6 +284,11 @@ pub fn run(a: Args) -> Result<()> {
     if mixture.is_some() && !matches!(mode, "lirs" | "two-pass") {
         bail!("a mixture is read by lirs or two-pass (--mode {mode})");
     }
+    // The split of the epoch a global cursor resumes in (what its batches are numbered by).
+    let resumed_split = match resume {
+        Some(c) => Some(read_opts.split_for(c.epoch, records)?),
+        None => None,
+    };
     let stream = if mode == "two-pass" {
         modes::read_two_pass(Arc::new(ds), read_opts, scratch)?
     } else {
@@ -350,17 +355,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     // In an epoch resumed inside a round of batches, this run's batches are numbered from
     // the resume point: its cursor is given in the global form only.
-    let resumed_here = match (resume, resume_start) {
-        (Some(c), Some(start)) if c.epoch == next.epoch => Some(Split::resumed(
-            records,
-            a.job.batch_size,
-            a.rank,
-            a.world,
-            tail,
-            start,
-        )?),
-        _ => None,
-    };
+    let resumed_here =
+        resumed_split.filter(|s| resume.is_some_and(|c| c.epoch == next.epoch) && s.start > 0);
     let global_form = next
         .global_form(resumed_here.as_ref().unwrap_or(&split))
         .context("the cursor after the last batch lies past its epoch")?;
