@@ -32,11 +32,13 @@ def run(*args):
 class Daemon:
     """`riffle serve` on a short socket path (sun_path holds 108 bytes)."""
 
-    def __init__(self, datasets, *extra):
+    def __init__(self, datasets, *extra, nofile=None):
         self.dir = tempfile.mkdtemp(prefix="rs")
         self.socket = os.path.join(self.dir, "s.sock")
         self.datasets = datasets
         self.extra = extra
+        # A hard limit on open files (soft and hard: riffle raises the soft one).
+        self.nofile = nofile
         self.proc = None
         self.start()
 
@@ -47,7 +49,12 @@ class Daemon:
             args += ["--mode", "lirs"]
         for name, path in self.datasets.items():
             args += ["--dataset", f"{name}={path}"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        limit = None
+        if self.nofile is not None:
+            import resource
+            limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=limit)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -485,5 +492,34 @@ def test_a_weighted_mixture_through_the_daemon(tmp_path):
         want = read_ids(spec, tmp_path, "--batch-size", 50, "--seed", 3, "--epochs", 2,
                         "--mode", "lirs")
         assert [i.tolist() for _, i in got] == want
+    finally:
+        d.stop()
+
+
+def test_many_streams_of_a_files_dataset_share_the_open_file_limit(tmp_path):
+    """Regression: every stream's reader kept up to its own cap of files open, so a daemon
+    serving 32 streams of a dataset of one file per record ran out of descriptors. Under
+    `ulimit -n 512`, 24 concurrent streams of a 2,000-file tree each read all 2,000
+    records: the readers share one budget (half the limit)."""
+    tree = tmp_path / "tree"
+    run("gen", tree, "--format", "files", "--records", 2000, "--record-size", 256)
+    d = Daemon({"t": f"{tree}:files"}, "--queue-depth", "8", nofile=512)
+    try:
+        got, errors = [], []
+
+        def reader(i):
+            try:
+                with riffle.Client(d.socket) as c:
+                    got.append(sum(len(b) for b in c.stream("t", 50, seed=i)))
+            except Exception as e:  # noqa: BLE001 (the test reports every failure)
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[:3]
+        assert got == [2000] * 24
     finally:
         d.stop()

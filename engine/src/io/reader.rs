@@ -46,6 +46,20 @@ fn open_window(cap: usize) -> usize {
     (cap / 4).clamp(1, 256)
 }
 
+/// Lazy readers alive in this process: they share one open-file budget (a daemon runs one
+/// per stream; 32 streams of a dataset of one file per record, each at its own cap, ran
+/// out of descriptors).
+static LAZY_READERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Descriptors all lazy readers of the process may hold together: half the soft limit
+/// (the rest is for sockets, rings, piles and the like).
+fn shared_budget() -> usize {
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    (limit / 2).min(usize::MAX as u64) as usize
+}
+
 /// A file a reader opens when it first reads it.
 #[derive(Clone, Debug)]
 pub struct LazyFile {
@@ -75,6 +89,27 @@ struct Lazy {
     opened_ahead: u64,
     /// The pool opening files ahead of their reads (started at the first file asked for).
     opener: Option<Opener>,
+    /// The least files it may hold (a file per request in flight, and one more).
+    floor: usize,
+    /// The process-wide budget ([`shared_budget`]), read once.
+    budget: usize,
+}
+
+impl Lazy {
+    /// The files it may hold now: its cap, or its share of the process's budget when more
+    /// lazy readers are alive; never below its floor.
+    fn cap(&self) -> usize {
+        let readers = LAZY_READERS
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .max(1);
+        self.cap.min(self.budget / readers).max(self.floor)
+    }
+}
+
+impl Drop for Lazy {
+    fn drop(&mut self) {
+        LAZY_READERS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Threads that open a lazy reader's files ahead of their reads. A file asked for is
@@ -250,7 +285,9 @@ impl RangeReader {
         drop(probe);
         let backend = open_backend(cfg, unit)?;
         let n = files.len();
-        let cap = cap.max(backend.depth() + 1);
+        let floor = backend.depth() + 1;
+        let cap = cap.max(floor);
+        LAZY_READERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(RangeReader {
             backend,
             keys: vec![None; n],
@@ -258,6 +295,8 @@ impl RangeReader {
                 files,
                 direct: cfg.direct,
                 cap,
+                floor,
+                budget: shared_budget(),
                 pins: vec![0; n],
                 used: vec![0; n],
                 by_use: BTreeMap::new(),
@@ -338,28 +377,30 @@ impl RangeReader {
         Ok(key)
     }
 
-    /// Closes the least recently used open file with nothing planned on it when the files
-    /// open and opening ahead (less `mine`, already counted by the caller) are at the cap.
-    /// Returns whether there is room for one more.
+    /// Closes least recently used open files with nothing planned on them while the files
+    /// open and opening ahead (less `mine`, already counted by the caller) are at the cap
+    /// (which shrinks as more lazy readers share the process's budget). Returns whether
+    /// there is room for one more.
     fn make_room(&mut self, mine: usize) -> bool {
         let Some(lazy) = self.lazy.as_mut() else {
             return true;
         };
         let ahead = lazy.opener.as_ref().map_or(0, |o| o.outstanding) - mine;
-        if lazy.by_use.len() + ahead < lazy.cap {
-            return true;
+        // The cap may have shrunk (more readers share the budget): close down to it.
+        let cap = lazy.cap();
+        while lazy.by_use.len() + ahead >= cap {
+            let victim = lazy
+                .by_use
+                .iter()
+                .find(|(_, &f)| lazy.pins[f] == 0)
+                .map(|(&t, &f)| (t, f));
+            let Some((t, f)) = victim else {
+                return false;
+            };
+            lazy.by_use.remove(&t);
+            let key = self.keys[f].take().expect("an open file");
+            self.backend.remove_file(key);
         }
-        let victim = lazy
-            .by_use
-            .iter()
-            .find(|(_, &f)| lazy.pins[f] == 0)
-            .map(|(&t, &f)| (t, f));
-        let Some((t, f)) = victim else {
-            return false;
-        };
-        lazy.by_use.remove(&t);
-        let key = self.keys[f].take().expect("an open file");
-        self.backend.remove_file(key);
         true
     }
 
@@ -375,7 +416,7 @@ impl RangeReader {
         if lazy.opener.is_none() {
             lazy.opener = Some(Opener::start(lazy.files.len(), lazy.direct)?);
         }
-        let window = open_window(lazy.cap);
+        let window = open_window(lazy.cap());
         let o = lazy.opener.as_ref().expect("started above");
         if o.pending[file] || o.outstanding >= window || !self.make_room(0) {
             return Ok(());
@@ -453,7 +494,7 @@ impl RangeReader {
         let mut requests = ranges.into_iter().enumerate();
         // Requests taken ahead of planning, so their files are opened ahead (lazy readers).
         let mut ahead: VecDeque<Numbered> = VecDeque::new();
-        let window = self.lazy.as_ref().map_or(0, |l| open_window(l.cap));
+        let window = self.lazy.as_ref().map_or(0, |l| open_window(l.cap()));
         let mut pieces: VecDeque<Piece> = VecDeque::new();
         let mut slots: Vec<Option<Piece>> = vec![None; self.backend.depth()];
         let mut assemblies: HashMap<usize, Assembly> = HashMap::new();
