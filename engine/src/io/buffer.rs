@@ -190,7 +190,13 @@ pub(crate) struct Slab {
     mem: AlignedBuf,
     slot_size: usize,
     states: Vec<SlotState>,
+    /// Per slot in flight at the head of a request: the slots the request covers (it and
+    /// the ones after it, see [`Slab::span`]); 0 for every other slot.
+    spans: Vec<u32>,
     free: Vec<u32>,
+    /// Where each free slot sits in `free` (`u32::MAX` when not free), so that a slot is
+    /// taken by index in constant time.
+    free_at: Vec<u32>,
 }
 
 impl Slab {
@@ -210,7 +216,9 @@ impl Slab {
             mem,
             slot_size,
             states: vec![SlotState::Free; count],
+            spans: vec![0; count],
             free: (0..count as u32).rev().collect(),
+            free_at: (0..count as u32).rev().collect(),
         }
     }
 
@@ -232,6 +240,7 @@ impl Slab {
     /// Takes a free slot, if any.
     pub(crate) fn acquire(&mut self) -> Option<SlotId> {
         let i = self.free.pop()?;
+        self.free_at[i as usize] = u32::MAX;
         self.states[i as usize] = SlotState::Held;
         Some(SlotId(i))
     }
@@ -242,6 +251,7 @@ impl Slab {
         let st = &mut self.states[slot.index()];
         assert_eq!(*st, SlotState::Held, "release of a slot that is not held");
         *st = SlotState::Free;
+        self.free_at[slot.index()] = self.free.len() as u32;
         self.free.push(slot.0);
     }
 
@@ -250,8 +260,12 @@ impl Slab {
         if self.states.get(index) != Some(&SlotState::Free) {
             return None;
         }
-        let at = self.free.iter().position(|&i| i as usize == index)?;
+        let at = self.free_at[index] as usize;
         self.free.swap_remove(at);
+        if let Some(&moved) = self.free.get(at) {
+            self.free_at[moved as usize] = at as u32;
+        }
+        self.free_at[index] = u32::MAX;
         self.states[index] = SlotState::Held;
         Some(SlotId(index as u32))
     }
@@ -312,63 +326,87 @@ impl Slab {
         }
     }
 
-    /// Marks a held slot in flight and returns the address of its bytes `[at, at + len)`
-    /// for the kernel. The slot stays unreachable through `get`/`get_mut`/`release` until
-    /// [`Slab::complete`] (or [`Slab::abort`], if the kernel never got the request).
+    /// The slots a request on `[at, at + len)` of `slot`'s bytes covers: a request may run
+    /// on past its slot into the ones after it (bytes counted from the start of `slot`),
+    /// so that one read fills consecutive slots, which lie back to back in memory.
+    pub(crate) fn span(&self, at: usize, len: usize) -> usize {
+        at.saturating_add(len).div_ceil(self.slot_size).max(1)
+    }
+
+    /// Marks the held slots a request covers in flight (`slot` and, when `at + len` runs past
+    /// it, the ones after it: [`Slab::span`]) and returns the address of bytes
+    /// `[at, at + len)` from `slot`'s start for the kernel. Those slots stay unreachable
+    /// through `get`/`get_mut`/`release` until [`Slab::complete`] (or [`Slab::abort`], if
+    /// the kernel never got the request). Panics if any of them is not held.
     pub(crate) fn start(&mut self, slot: SlotId, at: usize, len: usize) -> *mut u8 {
-        assert_eq!(
-            self.states[slot.index()],
-            SlotState::Held,
+        let span = self.span(at, len);
+        let end = slot.index().saturating_add(span);
+        assert!(
+            end <= self.count(),
+            "bytes {at}..+{len} of slot {} run past the slab's {} slots",
+            slot.index(),
+            self.count()
+        );
+        assert!(
+            self.states[slot.index()..end]
+                .iter()
+                .all(|s| *s == SlotState::Held),
             "submit of a slot that is not held"
         );
         let ptr = self.range_ptr(slot, at, len);
-        self.states[slot.index()] = SlotState::InFlight;
+        self.states[slot.index()..end].fill(SlotState::InFlight);
+        self.spans[slot.index()] = span as u32;
         ptr
     }
 
-    /// Marks an in-flight slot as returned to the caller (its completion was reaped).
+    /// Marks the slots of the request at `slot` (marked by [`Slab::start`]) as returned to
+    /// the caller: its completion was reaped.
     pub(crate) fn complete(&mut self, slot: SlotId) {
-        let st = &mut self.states[slot.index()];
-        assert_eq!(
-            *st,
-            SlotState::InFlight,
-            "completion for a slot not in flight"
+        let span = self.spans[slot.index()] as usize;
+        assert!(
+            span > 0 && self.states[slot.index()] == SlotState::InFlight,
+            "completion for a slot not in flight at the head of a request"
         );
-        *st = SlotState::Held;
+        let end = slot.index() + span;
+        debug_assert!(self.states[slot.index()..end]
+            .iter()
+            .all(|s| *s == SlotState::InFlight));
+        self.states[slot.index()..end].fill(SlotState::Held);
+        self.spans[slot.index()] = 0;
     }
 
-    /// Gives a slot marked by [`Slab::start`] back to the caller because its request never
-    /// reached the kernel (queuing it failed). Only for that: a request the kernel has must
-    /// be reaped, with [`Slab::complete`].
+    /// Gives the slots marked by [`Slab::start`] back to the caller because the request
+    /// never reached the kernel (queuing it failed). Only for that: a request the kernel
+    /// has must be reaped, with [`Slab::complete`].
     pub(crate) fn abort(&mut self, slot: SlotId) {
         self.complete(slot);
     }
 
-    /// The address of bytes `[at, at + len)` of a slot that is in flight, to resubmit the
-    /// same request.
+    /// The address of bytes `[at, at + len)` of the request in flight at `slot`, to
+    /// resubmit it (or its rest). Panics if that range leaves the request's slots.
     pub(crate) fn in_flight_ptr(&mut self, slot: SlotId, at: usize, len: usize) -> *mut u8 {
         assert!(self.in_flight(slot), "slot is not in flight");
+        assert!(
+            self.span(at, len) <= self.spans[slot.index()] as usize,
+            "bytes {at}..+{len} leave the request's slots"
+        );
         self.range_ptr(slot, at, len)
     }
 
+    /// The address of bytes `at..at + len` counted from `slot`'s start, which must lie
+    /// inside the slab.
     fn range_ptr(&mut self, slot: SlotId, at: usize, len: usize) -> *mut u8 {
+        let start = slot.index().checked_mul(self.slot_size).and_then(|b| b.checked_add(at));
         assert!(
-            slot.index() < self.count(),
-            "slot {} out of range",
+            start
+                .and_then(|b| b.checked_add(len))
+                .is_some_and(|end| end <= self.count() * self.slot_size),
+            "bytes {at}..+{len} of slot {} are not inside the slab",
             slot.index()
         );
-        assert!(
-            at.checked_add(len).is_some_and(|end| end <= self.slot_size),
-            "bytes {at}..+{len} are not inside a slot of {} bytes",
-            self.slot_size
-        );
-        // SAFETY: index < count and at + len <= slot_size, so the offset stays inside the
-        // allocation.
-        unsafe {
-            self.mem
-                .as_mut_ptr()
-                .add(slot.index() * self.slot_size + at)
-        }
+        // SAFETY: start + len <= count * slot_size, the allocation's size, so the offset
+        // stays inside the allocation.
+        unsafe { self.mem.as_mut_ptr().add(start.expect("checked above")) }
     }
 
     /// Whether the slot is in flight.
@@ -487,11 +525,45 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "not inside a slot")]
-    fn a_request_cannot_reach_past_its_slot() {
+    #[should_panic(expected = "not held")]
+    fn a_request_cannot_reach_into_a_slot_not_held() {
         let mut s = Slab::new(2, 4096, 4096);
-        let a = s.acquire().unwrap();
+        let a = s.acquire_at(0).unwrap();
         s.start(a, 4096 - 512, 1024);
+    }
+
+    #[test]
+    #[should_panic(expected = "run past")]
+    fn a_request_cannot_reach_past_the_last_slot() {
+        let mut s = Slab::new(2, 4096, 4096);
+        let a = s.acquire_at(0).unwrap();
+        let b = s.acquire_at(1).unwrap();
+        assert_eq!(b.index(), 1);
+        s.start(a, 4096, 4096 + 512);
+    }
+
+    /// A request over several held slots puts them all in flight, and its completion gives
+    /// them all back; slots are taken by index whatever order they were freed in.
+    #[test]
+    fn a_request_covers_its_slots_until_completed() {
+        let mut s = Slab::new(4, 4096, 4096);
+        for i in [2, 0, 3, 1] {
+            assert_eq!(s.acquire_at(i).unwrap().index(), i);
+        }
+        for i in [3, 1, 0, 2] {
+            s.release(SlotId(i));
+        }
+        let run: Vec<SlotId> = (0..3).map(|i| s.acquire_at(i).unwrap()).collect();
+        assert_eq!(s.span(512, 8192), 3);
+        s.start(run[0], 512, 8192);
+        for &slot in &run {
+            assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.get(slot).len())).is_err());
+        }
+        let inner = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.complete(run[1])));
+        assert!(inner.is_err(), "an inner slot completes on its own");
+        s.complete(run[0]);
+        assert_eq!(s.get_run(run[0], 3).len(), 3 * 4096);
+        assert_eq!(s.acquire().unwrap().index(), 3);
     }
 
     #[test]

@@ -190,7 +190,8 @@ pub struct Op {
     pub file: FileKey,
     /// Byte offset in the file (aligned for direct I/O).
     pub offset: u64,
-    /// Bytes (aligned for direct I/O); `at + len` is at most the slot size.
+    /// Bytes (aligned for direct I/O). `at + len` may pass the slot size: the request then
+    /// covers the slots after `slot` too (see [`Backend::push`]).
     pub len: usize,
     /// Where in the slot the bytes go (read) or come from (write): the request uses the
     /// slot's bytes `[at, at + len)`. Zero for a fresh request; a continuation after a short
@@ -272,10 +273,13 @@ pub trait Backend: Send {
     fn remove_file(&mut self, key: FileKey);
     /// The file behind a key. Panics on a removed key.
     fn file(&self, key: FileKey) -> &Arc<DataFile>;
-    /// Queues a request on a held slot (panics otherwise, or if `op.at + op.len` exceeds
-    /// the slot). On `Ok` the slot is in flight until its completion is returned by
-    /// [`Backend::wait`]; queued requests are submitted at the latest by the next `wait`.
-    /// On `Err` the request was not queued and the slot is held by the caller again.
+    /// Queues a request on a held slot. Its bytes `[op.at, op.at + op.len)` are counted from
+    /// the slot's start and may run on into the slots after it (one read into consecutive
+    /// slots: see [`Backend::run`]); every slot it covers must be held (it panics
+    /// otherwise, or if the bytes run past the last slot). On `Ok` those slots are in flight
+    /// until the completion (for `op.slot`) is returned by [`Backend::wait`]; queued
+    /// requests are submitted at the latest by the next `wait`. On `Err` the request was
+    /// not queued and the slots are held by the caller again.
     fn push(&mut self, op: Op) -> Result<()>;
     /// Submits what is queued and waits until at least `min` completions (at most the number
     /// in flight) are appended to `out`. EAGAIN/EINTR are retried inside. On `Err`, the

@@ -84,8 +84,9 @@ fn worker(jobs: Receiver<Job>, done: Sender<Completion>) {
         super::tests::pread_gate(file.path());
         let fd = file.file().as_raw_fd();
         let result = loop {
-            // SAFETY: ptr addresses op.len bytes of one in-flight slot (Slab::start checked
-            // that they lie inside it), which no one else touches until this completion is
+            // SAFETY: ptr addresses op.len bytes of the in-flight slots of this request
+            // (Slab::start checked that they lie inside the slab and marked every slot
+            // they cover in flight), which no one else touches until this completion is
             // sent.
             let rc = unsafe {
                 match op.kind {

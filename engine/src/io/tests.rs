@@ -432,6 +432,84 @@ fn short_transfers_continue_where_they_stopped() {
     }
 }
 
+/// One request may fill consecutive slots (a pile is read that way, an extent of several
+/// slots per read): the bytes land back to back, on both backends, with and without
+/// registered buffers, and when every transfer stops short and goes on across a slot
+/// boundary. The slots it covers are in flight until its completion: none can be lent.
+#[test]
+fn a_request_fills_consecutive_slots() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let (path, data) = random_file(dir.path(), "runs.bin", 1 << 20, 21);
+    let plain = UringFeatures {
+        fixed_buffers: false,
+        ..UringFeatures::default()
+    };
+    for (backend, uring, short) in [
+        (BackendChoice::Uring, UringFeatures::default(), false),
+        (BackendChoice::Uring, plain, false),
+        (BackendChoice::Pread, UringFeatures::default(), false),
+        (BackendChoice::Uring, UringFeatures::default(), true),
+        (BackendChoice::Pread, UringFeatures::default(), true),
+    ] {
+        let cfg = IoConfig {
+            depth: 8,
+            slot_size: 16 << 10,
+            backend,
+            uring,
+            ..IoConfig::default()
+        };
+        let p = path.clone();
+        let got = within(60, move || {
+            let run = || {
+                let mut b = open_backend(&cfg, 4096).unwrap();
+                let file = Arc::new(DataFile::open(&p, Access::Read, true).unwrap());
+                let key = b.add_file(file).unwrap();
+                let slots: Vec<SlotId> = (0..6).map(|i| b.acquire_at(i).unwrap()).collect();
+                // Three slots from 64 KiB in, two from 512 KiB, one from 0.
+                let reads = [(0usize, 64u64 << 10, 3usize), (3, 512 << 10, 2), (5, 0, 1)];
+                for (i, &(first, offset, n)) in reads.iter().enumerate() {
+                    b.push(Op {
+                        slot: slots[first],
+                        file: key,
+                        offset,
+                        len: n * (16 << 10),
+                        at: 0,
+                        kind: OpKind::Read,
+                        tag: i as u64,
+                    })
+                    .unwrap();
+                }
+                let inner = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    b.slot(slots[1]).len()
+                }));
+                assert!(inner.is_err(), "a slot covered by a request in flight is lent");
+                let unit = b.file(key).alignment().unit().max(512);
+                let mut done = Vec::new();
+                while b.in_flight() > 0 {
+                    b.wait(1, &mut done).unwrap();
+                    for c in done.drain(..) {
+                        let n = c.result.unwrap();
+                        let (_, _, slots) = reads[c.op.tag as usize];
+                        if c.op.at + n < slots * (16 << 10) {
+                            b.push(c.op.advance(n / unit * unit)).unwrap();
+                        }
+                    }
+                }
+                b.run(slots[0], 6).to_vec()
+            };
+            if short {
+                with_short_transfers(run)
+            } else {
+                run()
+            }
+        });
+        let mut want = data[64 << 10..112 << 10].to_vec();
+        want.extend_from_slice(&data[512 << 10..544 << 10]);
+        want.extend_from_slice(&data[..16 << 10]);
+        assert!(got == want, "{backend:?}, {uring:?}, short {short}: bytes differ");
+    }
+}
+
 /// The backend's Drop waits for a request the kernel has not completed, however long that
 /// takes: an io_uring read on an empty pipe completes only when the test writes to it, so
 /// a Drop that freed the slot without waiting returns at once and fails here, and the

@@ -291,9 +291,12 @@ impl UringBackend {
         let raw = self.file(op.file).file().as_raw_fd();
         let len = op.len as u32;
         let idx = op.slot.index() as u16;
+        // A buffer is registered per slot: a request that runs on into the next slots
+        // reads into plain memory.
+        let fixed_buf = self.fixed_bufs && self.slab.span(op.at, op.len) == 1;
         macro_rules! build {
             ($fd:expr) => {
-                match (op.kind, self.fixed_bufs) {
+                match (op.kind, fixed_buf) {
                     (OpKind::Read, true) => opcode::ReadFixed::new($fd, ptr, len, idx)
                         .offset(op.offset)
                         .build(),
@@ -329,8 +332,9 @@ impl UringBackend {
             };
             #[cfg(not(test))]
             let full = false;
-            // SAFETY: the entry points into a slot that was marked in flight by Slab::start
-            // (or stays in flight for a requeue), so its memory is neither reachable by the
+            // SAFETY: the entry points into the slots that Slab::start marked in flight (the
+            // request's slot and any it runs on into; they stay in flight for a requeue),
+            // so their memory is neither reachable by the
             // caller nor freed until the completion is reaped in `reap`. The fd (or fixed
             // file) stays open: self.files holds it until the backend is dropped.
             if !full && unsafe { self.ring.submission().push(entry) }.is_ok() {

@@ -151,8 +151,14 @@ impl Backend for Short {
                     n
                 };
                 if asked.kind == OpKind::Read {
-                    let end = asked.at + asked.len;
-                    self.inner.slot_mut(asked.slot)[asked.at + shown..end].fill(0xEE);
+                    // The request may cover the slots after its own: poison each one's part.
+                    let size = self.inner.slot_size();
+                    let (from, end) = (asked.at + shown, asked.at + asked.len);
+                    for k in from / size..end.div_ceil(size) {
+                        let slot = SlotId(asked.slot.0 + k as u32);
+                        let (lo, hi) = (from.max(k * size) - k * size, end.min((k + 1) * size) - k * size);
+                        self.inner.slot_mut(slot)[lo..hi].fill(0xEE);
+                    }
                 }
                 c.result = Ok(shown);
             }
