@@ -3,12 +3,16 @@
 //!
 //! Piles do not get a file each. They are grouped: pile `p` of `P` lives in group file
 //! `p * G / P` of `G` (at most [`MAX_GROUPS`]), so a run holds a constant number of files
-//! open whatever its pile count. Each pile gathers its frames in a fill buffer of one
-//! extent; a full buffer is copied into one of the writer's slots and written at the end of
-//! its group file, so every group file is written front to back, and a pile is the list of
-//! its extents there. Groups hold consecutive piles, and piles are read in key order: once
-//! a group's last pile is loaded its file is removed, so the scratch a pass holds shrinks
-//! as it goes.
+//! open whatever its pile count. Piles gather their frames in chunks of one pool shared by
+//! all of them (a pile's share is one extent): when the pool runs dry, the pile with the
+//! most full chunks has them copied into one of the writer's slots and written at the end
+//! of its group file, so every group file is written front to back, and a pile is the list
+//! of its extents there. Sharing the pool makes extents about twice a pile's share: with
+//! fixed buffers, a buffer is on average half full when another one fills; with a shared
+//! pool, piles stand at every level from empty to twice the share, and the fullest goes.
+//! Larger extents are what makes a pile load fast (each is a read at a scattered offset).
+//! Groups hold consecutive piles, and piles are read in key order: once a group's last
+//! pile is loaded its file is removed, so the scratch a pass holds shrinks as it goes.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,9 +28,14 @@ use crate::{Error, Result};
 /// The most group files one set of piles writes.
 pub(crate) const MAX_GROUPS: usize = 16;
 
-/// The most slots a loaded pile's own ring has (a pile of more extents is copied out of
-/// the reader's ring instead).
-const MAX_DIRECT_SLOTS: usize = 4096;
+/// The most slots (chunks) a loaded pile's own ring has (a pile of more chunks is copied
+/// out of the reader's ring instead).
+const MAX_DIRECT_SLOTS: usize = 16384;
+
+/// Chunks per pile's share of the fill pool: the finer, the less of the pool sits in
+/// piles' partly filled last chunks (half a chunk each on average: a sixteenth of the pool
+/// at 8), the more requests a load's direct ring takes (one slot per chunk).
+const CHUNKS_PER_EXTENT: usize = 8;
 
 /// Group files are grown (`fallocate`) ahead of their writes by 8 writes (1 to 16 MiB at
 /// a time): a full disk is found early, and the writes land inside the file in allocated
@@ -40,10 +49,14 @@ fn reserve_step(slot: usize) -> u64 {
 pub(crate) struct Layout {
     /// log2 of the pile count: pile `key >> (64 - bits)`.
     pub bits: u32,
-    /// Bytes of a pile's fill buffer (a multiple of 4 KiB): its piece of a group file.
+    /// Bytes of a pile's share of the fill pool (a multiple of `chunk`); its extents in a
+    /// group file are about twice this.
     pub extent: usize,
+    /// Bytes of a chunk of the fill pool (a multiple of 4 KiB): every extent but a pile's
+    /// last is a whole number of chunks.
+    pub chunk: usize,
     /// Bytes per write: the extents of several piles of one group are gathered into one
-    /// write (a multiple of `extent`).
+    /// write (a multiple of `chunk`, at least two shares); the longest extent.
     pub slot: usize,
     /// Writes in flight.
     pub depth: usize,
@@ -62,16 +75,18 @@ impl Layout {
     /// group are written about 1 MiB at a time (measured here: 60 KiB writes spread over
     /// 16 files ran at 65% of 1 MiB sequential writes); under less, one extent at a time.
     pub(crate) fn new(bits: u32, extent: usize, in_flight: usize) -> Layout {
-        let extent = extent.max(4096).div_ceil(4096) * 4096;
+        let chunk = (extent / CHUNKS_PER_EXTENT / 4096 * 4096).max(4096);
+        let extent = extent.max(4096).div_ceil(chunk) * chunk;
         let combine = if in_flight >= 4 << 20 {
             ((1 << 20) / extent).max(1)
         } else {
             1
         };
-        let slot = extent * combine;
+        let slot = extent * combine.max(2);
         Layout {
             bits,
             extent,
+            chunk,
             slot,
             depth: (4 * in_flight / slot).clamp(2, 32),
             read_depth: (3 * in_flight / extent).clamp(2, 64),
@@ -109,8 +124,8 @@ impl Layout {
         (pile as u128 * width, (pile as u128 + 1) * width)
     }
 
-    /// Memory a writer of this layout holds: a fill buffer per pile, a write being
-    /// gathered per group, and the writes in flight.
+    /// Memory a writer of this layout holds: the fill pool (a share per pile), a write
+    /// being gathered per group, and the writes in flight.
     pub(crate) fn writer_bytes(&self) -> u64 {
         self.piles() as u64 * self.extent as u64
             + (self.groups() + self.depth) as u64 * self.slot as u64
@@ -148,8 +163,13 @@ impl Drop for GroupFile {
     }
 }
 
+/// A pile being written: its bytes not yet written are in `chunks` of the pool, all full
+/// but the last, which holds `tail` bytes.
 struct Fill {
-    buf: Vec<u8>,
+    chunks: Vec<u32>,
+    tail: usize,
+    /// Full chunks (the first `full` of `chunks`).
+    full: u16,
     extents: Vec<Extent>,
     bytes: u64,
 }
@@ -169,7 +189,13 @@ struct GroupOut {
 /// Piles being written.
 pub(crate) struct PileWriter {
     layout: Layout,
-    extent: usize,
+    /// Bytes of a chunk (the layout's, rounded up to the alignment).
+    chunk: usize,
+    /// Most chunks in one extent (a slot's worth).
+    max_run: usize,
+    /// The fill pool, and its free chunks.
+    pool: Vec<u8>,
+    free: Vec<u32>,
     unit: usize,
     dir: tempfile::TempDir,
     backend: Box<dyn Backend>,
@@ -203,11 +229,12 @@ impl PileWriter {
             .max()
             .unwrap_or(512)
             .max(512);
-        let extent = layout.extent.div_ceil(unit) * unit;
+        let chunk = layout.chunk.div_ceil(unit) * unit;
+        let max_run = layout.slot / layout.chunk;
         let cfg = IoConfig {
             // A write being gathered per group, and those in flight.
             depth: layout.groups() + layout.depth,
-            slot_size: extent * (layout.slot / layout.extent),
+            slot_size: chunk * max_run,
             backend: crate::emulate::write_backend(io.backend),
             direct: io.direct,
             ..IoConfig::default()
@@ -227,14 +254,23 @@ impl PileWriter {
         }
         let piles = (0..layout.piles())
             .map(|_| Fill {
-                buf: Vec::new(),
+                chunks: Vec::new(),
+                tail: 0,
+                full: 0,
                 extents: Vec::new(),
                 bytes: 0,
             })
             .collect();
+        // At least a chunk per pile (a share is whole chunks): a pile that needs a chunk
+        // when none is free always finds another with a full one to write.
+        let chunks = layout.piles() * (layout.extent / layout.chunk);
         Ok(PileWriter {
             layout,
-            extent,
+            chunk,
+            max_run,
+            // Zeroed memory is mapped as it is first written.
+            pool: vec![0; chunks * chunk],
+            free: (0..chunks as u32).rev().collect(),
             unit,
             dir,
             stalled: vec![0; backend.depth()],
@@ -275,27 +311,62 @@ impl PileWriter {
     /// Appends bytes to a pile (part of a frame begun with [`PileWriter::begin`]).
     #[inline]
     pub(crate) fn append(&mut self, pile: usize, mut bytes: &[u8]) -> Result<()> {
+        let chunk = self.chunk;
         while !bytes.is_empty() {
-            let extent = self.extent;
-            let fill = &mut self.piles[pile];
-            if fill.buf.capacity() == 0 {
-                fill.buf.reserve_exact(extent);
+            if self.piles[pile].chunks.is_empty() || self.piles[pile].tail == chunk {
+                self.take_chunk(pile)?;
             }
-            let n = (extent - fill.buf.len()).min(bytes.len());
-            fill.buf.extend_from_slice(&bytes[..n]);
+            let fill = &mut self.piles[pile];
+            let at = *fill.chunks.last().expect("a chunk") as usize * chunk + fill.tail;
+            let n = (chunk - fill.tail).min(bytes.len());
+            self.pool[at..at + n].copy_from_slice(&bytes[..n]);
+            fill.tail += n;
             fill.bytes += n as u64;
             bytes = &bytes[n..];
-            if fill.buf.len() == extent {
-                self.flush(pile)?;
+            if fill.tail == chunk {
+                fill.full += 1;
+                if fill.full as usize == self.max_run {
+                    self.flush(pile, false)?;
+                }
             }
         }
         Ok(())
     }
 
-    /// Moves a pile's fill buffer (padded to the alignment) into its group's write, which
-    /// goes out when the next extent would not fit.
-    fn flush(&mut self, pile: usize) -> Result<()> {
-        let len = self.piles[pile].buf.len();
+    /// Gives `pile` a fresh chunk; when none is free, the pile with the most full chunks
+    /// (perhaps this one) writes them first.
+    fn take_chunk(&mut self, pile: usize) -> Result<()> {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let (fullest, _) = self
+                    .piles
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|(_, f)| f.full)
+                    .expect("a pile");
+                self.flush(fullest, false)?;
+                self.free.pop().expect("a write frees a chunk")
+            }
+        };
+        let fill = &mut self.piles[pile];
+        fill.chunks.push(id);
+        fill.tail = 0;
+        Ok(())
+    }
+
+    /// Moves a pile's full chunks (with `last`, all of its bytes, padded to the alignment)
+    /// into its group's write, which goes out when the extent would not fit, and frees
+    /// those chunks.
+    fn flush(&mut self, pile: usize, last: bool) -> Result<()> {
+        let chunk = self.chunk;
+        let fill = &self.piles[pile];
+        let (k, len) = if last && !fill.chunks.is_empty() {
+            let k = fill.chunks.len();
+            (k, (k - 1) * chunk + fill.tail)
+        } else {
+            (fill.full as usize, fill.full as usize * chunk)
+        };
         if len == 0 {
             return Ok(());
         }
@@ -317,12 +388,21 @@ impl PileWriter {
         };
         let at = self.groups[g].fill;
         let s = self.backend.slot_mut(slot);
-        s[at..at + len].copy_from_slice(&self.piles[pile].buf);
+        let fill = &mut self.piles[pile];
+        for (i, &c) in fill.chunks[..k].iter().enumerate() {
+            let n = chunk.min(len - i * chunk);
+            let from = c as usize * chunk;
+            s[at + i * chunk..at + i * chunk + n].copy_from_slice(&self.pool[from..from + n]);
+        }
         s[at + len..at + padded].fill(0);
-        self.piles[pile].buf.clear();
+        self.free.extend(fill.chunks.drain(..k));
+        fill.full = 0;
+        if fill.chunks.is_empty() {
+            fill.tail = 0;
+        }
         let out = &mut self.groups[g];
         out.fill += padded;
-        self.piles[pile].extents.push(Extent {
+        fill.extents.push(Extent {
             offset: out.end + at as u64,
             len: len as u64,
         });
@@ -424,7 +504,7 @@ impl PileWriter {
     /// to be read. Not synced: piles are scratch, read back by this process.
     pub(crate) fn finish(mut self) -> Result<PileSet> {
         for p in 0..self.piles.len() {
-            self.flush(p)?;
+            self.flush(p, true)?;
         }
         for g in 0..self.groups.len() {
             self.submit(g)?;
@@ -441,13 +521,15 @@ impl PileWriter {
         }
         let PileWriter {
             layout,
-            extent,
+            chunk,
             dir,
             backend,
             groups,
             piles,
+            pool,
             ..
         } = self;
+        drop(pool);
         // The ring lets go of its files; the set holds them until their piles are read.
         drop(backend);
         let piles = piles
@@ -459,12 +541,12 @@ impl PileWriter {
                 bytes: f.bytes,
             })
             .collect();
-        // The fill buffers (a pile's share of an extent each) are freed: their memory
-        // goes back now, not when the allocator sees fit.
+        // The fill pool is freed: its memory goes back now, not when the allocator sees
+        // fit.
         crate::io::release_freed_heap();
         Ok(PileSet {
             layout,
-            extent,
+            chunk,
             piles,
             dir,
         })
@@ -482,7 +564,8 @@ struct Pile {
 /// rest (and the directory) when the set is dropped.
 pub(crate) struct PileSet {
     layout: Layout,
-    extent: usize,
+    /// Bytes of a chunk as written (every extent but a pile's last is whole chunks).
+    chunk: usize,
     piles: Vec<Pile>,
     dir: tempfile::TempDir,
 }
@@ -491,7 +574,10 @@ pub(crate) struct PileSet {
 pub(crate) struct Load {
     group: Arc<GroupFile>,
     extents: Arc<[Extent]>,
-    extent: usize,
+    /// Bytes of a chunk as written.
+    chunk: usize,
+    /// Bytes per read when the pile is copied out of the reader's ring (whole chunks).
+    piece: usize,
     read_depth: usize,
     /// About how many of them this load keeps (the pile's share for one pass).
     pub expect: u64,
@@ -534,7 +620,8 @@ impl PileSet {
                 jobs.push(Load {
                     group: p.group.clone(),
                     extents: p.extents.clone(),
-                    extent: self.extent,
+                    chunk: self.chunk,
+                    piece: self.chunk * (self.layout.extent / self.layout.chunk),
                     read_depth: self.layout.read_depth,
                     expect: p.bytes.div_ceil(n as u64),
                     lo: lo + (hi - lo) * pass / n,
@@ -624,13 +711,29 @@ impl PileReader {
         let file = load.group.file.clone();
         let path = file.path().to_path_buf();
         let unit = file.alignment().unit().max(512);
-        let slot = load.extent.div_ceil(unit) * unit;
+        let chunk = load.chunk;
         let n = load.extents.len();
-        let full = n > 0 && load.extents[..n - 1].iter().all(|e| e.len as usize == slot);
-        if load.whole && full && n <= MAX_DIRECT_SLOTS {
+        let whole_chunks = n > 0
+            && chunk % unit == 0
+            && load.extents[..n - 1]
+                .iter()
+                .all(|e| e.len as usize % chunk == 0);
+        let chunks: usize = load
+            .extents
+            .iter()
+            .map(|e| (e.len as usize).div_ceil(chunk))
+            .sum();
+        if load.whole && whole_chunks && chunks <= MAX_DIRECT_SLOTS {
             buf.copy = LargeBuf::default();
-            return self.load_direct(&load, buf, frames, slot, unit, stop);
+            return self.load_direct(&load, buf, frames, chunks, unit, stop);
         }
+        // Read in pieces of at most `piece` bytes (whole chunks, so aligned): the reader's
+        // ring holds a few of those, whatever the extents' lengths.
+        let extents = pieces(&load.extents, load.piece.max(unit) / unit * unit);
+        let load = Load {
+            extents: extents.into(),
+            ..load
+        };
         buf.ring = None;
         let out = &mut buf.copy;
         out.reserve_total(buf.room);
@@ -640,7 +743,7 @@ impl PileReader {
             self.ring = None;
             let cfg = IoConfig {
                 depth: load.read_depth,
-                slot_size: load.extent.div_ceil(unit) * unit,
+                slot_size: load.piece.max(unit) / unit * unit,
                 backend: self.io.backend,
                 direct: self.io.direct,
                 ..IoConfig::default()
@@ -732,18 +835,19 @@ impl PileReader {
         Ok(())
     }
 
-    /// A whole pile read straight into `buf`'s ring, extent `i` into slot `i`: its full
-    /// extents (`slot` bytes each) then lie back to back, and the last one ends the pile.
+    /// A whole pile read straight into `buf`'s ring of `chunks` slots of a chunk, each
+    /// extent by one read into as many consecutive slots as it has chunks: its extents
+    /// (whole chunks but the last, which ends the pile) then lie back to back.
     fn load_direct(
         &mut self,
         load: &Load,
         buf: &mut PileBuf,
         frames: &mut Vec<(u64, usize)>,
-        slot: usize,
+        chunks: usize,
         unit: usize,
         stop: &Stop,
     ) -> Result<()> {
-        let n = load.extents.len();
+        let (n, slot) = (chunks, load.chunk);
         let file = load.group.file.clone();
         let fits = buf
             .ring
@@ -834,10 +938,11 @@ fn finished(
     Ok(false)
 }
 
-/// Reads `extents[i]` of a file into `slots[i]` (held by the caller), at most `depth` at a
-/// time. On `Ok` nothing is in flight and every slot is held by the caller again; on `Err`
-/// requests may still be in flight: the caller drops the backend (which waits for them)
-/// rather than touch the slots. A short read goes on where it stopped.
+/// Reads the extents of a file back to back into `slots` (consecutive, held by the caller),
+/// each by one request into as many slots as it needs, at most `depth` at a time. On `Ok`
+/// nothing is in flight and every slot is held by the caller again; on `Err` requests may
+/// still be in flight: the caller drops the backend (which waits for them) rather than
+/// touch the slots. A short read goes on where it stopped.
 #[allow(clippy::too_many_arguments)]
 fn read_into_slots(
     backend: &mut dyn Backend,
@@ -850,17 +955,21 @@ fn read_into_slots(
     stop: &Stop,
 ) -> Result<()> {
     let depth = depth.max(1);
-    let mut stalled = vec![0u32; slots.len()];
+    let size = backend.slot_size();
+    let mut stalled = vec![0u32; extents.len()];
     let mut done = Vec::with_capacity(depth);
-    let mut next = 0usize;
+    let (mut next, mut first) = (0usize, 0usize);
     loop {
         while next < extents.len() && backend.in_flight() < depth {
             let e = extents[next];
+            let len = (e.len as usize).div_ceil(unit) * unit;
+            let slot = slots[first];
+            first += len.div_ceil(size);
             backend.push(Op {
-                slot: slots[next],
+                slot,
                 file: key,
                 offset: e.offset,
-                len: (e.len as usize).div_ceil(unit) * unit,
+                len,
                 at: 0,
                 kind: OpKind::Read,
                 tag: next as u64,
@@ -926,6 +1035,25 @@ fn inside_a_frame(path: &Path, extents: &[Extent], at: u64) -> Error {
             "pile ends inside a frame (byte {at} of the pile; was the scratch directory changed?)"
         ),
     }
+}
+
+/// `extents` cut into pieces of at most `piece` bytes (a multiple of the alignment), in
+/// order.
+fn pieces(extents: &[Extent], piece: usize) -> Vec<Extent> {
+    let piece = piece as u64;
+    let mut out = Vec::with_capacity(extents.len());
+    for e in extents {
+        let mut at = 0;
+        while at < e.len {
+            let len = piece.min(e.len - at);
+            out.push(Extent {
+                offset: e.offset + at,
+                len,
+            });
+            at += len;
+        }
+    }
+    out
 }
 
 /// Reads `extents` of a file, at the backend's depth, and hands each extent's bytes to
@@ -1072,7 +1200,7 @@ mod tests {
             Layout::new(5, 4096, 64 << 10),
             Layout::new(5, 4096, 4 << 20),
         ];
-        assert_eq!((layouts[0].slot, layouts[1].slot), (4096, 1 << 20));
+        assert_eq!((layouts[0].slot, layouts[1].slot), (8192, 1 << 20));
         assert_eq!(
             layouts[0].groups(),
             16.min(1 << super::super::max_group_bits())
@@ -1134,6 +1262,52 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Piles sharing one fill pool write extents of about twice their share (fixed buffers
+    /// of a share each wrote extents of exactly one share), every one but a pile's last a
+    /// whole number of chunks; and such piles read back whole into their own ring.
+    #[test]
+    fn a_shared_pool_writes_extents_of_twice_a_share() {
+        let layout = Layout::new(5, 64 << 10, 4 << 20);
+        assert_eq!((layout.extent, layout.chunk), (64 << 10, 8 << 10));
+        let key = crate::order::EpochKey::new(9, 0);
+        let all: Vec<(u64, Vec<u8>)> = (0..60_000u64)
+            .map(|i| (key.key(i), vec![i as u8; 100 + (i % 200) as usize]))
+            .collect();
+        let (_dir, set) = written(layout, &all, BackendChoice::Auto);
+        let mut lens: Vec<u64> = Vec::new();
+        for p in &set.piles {
+            let (last, rest) = p.extents.split_last().unwrap();
+            assert!(last.len > 0);
+            assert!(rest.iter().all(|e| e.len % (8 << 10) == 0), "a partial chunk");
+            lens.extend(rest.iter().map(|e| e.len));
+        }
+        lens.sort();
+        let median = lens[lens.len() / 2];
+        assert!(
+            median >= 3 * layout.extent as u64 / 2,
+            "median extent {median} bytes for a share of {}",
+            layout.extent
+        );
+        assert!(lens.iter().all(|&l| l <= layout.slot as u64));
+        let mut reader = PileReader::default();
+        let (mut out, mut index) = (PileBuf::default(), Vec::new());
+        let mut got = Vec::new();
+        for load in set.into_loads(|_| 1).jobs {
+            reader
+                .load(load, &mut out, &mut index, &Stop::default())
+                .unwrap();
+            assert!(out.ring.is_some(), "a whole pile is read into its own ring");
+            for &(k, at) in &index {
+                let f = frame::at(out.as_slice(), at);
+                got.push((k, out.as_slice()[f.body..f.end].to_vec()));
+            }
+        }
+        let mut want = all;
+        want.sort();
+        got.sort();
+        assert!(got == want, "frames differ");
     }
 
     /// Thousands of piles hold no more files than [`MAX_GROUPS`], while written and while
@@ -1206,21 +1380,18 @@ mod tests {
         }
     }
 
-    /// A whole pile of more extents than a buffer's own ring takes slots is read through
+    /// A whole pile of more chunks than a buffer's own ring takes slots is read through
     /// the reader's ring and copied instead: every frame comes back, in the order written.
     #[test]
-    fn a_pile_of_more_extents_than_slots_is_copied() {
-        let all = frames(16_000, 5);
+    fn a_pile_of_more_chunks_than_slots_is_copied() {
+        let all = frames(40_000, 5);
         let (_dir, set) = written(Layout::new(0, 4096, 64 << 10), &all, BackendChoice::Auto);
         let mut loads = set.into_loads(|_| 1).jobs;
         assert_eq!(loads.len(), 1);
         let load = loads.pop().unwrap();
         assert!(load.whole);
-        assert!(
-            load.extents.len() > MAX_DIRECT_SLOTS,
-            "{} extents",
-            load.extents.len()
-        );
+        let chunks: u64 = load.extents.iter().map(|e| e.len.div_ceil(4096)).sum();
+        assert!(chunks > MAX_DIRECT_SLOTS as u64, "{chunks} chunks");
         let mut reader = PileReader::default();
         let (mut out, mut index) = (PileBuf::default(), Vec::new());
         reader
