@@ -396,7 +396,10 @@ impl Slab {
     /// The address of bytes `at..at + len` counted from `slot`'s start, which must lie
     /// inside the slab.
     fn range_ptr(&mut self, slot: SlotId, at: usize, len: usize) -> *mut u8 {
-        let start = slot.index().checked_mul(self.slot_size).and_then(|b| b.checked_add(at));
+        let start = slot
+            .index()
+            .checked_mul(self.slot_size)
+            .and_then(|b| b.checked_add(at));
         assert!(
             start
                 .and_then(|b| b.checked_add(len))
@@ -557,7 +560,10 @@ mod tests {
         assert_eq!(s.span(512, 8192), 3);
         s.start(run[0], 512, 8192);
         for &slot in &run {
-            assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.get(slot).len())).is_err());
+            assert!(
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.get(slot).len()))
+                    .is_err()
+            );
         }
         let inner = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.complete(run[1])));
         assert!(inner.is_err(), "an inner slot completes on its own");

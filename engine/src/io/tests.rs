@@ -482,7 +482,10 @@ fn a_request_fills_consecutive_slots() {
                 let inner = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     b.slot(slots[1]).len()
                 }));
-                assert!(inner.is_err(), "a slot covered by a request in flight is lent");
+                assert!(
+                    inner.is_err(),
+                    "a slot covered by a request in flight is lent"
+                );
                 let unit = b.file(key).alignment().unit().max(512);
                 let mut done = Vec::new();
                 while b.in_flight() > 0 {
@@ -506,7 +509,10 @@ fn a_request_fills_consecutive_slots() {
         let mut want = data[64 << 10..112 << 10].to_vec();
         want.extend_from_slice(&data[512 << 10..544 << 10]);
         want.extend_from_slice(&data[..16 << 10]);
-        assert!(got == want, "{backend:?}, {uring:?}, short {short}: bytes differ");
+        assert!(
+            got == want,
+            "{backend:?}, {uring:?}, short {short}: bytes differ"
+        );
     }
 }
 

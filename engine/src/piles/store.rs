@@ -714,10 +714,10 @@ impl PileReader {
         let chunk = load.chunk;
         let n = load.extents.len();
         let whole_chunks = n > 0
-            && chunk % unit == 0
+            && chunk.is_multiple_of(unit)
             && load.extents[..n - 1]
                 .iter()
-                .all(|e| e.len as usize % chunk == 0);
+                .all(|e| (e.len as usize).is_multiple_of(chunk));
         let chunks: usize = load
             .extents
             .iter()
@@ -1280,7 +1280,10 @@ mod tests {
         for p in &set.piles {
             let (last, rest) = p.extents.split_last().unwrap();
             assert!(last.len > 0);
-            assert!(rest.iter().all(|e| e.len % (8 << 10) == 0), "a partial chunk");
+            assert!(
+                rest.iter().all(|e| e.len % (8 << 10) == 0),
+                "a partial chunk"
+            );
             lens.extend(rest.iter().map(|e| e.len));
         }
         lens.sort();

@@ -156,7 +156,10 @@ impl Backend for Short {
                     let (from, end) = (asked.at + shown, asked.at + asked.len);
                     for k in from / size..end.div_ceil(size) {
                         let slot = SlotId(asked.slot.0 + k as u32);
-                        let (lo, hi) = (from.max(k * size) - k * size, end.min((k + 1) * size) - k * size);
+                        let (lo, hi) = (
+                            from.max(k * size) - k * size,
+                            end.min((k + 1) * size) - k * size,
+                        );
                         self.inner.slot_mut(slot)[lo..hi].fill(0xEE);
                     }
                 }
