@@ -912,7 +912,7 @@ impl Piles {
     fn new(tmpdir: &Path, estimate: u64, memory: u64) -> Result<Piles> {
         let dir = crate::scratch::ScratchDir::new_in(tmpdir, "shuffle")?;
         // Piles of about a quarter of the budget (a larger one is read in key sub-ranges),
-        // at most 4096; their fill buffers share an eighth, from 16 KiB to 1 MiB each, and
+        // at most 4096; their shares of the fill pool take an eighth, from 16 KiB to 1 MiB each, and
         // the writes in flight another eighth (4 MiB at most).
         let target = (memory / 4).max(1 << 20);
         let mut bits = 0;

@@ -150,7 +150,7 @@ impl PilePlan {
         let in_flight = (4 * scan_size as usize)
             .min(4 << 20)
             .min((budget / 16) as usize);
-        // The pile writer (a fill buffer per pile, the writes in flight, the extent lists)
+        // The pile writer (a share of the fill pool per pile, the writes in flight, the extent lists)
         // comes off the top; the rest holds two loaded piles (double buffering), each its
         // frames, a sixteenth of room, and 32 bytes per frame (its index entry and the
         // sort's scratch).
@@ -158,7 +158,7 @@ impl PilePlan {
             let l = Layout::new(piles.trailing_zeros(), extent, in_flight);
             l.writer_bytes() + l.extent_list_bytes(frames) + l.reader_bytes()
         };
-        // When no pile count fits with headroom: each pile's fill buffer is its share of an
+        // When no pile count fits with headroom: each pile's share of the fill pool is its share of an
         // eighth of the budget, from 16 KiB to 1 MiB.
         let buf_for = |piles: u64| ((budget / 8) / piles).clamp(16 << 10, 1 << 20) as usize;
         // A pile's share holds at least two of the largest units.
@@ -171,9 +171,9 @@ impl PilePlan {
             ((left / 2) as f64 / per_byte) as u64
         };
         // With headroom (s + 6 sqrt(s) units per pile, two piles in memory), each pile count
-        // leaves some memory for the piles' fill buffers, and a pile is read back in pieces
-        // of that size: the larger, the faster (random 52 KiB reads ran at 70% of 1 MiB ones
-        // here). Take the count whose piles fit with the largest fill buffer (up to 1 MiB;
+        // leaves some memory for the piles' shares of the fill pool, and a pile is read back
+        // in extents of about twice a share: the larger, the faster (random 52 KiB reads ran at 70% of 1 MiB ones
+        // here). Take the count whose piles fit with the largest share (up to 1 MiB;
         // at least 16 KiB), the fewest piles among equals.
         let fit = |bits: u32| -> Option<(usize, u64)> {
             let piles = 1u64 << bits;
@@ -269,7 +269,7 @@ impl PilePlan {
         1 << self.bits
     }
 
-    /// Memory of the pile store: the writer's fill buffers and writes in flight, the
+    /// Memory of the pile store: the writer's fill pool and writes in flight, the
     /// extent lists, the loader's reads in flight.
     fn writer_bytes(&self) -> u64 {
         self.layout.writer_bytes()

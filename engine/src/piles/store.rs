@@ -500,7 +500,7 @@ impl PileWriter {
         Ok(())
     }
 
-    /// Writes what is left in the fill buffers and waits for every write: the piles, ready
+    /// Writes what is left in the fill pool and waits for every write: the piles, ready
     /// to be read. Not synced: piles are scratch, read back by this process.
     pub(crate) fn finish(mut self) -> Result<PileSet> {
         for p in 0..self.piles.len() {
