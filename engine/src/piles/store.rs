@@ -727,9 +727,11 @@ impl PileReader {
             buf.copy = LargeBuf::default();
             return self.load_direct(&load, buf, frames, chunks, unit, stop);
         }
-        // Read in pieces of at most `piece` bytes (whole chunks, so aligned): the reader's
-        // ring holds a few of those, whatever the extents' lengths.
-        let extents = pieces(&load.extents, load.piece.max(unit) / unit * unit);
+        // Read in pieces of at most `piece` bytes (whole chunks, so aligned: the writer's
+        // chunk is a multiple of its files' alignment): the reader's ring holds a few of
+        // those, whatever the extents' lengths.
+        debug_assert!(load.piece.is_multiple_of(unit));
+        let extents = pieces(&load.extents, load.piece);
         let load = Load {
             extents: extents.into(),
             ..load
@@ -743,7 +745,7 @@ impl PileReader {
             self.ring = None;
             let cfg = IoConfig {
                 depth: load.read_depth,
-                slot_size: load.piece.max(unit) / unit * unit,
+                slot_size: load.piece,
                 backend: self.io.backend,
                 direct: self.io.direct,
                 ..IoConfig::default()
