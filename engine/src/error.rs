@@ -35,6 +35,17 @@ pub enum Error {
     /// A request that the engine cannot honour (bad argument, budget too small, ...).
     #[error("{0}")]
     Invalid(String),
+    /// A resource the request needs more of than the machine or the process gives (I/O
+    /// slots, requests in flight, open files, scratch space, memory).
+    #[error("too many {resource}: asked {asked}, the limit is {limit}")]
+    Exhausted {
+        /// What ran short.
+        resource: &'static str,
+        /// How much was asked for.
+        asked: u64,
+        /// How much there is.
+        limit: u64,
+    },
     /// `riffle serve` refused or ended a request, and said why: `code` is its reason
     /// (`busy`, `shutdown`, `bad_request`, `unknown_dataset`, `engine`, ...; see
     /// docs/protocol.md), `message` its words.

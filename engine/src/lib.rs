@@ -46,6 +46,7 @@ mod piles;
 mod pipeline;
 pub mod plan;
 pub mod probe;
+pub mod resources;
 pub mod scratch;
 pub mod serve;
 pub mod shuffle;

@@ -26,6 +26,7 @@ use crate::dataset::Dataset;
 use crate::modes::{Baseline, ReadOptions};
 use crate::order::{Grouping, Units};
 use crate::probe::Profile;
+use crate::resources::{Limits, ResourcePlan};
 use crate::Result;
 
 /// CPU per record delivered by `lirs` (planning, completion, copy into the batch), seconds.
@@ -231,6 +232,9 @@ pub struct Plan {
     /// Whether a two-pass read starts with LIRS while its scatter runs (the device reads
     /// at random fast enough that the lead's reads cost the scatter little).
     pub lead: bool,
+    /// For the grouping asked for, every figure a run of each mode that fits uses, and why
+    /// (`riffle plan --explain`).
+    pub resources: Vec<ResourcePlan>,
 }
 
 impl Plan {
@@ -239,6 +243,11 @@ impl Plan {
         self.candidates
             .iter()
             .find(|c| c.mode == mode && c.grouping == grouping)
+    }
+
+    /// The resource plan of `mode` (`lirs` or `two-pass`), if that mode fits.
+    pub fn resources_of(&self, mode: &str) -> Option<&ResourcePlan> {
+        self.resources.iter().find(|r| r.mode == mode)
     }
 
     /// The chosen candidate.
@@ -363,6 +372,21 @@ pub fn plan(
     dev: &DeviceModel,
     scratch_free: Option<u64>,
 ) -> Result<Plan> {
+    let limits = Limits {
+        scratch_free,
+        ..Limits::here(None)
+    };
+    plan_within(ds, opts, dev, &limits)
+}
+
+/// [`plan`] within the machine's `limits` (the scratch space among them).
+pub fn plan_within(
+    ds: &Dataset,
+    opts: &ReadOptions,
+    dev: &DeviceModel,
+    limits: &Limits,
+) -> Result<Plan> {
+    let scratch_free = limits.scratch_free;
     let stats = ds.size_stats();
     let align = ds
         .files()
@@ -388,6 +412,8 @@ pub fn plan(
         groupings.push(Grouping::Page { unit: 4096 });
     }
     let mut candidates = Vec::new();
+    // The resource plans of the grouping asked for, by mode.
+    let mut resources: Vec<(&str, Option<ResourcePlan>)> = Vec::new();
     for &g in &groupings {
         let o = ReadOptions {
             grouping: g,
@@ -401,10 +427,15 @@ pub fn plan(
         let (t, reads, read, bound) = lirs_epoch(dev, &w, units);
         let lirs_first = units * TABLE_PER_UNIT + first_batch_reads(dev, &w, units);
         let lead = dev.leads(read as u64, w.queue_depth);
-        let (memory, unfit) = match crate::modes::lirs::memory_needs(ds, &unit_set, &o) {
-            Ok(m) => (m, None),
+        let demand = crate::modes::demand(ds, &unit_set, &o);
+        let lirs_resources = crate::resources::lirs(&demand, limits);
+        let (memory, unfit) = match &lirs_resources {
+            Ok(r) => (r.memory_bytes, None),
             Err(err) => (0, Some(err.to_string())),
         };
+        if g == opts.grouping {
+            resources.push(("lirs", lirs_resources.ok()));
+        }
         candidates.push(Candidate {
             mode: "lirs".into(),
             grouping: grouping_name(g),
@@ -436,20 +467,25 @@ pub fn plan(
         } else {
             first + rolling * (e - 2.0) + last
         };
-        let (memory, scratch, unfit) = match crate::modes::twopass::needs(ds, &unit_set, &o) {
-            Ok((m, s, _)) => {
-                let unfit = match scratch_free {
-                    Some(free) if free < s => Some(format!(
-                        "needs {} of scratch space, {} free",
-                        crate::size::human_bytes(s as f64),
-                        crate::size::human_bytes(free as f64)
-                    )),
-                    _ => None,
-                };
-                (m, s, unfit)
-            }
+        let two_resources = crate::resources::two_pass(&demand, limits);
+        let (memory, scratch, unfit) = match &two_resources {
+            Ok(r) => (r.memory_bytes, r.scratch_bytes, None),
+            Err(crate::Error::Exhausted {
+                resource, asked, ..
+            }) if resource.starts_with("scratch space") => (
+                0,
+                *asked,
+                Some(format!(
+                    "needs {} of scratch space, {} free",
+                    crate::size::human_bytes(*asked as f64),
+                    crate::size::human_bytes(scratch_free.unwrap_or(0) as f64)
+                )),
+            ),
             Err(err) => (0, 0, Some(err.to_string())),
         };
+        if g == opts.grouping {
+            resources.push(("two-pass", two_resources.ok()));
+        }
         let piles_read = 4.0 * w.bytes as f64 / (4 << 20) as f64;
         candidates.push(Candidate {
             mode: "two-pass".into(),
@@ -604,7 +640,9 @@ pub fn plan(
     });
     let read = lirs.read_bytes as u64;
     let lead = opts.lead && dev.leads(read, w.queue_depth);
+    let resources = resources.into_iter().filter_map(|(_, r)| r).collect();
     Ok(Plan {
+        resources,
         device: dev.clone(),
         workload: w,
         grouping,

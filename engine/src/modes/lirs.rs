@@ -16,8 +16,9 @@ use super::walk::Walker;
 use super::{Baseline, Batch, Latency, Payload, PayloadLender, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::{IoConfig, RangeReader};
-use crate::order::{EpochKey, EpochTable, Grouping, Split, Units};
+use crate::order::{EpochKey, EpochTable, Split, Units};
 use crate::pipeline::Stop;
+use crate::resources::{Limits, LirsPlan, MAX_MERGE};
 use crate::{Error, Result};
 
 /// Batches as they arrive; [`BatchStream::report`] once it is exhausted. Dropping it (or
@@ -147,7 +148,7 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     // thread starts.
     opts.check(ds.len())?;
     let units = units_for(&ds, &opts);
-    let plan = MemoryPlan::new(&ds, &units, &opts)?;
+    let plan = LirsPlan::new(&super::demand(&ds, &units, &opts), units.len())?;
     let prefetch = plan.prefetch;
     BatchStream::spawn("riffle-lirs", prefetch, move |tx, stop, r| {
         run(&ds, &units, &opts, &plan, tx, stop, r)
@@ -175,13 +176,8 @@ pub fn memory_needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<u
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    let plan = MemoryPlan::new(ds, units, opts)?;
-    let buffers = crate::io::footprint(plan.slot_size * opts.io.depth) as u64;
-    Ok(plan.table_bytes
-        + units.bytes()
-        + ds.index_bytes()
-        + buffers
-        + (plan.prefetch as u64 + plan.assembling) * plan.batch_bytes)
+    let d = super::demand(ds, units, opts);
+    Ok(crate::resources::lirs(&d, &Limits::here(None))?.memory_bytes)
 }
 
 impl BatchStream {
@@ -232,97 +228,6 @@ impl BatchStream {
     }
 }
 
-/// How memory is spent, decided before reading.
-struct MemoryPlan {
-    slot_size: usize,
-    prefetch: usize,
-    table_bytes: u64,
-    batch_bytes: u64,
-    /// Batches under assembly at once (reads of about depth / batch + 2 batches in flight).
-    assembling: u64,
-}
-
-impl MemoryPlan {
-    fn new(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<Self> {
-        Self::with_table(ds, units, opts, units.len())
-    }
-
-    /// The plan of a read whose table holds `entries` units (a prefix: see [`lead`]).
-    fn with_table(ds: &Dataset, units: &Units, opts: &ReadOptions, entries: u64) -> Result<Self> {
-        let stats = ds.size_stats();
-        let mean = stats.total as f64 / ds.len() as f64;
-        let align = 4096u64;
-        // The largest single read: a record, or the records starting in one block (which
-        // may run into the next block); longer reads are split by the reader.
-        let piece = match (opts.baseline, opts.grouping) {
-            // Baselines read runs of neighbouring records: large reads.
-            (Some(_), _) => MAX_MERGE,
-            (None, Grouping::Record) => stats.max,
-            (None, Grouping::Page { unit }) => stats.max.max(unit + stats.max.min(unit)),
-        };
-        let mut slot_size = (piece + 2 * align)
-            .next_power_of_two()
-            .clamp(align, 1 << 20) as usize;
-        let table_width = if units.len() <= u32::MAX as u64 { 4 } else { 8 };
-        let table_bytes = entries * table_width;
-        let batch_bytes = (opts.batch as f64 * mean) as u64 + (opts.batch + 1) * 16;
-        // Enough batches under assembly to keep `depth` reads in flight: a batch needs about
-        // batch / records-per-unit reads (page grouping reads a unit at once; a baseline's
-        // runs of neighbours one read per slot), plus two for the batch being finished and
-        // the one being planned.
-        let assembling_of = |slot: usize| {
-            let reads_per_batch = match opts.baseline {
-                Some(_) => batch_bytes / slot as u64,
-                None => (opts.batch as f64 / units.mean_records()).floor() as u64,
-            }
-            .max(1);
-            (opts.io.depth as u64).div_ceil(reads_per_batch) + 2
-        };
-        // A baseline's long reads are split by the reader into slots: under a tight budget
-        // its slots (and the batches their reads in flight fill) shrink to half of it, down
-        // to 64 KiB, rather than the read being refused (1 MiB slots at QD 64 took 64 MiB of
-        // buffers and 66 batches under assembly: 128 MiB was refused).
-        if let (Some(limit), Some(_)) = (opts.memory, opts.baseline) {
-            let need = |slot: usize| {
-                crate::io::footprint(slot * opts.io.depth) as u64
-                    + assembling_of(slot) * batch_bytes
-            };
-            while slot_size > 64 << 10 && need(slot_size) > limit / 2 {
-                slot_size /= 2;
-            }
-        }
-        let buffers = crate::io::footprint(slot_size * opts.io.depth) as u64;
-        let fixed = table_bytes + units.bytes() + ds.index_bytes() + buffers;
-        let mut prefetch = opts.prefetch.max(1);
-        let assembling_batches = assembling_of(slot_size);
-        if let Some(limit) = opts.memory {
-            // Batches being assembled plus the read-ahead queue.
-            let assembling = assembling_batches * batch_bytes;
-            let room = limit.saturating_sub(fixed + assembling);
-            let fit = (room / batch_bytes.max(1)) as usize;
-            if fit == 0 {
-                return Err(Error::Invalid(format!(
-                    "--memory {limit} is too small: the table ({table_bytes} B), offset index ({} B), unit table ({} B), \
-                     I/O buffers ({} B) and one batch in flight ({} B) need {} bytes",
-                    ds.index_bytes(),
-                    units.bytes(),
-                    buffers,
-                    batch_bytes,
-                    fixed + assembling + batch_bytes
-                )));
-            }
-            prefetch = prefetch.min(fit);
-        }
-        Ok(MemoryPlan {
-            slot_size,
-            prefetch,
-            table_bytes,
-            batch_bytes,
-            assembling: assembling_batches,
-        })
-    }
-}
-
 /// A batch being assembled.
 struct Pending {
     ids: Vec<u64>,
@@ -364,7 +269,7 @@ fn run(
     ds: &Dataset,
     units: &Units,
     opts: &ReadOptions,
-    plan: &MemoryPlan,
+    plan: &LirsPlan,
     tx: &Sender<Result<Batch>>,
     stop: &Stop,
     r: &mut ReadReport,
@@ -385,7 +290,7 @@ fn run(
     r.units_bytes = units.bytes();
     r.index_bytes = ds.index_bytes();
     r.buffer_bytes = reader.buffer_bytes() as u64;
-    r.prefetch_bytes = (plan.prefetch as u64 + plan.assembling) * plan.batch_bytes;
+    r.prefetch_bytes = plan.batches_bytes();
     r.memory_bytes =
         r.table_bytes + r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes;
     r.records_per_unit = units.mean_records();
@@ -469,7 +374,7 @@ fn read_epoch(
     ds: &Dataset,
     units: &Units,
     opts: &ReadOptions,
-    plan: &MemoryPlan,
+    plan: &LirsPlan,
     reader: &mut RangeReader,
     walked: Walked<'_>,
     epoch: u64,
@@ -726,7 +631,7 @@ fn lead_plan(
     units: &Units,
     opts: &ReadOptions,
     budget: u64,
-) -> Option<(u64, MemoryPlan)> {
+) -> Option<(u64, LirsPlan)> {
     // The table covers a quarter of the epoch at most (a lead is done when the scatter
     // is, long before that on a flash device), in a quarter of the budget at most; the
     // rest is for buffers and batches, and a lead reads a few batches ahead, no more.
@@ -737,7 +642,7 @@ fn lead_plan(
         prefetch: opts.prefetch.min(4),
         ..opts.clone()
     };
-    let plan = MemoryPlan::with_table(ds, units, &o, entries).ok()?;
+    let plan = LirsPlan::new(&super::demand(ds, units, &o), entries).ok()?;
     // A prefix that cannot cover one batch is no lead.
     (entries as f64 * units.mean_records() >= opts.batch as f64).then_some((entries, plan))
 }
@@ -792,7 +697,7 @@ pub(crate) fn lead(
     };
     let mut reader = ds.reader(&io)?;
     r.buffer_bytes = reader.buffer_bytes() as u64;
-    r.prefetch_bytes = (plan.prefetch as u64 + plan.assembling) * plan.batch_bytes;
+    r.prefetch_bytes = plan.batches_bytes();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     let walked = Walked {
         table: &table,
@@ -820,8 +725,6 @@ pub(crate) fn lead(
     Ok(Some(r))
 }
 
-/// The longest read that merges neighbouring records.
-const MAX_MERGE: u64 = 1 << 20;
 /// The most bytes between two records that a merged read may skip over.
 const MAX_GAP: u64 = 4096;
 

@@ -20,8 +20,9 @@ pub use payload::{Lender, Lent, Payload, PayloadLender};
 pub use share::{PassEnded, Ranks, SharedPass, StartPass};
 pub use twopass::read_two_pass;
 
+use crate::dataset::Dataset;
 use crate::io::IoConfig;
-use crate::order::{Grouping, Split, Tail};
+use crate::order::{Grouping, Split, Tail, Units};
 
 /// The baselines: orders other than the contract's, for research comparisons. Each is
 /// deterministic (seed, epoch) and an exact permutation.
@@ -314,6 +315,8 @@ pub struct ReadReport {
     pub batch_latency_us: Latency,
     /// Bytes of the epoch tables.
     pub table_bytes: u64,
+    /// Two-pass: bytes of the piles held in memory (two loaded at a time).
+    pub pile_bytes: u64,
     /// Bytes of the unit table (page grouping).
     pub units_bytes: u64,
     /// Bytes of the offset indexes.
@@ -368,5 +371,41 @@ impl Latency {
             p99: h.value_at_quantile(0.99) as f64,
             max: h.max() as f64,
         }
+    }
+}
+
+/// What a read of `ds` over `units` with `opts` asks of the machine, for the resource plan.
+pub fn demand(ds: &Dataset, units: &Units, opts: &ReadOptions) -> crate::resources::Demand {
+    let stats = ds.size_stats();
+    // Only page grouping over billions of records can make a unit wider than a two-pass
+    // frame counts: look for the widest only then.
+    let widest_unit = if ds.len() > crate::resources::MAX_FRAME_RECORDS {
+        (0..units.len())
+            .map(|u| {
+                let r = units.records(u);
+                r.end - r.start
+            })
+            .max()
+            .unwrap_or(0)
+    } else {
+        // No unit can hold more records than the dataset: an upper bound that cannot matter.
+        ds.len()
+    };
+    crate::resources::Demand {
+        records: ds.len(),
+        bytes: stats.total,
+        max_record: stats.max,
+        units: units.len(),
+        units_bytes: units.bytes(),
+        records_per_unit: units.mean_records(),
+        widest_unit,
+        index_bytes: ds.index_bytes(),
+        files: ds.files().len() as u64,
+        batch: opts.batch,
+        prefetch: opts.prefetch,
+        depth: opts.io.depth,
+        memory: opts.memory,
+        grouping: opts.grouping,
+        runs: opts.baseline.is_some(),
     }
 }

@@ -26,17 +26,14 @@ use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::{IoConfig, RangeReader};
 use crate::order::{EpochKey, Units};
-use crate::piles::{frame, Layout, PileBuf, PileReader, PileSet, PileWriter};
+use crate::piles::{frame, PileBuf, PileReader, PileSet, PileWriter};
 use crate::pipeline::Stop;
+use crate::resources::piles::{FRAME_HEAD, MAX_FRAME_RECORDS};
+use crate::resources::{Limits, PilePlan};
 use crate::{Error, Result};
 
-/// log2 of the most piles one epoch uses.
-const MAX_PILE_BITS: u32 = 12;
-
-/// Bytes of a frame besides the record bytes and their lengths: the store's key and length
-/// ([`frame::HEAD`]), the unit id and the record count (see [`Body`]). Each record adds its
-/// length: 4 bytes, 8 in a wide frame.
-const FRAME_HEAD: u64 = (frame::HEAD + BODY_HEAD) as u64;
+// The resource plan sizes frames with these: they must be this file's frame format.
+const _: () = assert!(FRAME_HEAD == (frame::HEAD + BODY_HEAD) as u64);
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
 pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> Result<BatchStream> {
@@ -63,219 +60,16 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
 /// (engine memory, scratch bytes at the peak, piles), or the error it would fail with (a
 /// budget too small). For the planner.
 pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u64, u64)> {
-    if ds.is_empty() {
-        return Err(Error::Invalid("the dataset has no records".into()));
-    }
-    let (opts, plan) = fitted(ds, units, opts.clone())?;
-    let scan = crate::io::footprint(plan.scan_size as usize * 4) as u64;
-    let memory = units.bytes()
-        + ds.index_bytes()
-        + scan
-        + plan.writer_bytes()
-        + (opts.prefetch as u64 + 1) * plan.batch_bytes
-        + plan.loaded_memory();
-    // Every unit as a frame; while rolling, the next epoch's piles grow as this epoch's are
-    // consumed, so the peak is about one epoch's frames plus a pile.
-    let frames = ds.size_stats().total + units.len() * FRAME_HEAD + ds.len() * 4;
-    // Group files are removed as their last pile is read: the peak is one epoch's frames
-    // and one group's.
-    let scratch = frames + frames / plan.layout.groups() as u64;
-    Ok((memory, scratch, plan.piles() as u64))
+    let d = super::demand(ds, units, opts);
+    let plan = crate::resources::two_pass(&d, &Limits::here(None))?;
+    let piles = plan.figure("piles").map_or(0, |f| f.value);
+    Ok((plan.memory_bytes, plan.scratch_bytes, piles))
 }
 
-/// `opts` and its pile plan; under a `--memory` too tight for the plan with `opts.prefetch`
-/// batches queued ahead, the read-ahead halves (down to one batch) until the plan fits, as
-/// LIRS's does. Large batches are what the budget then lacks: 200 records of 3 MiB in
-/// batches of 4 under --memory 64M took 60 MiB of read-ahead and were refused.
+/// `opts` with the read-ahead the budget fits, and its pile plan.
 fn fitted(ds: &Dataset, units: &Units, opts: ReadOptions) -> Result<(ReadOptions, PilePlan)> {
-    let mut o = opts;
-    loop {
-        match PilePlan::new(ds, units, &o) {
-            Ok(plan) => return Ok((o, plan)),
-            Err(e) if o.memory.is_none() || o.prefetch <= 1 => return Err(e),
-            Err(_) => o.prefetch = (o.prefetch / 2).max(1),
-        }
-    }
-}
-
-/// Pile count and memory shares.
-#[derive(Clone, Copy, Debug)]
-struct PilePlan {
-    bits: u32,
-    /// Most bytes of frames of one pile held in memory.
-    pile_budget: u64,
-    /// What such a pile takes in memory: its frames, room, index and sort scratch.
-    pile_memory: u64,
-    /// How the piles are written.
-    layout: Layout,
-    /// Bytes of frames the scatter writes.
-    frames: u64,
-    batch_bytes: u64,
-    /// Size of the scatter's sequential reads (4 of them in flight).
-    scan_size: u64,
-}
-
-impl PilePlan {
-    fn new(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<Self> {
-        let stats = ds.size_stats();
-        let records = ds.len();
-        let frames = stats.total + units.len() * FRAME_HEAD + records * 4;
-        let mean = frames as f64 / units.len() as f64;
-        let batch_bytes = (opts.batch as f64 * stats.total as f64 / records as f64) as u64
-            + (opts.batch + 1) * 16;
-        // Four sequential reads in flight: 4 MiB each; under a budget below 256 MiB a
-        // sixty-fourth of it each (4 x 2 MiB at 128 MiB); under 32 MiB, 48 KiB. The pile
-        // store's I/O in flight scales with this too. 1.6 GB of 4 KiB records, two-pass,
-        // alternated runs here: 48 KiB reads at every budget below 256 MiB made the scatter
-        // the bottleneck (60-70k records/s at 128 MiB, 57k at 64 MiB, 48k at 32 MiB, against
-        // 131-133k, 83-88k and 64k with a sixty-fourth); at 16 MiB 48 KiB stays faster (28k
-        // against 22k: larger reads leave too little for the piles).
-        let scan_size: u64 = match opts.memory {
-            Some(m) if m < (32 << 20) => 48 << 10,
-            Some(m) if m < (256 << 20) => (m / 64 / 4096 * 4096).clamp(48 << 10, 4 << 20),
-            _ => 4 << 20,
-        };
-        let scan_bytes = crate::io::footprint(scan_size as usize * 4) as u64;
-        let fixed = units.bytes()
-            + ds.index_bytes()
-            + (opts.prefetch as u64 + 1) * batch_bytes
-            + scan_bytes; // the scatter's reader (the pile loader's reads are the store's)
-        let budget = match opts.memory {
-            Some(m) => m.saturating_sub(fixed),
-            None => 512 << 20,
-        };
-        // The pile store's I/O in flight scales with this (twice as much writing, three times
-        // as much reading): as much as the scatter's reads, 4 MiB at most, and no more than
-        // a sixteenth of the budget.
-        let in_flight = (4 * scan_size as usize)
-            .min(4 << 20)
-            .min((budget / 16) as usize);
-        // The pile writer (a share of the fill pool per pile, the writes in flight, the extent lists)
-        // comes off the top; the rest holds two loaded piles (double buffering), each its
-        // frames, a sixteenth of room, and 32 bytes per frame (its index entry and the
-        // sort's scratch).
-        let writers = |piles: u64, extent: usize| {
-            let l = Layout::new(piles.trailing_zeros(), extent, in_flight);
-            l.writer_bytes() + l.extent_list_bytes(frames) + l.reader_bytes()
-        };
-        // When no pile count fits with headroom: each pile's share of the fill pool is its share of an
-        // eighth of the budget, from 16 KiB to 1 MiB.
-        let buf_for = |piles: u64| ((budget / 8) / piles).clamp(16 << 10, 1 << 20) as usize;
-        // A pile's share holds at least two of the largest units.
-        let need = (stats.max + FRAME_HEAD + 8) * 2;
-        // At most 4096 piles (they share a few files, whatever their count).
-        let max_bits = MAX_PILE_BITS;
-        let per_byte = 1.0 + 1.0 / 16.0 + 32.0 / mean;
-        let pile_budget_of = |bits: u32, extent: usize| {
-            let left = budget.saturating_sub(writers(1u64 << bits, extent));
-            ((left / 2) as f64 / per_byte) as u64
-        };
-        // With headroom (s + 6 sqrt(s) units per pile, two piles in memory), each pile count
-        // leaves some memory for the piles' shares of the fill pool, and a pile is read back
-        // in extents of about twice a share: the larger, the faster (random 52 KiB reads ran at 70% of 1 MiB ones
-        // here). Take the count whose piles fit with the largest share (up to 1 MiB;
-        // at least 16 KiB), the fewest piles among equals.
-        let fit = |bits: u32| -> Option<(usize, u64)> {
-            let piles = 1u64 << bits;
-            let s = units.len() as f64 / piles as f64;
-            let pile = (((s + 6.0 * s.sqrt()) * mean) as u64).max(need);
-            let left = budget.checked_sub((2.0 * pile as f64 * per_byte) as u64)?;
-            let mut extent = ((left / piles).min(1 << 20) as usize) / 4096 * 4096;
-            while extent >= 16 << 10 {
-                if writers(piles, extent) <= left {
-                    return Some((extent, pile_budget_of(bits, extent)));
-                }
-                extent = extent * 7 / 8 / 4096 * 4096;
-            }
-            None
-        };
-        let choice = (0..=max_bits)
-            .filter_map(|bits| fit(bits).map(|(extent, budget)| (bits, extent, budget)))
-            .max_by_key(|&(bits, extent, _)| (extent, std::cmp::Reverse(bits)));
-        // Nothing fits with headroom: piles read back in key sub-ranges. Every pile is read
-        // once per sub-range, so take the pile count with the fewest passes over a pile
-        // (more piles make smaller piles, but their writers leave less for the pile);
-        // among equals the most piles. Only counts whose pile holds two of the largest
-        // units qualify: under a small budget that is fewer piles than the most.
-        let choice = choice.or_else(|| {
-            (0..=max_bits)
-                .filter(|&bits| pile_budget_of(bits, buf_for(1u64 << bits)) >= need)
-                .min_by_key(|&bits| {
-                    let pile = frames.div_ceil(1u64 << bits);
-                    let budget = pile_budget_of(bits, buf_for(1u64 << bits));
-                    (pile.div_ceil(budget), std::cmp::Reverse(bits))
-                })
-                .map(|bits| {
-                    let extent = buf_for(1u64 << bits);
-                    (bits, extent, pile_budget_of(bits, extent))
-                })
-        });
-        let Some((bits, extent, pile_budget)) = choice else {
-            // Name what does not fit: after the fixed part, the pile writers' buffers (one
-            // set per pile) take what is left, not the pile itself.
-            let piles = 1u64 << max_bits.min(4);
-            let writer_bytes = writers(1, buf_for(1));
-            let need_total = (2.0 * need as f64 * per_byte).ceil() as u64 + 2;
-            return Err(Error::Invalid(format!(
-                "--memory is too small for two-pass: indexes, buffers and batches take {fixed} bytes, \
-                 leaving {budget}; the pile writers' buffers take {writer_bytes} bytes for one pile \
-                 ({many} for {piles}) and two piles in memory of two of the largest units {need_total} \
-                 bytes more (at least {min_memory} bytes of --memory)",
-                many = writers(piles, buf_for(piles)),
-                need_total = need_total,
-                min_memory = fixed + writer_bytes + need_total,
-            )));
-        };
-        // A frame counts its unit's records in 31 bits: only page grouping over billions of
-        // records could make a unit that holds more.
-        if records > MAX_FRAME_RECORDS {
-            let widest = (0..units.len())
-                .map(|u| units.records(u))
-                .max_by_key(|r| r.end - r.start)
-                .unwrap_or(0..0);
-            if widest.end - widest.start > MAX_FRAME_RECORDS {
-                return Err(Error::Invalid(format!(
-                    "records {}..{} form one unit, more than a two-pass pile frame holds \
-                     ({MAX_FRAME_RECORDS} records): use record grouping or a smaller --unit",
-                    widest.start, widest.end
-                )));
-            }
-        }
-        Ok(PilePlan {
-            bits,
-            pile_budget,
-            pile_memory: (pile_budget as f64 * per_byte) as u64,
-            layout: Layout::new(bits, extent, in_flight),
-            frames,
-            batch_bytes,
-            scan_size,
-        })
-    }
-
-    /// What the two piles in memory take at most: their budget's memory, or, when the
-    /// budget is larger than every frame, that of every frame (a pile holds no more). The
-    /// idle budget is still the lead's; reports count this. (`--memory 1T` reported 1 TiB
-    /// for 1.6 GB of data, and `--memory` of 2^64 - 1 wrapped the report's sum.)
-    fn loaded_memory(&self) -> u64 {
-        let pile = if self.pile_budget > self.frames {
-            (self.pile_memory as f64 * self.frames as f64 / self.pile_budget as f64) as u64
-        } else {
-            self.pile_memory
-        };
-        2 * pile
-    }
-
-    fn piles(&self) -> usize {
-        1 << self.bits
-    }
-
-    /// Memory of the pile store: the writer's fill pool and writes in flight, the
-    /// extent lists, the loader's reads in flight.
-    fn writer_bytes(&self) -> u64 {
-        self.layout.writer_bytes()
-            + self.layout.extent_list_bytes(self.frames)
-            + self.layout.reader_bytes()
-    }
+    let (prefetch, plan) = PilePlan::fitted(&super::demand(ds, units, &opts), &Limits::here(None))?;
+    Ok((ReadOptions { prefetch, ..opts }, plan))
 }
 
 /// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).
@@ -364,9 +158,9 @@ fn run(
     // next epoch's while rolling; this epoch's is closed by then).
     r.buffer_bytes = reader.buffer_bytes() as u64 + plan.writer_bytes();
     r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
-    r.table_bytes = plan.loaded_memory();
+    r.pile_bytes = plan.loaded_memory();
     r.memory_bytes =
-        r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes + r.table_bytes;
+        r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes + r.pile_bytes;
     r.records_per_unit = units.mean_records();
     r.piles = plan.piles() as u64;
     let epochs = opts.epoch_range()?;
@@ -751,8 +545,7 @@ const BODY_HEAD: usize = 8 + 4;
 /// 4 GiB or more. Other frames keep u32 lengths, so piles of small records stay small.
 const WIDE: u32 = 1 << 31;
 
-/// Most records one frame (one unit) holds: the count word's bits below [`WIDE`].
-const MAX_FRAME_RECORDS: u64 = WIDE as u64 - 1;
+const _: () = assert!(MAX_FRAME_RECORDS == WIDE as u64 - 1);
 
 /// A two-pass frame's body head, parsed: the scatter writes it with [`Body::encode`], the
 /// pile pass and the re-scatter read it with [`Body::parse`].

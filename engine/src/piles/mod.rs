@@ -8,7 +8,7 @@
 pub(crate) mod frame;
 pub(crate) mod store;
 
-pub(crate) use store::{Layout, PileBuf, PileReader, PileSet, PileWriter};
+pub(crate) use store::{Layout, PileBuf, PileReader, PileSet, PileWriter, MAX_DIRECT_SLOTS};
 
 /// Open files kept for everything else a run holds (the dataset's files, rings, the
 /// output, stdio) when sizing group files against the open-file limit.
@@ -23,7 +23,7 @@ pub(crate) fn max_group_bits() -> u32 {
     }
 }
 
-fn bits_within(limit: u64) -> u32 {
+pub(crate) fn bits_within(limit: u64) -> u32 {
     let groups = (limit.saturating_sub(RESERVED_FDS) / 2).max(1);
     (63 - groups.leading_zeros()).min(store::MAX_GROUPS.trailing_zeros())
 }

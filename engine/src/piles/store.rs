@@ -30,7 +30,7 @@ pub(crate) const MAX_GROUPS: usize = 16;
 
 /// The most slots (chunks) a loaded pile's own ring has (a pile of more chunks is copied
 /// out of the reader's ring instead).
-const MAX_DIRECT_SLOTS: usize = 16384;
+pub(crate) const MAX_DIRECT_SLOTS: usize = 16384;
 
 /// Chunks per pile's share of the fill pool: the finer, the less of the pool sits in
 /// piles' partly filled last chunks (half a chunk each on average: a sixteenth of the pool
@@ -91,6 +91,15 @@ impl Layout {
             depth: (4 * in_flight / slot).clamp(2, 32),
             read_depth: (3 * in_flight / extent).clamp(2, 64),
             group_bits: bits.min(super::max_group_bits()),
+        }
+    }
+
+    /// [`Layout::new`] with as many group files as an open-file limit of `open_files`
+    /// allows (the resource plan's limit, rather than this process's).
+    pub(crate) fn within(bits: u32, extent: usize, in_flight: usize, open_files: u64) -> Layout {
+        Layout {
+            group_bits: bits.min(super::bits_within(open_files)),
+            ..Layout::new(bits, extent, in_flight)
         }
     }
 

@@ -295,3 +295,14 @@ pub fn free_bytes(dir: &Path) -> Result<u64> {
         .map_err(|e| Error::io(dir, "statvfs", None, std::io::Error::from(e)))?;
     Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
+
+/// Free bytes and free inodes of the filesystem holding `dir` (for the resource plan's
+/// scratch check: a tree of many small files runs out of inodes before bytes).
+pub fn free_space(dir: &Path) -> Result<(u64, u64)> {
+    let st = nix::sys::statvfs::statvfs(dir)
+        .map_err(|e| Error::io(dir, "statvfs", None, std::io::Error::from(e)))?;
+    Ok((
+        st.blocks_available() as u64 * st.fragment_size() as u64,
+        st.files_available() as u64,
+    ))
+}

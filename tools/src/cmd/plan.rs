@@ -16,6 +16,13 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Also list every figure the run would use (buffers, slots, queue depth, table, piles,
+    /// open files, scratch), each with its reason.
+    #[arg(long)]
+    pub explain: bool,
+    /// The mode whose figures --explain lists: auto (the planner's choice), lirs or two-pass.
+    #[arg(long, default_value = "auto")]
+    pub mode: String,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -39,6 +46,11 @@ pub fn run(a: Args) -> Result<()> {
     let (dev, _) = super::read::device_model(&ds, a.json)?;
     let free = riffle::probe::free_bytes(&scratch).ok();
     let plan = riffle::plan::plan(&ds, &read_opts, &dev, free)?;
+    let explained = match a.mode.as_str() {
+        "auto" => plan.choice.as_str(),
+        m @ ("lirs" | "two-pass") => m,
+        other => anyhow::bail!("unknown mode '{other}': expected auto, lirs or two-pass"),
+    };
     if a.json {
         println!("{}", serde_json::to_string(&plan)?);
         return Ok(());
@@ -114,6 +126,9 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(g) = &plan.page_gain {
         println!("{g}");
     }
+    if a.explain {
+        explain(&plan, explained)?;
+    }
     println!(
         "{}",
         if plan.lead {
@@ -124,5 +139,28 @@ pub fn run(a: Args) -> Result<()> {
              the scatter more than they give; its first batch waits for the scatter"
         }
     );
+    Ok(())
+}
+
+/// Prints every figure `mode`'s run would use, and why.
+fn explain(plan: &riffle::plan::Plan, mode: &str) -> Result<()> {
+    let Some(r) = plan.resources_of(mode) else {
+        let why = plan
+            .candidate(mode, &plan.grouping)
+            .and_then(|c| c.unfit.clone())
+            .unwrap_or_else(|| "it does not fit".into());
+        anyhow::bail!("{mode} cannot run here: {why}");
+    };
+    println!();
+    println!(
+        "resources of {mode}: memory {}, scratch {}, open files {}",
+        human_bytes(r.memory_bytes as f64),
+        human_bytes(r.scratch_bytes as f64),
+        r.open_files
+    );
+    for f in &r.figures {
+        println!("  {:<16} {:>10}  {}", f.name, f.shown(), f.reason);
+    }
+    println!();
     Ok(())
 }

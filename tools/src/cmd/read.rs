@@ -447,10 +447,14 @@ pub fn run(a: Args) -> Result<()> {
             handoff.value_at_quantile(0.5),
             handoff.value_at_quantile(0.99)
         );
+        let held = if r.mode == "two-pass" {
+            format!("piles {}", human_bytes(r.pile_bytes as f64))
+        } else {
+            format!("table {}", human_bytes(r.table_bytes as f64))
+        };
         println!(
-            "  memory {} (table {}, units {}, index {}, buffers {}, read-ahead {})",
+            "  memory {} ({held}, units {}, index {}, buffers {}, read-ahead {})",
             human_bytes(r.memory_bytes as f64),
-            human_bytes(r.table_bytes as f64),
             human_bytes(r.units_bytes as f64),
             human_bytes(r.index_bytes as f64),
             human_bytes(r.buffer_bytes as f64),

@@ -1,0 +1,301 @@
+//! The resource plan: one pure function from what a job asks ([`Demand`]: the dataset's
+//! statistics and the request) and what the machine gives ([`Limits`]: the backend's real
+//! depth and slot limits, locked memory, open files, free scratch space and inodes) to
+//! every figure a run then uses — buffer and slot sizes, queue depth, table, pile count and
+//! layout, open files, scratch — each with the reason it has that value ([`ResourcePlan`]).
+//!
+//! The modes take their sizes from here ([`LirsPlan`], [`PilePlan`]) instead of working
+//! them out, the planner (`plan.rs`) prices its candidates with it, and `riffle plan
+//! --explain` prints it. Nothing here opens a file or asks the kernel except
+//! [`Limits::here`], which the edge calls once.
+
+mod lirs;
+pub(crate) mod piles;
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+use serde::Serialize;
+
+pub use lirs::LirsPlan;
+pub(crate) use lirs::MAX_MERGE;
+pub(crate) use piles::PilePlan;
+pub use piles::MAX_FRAME_RECORDS;
+
+use crate::order::Grouping;
+use crate::size::human_bytes;
+use crate::{Error, Result};
+
+/// What a job asks for, in numbers: the dataset's statistics and the request. The modes
+/// build it from a dataset and its units (`Demand::of` in `modes/`); tests build it by hand.
+#[derive(Clone, Debug, Serialize)]
+pub struct Demand {
+    /// Records in the dataset (or the epoch's view).
+    pub records: u64,
+    /// Bytes of record payload in all.
+    pub bytes: u64,
+    /// Longest record.
+    pub max_record: u64,
+    /// Shuffling units.
+    pub units: u64,
+    /// Memory of the unit table (0 for one record per unit).
+    pub units_bytes: u64,
+    /// Mean records per unit.
+    pub records_per_unit: f64,
+    /// Records in the unit that holds the most (a two-pass frame counts them in 31 bits).
+    pub widest_unit: u64,
+    /// Memory of the offset indexes.
+    pub index_bytes: u64,
+    /// Files of the dataset.
+    pub files: u64,
+    /// Records per batch.
+    pub batch: u64,
+    /// Batches read ahead, as asked (the plan may give fewer under a budget).
+    pub prefetch: usize,
+    /// Random reads in flight, as asked.
+    pub depth: usize,
+    /// The memory budget, if any.
+    pub memory: Option<u64>,
+    /// How records group into units.
+    #[serde(skip)]
+    pub grouping: Grouping,
+    /// A baseline's long sequential runs instead of the contract's reads (LIRS's reader).
+    pub runs: bool,
+}
+
+/// What the machine gives: asked once at the edge ([`Limits::here`]), or built by tests.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Limits {
+    /// Most requests one backend keeps in flight.
+    pub max_in_flight: usize,
+    /// Most slots one backend may have.
+    pub max_slots: usize,
+    /// Slots that can be registered buffers; a ring with more uses plain memory.
+    pub max_registered_slots: usize,
+    /// RLIMIT_MEMLOCK's soft limit (registered buffers are locked), if any.
+    pub memlock: Option<u64>,
+    /// RLIMIT_NOFILE's soft limit.
+    pub open_files: u64,
+    /// Free bytes where scratch (piles) would go, if known.
+    pub scratch_free: Option<u64>,
+    /// Free inodes there, if known.
+    pub scratch_inodes: Option<u64>,
+}
+
+impl Limits {
+    /// This process's limits, with the scratch space of `scratch` (a directory, or where one
+    /// would be made) when given.
+    pub fn here(scratch: Option<&Path>) -> Limits {
+        let soft = |r| {
+            nix::sys::resource::getrlimit(r)
+                .ok()
+                .map(|(s, _)| s)
+                .filter(|&s| s != nix::sys::resource::RLIM_INFINITY)
+        };
+        let (free, inodes) = scratch
+            .and_then(|p| crate::probe::free_space(p).ok())
+            .map_or((None, None), |(b, i)| (Some(b), Some(i)));
+        // TODO(issue 28): the backend's own limits once io/ reports them.
+        Limits {
+            max_in_flight: 4096,
+            max_slots: 4096,
+            max_registered_slots: 4096,
+            memlock: soft(nix::sys::resource::Resource::RLIMIT_MEMLOCK),
+            open_files: soft(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap_or(1 << 20),
+            scratch_free: free,
+            scratch_inodes: inodes,
+        }
+    }
+}
+
+/// Whether a figure counts bytes of memory, bytes of scratch, or things.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Bytes of engine memory: these add up to the plan's memory.
+    Memory,
+    /// Bytes on the scratch device.
+    Scratch,
+    /// A size that is not itself held (a slot size, a read size).
+    Size,
+    /// A count (depth, slots, piles, files, batches).
+    Count,
+}
+
+/// One figure of a plan and why it has that value.
+#[derive(Clone, Debug, Serialize)]
+pub struct Figure {
+    /// What it is, e.g. `io_buffers`.
+    pub name: &'static str,
+    /// Its value: bytes for memory, scratch and sizes.
+    pub value: u64,
+    /// What kind of figure.
+    pub kind: Kind,
+    /// Why it has that value.
+    pub reason: String,
+}
+
+impl Figure {
+    /// The value as a person reads it.
+    pub fn shown(&self) -> String {
+        match self.kind {
+            Kind::Count => self.value.to_string(),
+            _ => human_bytes(self.value as f64),
+        }
+    }
+}
+
+/// Every figure a run uses, with its reasons, and the totals checked against the limits.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResourcePlan {
+    /// The mode it is for (`lirs`, `two-pass`, a baseline's name).
+    pub mode: &'static str,
+    /// Every figure, memory first.
+    pub figures: Vec<Figure>,
+    /// Engine memory: the sum of the memory figures.
+    pub memory_bytes: u64,
+    /// Scratch space at the peak.
+    pub scratch_bytes: u64,
+    /// Files the run may hold open at once.
+    pub open_files: u64,
+}
+
+impl ResourcePlan {
+    fn new(mode: &'static str, figures: Vec<Figure>) -> ResourcePlan {
+        let sum = |k| {
+            figures
+                .iter()
+                .filter(|f| f.kind == k)
+                .map(|f| f.value)
+                .fold(0u64, u64::saturating_add)
+        };
+        let open_files = figures
+            .iter()
+            .filter(|f| f.name == "open_files")
+            .map(|f| f.value)
+            .sum();
+        ResourcePlan {
+            mode,
+            memory_bytes: sum(Kind::Memory),
+            scratch_bytes: sum(Kind::Scratch),
+            open_files,
+            figures,
+        }
+    }
+
+    /// The figure named `name`, if the plan has it.
+    pub fn figure(&self, name: &str) -> Option<&Figure> {
+        self.figures.iter().find(|f| f.name == name)
+    }
+
+    /// Refuses the plan, naming the limit, where it asks for more than `limits` give:
+    /// requests in flight or slots beyond the backend's, files beyond the open-file limit,
+    /// scratch beyond the free space or inodes, memory beyond the budget.
+    pub fn check(&self, d: &Demand, limits: &Limits) -> Result<()> {
+        let count = |name| self.figure(name).map_or(0, |f| f.value);
+        let refuse = |resource: &'static str, asked: u64, limit: u64| {
+            Err(Error::Exhausted {
+                resource,
+                asked,
+                limit,
+            })
+        };
+        if count("queue_depth") > limits.max_in_flight as u64 {
+            return refuse(
+                "I/O requests in flight",
+                count("queue_depth"),
+                limits.max_in_flight as u64,
+            );
+        }
+        for name in ["io_slots", "pile_load_slots"] {
+            if count(name) > limits.max_slots as u64 {
+                return refuse("I/O slots", count(name), limits.max_slots as u64);
+            }
+        }
+        if self.open_files > limits.open_files {
+            return refuse("open files (ulimit -n)", self.open_files, limits.open_files);
+        }
+        if let Some(free) = limits.scratch_free {
+            if self.scratch_bytes > free {
+                return refuse("scratch space (bytes)", self.scratch_bytes, free);
+            }
+        }
+        if let Some(inodes) = limits.scratch_inodes {
+            let files = count("scratch_files");
+            if files > inodes {
+                return refuse("scratch inodes", files, inodes);
+            }
+        }
+        if let Some(m) = d.memory {
+            if self.memory_bytes > m {
+                return refuse("memory (--memory)", self.memory_bytes, m);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds figures tersely: `memory("table", bytes, "why")`.
+pub(crate) struct Figures(pub Vec<Figure>);
+
+impl Figures {
+    pub(crate) fn push(&mut self, name: &'static str, kind: Kind, value: u64, reason: String) {
+        self.0.push(Figure {
+            name,
+            value,
+            kind,
+            reason,
+        });
+    }
+}
+
+/// Files a run may keep open at once: the lazy readers share half the soft open-file limit
+/// (`io::reader`), never more than the dataset's files, and a few for the run's own use.
+fn open_files(d: &Demand, limits: &Limits, extra: u64) -> (u64, String) {
+    let share = (limits.open_files / 2).clamp(16, 1 << 20);
+    let files = d.files.min(share);
+    (
+        files + extra,
+        format!(
+            "{} of the dataset's {} file(s) at most (half the open-file limit of {}), and {extra} \
+             for the run's own files",
+            files, d.files, limits.open_files
+        ),
+    )
+}
+
+/// The resource plan of a LIRS (or baseline) read.
+pub fn lirs(d: &Demand, limits: &Limits) -> Result<ResourcePlan> {
+    let plan = LirsPlan::new(d, d.units)?;
+    let mut f = plan.figures(d, limits);
+    let (files, why) = open_files(d, limits, 0);
+    f.push("open_files", Kind::Count, files, why);
+    let plan = ResourcePlan::new(if d.runs { "baseline" } else { "lirs" }, f.0);
+    plan.check(d, limits)?;
+    Ok(plan)
+}
+
+/// The resource plan of a two-pass read.
+pub fn two_pass(d: &Demand, limits: &Limits) -> Result<ResourcePlan> {
+    let (prefetch, plan) = PilePlan::fitted(d, limits)?;
+    let d = Demand {
+        prefetch,
+        ..d.clone()
+    };
+    let mut f = plan.figures(&d, limits);
+    // The scatter keeps at most 16 dataset files open; the piles' group files are the
+    // run's own (one writer's and one reader's at a time).
+    let (files, why) = open_files(
+        &Demand {
+            files: d.files.min(16),
+            ..d.clone()
+        },
+        limits,
+        2 * plan.layout.groups() as u64,
+    );
+    f.push("open_files", Kind::Count, files, why);
+    let plan = ResourcePlan::new("two-pass", f.0);
+    plan.check(&d, limits)?;
+    Ok(plan)
+}
