@@ -148,9 +148,11 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     // thread starts.
     opts.check(ds.len())?;
     let units = units_for(&ds, &opts);
-    let plan = LirsPlan::new(&super::demand(&ds, &units, &opts), units.len())?;
+    let (plan, resources) =
+        crate::resources::lirs_plan(&super::demand(&ds, &units, &opts), &Limits::here(None))?;
     let prefetch = plan.prefetch;
     BatchStream::spawn("riffle-lirs", prefetch, move |tx, stop, r| {
+        r.resources = Some(resources);
         run(&ds, &units, &opts, &plan, tx, stop, r)
     })
 }

@@ -317,6 +317,9 @@ pub struct ReadReport {
     pub table_bytes: u64,
     /// Two-pass: bytes of the piles held in memory (two loaded at a time).
     pub pile_bytes: u64,
+    /// The resource plan the run was sized by: every figure and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<crate::resources::ResourcePlan>,
     /// Bytes of the unit table (page grouping).
     pub units_bytes: u64,
     /// Bytes of the offset indexes.

@@ -46,12 +46,16 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     }
     opts.check(ds.len())?;
     let units = Units::new(&ds, opts.grouping);
-    let (opts, plan) = fitted(&ds, &units, opts)?;
+    let limits = Limits::here(Some(&scratch));
+    let (prefetch, plan, resources) =
+        crate::resources::two_pass_plan(&super::demand(&ds, &units, &opts), &limits)?;
+    let opts = ReadOptions { prefetch, ..opts };
     // One private directory for the run (made in `scratch`, which is made too if it is
     // missing, and removed again), locked while this process lives; each epoch's piles in
     // a directory inside it. It goes when the I/O thread ends, or on SIGINT/SIGTERM.
     let dir = crate::scratch::ScratchDir::new_in(&scratch, "two-pass")?;
     BatchStream::spawn("riffle-two-pass", opts.prefetch, move |tx, stop, r| {
+        r.resources = Some(resources);
         run(&ds, &units, &opts, &plan, dir.path(), tx, stop, r)
     })
 }
@@ -64,12 +68,6 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
     let plan = crate::resources::two_pass(&d, &Limits::here(None))?;
     let piles = plan.figure("piles").map_or(0, |f| f.value);
     Ok((plan.memory_bytes, plan.scratch_bytes, piles))
-}
-
-/// `opts` with the read-ahead the budget fits, and its pile plan.
-fn fitted(ds: &Dataset, units: &Units, opts: ReadOptions) -> Result<(ReadOptions, PilePlan)> {
-    let (prefetch, plan) = PilePlan::fitted(&super::demand(ds, units, &opts), &Limits::here(None))?;
-    Ok((ReadOptions { prefetch, ..opts }, plan))
 }
 
 /// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).

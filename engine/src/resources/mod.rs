@@ -83,6 +83,11 @@ pub struct Limits {
     pub scratch_inodes: Option<u64>,
 }
 
+/// The nearest existing directory at or above `p` (scratch is made when a run starts).
+fn existing(p: &Path) -> Option<&Path> {
+    p.ancestors().find(|a| a.is_dir())
+}
+
 impl Limits {
     /// This process's limits, with the scratch space of `scratch` (a directory, or where one
     /// would be made) when given.
@@ -94,6 +99,7 @@ impl Limits {
                 .filter(|&s| s != nix::sys::resource::RLIM_INFINITY)
         };
         let (free, inodes) = scratch
+            .and_then(existing)
             .and_then(|p| crate::probe::free_space(p).ok())
             .map_or((None, None), |(b, i)| (Some(b), Some(i)));
         // TODO(issue 28): the backend's own limits once io/ reports them.
@@ -267,35 +273,46 @@ fn open_files(d: &Demand, limits: &Limits, extra: u64) -> (u64, String) {
 
 /// The resource plan of a LIRS (or baseline) read.
 pub fn lirs(d: &Demand, limits: &Limits) -> Result<ResourcePlan> {
-    let plan = LirsPlan::new(d, d.units)?;
-    let mut f = plan.figures(d, limits);
+    lirs_plan(d, limits).map(|(_, plan)| plan)
+}
+
+/// A LIRS read's sizes and its resource plan, checked against `limits`.
+pub fn lirs_plan(d: &Demand, limits: &Limits) -> Result<(LirsPlan, ResourcePlan)> {
+    let sizes = LirsPlan::new(d, d.units)?;
+    let mut f = sizes.figures(d, limits);
     let (files, why) = open_files(d, limits, 0);
     f.push("open_files", Kind::Count, files, why);
     let plan = ResourcePlan::new(if d.runs { "baseline" } else { "lirs" }, f.0);
     plan.check(d, limits)?;
-    Ok(plan)
+    Ok((sizes, plan))
 }
 
 /// The resource plan of a two-pass read.
 pub fn two_pass(d: &Demand, limits: &Limits) -> Result<ResourcePlan> {
-    let (prefetch, plan) = PilePlan::fitted(d, limits)?;
+    two_pass_plan(d, limits).map(|(_, _, plan)| plan)
+}
+
+/// A two-pass read's read-ahead (as fitted to the budget), pile plan and resource plan,
+/// checked against `limits`.
+pub(crate) fn two_pass_plan(
+    d: &Demand,
+    limits: &Limits,
+) -> Result<(usize, PilePlan, ResourcePlan)> {
+    let (prefetch, sizes) = PilePlan::fitted(d, limits)?;
     let d = Demand {
         prefetch,
         ..d.clone()
     };
-    let mut f = plan.figures(&d, limits);
+    let mut f = sizes.figures(&d, limits);
     // The scatter keeps at most 16 dataset files open; the piles' group files are the
-    // run's own (one writer's and one reader's at a time).
-    let (files, why) = open_files(
-        &Demand {
-            files: d.files.min(16),
-            ..d.clone()
-        },
-        limits,
-        2 * plan.layout.groups() as u64,
-    );
+    // run's own (one set being read, the next being written).
+    let scatter = Demand {
+        files: d.files.min(16),
+        ..d.clone()
+    };
+    let (files, why) = open_files(&scatter, limits, 2 * sizes.layout.groups() as u64);
     f.push("open_files", Kind::Count, files, why);
     let plan = ResourcePlan::new("two-pass", f.0);
     plan.check(&d, limits)?;
-    Ok(plan)
+    Ok((prefetch, sizes, plan))
 }
