@@ -512,19 +512,19 @@ pub fn plan_within(
         ("sequential", Baseline::Sequential),
         ("buffer", Baseline::Buffer { size: 10_000 }),
     ] {
-        let memory = match baseline {
-            // The buffer's records and slots, the index and four 4 MiB sequential reads.
-            Baseline::Buffer { size } => Ok(ds.index_bytes()
-                + size.min(w.records) * (w.bytes / w.records.max(1) + 32)
-                + (16 << 20)),
-            _ => {
-                let o = ReadOptions {
-                    baseline: Some(baseline),
-                    ..opts.clone()
-                };
-                crate::modes::lirs::memory_needs(ds, &crate::modes::lirs::units_for(ds, &o), &o)
-            }
+        let o = ReadOptions {
+            baseline: Some(baseline),
+            ..opts.clone()
         };
+        let units = crate::modes::lirs::units_for(ds, &o);
+        let demand = crate::modes::demand(ds, &units, &o);
+        let memory = match baseline {
+            Baseline::Buffer { size } => {
+                crate::resources::buffer_plan(&demand, size, 0, limits).map(|(_, r)| r)
+            }
+            _ => crate::resources::lirs(&demand, limits),
+        }
+        .map(|r| r.memory_bytes);
         candidates.push(Candidate {
             mode: mode.into(),
             grouping: "record".into(),

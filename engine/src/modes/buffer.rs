@@ -23,16 +23,11 @@ use super::emit::Emitter;
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::IoConfig;
-use crate::order::{EpochKey, Split};
+use crate::order::EpochKey;
 use crate::pipeline::Stop;
 use crate::{Error, Result};
 
-/// Sequential reads in flight.
-const SCAN_DEPTH: usize = 4;
-
-/// Memory of one buffer slot besides its record's bytes: the byte vector's header and the
-/// record's id.
-const SLOT_OVERHEAD: u64 = (std::mem::size_of::<Vec<u8>>() + std::mem::size_of::<u64>()) as u64;
+use crate::resources::{BufferPlan, Limits, SCAN_DEPTH, SLOT_OVERHEAD};
 
 /// Reads `opts.epochs` epochs of `ds` through a shuffle buffer of `size` records.
 pub(crate) fn read(ds: Arc<Dataset>, opts: ReadOptions, size: u64) -> Result<BatchStream> {
@@ -40,90 +35,14 @@ pub(crate) fn read(ds: Arc<Dataset>, opts: ReadOptions, size: u64) -> Result<Bat
         return Err(Error::Invalid("the dataset has no records".into()));
     }
     let split = opts.check(ds.len())?;
-    let plan = BufferPlan::new(&ds, &opts, &split, size)?;
+    let units = crate::order::Units::blocks(ds.len(), ds.len());
+    let d = super::demand(&ds, &units, &opts);
+    let (plan, resources) =
+        crate::resources::buffer_plan(&d, size, Emitter::pad_records(&split), &Limits::here(None))?;
     BatchStream::spawn("riffle-buffer", plan.prefetch, move |tx, stop, r| {
+        r.resources = Some(resources);
         run(&ds, &opts, &plan, tx, stop, r)
     })
-}
-
-/// How memory is spent, decided before reading.
-#[derive(Clone, Copy, Debug)]
-struct BufferPlan {
-    /// Records the buffer holds (its capacity, at most the dataset).
-    held: u64,
-    /// Expected bytes of the held records (`held` x the mean record size).
-    record_bytes: u64,
-    /// Size of one sequential read.
-    scan_size: usize,
-    /// Bytes of the sequential reader's slab.
-    slab_bytes: u64,
-    /// Bytes of the records kept to pad the epoch's last round of batches.
-    pad_bytes: u64,
-    batch_bytes: u64,
-    /// Batches in the channel (the one being filled comes on top).
-    prefetch: usize,
-    /// Under `--memory`: the bytes of slots above which oversized ones shrink to their
-    /// record when it is replaced.
-    slot_budget: Option<u64>,
-}
-
-impl BufferPlan {
-    fn new(ds: &Dataset, opts: &ReadOptions, split: &Split, size: u64) -> Result<Self> {
-        let n = ds.len();
-        let mean = ds.size_stats().total as f64 / n as f64;
-        let held = size.clamp(1, n);
-        let record_bytes = (held as f64 * mean).ceil() as u64;
-        // Four large reads in flight, or small enough under a tight budget that the slab
-        // stays below the huge-page threshold (as the two-pass scatter does).
-        let scan_size: usize = match opts.memory {
-            Some(m) if m < (256 << 20) => 48 << 10,
-            _ => 4 << 20,
-        };
-        let slab_bytes = crate::io::footprint(scan_size * SCAN_DEPTH) as u64;
-        let pad_bytes =
-            (Emitter::pad_records(split) as f64 * (mean + SLOT_OVERHEAD as f64)).ceil() as u64;
-        let batch_bytes = (opts.batch as f64 * mean) as u64 + (opts.batch + 1) * 16;
-        let fixed = ds.index_bytes() + slab_bytes + record_bytes + held * SLOT_OVERHEAD + pad_bytes;
-        let mut prefetch = opts.prefetch.max(1);
-        let mut slot_budget = None;
-        if let Some(limit) = opts.memory {
-            // One batch being filled plus the channel.
-            let fit = (limit.saturating_sub(fixed) / batch_bytes.max(1)).saturating_sub(1);
-            if fit == 0 {
-                return Err(Error::Invalid(format!(
-                    "--memory {limit} is too small for a shuffle buffer of {held} records: the buffer \
-                     ({record_bytes} B of records averaging {mean:.0} B, {} B of slots), the sequential \
-                     reads ({slab_bytes} B), the offset index ({} B){} and two batches ({} B) need {} bytes; \
-                     lower --buffer or raise --memory",
-                    held * SLOT_OVERHEAD,
-                    ds.index_bytes(),
-                    if pad_bytes > 0 {
-                        format!(", the padding records ({pad_bytes} B)")
-                    } else {
-                        String::new()
-                    },
-                    2 * batch_bytes,
-                    fixed + 2 * batch_bytes
-                )));
-            }
-            prefetch = prefetch.min(fit as usize);
-            // Slots are shrunk only when a record is replaced, so the slots can run over
-            // their budget by a few records before they come back under it: aim below.
-            let room = limit - (fixed - record_bytes) - (prefetch as u64 + 1) * batch_bytes;
-            let headroom = 8 * ds.size_stats().max;
-            slot_budget = Some(room.saturating_sub(headroom).max(record_bytes));
-        }
-        Ok(BufferPlan {
-            held,
-            record_bytes,
-            scan_size,
-            slab_bytes,
-            pad_bytes,
-            batch_bytes,
-            prefetch,
-            slot_budget,
-        })
-    }
 }
 
 /// The buffer: `live` records in `ids[..live]` / `slots[..live]`. Slot vectors are kept

@@ -9,6 +9,7 @@
 //! --explain` prints it. Nothing here opens a file or asks the kernel except
 //! [`Limits::here`], which the edge calls once.
 
+mod buffer;
 mod lirs;
 pub(crate) mod piles;
 #[cfg(test)]
@@ -18,6 +19,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+pub use buffer::{BufferPlan, SCAN_DEPTH, SLOT_OVERHEAD};
 pub use lirs::LirsPlan;
 pub(crate) use lirs::MAX_MERGE;
 pub(crate) use piles::PilePlan;
@@ -283,6 +285,20 @@ pub fn lirs_plan(d: &Demand, limits: &Limits) -> Result<(LirsPlan, ResourcePlan)
     let (files, why) = open_files(d, limits, 0);
     f.push("open_files", Kind::Count, files, why);
     let plan = ResourcePlan::new(if d.runs { "baseline" } else { "lirs" }, f.0);
+    plan.check(d, limits)?;
+    Ok((sizes, plan))
+}
+
+/// A shuffle-buffer read's sizes (a buffer of `size` records, `pad_records` kept to pad)
+/// and its resource plan, checked against `limits`.
+pub fn buffer_plan(
+    d: &Demand,
+    size: u64,
+    pad_records: u64,
+    limits: &Limits,
+) -> Result<(BufferPlan, ResourcePlan)> {
+    let sizes = BufferPlan::new(d, size, pad_records)?;
+    let plan = ResourcePlan::new("buffer", sizes.figures(d).0);
     plan.check(d, limits)?;
     Ok((sizes, plan))
 }

@@ -1,7 +1,7 @@
 //! Two-pass's memory: the scatter's reads, the pile writer's fill pool, the piles loaded
 //! back, and the scratch the piles take.
 
-use super::{Demand, Figures, Kind, Limits};
+use super::{Demand, Figures, Kind, Limits, SCAN_DEPTH};
 use crate::io::footprint;
 use crate::piles::Layout;
 use crate::size::human_bytes;
@@ -36,9 +36,6 @@ pub(crate) struct PilePlan {
     /// Size of the scatter's sequential reads (4 of them in flight).
     pub scan_size: u64,
 }
-
-/// The scatter's sequential reads in flight.
-pub(crate) const SCAN_DEPTH: usize = 4;
 
 impl PilePlan {
     /// The plan under `d.memory`; under a budget too tight for `d.prefetch` batches queued
