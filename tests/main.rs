@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod budgets;
 mod datasets;
 mod emulate;
 mod plan;

@@ -202,14 +202,14 @@ pub fn run(
                     .expect("runs");
                 let chosen = runs
                     .iter()
-                    .find(|r| r.mode == plan.choice)
+                    .find(|r| r.mode == plan.choice.name())
                     .expect("chosen run");
                 let over = chosen.measured_s / fastest.measured_s.max(1e-9);
                 Ok(PlannerRow {
                     device: name.clone(),
                     record,
                     records,
-                    choice: plan.choice.clone(),
+                    choice: plan.choice.name().into(),
                     fastest: fastest.mode.clone(),
                     choice_over_fastest: over,
                     choice_ok: over <= 1.10,

@@ -212,6 +212,32 @@ pub struct Candidate {
     pub unfit: Option<String>,
 }
 
+/// The mode `auto` runs: one of the two that deliver the order contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Choice {
+    /// Random reads through the epoch table.
+    Lirs,
+    /// A sequential scatter into piles, then a pass over them.
+    TwoPass,
+}
+
+impl Choice {
+    /// `lirs` or `two-pass`, as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Lirs => "lirs",
+            Choice::TwoPass => "two-pass",
+        }
+    }
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The plan: every candidate, the choice and why.
 #[derive(Clone, Debug, Serialize)]
 pub struct Plan {
@@ -223,8 +249,8 @@ pub struct Plan {
     pub grouping: String,
     /// Every mode and grouping considered.
     pub candidates: Vec<Candidate>,
-    /// The mode `auto` runs (`lirs` or `two-pass`).
-    pub choice: String,
+    /// The mode `auto` runs.
+    pub choice: Choice,
     /// Why.
     pub reason: String,
     /// What page grouping would gain over record grouping (when record was asked for).
@@ -252,7 +278,7 @@ impl Plan {
 
     /// The chosen candidate.
     pub fn chosen(&self) -> &Candidate {
-        self.candidate(&self.choice, &self.grouping)
+        self.candidate(self.choice.name(), &self.grouping)
             .expect("the choice is a candidate")
     }
 }
@@ -386,7 +412,6 @@ pub fn plan_within(
     dev: &DeviceModel,
     limits: &Limits,
 ) -> Result<Plan> {
-    let scratch_free = limits.scratch_free;
     let stats = ds.size_stats();
     let align = ds
         .files()
@@ -401,43 +426,95 @@ pub fn plan_within(
         batch: opts.batch,
         epochs: opts.epochs.max(1),
         memory: opts.memory,
-        scratch_free,
+        scratch_free: limits.scratch_free,
         queue_depth: opts.io.depth,
         align,
     };
-    let e = w.epochs as f64;
+    let job = Job {
+        ds,
+        opts,
+        dev,
+        limits,
+        w: &w,
+    };
     let mut groupings = vec![opts.grouping];
     // A mixture is read with record grouping (its epochs are views of drawn records).
     if opts.grouping == Grouping::Record && ds.mixture().is_none() {
         groupings.push(Grouping::Page { unit: 4096 });
     }
     let mut candidates = Vec::new();
-    // The resource plans of the grouping asked for, by mode.
-    let mut resources: Vec<(&str, Option<ResourcePlan>)> = Vec::new();
+    let mut resources = Vec::new();
     for &g in &groupings {
+        let (lirs, two, plans) = job.contract_candidates(g);
+        candidates.push(lirs);
+        candidates.push(two);
+        if g == opts.grouping {
+            resources = plans;
+        }
+    }
+    candidates.extend(job.baselines());
+    let grouping = grouping_name(opts.grouping);
+    let find = |mode: &str| {
+        candidates
+            .iter()
+            .find(|c| c.mode == mode && c.grouping == grouping)
+            .expect("a candidate of each mode for the grouping asked for")
+    };
+    let (lirs, two) = (find("lirs"), find("two-pass"));
+    let (choice, reason) = choose(lirs, two, dev, w.epochs)?;
+    let page_gain = (opts.grouping == Grouping::Record).then(|| page_gain(&candidates));
+    let lead = opts.lead && dev.leads(lirs.read_bytes as u64, w.queue_depth);
+    Ok(Plan {
+        resources,
+        device: dev.clone(),
+        workload: w,
+        grouping,
+        candidates,
+        choice,
+        reason,
+        lead,
+        page_gain,
+    })
+}
+
+/// What every candidate of a plan is priced from.
+struct Job<'a> {
+    ds: &'a Dataset,
+    opts: &'a ReadOptions,
+    dev: &'a DeviceModel,
+    limits: &'a Limits,
+    w: &'a Workload,
+}
+
+impl Job<'_> {
+    /// The LIRS and two-pass candidates with grouping `g`, and the resource plans of those
+    /// that fit.
+    fn contract_candidates(&self, g: Grouping) -> (Candidate, Candidate, Vec<ResourcePlan>) {
+        let (dev, w) = (self.dev, self.w);
+        let e = w.epochs as f64;
         let o = ReadOptions {
             grouping: g,
             baseline: None,
-            ..opts.clone()
+            ..self.opts.clone()
         };
         // Worked out once for both modes (page grouping walks the whole index).
-        let unit_set = Units::new(ds, g);
+        let unit_set = Units::new(self.ds, g);
         let units = unit_set.len() as f64;
+        let demand = crate::modes::demand(self.ds, &unit_set, &o);
+        let mut plans = Vec::new();
         // LIRS.
-        let (t, reads, read, bound) = lirs_epoch(dev, &w, units);
-        let lirs_first = units * TABLE_PER_UNIT + first_batch_reads(dev, &w, units);
-        let lead = dev.leads(read as u64, w.queue_depth);
-        let demand = crate::modes::demand(ds, &unit_set, &o);
-        let lirs_resources = crate::resources::lirs(&demand, limits);
-        let (memory, unfit) = match &lirs_resources {
-            Ok(r) => (r.memory_bytes, None),
+        let (t, reads, read, bound) = lirs_epoch(dev, w, units);
+        let lirs_first = units * TABLE_PER_UNIT + first_batch_reads(dev, w, units);
+        let (memory, unfit) = match crate::resources::lirs(&demand, self.limits) {
+            Ok(r) => {
+                let memory = r.memory_bytes;
+                plans.push(r);
+                (memory, None)
+            }
             Err(err) => (0, Some(err.to_string())),
         };
-        if g == opts.grouping {
-            resources.push(("lirs", lirs_resources.ok()));
-        }
-        candidates.push(Candidate {
-            mode: "lirs".into(),
+        let lirs = Candidate {
+            mode: Choice::Lirs.name().into(),
             grouping: grouping_name(g),
             contract: true,
             first_epoch_s: t,
@@ -450,208 +527,184 @@ pub fn plan_within(
             memory_bytes: memory,
             scratch_bytes: 0,
             unfit,
-        });
-        // Two-pass.
-        let (first, rolling, last, bound) = two_pass_epochs(dev, &w, units);
-        // Led, the first batch comes in about LIRS's time: its table is a prefix (cheaper
-        // than a whole build) but its reads compete with the scatter's (measured here:
-        // 1.3x LIRS's); else after the scatter.
-        let scatter = first - if w.epochs > 1 { rolling } else { last };
-        let two_first = if lead && opts.lead {
-            lirs_first
-        } else {
-            scatter
         };
+        // Two-pass. Led, the first batch comes in about LIRS's time: its table is a prefix
+        // (cheaper than a whole build) but its reads compete with the scatter's (measured
+        // here: 1.3x LIRS's); else after the scatter.
+        let (first, rolling, last, bound) = two_pass_epochs(dev, w, units);
+        let scatter = first - if w.epochs > 1 { rolling } else { last };
+        let led = self.opts.lead && dev.leads(read as u64, w.queue_depth);
         let total = if w.epochs == 1 {
             first
         } else {
             first + rolling * (e - 2.0) + last
         };
-        let two_resources = crate::resources::two_pass(&demand, limits);
-        let (memory, scratch, unfit) = match &two_resources {
-            Ok(r) => (r.memory_bytes, r.scratch_bytes, None),
+        let (memory, scratch, unfit) = match crate::resources::two_pass(&demand, self.limits) {
+            Ok(r) => {
+                let (memory, scratch) = (r.memory_bytes, r.scratch_bytes);
+                plans.push(r);
+                (memory, scratch, None)
+            }
             Err(crate::Error::Exhausted {
                 resource, asked, ..
-            }) if resource.starts_with("scratch space") => (
-                0,
-                *asked,
-                Some(format!(
+            }) if resource.starts_with("scratch space") => {
+                let why = format!(
                     "needs {} of scratch space, {} free",
-                    crate::size::human_bytes(*asked as f64),
-                    crate::size::human_bytes(scratch_free.unwrap_or(0) as f64)
-                )),
-            ),
+                    crate::size::human_bytes(asked as f64),
+                    crate::size::human_bytes(w.scratch_free.unwrap_or(0) as f64)
+                );
+                (0, asked, Some(why))
+            }
             Err(err) => (0, 0, Some(err.to_string())),
         };
-        if g == opts.grouping {
-            resources.push(("two-pass", two_resources.ok()));
-        }
-        let piles_read = 4.0 * w.bytes as f64 / (4 << 20) as f64;
-        candidates.push(Candidate {
-            mode: "two-pass".into(),
+        let two = Candidate {
+            mode: Choice::TwoPass.name().into(),
             grouping: grouping_name(g),
             contract: true,
             first_epoch_s: first,
-            first_batch_s: two_first,
+            first_batch_s: if led { lirs_first } else { scatter },
             later_epoch_s: if w.epochs > 2 { rolling } else { last },
             total_s: total,
-            reads_per_epoch: piles_read,
+            reads_per_epoch: 4.0 * w.bytes as f64 / (4 << 20) as f64,
             read_bytes: (4 << 20) as f64,
             bound: bound.into(),
             memory_bytes: memory,
             scratch_bytes: scratch,
             unfit,
-        });
-    }
-    // Baselines, for comparison only.
-    let seq_io = w.bytes as f64 / dev.seq_read_bps.max(1.0);
-    let seq_cpu = w.records as f64 * SEQ_CPU_PER_RECORD;
-    let seq = seq_io.max(seq_cpu);
-    let seq_bound = if seq_cpu > seq_io { "cpu" } else { "bandwidth" };
-    for (mode, baseline) in [
-        ("sequential", Baseline::Sequential),
-        ("buffer", Baseline::Buffer { size: 10_000 }),
-    ] {
-        let o = ReadOptions {
-            baseline: Some(baseline),
-            ..opts.clone()
         };
-        let units = crate::modes::lirs::units_for(ds, &o);
-        let demand = crate::modes::demand(ds, &units, &o);
-        let memory = match baseline {
-            Baseline::Buffer { size } => {
-                crate::resources::buffer_plan(&demand, size, 0, limits).map(|(_, r)| r)
-            }
-            _ => crate::resources::lirs(&demand, limits),
-        }
-        .map(|r| r.memory_bytes);
-        candidates.push(Candidate {
-            mode: mode.into(),
-            grouping: "record".into(),
-            contract: false,
-            first_epoch_s: seq,
-            first_batch_s: seq / (w.records as f64 / w.batch.max(1) as f64).max(1.0),
-            later_epoch_s: seq,
-            total_s: seq * e,
-            reads_per_epoch: w.bytes as f64 / (1 << 20) as f64,
-            read_bytes: (1 << 20) as f64,
-            bound: seq_bound.into(),
-            memory_bytes: memory.as_ref().copied().unwrap_or(0),
-            scratch_bytes: 0,
-            unfit: memory.err().map(|e| e.to_string()),
-        });
+        (lirs, two, plans)
     }
-    let block = 64u64.min(w.records.max(1));
-    let blocks = w.records.div_ceil(block) as f64;
-    let (io, bound) = random_read_time(
-        dev,
-        &w,
-        blocks,
-        w.bytes as f64 / blocks.max(1.0) + align as f64,
-    );
-    let bmf = io.max(seq_cpu);
-    candidates.push(Candidate {
-        mode: "bmf".into(),
-        grouping: format!("blocks of {block}"),
-        contract: false,
-        first_epoch_s: bmf,
-        first_batch_s: bmf / (w.records as f64 / w.batch.max(1) as f64).max(1.0),
-        later_epoch_s: bmf,
-        total_s: bmf * e,
-        reads_per_epoch: blocks,
-        read_bytes: w.bytes as f64 / blocks.max(1.0),
-        bound: if seq_cpu > io { "cpu" } else { bound }.into(),
-        memory_bytes: 0,
-        scratch_bytes: 0,
-        unfit: None,
-    });
 
-    let grouping = grouping_name(opts.grouping);
-    let lirs = candidates
-        .iter()
-        .find(|c| c.mode == "lirs" && c.grouping == grouping)
-        .expect("lirs candidate")
-        .clone();
-    let two = candidates
-        .iter()
-        .find(|c| c.mode == "two-pass" && c.grouping == grouping)
-        .expect("two-pass candidate")
-        .clone();
-    let (choice, reason) = match (&lirs.unfit, &two.unfit) {
-        (None, None) => {
-            let (win, lose) = if two.total_s < lirs.total_s {
-                (&two, &lirs)
-            } else {
-                (&lirs, &two)
+    /// The baselines, for comparison only: sequential, the shuffle buffer, bmf.
+    fn baselines(&self) -> Vec<Candidate> {
+        let (dev, w) = (self.dev, self.w);
+        let e = w.epochs as f64;
+        let seq_io = w.bytes as f64 / dev.seq_read_bps.max(1.0);
+        let seq_cpu = w.records as f64 * SEQ_CPU_PER_RECORD;
+        let seq = seq_io.max(seq_cpu);
+        let seq_bound = if seq_cpu > seq_io { "cpu" } else { "bandwidth" };
+        let per_batch = (w.records as f64 / w.batch.max(1) as f64).max(1.0);
+        let mut out = Vec::new();
+        for (mode, baseline) in [
+            ("sequential", Baseline::Sequential),
+            ("buffer", Baseline::Buffer { size: 10_000 }),
+        ] {
+            let o = ReadOptions {
+                baseline: Some(baseline),
+                ..self.opts.clone()
             };
-            (
-                win.mode.clone(),
-                format!(
-                    "{} is predicted to take {:.2} s for {} epoch(s) against {:.2} s for {} \
-                     ({:.1}x); lirs is bound by {} ({:.0} reads/epoch of about {}), two-pass by \
-                     {} (sequential read {}/s, write {}/s)",
-                    win.mode,
-                    win.total_s,
-                    w.epochs,
-                    lose.total_s,
-                    lose.mode,
-                    lose.total_s / win.total_s.max(1e-9),
-                    lirs.bound,
-                    lirs.reads_per_epoch,
-                    crate::size::human_bytes(lirs.read_bytes),
-                    two.bound,
-                    crate::size::human_bytes(dev.seq_read_bps),
-                    crate::size::human_bytes(dev.seq_write_bps),
-                ),
-            )
+            let units = crate::modes::lirs::units_for(self.ds, &o);
+            let demand = crate::modes::demand(self.ds, &units, &o);
+            let memory = match baseline {
+                Baseline::Buffer { size } => {
+                    crate::resources::buffer_plan(&demand, size, 0, self.limits).map(|(_, r)| r)
+                }
+                _ => crate::resources::lirs(&demand, self.limits),
+            }
+            .map(|r| r.memory_bytes);
+            out.push(Candidate {
+                mode: mode.into(),
+                grouping: "record".into(),
+                contract: false,
+                first_epoch_s: seq,
+                first_batch_s: seq / per_batch,
+                later_epoch_s: seq,
+                total_s: seq * e,
+                reads_per_epoch: w.bytes as f64 / (1 << 20) as f64,
+                read_bytes: (1 << 20) as f64,
+                bound: seq_bound.into(),
+                memory_bytes: memory.as_ref().copied().unwrap_or(0),
+                scratch_bytes: 0,
+                unfit: memory.err().map(|e| e.to_string()),
+            });
         }
-        (None, Some(why)) => ("lirs".into(), format!("two-pass cannot run: {why}")),
-        (Some(why), None) => ("two-pass".into(), format!("lirs cannot run: {why}")),
+        let block = 64u64.min(w.records.max(1));
+        let blocks = w.records.div_ceil(block) as f64;
+        let read = w.bytes as f64 / blocks.max(1.0) + w.align as f64;
+        let (io, bound) = random_read_time(dev, w, blocks, read);
+        let bmf = io.max(seq_cpu);
+        out.push(Candidate {
+            mode: "bmf".into(),
+            grouping: format!("blocks of {block}"),
+            contract: false,
+            first_epoch_s: bmf,
+            first_batch_s: bmf / per_batch,
+            later_epoch_s: bmf,
+            total_s: bmf * e,
+            reads_per_epoch: blocks,
+            read_bytes: w.bytes as f64 / blocks.max(1.0),
+            bound: if seq_cpu > io { "cpu" } else { bound }.into(),
+            memory_bytes: 0,
+            scratch_bytes: 0,
+            unfit: None,
+        });
+        out
+    }
+}
+
+/// The mode `auto` runs and why: the faster of the two that fit.
+fn choose(
+    lirs: &Candidate,
+    two: &Candidate,
+    dev: &DeviceModel,
+    epochs: u64,
+) -> Result<(Choice, String)> {
+    Ok(match (&lirs.unfit, &two.unfit) {
+        (None, None) => {
+            let (win, lose, choice) = if two.total_s < lirs.total_s {
+                (two, lirs, Choice::TwoPass)
+            } else {
+                (lirs, two, Choice::Lirs)
+            };
+            let why = format!(
+                "{} is predicted to take {:.2} s for {} epoch(s) against {:.2} s for {}                  ({:.1}x); lirs is bound by {} ({:.0} reads/epoch of about {}), two-pass by                  {} (sequential read {}/s, write {}/s)",
+                win.mode,
+                win.total_s,
+                epochs,
+                lose.total_s,
+                lose.mode,
+                lose.total_s / win.total_s.max(1e-9),
+                lirs.bound,
+                lirs.reads_per_epoch,
+                crate::size::human_bytes(lirs.read_bytes),
+                two.bound,
+                crate::size::human_bytes(dev.seq_read_bps),
+                crate::size::human_bytes(dev.seq_write_bps),
+            );
+            (choice, why)
+        }
+        (None, Some(why)) => (Choice::Lirs, format!("two-pass cannot run: {why}")),
+        (Some(why), None) => (Choice::TwoPass, format!("lirs cannot run: {why}")),
         (Some(a), Some(b)) => {
             return Err(crate::Error::Invalid(format!(
                 "neither mode fits: lirs: {a}; two-pass: {b}"
             )))
         }
-    };
-    let page_gain = (opts.grouping == Grouping::Record).then(|| {
-        let best = |g: &str| {
-            candidates
-                .iter()
-                .filter(|c| c.contract && c.grouping == g && c.unfit.is_none())
-                .map(|c| c.total_s)
-                .fold(f64::INFINITY, f64::min)
-        };
-        let (rec, page) = (
-            best("record"),
-            best(&grouping_name(Grouping::Page { unit: 4096 })),
-        );
-        if page.is_finite() && rec.is_finite() && page < rec * 0.9 {
-            format!(
-                "page grouping (--grouping page, 4 KiB units) is predicted at {page:.2} s \
-                 instead of {rec:.2} s ({:.1}x faster); records that start in one 4 KiB block \
-                 then stay together in a batch",
-                rec / page
-            )
-        } else {
-            "page grouping would not be faster here: the best record-grouped mode is already \
-             near the device's sequential bound"
-                .into()
-        }
-    });
-    let read = lirs.read_bytes as u64;
-    let lead = opts.lead && dev.leads(read, w.queue_depth);
-    let resources = resources.into_iter().filter_map(|(_, r)| r).collect();
-    Ok(Plan {
-        resources,
-        device: dev.clone(),
-        workload: w,
-        grouping,
-        candidates,
-        choice,
-        reason,
-        lead,
-        page_gain,
     })
+}
+
+/// What page grouping would gain over record grouping, in words.
+fn page_gain(candidates: &[Candidate]) -> String {
+    let best = |g: &str| {
+        candidates
+            .iter()
+            .filter(|c| c.contract && c.grouping == g && c.unfit.is_none())
+            .map(|c| c.total_s)
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (rec, page) = (
+        best("record"),
+        best(&grouping_name(Grouping::Page { unit: 4096 })),
+    );
+    if page.is_finite() && rec.is_finite() && page < rec * 0.9 {
+        format!(
+            "page grouping (--grouping page, 4 KiB units) is predicted at {page:.2} s              instead of {rec:.2} s ({:.1}x faster); records that start in one 4 KiB block              then stay together in a batch",
+            rec / page
+        )
+    } else {
+        "page grouping would not be faster here: the best record-grouped mode is already          near the device's sequential bound"
+            .into()
+    }
 }
 
 #[cfg(test)]

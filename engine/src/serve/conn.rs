@@ -1091,7 +1091,7 @@ fn planned_mode(
         (ServeMode::Auto, Some(model)) => {
             let free = crate::probe::free_bytes(scratch).ok();
             match crate::plan::plan(ds, opts, &model, free) {
-                Ok(p) if p.choice == "two-pass" => (ServeMode::TwoPass, p.lead),
+                Ok(p) if p.choice == crate::plan::Choice::TwoPass => (ServeMode::TwoPass, p.lead),
                 _ => (ServeMode::Lirs, false),
             }
         }

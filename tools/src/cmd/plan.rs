@@ -47,7 +47,7 @@ pub fn run(a: Args) -> Result<()> {
     let free = riffle::probe::free_bytes(&scratch).ok();
     let plan = riffle::plan::plan(&ds, &read_opts, &dev, free)?;
     let explained = match a.mode.as_str() {
-        "auto" => plan.choice.as_str(),
+        "auto" => plan.choice.name(),
         m @ ("lirs" | "two-pass") => m,
         other => anyhow::bail!("unknown mode '{other}': expected auto, lirs or two-pass"),
     };
@@ -103,7 +103,7 @@ pub fn run(a: Args) -> Result<()> {
         let note = match (&c.unfit, c.contract) {
             (Some(why), _) => format!("cannot run: {why}"),
             (None, false) => "baseline: not the contract's order".into(),
-            (None, true) if c.mode == plan.choice && c.grouping == plan.grouping => {
+            (None, true) if c.mode == plan.choice.name() && c.grouping == plan.grouping => {
                 "<- auto".into()
             }
             _ => String::new(),

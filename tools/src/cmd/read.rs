@@ -258,7 +258,7 @@ pub fn run(a: Args) -> Result<()> {
         let (dev, probed) = device_model(&ds, a.json)?;
         let free = riffle::probe::free_bytes(&scratch).ok();
         let p = riffle::plan::plan(&ds, &read_opts, &dev, free)?;
-        let chosen = if p.choice == "two-pass" {
+        let chosen = if p.choice == riffle::plan::Choice::TwoPass {
             "two-pass"
         } else {
             "lirs"
@@ -404,7 +404,7 @@ pub fn run(a: Args) -> Result<()> {
         if let Some(p) = &plan {
             let c = p.chosen();
             v["plan"] = json!({
-                "choice": p.choice,
+                "choice": p.choice.name(),
                 "reason": p.reason,
                 "predicted_first_epoch_s": c.first_epoch_s,
                 "predicted_first_batch_s": c.first_batch_s,
