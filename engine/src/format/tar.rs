@@ -531,9 +531,13 @@ mod tests {
         Ok(())
     }
 
-    /// Samples as written: a key's members (suffix, data), and whether a member that is
-    /// no sample's (no dot in its name) follows the sample.
-    fn samples() -> impl Strategy<Value = Vec<(Vec<(&'static str, Vec<u8>)>, bool, bool)>> {
+    /// Samples as written: a key's members (suffix, data), whether the key is long (a GNU
+    /// long-name header), and whether a member that is no sample's (no dot in its name)
+    /// follows the sample.
+    type Written = Vec<(Vec<(&'static str, Vec<u8>)>, bool, bool)>;
+
+    /// Samples to write (see `Written`).
+    fn samples() -> impl Strategy<Value = Written> {
         let member = (
             proptest::sample::select(vec!["jpg", "cls", "json", "txt.gz", "x.y"]),
             proptest::collection::vec(any::<u8>(), 0..1100),
