@@ -666,4 +666,110 @@ mod tests {
             }
         }
     }
+
+    /// A format the sidecar serves, and a possible index of a file in it: offsets that
+    /// keep its invariants (first start, least gap, last entry), and the file's size.
+    fn indexed() -> impl proptest::strategy::Strategy<Value = (Format, OffsetIndex, u64)> {
+        use proptest::prelude::*;
+        (
+            0u8..4,
+            proptest::collection::vec(0u64..5000, 0..40),
+            0u64..3,
+            any::<bool>(),
+            0u64..2000,
+        )
+            .prop_map(|(f, gaps, skip, unterminated, tail)| {
+                let (format, gap) = match f {
+                    0 => (LINES, 1),
+                    1 => (Format::Lines { sep: b',', skip }, 1),
+                    2 => (Format::TfRecord { verify: skip == 1 }, TFRECORD_FRAMING),
+                    _ => (Format::Tar, crate::format::tar::BLOCK),
+                };
+                let first = match format {
+                    Format::Lines { skip, .. } => skip * 3,
+                    Format::Tar => tail,
+                    _ => 0,
+                };
+                let mut offsets = vec![first];
+                for g in &gaps {
+                    offsets.push(offsets.last().unwrap() + gap + g);
+                }
+                let last = *offsets.last().unwrap();
+                // A tar archive's end-of-archive blocks follow its last sample.
+                let size = if matches!(format, Format::Tar) {
+                    last + tail
+                } else {
+                    last
+                };
+                let last_unterminated = unterminated && f < 2 && !gaps.is_empty();
+                (
+                    format,
+                    OffsetIndex {
+                        offsets,
+                        last_unterminated,
+                    },
+                    size,
+                )
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Every possible index round-trips; any change to its bytes that does not also
+        /// recompute the checksum (a byte changed, inserted or removed, the file cut or
+        /// extended) is refused; a change that does recompute it is refused or still
+        /// keeps the index's invariants; and nothing panics.
+        #[test]
+        fn sidecars_round_trip_and_damaged_ones_are_refused(
+            (format, ix, size) in indexed(),
+            edits in proptest::collection::vec(
+                (proptest::prelude::any::<proptest::sample::Index>(), 0u8..5, 1u8..=255), 1..4),
+        ) {
+            let src = source(size);
+            let good = encode(&ix, &format, &src);
+            proptest::prop_assert_eq!(decode(&good, &format, &src), Ok(ix.clone()));
+            let mut bad = good.clone();
+            for (i, op, v) in &edits {
+                let i = i.index(bad.len().max(1));
+                match op {
+                    0 if i < bad.len() => bad[i] ^= v,
+                    1 => bad.insert(i.min(bad.len()), *v),
+                    2 if i < bad.len() => { bad.remove(i); }
+                    3 => bad.truncate(i),
+                    _ => bad.extend_from_slice(&[*v; 8]),
+                }
+            }
+            if bad != good {
+                let why = decode(&bad, &format, &src).unwrap_err();
+                proptest::prop_assert!(
+                    why.contains("checksum") || why.contains("not a riffle index"),
+                    "{}", why
+                );
+            }
+            // The same edits inside the checksum.
+            if bad.len() >= 20 {
+                let forged = forged(&bad, |_| {});
+                if let Ok(got) = decode(&forged, &format, &src) {
+                    proptest::prop_assert!(check_offsets(&got.offsets, &format, size).is_ok());
+                    proptest::prop_assert_eq!(got.len() as usize + 1, got.offsets.len());
+                }
+            }
+        }
+
+        /// Bytes that were never an index are refused, never a panic.
+        #[test]
+        fn arbitrary_bytes_are_refused(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            magic in proptest::prelude::any::<bool>(),
+        ) {
+            let mut b = bytes;
+            if magic && b.len() >= 16 {
+                b[..8].copy_from_slice(MAGIC);
+                b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+                b = forged(&b, |_| {});
+            }
+            proptest::prop_assert!(decode(&b, &LINES, &source(6)).is_err());
+        }
+    }
 }

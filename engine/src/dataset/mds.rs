@@ -402,4 +402,129 @@ mod tests {
             "{e}"
         );
     }
+
+    /// The file an error names, if it names one.
+    fn named(e: &Error) -> Option<&Path> {
+        match e {
+            Error::BadInput { path, .. } | Error::Io { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// What an opened dataset promises whatever its files said: every shard's offsets
+    /// are in order, after its header and inside the file.
+    fn check_open(shards: &[Shard]) -> Result<(), proptest::prelude::TestCaseError> {
+        for sh in shards {
+            let o = &sh.index.offsets;
+            let head = 4 + 4 * o.len() as u64;
+            proptest::prop_assert!(o.windows(2).all(|w| w[0] <= w[1]), "{o:?}");
+            proptest::prop_assert!(o[0] >= head && *o.last().unwrap() <= sh.size, "{o:?}");
+        }
+        Ok(())
+    }
+
+    /// A dataset `riffle gen` could write: `records` records of fixed or varying sizes in
+    /// shards of up to `shard_bytes`.
+    fn written(dir: &Path, records: u64, shard_bytes: u64, fixed: bool) -> PathBuf {
+        write(
+            dir,
+            records,
+            shard_bytes,
+            fixed.then_some(16),
+            &mut |id, out| {
+                out.clear();
+                let n = if fixed { 16 } else { (id * 7 % 40) as usize };
+                out.extend((0..n).map(|i| (id as usize + i) as u8));
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        dir.join("index.json")
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// A written dataset opens with its samples; its index.json with bytes changed,
+        /// inserted, removed or cut, or with a field of a shard set to another value, and
+        /// its shards' offset tables with bytes changed, open or are refused with an error
+        /// naming index.json or the shard, never a panic; what opens keeps the offsets'
+        /// invariants; a shard whose sample count is changed is always refused.
+        #[test]
+        fn damaged_indexes_and_offset_tables_are_refused_naming_the_file(
+            records in 1u64..40,
+            shard_bytes in 20u64..600,
+            fixed in proptest::prelude::any::<bool>(),
+            text_edits in proptest::collection::vec(
+                (proptest::prelude::any::<proptest::sample::Index>(), 0u8..4, proptest::prelude::any::<u8>()), 0..4),
+            field in (proptest::prelude::any::<proptest::sample::Index>(), 0usize..6, proptest::prelude::any::<u64>()),
+            table in (proptest::prelude::any::<proptest::sample::Index>(), proptest::prelude::any::<proptest::sample::Index>(), 1u8..=255),
+        ) {
+            let dir = tempfile::tempdir_in(".").unwrap();
+            let index = written(dir.path(), records, shard_bytes, fixed);
+            let (shards, _) = open(&index).unwrap();
+            proptest::prop_assert_eq!(shards.iter().map(|s| s.index.len()).sum::<u64>(), records);
+            check_open(&shards)?;
+            let good = std::fs::read(&index).unwrap();
+            let in_dir = |e: &Error| named(e).is_some_and(|p| p == index || p.parent() == Some(dir.path()));
+
+            // The text of index.json.
+            let mut text = good.clone();
+            for (i, op, v) in &text_edits {
+                let i = i.index(text.len().max(1)).min(text.len());
+                match op {
+                    0 if i < text.len() => text[i] = *v,
+                    1 => text.insert(i, *v),
+                    2 if i < text.len() => { text.remove(i); }
+                    _ => text.truncate(i),
+                }
+            }
+            std::fs::write(&index, &text).unwrap();
+            match open(&index) {
+                Ok((shards, _)) => check_open(&shards)?,
+                Err(e) => proptest::prop_assert!(in_dir(&e), "{e}"),
+            }
+
+            // One field of one shard, set to a number, a string or null.
+            let mut v: Value = serde_json::from_slice(&good).unwrap();
+            let n = v["shards"].as_array().unwrap().len();
+            let (k, f, x) = field;
+            let k = k.index(n);
+            let value = match x % 3 {
+                0 => Value::from(x / 3),
+                1 => Value::from(format!("{}", x % 1000)),
+                _ => Value::Null,
+            };
+            let s = &mut v["shards"][k];
+            match f {
+                0 => s["samples"] = value,
+                1 => s["raw_data"]["basename"] = value,
+                2 => s["column_sizes"] = value,
+                3 => s["compression"] = value,
+                4 => s["format"] = value,
+                _ => v["version"] = value,
+            }
+            std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+            match open(&index) {
+                Ok((shards, _)) => check_open(&shards)?,
+                Err(e) => proptest::prop_assert!(in_dir(&e), "{e}"),
+            }
+            std::fs::write(&index, &good).unwrap();
+
+            // A byte of one shard's offset table (its count, or an offset).
+            let (k, i, x) = table;
+            let shard = &shards[k.index(shards.len())];
+            let mut b = std::fs::read(&shard.path).unwrap();
+            let at = i.index(4 + 4 * shard.index.offsets.len());
+            b[at] ^= x;
+            std::fs::write(&shard.path, &b).unwrap();
+            match open(&index) {
+                Ok((shards, _)) => {
+                    proptest::prop_assert!(at >= 4, "a changed sample count passed");
+                    check_open(&shards)?;
+                }
+                Err(e) => proptest::prop_assert_eq!(named(&e), Some(shard.path.as_path()), "{}", e),
+            }
+        }
+    }
 }

@@ -7,7 +7,7 @@
 //! let mut client = Client::connect("/run/riffle.sock")?;
 //! let mut stream = client.open(OpenRequest::new("train", 256))?;
 //! while let Some(batch) = stream.next_batch()? {
-//!     let (ids, data) = (batch.ids(), batch.data()); // views into shared memory
+//!     let (ids, data) = (batch.ids(), batch.data()); // copied out of shared memory
 //!     # let _ = (ids, data);
 //! }
 //! let resume_here = stream.cursor(); // pass as `resume` to a later open
@@ -16,7 +16,7 @@
 //! # }
 //! ```
 
-use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -195,7 +195,7 @@ impl Client {
                 let fd = self.fds.pop().ok_or_else(|| {
                     Error::Invalid("OPENED came without the ring's descriptor".into())
                 })?;
-                Some(Mapping::new(&fd, opened.ring_bytes as usize)?)
+                Some(Mapping::new(&fd, opened.ring_bytes)?)
             }
             Transport::Inline => None,
         };
@@ -266,22 +266,100 @@ pub struct StreamStats {
 }
 
 /// A batch, borrowed from its [`Stream`].
+///
+/// Its arrays are copied out of the ring when it arrives; its payload is copied out the
+/// first time [`BatchRef::data`] or [`BatchRef::record`] asks for it (the daemon's
+/// process writes that memory, so it is never lent out as a `&[u8]`, see
+/// [`Mapping`]). A client that only counts ids never copies a payload.
 pub struct BatchRef<'s> {
     /// Its header: epoch, index, records, padding.
     pub header: BatchHeader,
-    ids: Cow<'s, [u64]>,
-    offsets: Cow<'s, [u64]>,
+    ids: Vec<u64>,
+    offsets: Vec<u64>,
     labels: Vec<u32>,
     sources: Vec<u32>,
-    data: &'s [u8],
+    data: Data<'s>,
 }
 
-/// `n` little-endian u32s from `b` (labels), or None when `b` is short.
-fn u32s(b: &[u8], n: u64) -> Option<Vec<u32>> {
-    let s = b.get(..(4 * n) as usize)?;
+/// Where a batch's payload is.
+enum Data<'s> {
+    /// In the frame (the inline transport).
+    Inline(&'s [u8]),
+    /// `len` bytes at `at` of the ring (checked to be inside it when the batch arrived),
+    /// copied into `copy` when first asked for.
+    Ring {
+        map: &'s Mapping,
+        at: u64,
+        len: usize,
+        copy: OnceCell<Vec<u8>>,
+    },
+}
+
+/// A batch's arrays, read from the ring or from the inline frame.
+struct Arrays {
+    ids: Vec<u64>,
+    offsets: Vec<u64>,
+    labels: Vec<u32>,
+    sources: Vec<u32>,
+}
+
+/// Reads the arrays of the batch `h` describes with `u64s(at, n)` and `u32s(at, n)` (which
+/// check their range before they allocate): ids, offsets, then labels and sources when
+/// its flags say so. `None` when any lies outside, or the offsets do not cut
+/// `h.data_len` bytes into records (each at most the next, the last at most the length),
+/// which is what [`BatchRef::record`] relies on.
+fn read_arrays(
+    h: &BatchHeader,
+    u64s: impl Fn(u64, u64) -> Option<Vec<u64>>,
+    u32s: impl Fn(u64, u64) -> Option<Vec<u32>>,
+) -> Option<Arrays> {
+    let n = h.records;
+    let labelled = h.flags & super::proto::FLAG_LABELS != 0;
+    let sourced = h.flags & super::proto::FLAG_SOURCES != 0;
+    let ids = u64s(h.ids_at, n)?;
+    let offsets = u64s(h.offsets_at, n.checked_add(1)?)?;
+    let labels_at = h
+        .offsets_at
+        .checked_add(n.checked_add(1)?.checked_mul(8)?)?;
+    let sources_at = labels_at.checked_add(if labelled { n.checked_mul(4)? } else { 0 })?;
+    let labels = if labelled {
+        u32s(labels_at, n)?
+    } else {
+        Vec::new()
+    };
+    let sources = if sourced {
+        u32s(sources_at, n)?
+    } else {
+        Vec::new()
+    };
+    let cut = offsets.windows(2).all(|w| w[0] <= w[1])
+        && offsets.last().is_some_and(|&end| end <= h.data_len);
+    cut.then_some(Arrays {
+        ids,
+        offsets,
+        labels,
+        sources,
+    })
+}
+
+/// `len` bytes at `at` of `b`, if they are all there.
+fn within(b: &[u8], at: u64, len: u64) -> Option<&[u8]> {
+    let start = usize::try_from(at).ok()?;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    b.get(start..end)
+}
+
+/// `n` little-endian values of `N` bytes at `at` of `b`, if they are all there.
+fn le_values<const N: usize, T>(
+    b: &[u8],
+    at: u64,
+    n: u64,
+    from: fn([u8; N]) -> T,
+) -> Option<Vec<T>> {
+    let s = within(b, at, n.checked_mul(N as u64)?)?;
     Some(
-        s.chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        s.chunks_exact(N)
+            .map(|c| from(c.try_into().expect("N bytes")))
             .collect(),
     )
 }
@@ -302,17 +380,29 @@ impl BatchRef<'_> {
     pub fn ids(&self) -> &[u64] {
         &self.ids
     }
-    /// `ids().len() + 1` offsets into [`BatchRef::data`].
+    /// `ids().len() + 1` offsets into [`BatchRef::data`], each at most the next and the
+    /// last at most its length (a batch that breaks this is refused when it arrives).
     pub fn offsets(&self) -> &[u64] {
         &self.offsets
     }
-    /// The payload (in shared memory for the shm transport).
+    /// The payload (copied out of the ring, once, for the shm transport).
     pub fn data(&self) -> &[u8] {
-        self.data
+        match &self.data {
+            Data::Inline(b) => b,
+            Data::Ring { map, at, len, copy } => copy.get_or_init(|| {
+                let mut v = vec![0u8; *len];
+                map.read_at(*at, &mut v)
+                    .expect("the range was checked to be in the ring when the batch came");
+                v
+            }),
+        }
     }
-    /// Record `i`'s bytes.
+    /// Record `i`'s bytes. Panics if `i` is not below `ids().len()`.
     pub fn record(&self, i: usize) -> &[u8] {
-        &self.data[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+        // The offsets are at most the payload's length (checked when the batch came), so
+        // they are indexes of it.
+        let at = |j: usize| usize::try_from(self.offsets[j]).unwrap_or(usize::MAX);
+        &self.data()[at(i)..at(i + 1)]
     }
 }
 
@@ -369,7 +459,8 @@ impl Stream<'_> {
         if matches!(k, Kind::Batch | Kind::BatchInline) {
             let d = asked.elapsed();
             self.waited += d;
-            self.waits.saturating_record(d.as_micros().max(1) as u64);
+            self.waits
+                .saturating_record(u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1));
         }
         match k {
             Kind::End => {
@@ -402,62 +493,47 @@ impl Stream<'_> {
                         .min(end),
                 };
                 let bad = || Error::Invalid(format!("batch {} lies outside its buffer", h.index));
-                let labelled = h.flags & super::proto::FLAG_LABELS != 0;
-                let sourced = h.flags & super::proto::FLAG_SOURCES != 0;
-                let labels_at = h.offsets_at + 8 * (h.records + 1);
-                let sources_at = labels_at + if labelled { 4 * h.records } else { 0 };
                 if k == Kind::Batch {
                     let m = self.map.as_ref().ok_or_else(bad)?;
-                    let ids = m.u64s(h.ids_at, h.records).ok_or_else(bad)?;
-                    let offsets = m.u64s(h.offsets_at, h.records + 1).ok_or_else(bad)?;
-                    let data = m.bytes(h.data_at, h.data_len).ok_or_else(bad)?;
-                    let tags = |on: bool, at: u64| -> Result<Vec<u32>> {
-                        if !on {
-                            return Ok(Vec::new());
-                        }
-                        u32s(m.bytes(at, 4 * h.records).ok_or_else(bad)?, h.records).ok_or_else(bad)
-                    };
-                    let labels = tags(labelled, labels_at)?;
-                    let sources = tags(sourced, sources_at)?;
+                    let a = read_arrays(
+                        &h,
+                        |at, n| m.read_u64s(at, n).ok(),
+                        |at, n| m.read_u32s(at, n).ok(),
+                    )
+                    .ok_or_else(bad)?;
+                    m.check(h.data_at, h.data_len).map_err(|_| bad())?;
+                    // Inside the mapping, so its length is a usize too.
+                    let len = usize::try_from(h.data_len).map_err(|_| bad())?;
                     Ok(Some(BatchRef {
                         header: h,
-                        ids: Cow::Borrowed(ids),
-                        offsets: Cow::Borrowed(offsets),
-                        labels,
-                        sources,
-                        data,
+                        ids: a.ids,
+                        offsets: a.offsets,
+                        labels: a.labels,
+                        sources: a.sources,
+                        data: Data::Ring {
+                            map: m,
+                            at: h.data_at,
+                            len,
+                            copy: OnceCell::new(),
+                        },
                     }))
                 } else {
                     self.inline = body;
                     let b = &self.inline;
-                    let u64s = |at: u64, n: u64| -> Option<Vec<u64>> {
-                        let s = b.get(at as usize..(at + 8 * n) as usize)?;
-                        Some(
-                            s.chunks_exact(8)
-                                .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-                                .collect(),
-                        )
-                    };
-                    let ids = u64s(h.ids_at, h.records).ok_or_else(bad)?;
-                    let offsets = u64s(h.offsets_at, h.records + 1).ok_or_else(bad)?;
-                    let data = b
-                        .get(h.data_at as usize..(h.data_at + h.data_len) as usize)
-                        .ok_or_else(bad)?;
-                    let tags = |on: bool, at: u64| -> Result<Vec<u32>> {
-                        if !on {
-                            return Ok(Vec::new());
-                        }
-                        u32s(b.get(at as usize..).ok_or_else(bad)?, h.records).ok_or_else(bad)
-                    };
-                    let labels = tags(labelled, labels_at)?;
-                    let sources = tags(sourced, sources_at)?;
+                    let a = read_arrays(
+                        &h,
+                        |at, n| le_values(b, at, n, u64::from_le_bytes),
+                        |at, n| le_values(b, at, n, u32::from_le_bytes),
+                    )
+                    .ok_or_else(bad)?;
+                    let data = within(b, h.data_at, h.data_len).ok_or_else(bad)?;
                     Ok(Some(BatchRef {
                         header: h,
-                        ids: Cow::Owned(ids),
-                        offsets: Cow::Owned(offsets),
-                        labels,
-                        sources,
-                        data,
+                        ids: a.ids,
+                        offsets: a.offsets,
+                        labels: a.labels,
+                        sources: a.sources,
+                        data: Data::Inline(data),
                     }))
                 }
             }

@@ -178,9 +178,9 @@ fn announce_ready(
     s.batches_announced_early += 1;
     // The client's wait for this batch (none when it was ready before the client asked).
     s.batch_us
-        .saturating_record(waited.map_or(1, |d| d.as_micros().max(1) as u64));
+        .saturating_record(waited.map_or(1, super::telemetry::micros));
     s.send_us
-        .saturating_record(started.elapsed().as_micros().max(1) as u64);
+        .saturating_record(super::telemetry::micros(started.elapsed()));
     None
 }
 
@@ -505,9 +505,9 @@ impl Conn {
         let mut s = self.shared.stats();
         s.count_batch(&h, in_place);
         s.batch_us
-            .saturating_record(done.duration_since(asked).as_micros().max(1) as u64);
+            .saturating_record(super::telemetry::micros(done.duration_since(asked)));
         s.send_us
-            .saturating_record(done.duration_since(started).as_micros().max(1) as u64);
+            .saturating_record(super::telemetry::micros(done.duration_since(started)));
         Ok(true)
     }
 
@@ -556,13 +556,16 @@ impl Conn {
                     self.refuse_batch(&msg)?;
                     return Ok(Sent::Closed);
                 }
-                match ring.put(
-                    &b.ids,
-                    &b.offsets,
-                    (&b.labels, &b.sources),
-                    &b.payload,
-                    b.payload.lend_refused(),
-                ) {
+                match ring
+                    .put(
+                        &b.ids,
+                        &b.offsets,
+                        (&b.labels, &b.sources),
+                        &b.payload,
+                        b.payload.lend_refused(),
+                    )
+                    .map_err(|e| Leave::Fatal("engine", e.to_string()))?
+                {
                     Some(p) => (p, false),
                     None => {
                         drop(w);
@@ -606,7 +609,11 @@ impl Conn {
             return Ok(Sent::Closed);
         }
         self.out.clear();
-        proto::frame_into(&mut self.out, Kind::BatchInline, body as usize);
+        proto::frame_into(
+            &mut self.out,
+            Kind::BatchInline,
+            usize::try_from(body).unwrap_or(usize::MAX),
+        );
         h.encode(&mut self.out);
         for v in b.ids.iter().chain(b.offsets.iter()) {
             self.out.extend_from_slice(&v.to_le_bytes());
@@ -855,9 +862,8 @@ impl Conn {
                         }
                     })
                     .map_err(|m| ("busy", m))?;
-                let ring =
-                    SharedRing::new(&format!("riffle-{}", req.dataset), grant.bytes() as usize)
-                        .map_err(|e| ("shm", e.to_string()))?;
+                let ring = SharedRing::new(&format!("riffle-{}", req.dataset), grant.bytes())
+                    .map_err(|e| ("shm", e.to_string()))?;
                 (Some(ring), MAX_CREDITS, Some(grant))
             }
             Transport::Inline => (None, 4, None),

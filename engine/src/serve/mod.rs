@@ -11,6 +11,15 @@
 //! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
 //! - `budget.rs`: the daemon's one memory budget, which rings and passes take from;
 //! - `client.rs`: a Rust client (tests and benches use it).
+//!
+//! Sizes and counts here come from the wire, the ring and the engine; a cast that could
+//! truncate, wrap or drop a sign is a bounds check waiting to be skipped, so they are
+//! converted with `try_from` (or widened with `from`) instead.
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 mod budget;
 pub mod client;

@@ -53,25 +53,28 @@ impl Slots {
 
     /// Whether a region of `len` bytes can ever fit (in an empty ring).
     pub fn fits_empty(&self, len: u64) -> bool {
-        round(len) <= self.size
+        round(len).is_some_and(|len| len <= self.size)
     }
 
-    /// A region of `len` bytes: `(slot id, start)`, or `None` while there is no room.
+    /// A region of `len` bytes: `(slot id, start)`, or `None` while there is no room (and
+    /// for a `len` no ring holds). Every sum is checked: a region handed out always lies
+    /// inside `0..size`, which is what the unsafe views of a lent region rest on.
     pub fn alloc(&mut self, len: u64) -> Option<(u32, u64)> {
-        let len = round(len).max(ALIGN);
+        let len = round(len)?.max(ALIGN);
+        let fits = |start: u64, limit: u64| start.checked_add(len).is_some_and(|e| e <= limit);
         let start = match (self.live.front(), self.live.back()) {
-            (None, _) | (_, None) => (len <= self.size).then_some(0)?,
+            (None, _) | (_, None) => fits(0, self.size).then_some(0)?,
             (Some(old), Some(new)) => {
                 if new.start >= old.start {
                     // Not wrapped: free space after the newest and before the oldest.
-                    if new.end + len <= self.size {
+                    if fits(new.end, self.size) {
                         new.end
-                    } else if len <= old.start {
+                    } else if fits(0, old.start) {
                         0
                     } else {
                         return None;
                     }
-                } else if new.end + len <= old.start {
+                } else if fits(new.end, old.start) {
                     // Wrapped: free space between the newest and the oldest.
                     new.end
                 } else {
@@ -84,11 +87,19 @@ impl Slots {
         self.live.push_back(Slot {
             id,
             start,
-            end: start + len,
+            end: start + len, // Checked by `fits` above.
             sent: false,
             released: false,
         });
         Some((id, start))
+    }
+
+    /// The end of live slot `id` (one past its last byte), if it is live.
+    pub fn end_of(&self, id: u32) -> Option<u64> {
+        self.live
+            .iter()
+            .find(|s| s.id == id && !s.released)
+            .map(|s| s.end)
     }
 
     /// Slot `id` is announced to the client: from now on only its ack returns it. False if
@@ -132,9 +143,10 @@ impl Slots {
     /// Slot `id` needs only `len` bytes: when it is the newest and unsent, the rest is
     /// free again (otherwise it stays taken until the slot is returned).
     pub fn shrink(&mut self, id: u32, len: u64) {
-        let len = round(len).max(ALIGN);
+        let Some(len) = round(len) else { return };
+        let len = len.max(ALIGN);
         if let Some(s) = self.live.back_mut() {
-            if s.id == id && !s.sent && !s.released && s.start + len < s.end {
+            if s.id == id && !s.sent && !s.released && len < s.end - s.start {
                 s.end = s.start + len;
             }
         }
@@ -151,8 +163,9 @@ impl Slots {
     }
 }
 
-fn round(len: u64) -> u64 {
-    len.div_ceil(ALIGN) * ALIGN
+/// `len` rounded up to a whole number of `ALIGN`s, or `None` when that overflows.
+fn round(len: u64) -> Option<u64> {
+    len.div_ceil(ALIGN).checked_mul(ALIGN)
 }
 
 #[cfg(test)]
@@ -215,6 +228,31 @@ mod tests {
         assert!(!s.cancel(a), "once sent, only the client's ack returns it");
         assert!(s.release(a));
         assert_eq!(s.used(), 0);
+    }
+
+    /// Regression (issue 28): a length near 2^64 rounded up wrapped to 0, and the ring
+    /// handed out a 64-byte region for it, which a lease then viewed as `len` bytes.
+    #[test]
+    fn lengths_that_overflow_are_refused_not_wrapped() {
+        let mut s = Slots::new(1 << 20);
+        for len in [u64::MAX, u64::MAX - 62, u64::MAX - ALIGN + 1, (1 << 20) + 1] {
+            assert!(!s.fits_empty(len), "{len}");
+            assert!(s.alloc(len).is_none(), "{len}");
+        }
+        assert_eq!(s.used(), 0, "nothing was taken");
+        // With slots live, the ends plus a huge length must not wrap past the oldest.
+        let (a, at_a) = s.alloc(1000).unwrap();
+        assert_eq!(s.end_of(a), Some(at_a + 1024));
+        let (b, _) = s.alloc(1000).unwrap();
+        assert!(s.mark_sent(a));
+        assert!(s.release(a), "a reclaimed: the ring is now free before b");
+        for len in [u64::MAX, u64::MAX - 2047, u64::MAX - (1 << 20)] {
+            assert!(s.alloc(len).is_none(), "{len}");
+        }
+        // Shrinking by a huge length is no change.
+        s.shrink(b, u64::MAX);
+        assert_eq!(s.end_of(b), Some(2048));
+        assert_eq!(s.end_of(a), None, "released");
     }
 
     #[test]

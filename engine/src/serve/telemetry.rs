@@ -39,14 +39,14 @@ impl Waits {
     pub(super) fn announced(&mut self, waited: Option<Duration>) {
         self.batches += 1;
         if let Some(d) = waited {
-            self.engine.saturating_record(d.as_micros().max(1) as u64);
+            self.engine.saturating_record(micros(d));
             self.engine_total += d;
         }
     }
 
     /// The stream waited `d` on its client (credits or ring space).
     pub(super) fn client_wait(&mut self, d: Duration) {
-        self.client.saturating_record(d.as_micros().max(1) as u64);
+        self.client.saturating_record(micros(d));
         self.client_total += d;
     }
 
@@ -77,6 +77,11 @@ type Live = (Option<u64>, Arc<Mutex<Waits>>);
 #[derive(Default)]
 pub(super) struct Telemetry {
     live: Mutex<HashMap<u64, Live>>,
+}
+
+/// `d` in whole microseconds for a histogram: at least 1, at most `u64::MAX`.
+pub(super) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
