@@ -37,7 +37,7 @@ pub enum Error {
     Invalid(String),
     /// A resource the request needs more of than the machine or the process gives (I/O
     /// slots, requests in flight, open files, scratch space, memory).
-    #[error("too many {resource}: asked {asked}, the limit is {limit}")]
+    #[error("not enough {resource}: {asked} asked, {limit} available")]
     Exhausted {
         /// What ran short.
         resource: &'static str,

@@ -46,9 +46,10 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     }
     opts.check(ds.len())?;
     let units = Units::new(&ds, opts.grouping);
-    let limits = Limits::here(Some(&scratch));
+    // The free space is checked by the caller ([`check_scratch`]): a full disk met during
+    // the scatter (a neighbour filled it) is an error of the run like any other.
     let (prefetch, plan, resources) =
-        crate::resources::two_pass_plan(&super::demand(&ds, &units, &opts), &limits)?;
+        crate::resources::two_pass_plan(&super::demand(&ds, &units, &opts), &Limits::here(None))?;
     let opts = ReadOptions { prefetch, ..opts };
     // One private directory for the run (made in `scratch`, which is made too if it is
     // missing, and removed again), locked while this process lives; each epoch's piles in
@@ -58,6 +59,30 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
         r.resources = Some(resources);
         run(&ds, &units, &opts, &plan, dir.path(), tx, stop, r)
     })
+}
+
+/// Refuses a two-pass read of `ds` with `opts` before any I/O when its piles would not fit
+/// the free space (bytes or inodes) of the filesystem holding `scratch`, naming it.
+pub fn check_scratch(ds: &Dataset, opts: &ReadOptions, scratch: &Path) -> Result<()> {
+    if ds.is_empty() || ds.mixture().is_some() {
+        return Ok(());
+    }
+    let units = Units::new(ds, opts.grouping);
+    let d = super::demand(ds, &units, opts);
+    match crate::resources::two_pass(&d, &Limits::here(Some(scratch))) {
+        Err(Error::Exhausted {
+            resource,
+            asked,
+            limit,
+        }) if resource.starts_with("scratch") => Err(Error::Invalid(format!(
+            "{}: two-pass needs {} of scratch space for its piles and {} is free (No space \
+             left on the scratch disk); give --scratch a larger disk, or --mode lirs",
+            scratch.display(),
+            crate::size::human_bytes(asked as f64),
+            crate::size::human_bytes(limit as f64),
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// What a two-pass read of `ds` over `units` (its grouping's) with `opts` would need:

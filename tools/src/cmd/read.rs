@@ -290,6 +290,7 @@ pub fn run(a: Args) -> Result<()> {
         None => None,
     };
     let stream = if mode == "two-pass" {
+        modes::twopass::check_scratch(&ds, &read_opts, &scratch)?;
         modes::read_two_pass(Arc::new(ds), read_opts, scratch)?
     } else {
         modes::read(Arc::new(ds), read_opts)?
