@@ -50,5 +50,7 @@ pub mod scratch;
 pub mod serve;
 pub mod shuffle;
 pub mod size;
+#[doc(hidden)]
+pub mod testing;
 
 pub use error::{Error, Result};
