@@ -31,6 +31,7 @@ pub fn skip(why: &str) {
 
 /// As [`skip`], for a capability `.ci/run` provides (a tool it installs, root, /dev/shm,
 /// python3): under `RIFFLE_REQUIRE_ALL=1` its absence fails the test.
+#[track_caller]
 pub fn skip_needed_in_ci(why: &str) {
     if std::env::var_os("RIFFLE_REQUIRE_ALL").is_some_and(|v| v == "1") {
         panic!(
