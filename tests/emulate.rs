@@ -1,15 +1,15 @@
 //! `--emulate`: commands under a real kernel I/O throttle (cgroup v1 blkio or v2 io.max).
-//! These need root and a cgroup I/O controller; where either is missing they say so and
-//! skip.
+//! These need root and a cgroup I/O controller; where either is missing they skip, counted
+//! (`riffle::testing::skip`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use super::{assert_ok, gen, text, Sandbox};
+use super::{assert_ok, gen, skip, text, Sandbox};
 
-/// Why emulation cannot run here, printed by the test that skips.
+/// Why emulation cannot run here, given by the test that skips.
 fn unsupported() -> Option<String> {
     riffle::emulate::supported().err().map(|e| e.to_string())
 }
@@ -64,7 +64,7 @@ fn assert_no_group_left(pid: u32) {
 #[test]
 fn probe_under_hdd_emulation_measures_an_hdd() {
     if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+        skip(&why);
         return;
     }
     let sb = Sandbox::new();
@@ -134,7 +134,7 @@ fn probe_under_hdd_emulation_measures_an_hdd() {
 #[test]
 fn reads_under_emulation_clean_up_on_success_and_on_error() {
     if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
+        skip(&why);
         return;
     }
     let sb = Sandbox::new();
@@ -239,14 +239,14 @@ fn emulation_without_root_says_it_needs_root() {
         match drop(&["--version"]) {
             Ok(o) if o.status.success() => drop(&args).unwrap(),
             Ok(o) => {
-                eprintln!(
-                    "skipped: cannot run riffle as nobody through setpriv: {}",
+                skip(&format!(
+                    "cannot run riffle as nobody through setpriv: {}",
                     text(&o.stderr).trim()
-                );
+                ));
                 return;
             }
             Err(e) => {
-                eprintln!("skipped: setpriv is not available to drop root: {e}");
+                skip(&format!("setpriv is not available to drop root: {e}"));
                 return;
             }
         }

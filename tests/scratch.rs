@@ -23,25 +23,33 @@ fn riffle_entries(dir: &Path) -> Vec<String> {
     v
 }
 
-/// Waits (up to 60 s) until riffle has scratch in `dir`; false if the child ended first.
+/// Waits (up to 300 s) until riffle has written pile bytes in its scratch in `dir`; false
+/// if the child ended first.
 fn wait_for_scratch(child: &mut Child, dir: &Path) -> bool {
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(60) {
-        if child.try_wait().unwrap().is_some() {
-            return false;
-        }
-        if std::fs::read_dir(dir).unwrap().flatten().any(|e| {
+    let pile_bytes = || -> u64 {
+        let scratch = std::fs::read_dir(dir).unwrap().flatten().filter(|e| {
             e.file_name()
                 .to_string_lossy()
                 .starts_with(".riffle-scratch-")
-        }) {
-            // Let it write some piles.
-            std::thread::sleep(Duration::from_millis(200));
+        });
+        let files = scratch.flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten());
+        files
+            .flatten()
+            .filter_map(|f| f.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    };
+    while start.elapsed() < Duration::from_secs(300) {
+        if child.try_wait().unwrap().is_some() {
+            return false;
+        }
+        if pile_bytes() > 0 {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
-    panic!("no scratch appeared in {} within 60 s", dir.display());
+    panic!("no pile was written in {} within 300 s", dir.display());
 }
 
 fn signal(child: &Child, sig: Signal) {
@@ -235,7 +243,7 @@ fn start_until_scratch(
         .spawn()
         .unwrap();
     let started = Instant::now();
-    while !watch.exists() && started.elapsed() < Duration::from_secs(30) {
+    while !watch.exists() && started.elapsed() < Duration::from_secs(300) {
         std::thread::sleep(Duration::from_millis(10));
     }
     if !wait_for_scratch(&mut child, &watch) {

@@ -42,7 +42,7 @@ impl Daemon {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if UnixStream::connect(&self.socket).is_ok() {
                 return;
@@ -70,7 +70,7 @@ impl Daemon {
     /// A client, retrying while the daemon says `busy`: a connection that just ended (the
     /// readiness check, a stats query) frees its slot asynchronously.
     fn client_when_free(&self) -> Client {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             match Client::connect(&self.socket) {
                 Ok(c) => return c,
@@ -95,7 +95,7 @@ impl Daemon {
 
     /// Polls the stats until `pred` holds (the daemon notices departures asynchronously).
     fn wait_stats(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let s = self.stats();
             if pred(&s) {
@@ -180,7 +180,7 @@ fn frame_raw(kind: u8, body: &[u8]) -> Vec<u8> {
 /// then closes the connection.
 fn expect_fatal_error(sock: &mut UnixStream) -> Value {
     use std::io::Read;
-    sock.set_read_timeout(Some(Duration::from_secs(10)))
+    sock.set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     // Read to the end; a reset after the last frame (unread input at the daemon's close)
     // counts as the end too.
@@ -489,8 +489,8 @@ fn stall_telemetry_per_stream_and_job_and_every_few_seconds() {
             "64",
         ],
     );
-    // Two ranks of one job; rank 1 holds its batches 600 ms before reading on, so the
-    // daemon's batches for it wait on it (back-pressure).
+    // Two ranks of one job; rank 1 holds its batches until the daemon has filled its ring,
+    // so that the daemon's batches for it wait on it (back-pressure).
     let req = |rank| {
         let mut r = OpenRequest::new("train", 100);
         r.rank = rank;
@@ -502,10 +502,17 @@ fn stall_telemetry_per_stream_and_job_and_every_few_seconds() {
     let mut s1 = c1.open(req(1)).unwrap();
     assert!(s0.next_batch().unwrap().is_some());
     assert!(s1.next_batch().unwrap().is_some());
-    std::thread::sleep(Duration::from_millis(600));
     let id1 = s1.opened.stream.unwrap();
     let job = s1.opened.job.unwrap();
-    let st = d.stats();
+    // The batches rank 1's ring holds (it may hold `credits`), all of them announced.
+    let fits = (s1.opened.ring_bytes / s1.opened.max_batch_bytes).min(s1.opened.credits as u64);
+    let st = d.wait_stats("rank 1's ring filled", |st| {
+        st["stream_waits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["stream"] == id1 && w["batches"].as_u64().unwrap() >= fits)
+    });
     let w1 = st["stream_waits"]
         .as_array()
         .unwrap()
@@ -540,7 +547,9 @@ fn stall_telemetry_per_stream_and_job_and_every_few_seconds() {
         .iter()
         .find(|w| w["stream"] == id1)
         .unwrap_or_else(|| panic!("stream {id1} in {st}"));
-    assert!(w1["client_wait_s"].as_f64().unwrap() >= 0.3, "{w1}");
+    // Its ring full, the daemon waited on rank 1 (each wait is counted when it ends).
+    assert!(w1["client_wait_s"].as_f64().unwrap() > 0.0, "{w1}");
+    assert!(w1["client_wait_us"]["max"].as_u64().unwrap() > 0, "{w1}");
     assert!(w1["batches"].as_u64().unwrap() >= 20, "{w1}");
     // The client's side: every batch's wait counted.
     let mine = s1.stats();
@@ -548,22 +557,30 @@ fn stall_telemetry_per_stream_and_job_and_every_few_seconds() {
     assert!(mine.wait_max_us >= mine.wait_p50_us);
     drop(s0);
     drop(s1);
-    // --stats-every 1: a JSON line a second on stderr.
-    std::thread::sleep(Duration::from_millis(1200));
+    // --stats-every 1: a JSON line a second on stderr, read as it comes.
+    let err = d.child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut seen = String::new();
+        for l in std::io::BufReader::new(err).lines() {
+            let Ok(l) = l else { break };
+            if let Some(json) = l.strip_prefix("riffle serve stats: ") {
+                let _ = tx.send(Ok(json.to_owned()));
+                return;
+            }
+            seen.push_str(&l);
+            seen.push('\n');
+        }
+        let _ = tx.send(Err(seen));
+    });
+    let line = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(line)) => line,
+        Ok(Err(seen)) => panic!("no stats line in {seen}"),
+        Err(e) => panic!("no stats line in 60 s: {e}"),
+    };
     let _ = d.child.kill();
-    let mut err = String::new();
-    use std::io::Read;
-    d.child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    let line = err
-        .lines()
-        .find_map(|l| l.strip_prefix("riffle serve stats: "))
-        .unwrap_or_else(|| panic!("no stats line in {err}"));
-    let v: Value = serde_json::from_str(line).unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
     assert!(
         v["job_waits"].is_array() && v["memory_limit"] == 64 << 20,
         "{v}"
@@ -652,7 +669,7 @@ fn sixty_four_clients_at_once() {
     // (The readers' and the stats' connections end asynchronously: retry while busy.)
     let many: Vec<Client> = (0..64)
         .map(|_| {
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + Duration::from_secs(60);
             loop {
                 match Client::connect(&sock) {
                     Ok(c) => break c,
@@ -976,7 +993,7 @@ fn sigterm_tells_clients_and_removes_the_socket() {
             break st;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(10),
+            started.elapsed() < Duration::from_secs(60),
             "no exit after SIGTERM"
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -1010,15 +1027,16 @@ fn sigterm_stops_the_daemon_whatever_happened_to_its_socket_path() {
             nix::sys::signal::Signal::SIGTERM,
         )
         .unwrap();
+        // Before the fix the daemon never noticed the signal: waiting long is no harm.
         let started = Instant::now();
         loop {
             if let Some(st) = d.child.try_wait().unwrap() {
                 assert!(st.success(), "{st}");
-                return started.elapsed();
+                return;
             }
             assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "no exit 5 s after SIGTERM"
+                started.elapsed() < Duration::from_secs(60),
+                "no exit 60 s after SIGTERM"
             );
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -1026,15 +1044,13 @@ fn sigterm_stops_the_daemon_whatever_happened_to_its_socket_path() {
     // The socket file removed.
     let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
     std::fs::remove_file(&sock).unwrap();
-    let took = term_and_wait(&mut d);
-    assert!(took < Duration::from_secs(1), "exit took {took:?}");
+    term_and_wait(&mut d);
     // The path taken by another daemon after the first one's file was removed: the first
     // stops, and the second's socket is left in place, still served.
     let mut first = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
     std::fs::remove_file(&sock).unwrap();
     let mut second = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
-    let took = term_and_wait(&mut first);
-    assert!(took < Duration::from_secs(1), "exit took {took:?}");
+    term_and_wait(&mut first);
     assert!(sock.exists(), "the other daemon's socket was removed");
     let mut c = second.client();
     c.send(&proto::json_frame(
@@ -1078,52 +1094,44 @@ fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
     assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
 }
 
-/// Closes `s` and checks its scratch (`piles_left` entries) is gone within a quarter of
-/// `full_scatter`.
-fn close_promptly(
-    what: &str,
-    s: riffle::serve::Stream<'_>,
-    piles_left: &dyn Fn() -> usize,
-    full_scatter: Duration,
-) {
-    let t = Instant::now();
-    s.close().unwrap();
-    within_a_quarter(
-        &format!("{what}: the scratch went"),
-        t,
-        full_scatter,
-        || piles_left() == 0,
-    );
+/// The bytes of the piles under `scratch` (every file below it).
+fn pile_bytes(scratch: &Path) -> u64 {
+    fn walk(dir: &Path) -> u64 {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => walk(&e.path()),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            })
+            .sum()
+    }
+    walk(scratch)
 }
 
-/// Waits until `done`, started at `t`: it must come within `full_scatter` (else the wait
-/// fails) and within a quarter of it (else the check does).
-fn within_a_quarter(
-    what: &str,
-    t: Instant,
-    full_scatter: Duration,
-    mut done: impl FnMut() -> bool,
-) {
+/// Polls until `done`, and returns the most pile bytes seen under `scratch` meanwhile: what
+/// a scatter wrote before it stopped. The deadline only catches a hang: a scatter that goes
+/// on to its end is caught by its bytes.
+fn piles_until(what: &str, scratch: &Path, mut done: impl FnMut() -> bool) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut most = pile_bytes(scratch);
     while !done() {
-        assert!(
-            t.elapsed() < full_scatter,
-            "{what}: not within a whole scatter"
-        );
+        assert!(Instant::now() < deadline, "{what}: not within 300 s");
+        most = most.max(pile_bytes(scratch));
         std::thread::sleep(Duration::from_millis(5));
     }
-    let took = t.elapsed();
-    eprintln!("{what} {took:?} after; a whole scatter takes {full_scatter:?}");
-    assert!(
-        took < full_scatter / 4,
-        "{what} {took:?} after; a whole scatter takes {full_scatter:?}"
-    );
+    most
 }
 
 /// Regression (issue 14): the connection thread waited for a two-pass stream's first
 /// batch, which comes only after the whole scatter, so a CLOSE (or SIGTERM) during the
-/// scatter was taken only when it ended, and the piles stayed until then. Closed 0.3 s in,
-/// the stream's scratch is gone within a small part of a whole scatter, timed in the same
-/// test; a SIGTERM 0.3 s in ends the daemon as quickly.
+/// scatter was taken only when it ended, and the piles stayed until then. Closed as soon as
+/// its scatter has written a pile, the stream's scratch goes before the scatter wrote half
+/// of what a whole one writes (measured in the same test); a SIGTERM then ends the daemon
+/// as early. Events, not durations: what the scatter wrote before it stopped.
 #[test]
 fn a_two_pass_stream_closed_during_its_scatter_goes_at_once() {
     let sb = Sandbox::new();
@@ -1147,52 +1155,72 @@ fn a_two_pass_stream_closed_during_its_scatter_goes_at_once() {
     );
     let piles_left = || std::fs::read_dir(&scratch).unwrap().count();
     let req = OpenRequest::new("train", 256);
-    // The reference: the first batch comes once the whole dataset is scattered.
+    // The reference: the first batch comes once the whole dataset is scattered, every pile
+    // written.
     let mut c = d.client();
-    let t = Instant::now();
     let mut s = c.open(req.clone()).unwrap();
     s.next_batch().unwrap().unwrap();
-    let full_scatter = t.elapsed();
+    let whole = pile_bytes(&scratch);
     s.close().unwrap();
     assert_eq!(piles_left(), 0);
-
-    // Closed 0.3 s into the scatter.
-    let s = c.open(req.clone()).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    let data_bytes = std::fs::metadata(&data).unwrap().len();
     assert!(
-        piles_left() > 0,
-        "the stream's scratch directory is not there"
+        whole >= data_bytes * 9 / 10,
+        "a whole scatter wrote {whole} bytes of piles for {data_bytes} bytes"
     );
-    close_promptly(
-        "closed 0.3 s into the scatter",
-        s,
-        &piles_left,
-        full_scatter,
+    let started_scattering = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while pile_bytes(&scratch) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: no pile written in 300 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // Closed once its scatter has written a pile.
+    let s = c.open(req.clone()).unwrap();
+    started_scattering("closed during the scatter");
+    s.close().unwrap();
+    let wrote = piles_until(
+        "closed during the scatter: the scratch went",
+        &scratch,
+        || piles_left() == 0,
+    );
+    eprintln!("closed during the scatter: {wrote} bytes of piles; a whole scatter {whole}");
+    assert!(
+        wrote < whole / 2,
+        "closed during the scatter, it wrote {wrote} bytes of piles; a whole scatter {whole}"
     );
     let st = d.wait_stats("the stream is closed", |s| s["streams_now"] == 0);
     assert_eq!(st["streams_total"], 2, "{st}");
 
-    // SIGTERM 0.3 s into a scatter.
+    // SIGTERM once a scatter has written a pile.
     let mut c2 = d.client();
     c2.send(&proto::json_frame(Kind::Open, &req)).unwrap();
     assert_eq!(c2.frame().unwrap().0, Kind::Opened);
-    std::thread::sleep(Duration::from_millis(300));
+    started_scattering("SIGTERM during the scatter");
     let o = std::process::Command::new("kill")
         .args(["-TERM", &d.child.id().to_string()])
         .output()
         .unwrap();
     assert_ok(&o);
-    within_a_quarter(
-        "SIGTERM: the daemon exited",
-        Instant::now(),
-        full_scatter,
-        || d.child.try_wait().unwrap().is_some(),
+    let wrote = piles_until("SIGTERM: the daemon exited", &scratch, || {
+        d.child.try_wait().unwrap().is_some()
+    });
+    eprintln!("SIGTERM during the scatter: {wrote} bytes of piles; a whole scatter {whole}");
+    assert!(
+        wrote < whole / 2,
+        "SIGTERM during the scatter: it wrote {wrote} bytes of piles; a whole scatter {whole}"
     );
     assert_eq!(piles_left(), 0);
 
-    // Led by LIRS (the default): the first batch comes long before the scatter ends, the
-    // same as a read in process, and a CLOSE right after it stops the lead and the
-    // scatter at once.
+    // Led by LIRS (the default): the first batch comes before the scatter ends, the same
+    // as a read in process, and a CLOSE right after it stops the lead and the scatter at
+    // once: from the first batch to the scratch's removal, the piles never reach a whole
+    // scatter's. (The lead and the scatter share the machine, so how far the scatter got
+    // by the first batch varies: about half of it on an idle 2-core machine.)
     let sock = sb.path().join("led.sock");
     let d = Daemon::start(
         &sb,
@@ -1201,21 +1229,22 @@ fn a_two_pass_stream_closed_during_its_scatter_goes_at_once() {
         &["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()],
     );
     let mut c = d.client();
-    let t = Instant::now();
     let mut s = c.open(req.clone()).unwrap();
     let first: Vec<u64> = s.next_batch().unwrap().unwrap().ids().to_vec();
-    let led_first = t.elapsed();
-    eprintln!("led: first batch after {led_first:?}; a whole scatter takes {full_scatter:?}");
-    assert!(
-        led_first < full_scatter / 2,
-        "the led stream's first batch came after {led_first:?}"
-    );
+    let at_first = pile_bytes(&scratch);
     assert_eq!(first.len(), 256, "the lead's first batch");
-    close_promptly(
-        "led, closed after its first batch",
-        s,
-        &piles_left,
-        full_scatter,
+    s.close().unwrap();
+    let wrote = piles_until("led, closed after its first batch", &scratch, || {
+        piles_left() == 0
+    });
+    eprintln!(
+        "led: {at_first} bytes of piles at the first batch, {wrote} at most until the close \
+         took them; a whole scatter {whole}"
+    );
+    assert!(
+        at_first.max(wrote) < whole,
+        "led: {at_first} bytes of piles at the first batch, {wrote} at most until the close \
+         took them; a whole scatter {whole}"
     );
     drop(c);
     drop(d);
@@ -1315,14 +1344,16 @@ fn slow_and_idle_clients_lose_their_slot_and_honest_ones_do_not() {
             let started = Instant::now();
             let bytes = hello();
             let gap = Duration::from_secs(14) / bytes.len() as u32;
+            let mut written = 0;
             for b in &bytes {
                 if s.write_all(&[*b]).is_err() {
                     break;
                 }
+                written += 1;
                 std::thread::sleep(gap);
             }
             let e = expect_fatal_error(&mut s);
-            (started.elapsed(), e)
+            (started.elapsed(), written < bytes.len(), e)
         })
     };
     // Greeted, then silent.
@@ -1344,10 +1375,8 @@ fn slow_and_idle_clients_lose_their_slot_and_honest_ones_do_not() {
     let got = read_all(&mut honest, req);
     assert_eq!(got.len() as u64, 3 * 20_000u64.div_ceil(64));
     drop(honest);
-    let started = Instant::now();
     let e = expect_fatal_error(&mut silent);
     assert_eq!(e["code"], "timeout", "{e}");
-    assert!(started.elapsed() < Duration::from_secs(5));
     let e = loop {
         match stalled.frame() {
             Ok((Kind::Error, body)) => break serde_json::from_slice::<Value>(&body).unwrap(),
@@ -1356,11 +1385,14 @@ fn slow_and_idle_clients_lose_their_slot_and_honest_ones_do_not() {
         }
     };
     assert_eq!(e["code"], "timeout", "{e}");
-    let (took, e) = trickler.join().unwrap();
+    let (took, cut_short, e) = trickler.join().unwrap();
     assert_eq!(e["code"], "timeout", "{e}");
+    // Cut off while it still trickled, and not before the 10 s the handshake has (a loaded
+    // machine only makes either later).
+    assert!(cut_short, "the trickled HELLO was read to its end");
     assert!(
-        took >= Duration::from_secs(9) && took < Duration::from_secs(14),
-        "the trickled HELLO was cut off after {took:?} (its writes end at 14 s)"
+        took >= Duration::from_secs(9),
+        "the trickled HELLO was cut off after {took:?}, before its 10 s"
     );
     // Only the stats query's own connection is left.
     d.wait_stats("every slot freed", |s| s["clients"] == 1);

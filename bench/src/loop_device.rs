@@ -447,11 +447,11 @@ mod tests {
     const SMALL: u64 = 64 << 20;
 
     /// The device tests one at a time (`losetup --find` in two processes at once can race
-    /// for the same free device), or `None` with the reason printed when they cannot run.
+    /// for the same free device), or `None`, the skip counted, when they cannot run.
     fn devices() -> Option<std::sync::MutexGuard<'static, ()>> {
         static DEVICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
         if let Some(why) = cannot_make_devices() {
-            eprintln!("skipped: {why}");
+            riffle::testing::skip(&why);
             return None;
         }
         Some(DEVICES.lock().unwrap_or_else(|e| e.into_inner()))

@@ -51,5 +51,7 @@ pub mod scratch;
 pub mod serve;
 pub mod shuffle;
 pub mod size;
+#[doc(hidden)]
+pub mod testing;
 
 pub use error::{Error, Result};

@@ -457,7 +457,7 @@ mod tests {
     fn a_path_to_be_created_resolves_to_its_parents_disk() {
         let here = Path::new(env!("CARGO_MANIFEST_DIR"));
         let Some(disk) = device::whole_disk(fs::metadata(here).unwrap().dev()) else {
-            eprintln!("skipped: {} is on no block device", here.display());
+            crate::testing::skip(&format!("{} is on no block device", here.display()));
             return;
         };
         assert_eq!(disk_of(&here.join("no/such/file")).unwrap(), disk);

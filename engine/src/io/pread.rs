@@ -45,7 +45,7 @@ pub struct PreadBackend {
 
 impl PreadBackend {
     /// A pool with `depth` slots of `slot_size` bytes aligned to `align`, and as many
-    /// threads as `threads` (at least one, at most `depth` and [`MAX_THREADS`]).
+    /// threads as `threads` (at least one, at most `depth` and `MAX_THREADS`).
     pub fn new(depth: usize, slot_size: usize, align: usize, threads: usize) -> Self {
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded();

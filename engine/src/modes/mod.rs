@@ -140,7 +140,7 @@ impl ReadOptions {
         Ok(split)
     }
 
-    /// The split of epoch `epoch`: [`ReadOptions::split`], or, for the epoch a global
+    /// The split of epoch `epoch`: `ReadOptions::split`, or, for the epoch a global
     /// cursor resumes inside a round of batches, what remains of it from there.
     pub fn split_for(&self, epoch: u64, records: u64) -> crate::Result<Split> {
         match (self.resume, self.resume_start) {
@@ -224,8 +224,9 @@ pub struct Batch {
     pub payload: Payload,
     /// How many records at the end are padding (repeated from the epoch's start).
     pub padding: usize,
-    /// Each record's label, when the dataset has labels ([`Dataset::labels`]: a `files`
-    /// tree of class directories); empty otherwise. A function of `ids`.
+    /// Each record's label, when the dataset has labels
+    /// ([`Dataset::labels`](crate::dataset::Dataset::labels): a `files` tree of class
+    /// directories); empty otherwise. A function of `ids`.
     pub labels: Vec<u32>,
     /// Each record's source, in a mixture ([`crate::mix`]); empty otherwise.
     pub sources: Vec<u32>,

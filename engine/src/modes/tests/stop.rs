@@ -1,9 +1,9 @@
 //! A stopped stream stops its I/O promptly: dropped (or finished) by its consumer while
 //! the two-pass scatter runs, during a pile pass, after LIRS's first batch, or while a
 //! shuffle buffer fills, the engine issues no more reads, reaps those in flight and
-//! removes its piles before the drop returns. "Promptly" is measured against the same
-//! dataset's full scatter in the same test, with a generous ratio, so a slow or loaded
-//! machine does not make it flaky; what was read is checked too (far below the dataset).
+//! removes its piles before the drop returns. "Promptly" is judged by what the stream read
+//! and wrote before it stopped (far below the dataset, or a whole pile pass), never by a
+//! duration, so a slow or loaded machine does not make it flaky; the times are printed.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -38,12 +38,8 @@ fn timed_finish(stream: BatchStream) -> (Duration, crate::modes::ReadReport) {
     (t.elapsed(), report)
 }
 
-fn assert_prompt(what: &str, took: Duration, full_scatter: Duration) {
+fn print_stop(what: &str, took: Duration, full_scatter: Duration) {
     eprintln!("{what}: stopped in {took:?} (a whole scatter: {full_scatter:?})");
-    assert!(
-        took < full_scatter / 4,
-        "{what}: stopping took {took:?}, against {full_scatter:?} for a whole scatter"
-    );
 }
 
 #[test]
@@ -69,8 +65,20 @@ fn a_dropped_stream_stops_its_reads_and_removes_its_piles_at_once() {
     let full_scatter = t.elapsed();
     assert_eq!(first.index, 0);
     // Dropped in the pile pass (loader, emitter and re-scatter threads all busy).
-    let (took, _) = timed_finish(s);
-    assert_prompt("two-pass, in the pile pass", took, full_scatter);
+    let (took, report) = timed_finish(s);
+    print_stop("two-pass, in the pile pass", took, full_scatter);
+    // The pass stopped before it re-scattered the dataset into the next epoch's piles: a
+    // whole pass would have written two epochs' piles, over twice the dataset with their
+    // frames' heads.
+    eprintln!(
+        "two-pass, in the pile pass: {} bytes of piles for {size} bytes",
+        report.scratch_bytes
+    );
+    assert!(
+        report.scratch_bytes < size * 2,
+        "the pile pass wrote {} bytes of piles for {size} bytes before it stopped",
+        report.scratch_bytes
+    );
     assert_eq!(
         std::fs::read_dir(&scratch).unwrap().count(),
         0,
@@ -81,11 +89,15 @@ fn a_dropped_stream_stops_its_reads_and_removes_its_piles_at_once() {
     let s = read_two_pass(ds.clone(), opts.clone(), scratch.clone()).unwrap();
     let t = Instant::now();
     while pile_bytes(&scratch) == 0 {
-        assert!(t.elapsed() < full_scatter, "the scatter wrote no pile");
+        // A hang guard only.
+        assert!(
+            t.elapsed() < Duration::from_secs(300),
+            "the scatter wrote no pile"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     let (took, report) = timed_finish(s);
-    assert_prompt("two-pass, in the scatter", took, full_scatter);
+    print_stop("two-pass, in the scatter", took, full_scatter);
     eprintln!(
         "two-pass, in the scatter: {} of {size} bytes read, {} bytes of piles",
         report.device_bytes, report.scratch_bytes
@@ -115,12 +127,10 @@ fn a_dropped_stream_stops_its_reads_and_removes_its_piles_at_once() {
     s.next().unwrap().unwrap();
     let first_led = t.elapsed();
     eprintln!("two-pass led: first batch after {first_led:?} (not led: {full_scatter:?})");
-    assert!(
-        first_led < full_scatter / 2,
-        "the lead's first batch came after {first_led:?}"
-    );
+    // The first batch came before the scatter ended: what the stream read, stopped right
+    // after it, stays far below the dataset (checked below).
     let (took, report) = timed_finish(s);
-    assert_prompt("two-pass led, in the scatter", took, full_scatter);
+    print_stop("two-pass led, in the scatter", took, full_scatter);
     assert!(
         report.device_bytes < size / 2,
         "the led scatter read {} of {size} bytes before it stopped",
@@ -136,7 +146,7 @@ fn a_dropped_stream_stops_its_reads_and_removes_its_piles_at_once() {
     let mut s = read(ds.clone(), opts.clone()).unwrap();
     s.next().unwrap().unwrap();
     let (took, report) = timed_finish(s);
-    assert_prompt("lirs", took, full_scatter);
+    print_stop("lirs", took, full_scatter);
     assert!(
         report.device_bytes < size / 10,
         "LIRS read {} of {size} bytes",
@@ -152,7 +162,7 @@ fn a_dropped_stream_stops_its_reads_and_removes_its_piles_at_once() {
     // that only reads when the disk's writes are slow.
     std::thread::sleep((full_scatter / 10).min(Duration::from_millis(100)));
     let (took, report) = timed_finish(s);
-    assert_prompt("shuffle buffer", took, full_scatter);
+    print_stop("shuffle buffer", took, full_scatter);
     assert!(
         report.device_bytes < size / 2,
         "the buffer read {} of {size} bytes before it stopped",
