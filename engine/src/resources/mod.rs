@@ -4,7 +4,7 @@
 //! every figure a run then uses — buffer and slot sizes, queue depth, table, pile count and
 //! layout, open files, scratch — each with the reason it has that value ([`ResourcePlan`]).
 //!
-//! The modes take their sizes from here ([`LirsPlan`], [`PilePlan`]) instead of working
+//! The modes take their sizes from here ([`LirsPlan`], [`BufferPlan`], the two-pass pile plan) instead of working
 //! them out, the planner (`plan.rs`) prices its candidates with it, and `riffle plan
 //! --explain` prints it. Nothing here opens a file or asks the kernel except
 //! [`Limits::here`], which the edge calls once.
