@@ -331,16 +331,39 @@ pub fn generate(
     // Refused before the sizes are added up (a pass over every record) or anything is
     // written: a dataset that cannot fit (a tree and MDS shards included).
     let dir = crate::scratch::parent_dir(out);
-    if let Ok(free) = crate::probe::free_bytes(dir) {
-        if spec.least_bytes() > free {
+    // A files tree is a file per record; MDS shards hold 64 MiB each.
+    let files = match spec.format {
+        GenFormat::Files => spec.records,
+        GenFormat::Mds => spec.least_bytes().div_ceil(64 << 20) + 1,
+        _ => 1,
+    };
+    let limits = crate::resources::Limits::here(Some(dir));
+    match crate::resources::gen(spec.least_bytes(), files, cfg.depth, cfg.slot_size, &limits) {
+        Err(Error::Exhausted {
+            resource,
+            asked,
+            limit,
+        }) if resource.starts_with("scratch") => {
+            let (what, has) = if resource.contains("inodes") {
+                (
+                    format!("{asked} files"),
+                    format!("room for {limit} more files"),
+                )
+            } else {
+                (
+                    format!("at least {}", crate::size::human_bytes(asked as f64)),
+                    format!("{} free", crate::size::human_bytes(limit as f64)),
+                )
+            };
             return Err(Error::Invalid(format!(
-                "{}: {} records need at least {}, and {} has {} free",
+                "{}: {} records need {what}, and {} has {has}",
                 out.display(),
                 spec.records,
-                crate::size::human_bytes(spec.least_bytes() as f64),
                 dir.display(),
-                crate::size::human_bytes(free as f64)
             )));
+        }
+        other => {
+            other?;
         }
     }
     if matches!(spec.format, GenFormat::Files | GenFormat::Mds) {

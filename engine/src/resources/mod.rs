@@ -303,6 +303,76 @@ pub fn buffer_plan(
     Ok((sizes, plan))
 }
 
+/// The resource plan of `riffle gen`: `bytes` (at least) written as `files` files (one, or
+/// a tree's), through `depth` writes of `slot` bytes in flight, checked against the free
+/// space and inodes where they go.
+pub fn gen(
+    bytes: u64,
+    files: u64,
+    depth: usize,
+    slot: usize,
+    limits: &Limits,
+) -> Result<ResourcePlan> {
+    let mut f = Figures(Vec::new());
+    let depth = depth.max(1);
+    f.push(
+        "write_buffers",
+        Kind::Memory,
+        crate::io::footprint(slot.saturating_mul(depth)) as u64,
+        format!("{depth} writes of {} in flight", human_bytes(slot as f64)),
+    );
+    f.push(
+        "queue_depth",
+        Kind::Count,
+        depth as u64,
+        "writes in flight".into(),
+    );
+    f.push(
+        "io_slots",
+        Kind::Count,
+        depth as u64,
+        "one slot per write in flight".into(),
+    );
+    f.push(
+        "output",
+        Kind::Scratch,
+        bytes,
+        "every record at its smallest: the least the dataset takes".into(),
+    );
+    f.push(
+        "scratch_files",
+        Kind::Count,
+        files,
+        "files the dataset is written as (a tree's directories aside)".into(),
+    );
+    f.push(
+        "open_files",
+        Kind::Count,
+        1,
+        "one file written at a time".into(),
+    );
+    let plan = ResourcePlan::new("gen", f.0);
+    let d = Demand {
+        records: 0,
+        bytes,
+        max_record: 0,
+        units: 0,
+        units_bytes: 0,
+        records_per_unit: 1.0,
+        widest_unit: 0,
+        index_bytes: 0,
+        files,
+        batch: 0,
+        prefetch: 0,
+        depth,
+        memory: None,
+        grouping: Grouping::Record,
+        runs: false,
+    };
+    plan.check(&d, limits)?;
+    Ok(plan)
+}
+
 /// The resource plan of a two-pass read.
 pub fn two_pass(d: &Demand, limits: &Limits) -> Result<ResourcePlan> {
     two_pass_plan(d, limits).map(|(_, _, plan)| plan)
