@@ -395,7 +395,7 @@ pub fn plan(
             ..opts.clone()
         };
         // Worked out once for both modes (page grouping walks the whole index).
-        let unit_set = Units::new(ds, g);
+        let unit_set = Units::new(&ds.layout(), g);
         let units = unit_set.len() as f64;
         // LIRS.
         let (t, reads, read, bound) = lirs_epoch(dev, &w, units);

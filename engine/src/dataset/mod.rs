@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::format::{indexed_span, npy, Format, Span};
 use crate::io::{self, Access, DataFile, IoConfig, RangeReader};
+use crate::order::RecordLayout;
 use crate::{notice, Error, Result};
 
 pub use index::{IndexOrigin, OffsetIndex, StalePolicy};
@@ -323,6 +324,19 @@ impl Dataset {
             classes: self.classes.clone(),
             columns: self.columns.clone(),
         })
+    }
+
+    /// What the order contract needs of the records (count, files, spans): see
+    /// [`RecordLayout`]. A view's records are its draws; the files' spans stay the files'.
+    pub fn layout(&self) -> RecordLayout<'_> {
+        RecordLayout {
+            records: self.len(),
+            file_records: self.files.iter().map(|f| f.records).collect(),
+            span: Box::new(|f, i| {
+                let s = self.files[f].span(&self.format, i);
+                (s.offset, s.len)
+            }),
+        }
     }
 
     /// The files' record a view's record `id` is (itself without a view).

@@ -158,7 +158,7 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
 /// baseline's blocks.
 pub fn units_for(ds: &Dataset, opts: &ReadOptions) -> Units {
     match opts.baseline {
-        None => Units::new(ds, opts.grouping),
+        None => Units::new(&ds.layout(), opts.grouping),
         Some(Baseline::Bmf { block }) => Units::blocks(ds.len(), block),
         // One unit of everything: the table is trivial and the walker yields file order.
         // (The shuffle buffer streams through its own module; it has no units.)

@@ -48,7 +48,7 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
         return crate::mix::read(ds, opts, Some(scratch));
     }
     opts.check(ds.len())?;
-    let units = Units::new(&ds, opts.grouping);
+    let units = Units::new(&ds.layout(), opts.grouping);
     let (opts, plan) = fitted(&ds, &units, opts)?;
     // One private directory for the run (made in `scratch`, which is made too if it is
     // missing, and removed again), locked while this process lives; each epoch's piles in
