@@ -798,6 +798,7 @@ impl Conn {
             resume_start,
             io: IoConfig {
                 depth: cfg.queue_depth.max(1),
+                throttled: cfg.throttled,
                 ..IoConfig::default()
             },
             // The ring is the read-ahead the client sees; the engine keeps four more (two

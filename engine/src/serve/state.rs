@@ -32,6 +32,9 @@ pub struct ServeConfig {
     pub socket: PathBuf,
     /// Permission bits of the socket file (0o600 by default).
     pub socket_mode: u32,
+    /// The process runs under an I/O throttle (`IoConfig::throttled`): set by the caller
+    /// that entered it.
+    pub throttled: bool,
     /// The datasets clients may ask for, by name.
     pub datasets: Vec<(String, Arc<Dataset>)>,
     /// The daemon's memory: the datasets' indexes, every stream's ring (each at most this /

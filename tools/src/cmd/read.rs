@@ -165,7 +165,7 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
     Ok((riffle::plan::DeviceModel::from_profile(&profile), true))
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(a: Args, throttled: bool) -> Result<()> {
     let mode = match a.mode.as_str() {
         "auto" => "auto",
         "lirs" => "lirs",
@@ -222,6 +222,7 @@ pub fn run(a: Args) -> Result<()> {
         resume_start,
         io: IoConfig {
             depth: a.job.queue_depth.max(1),
+            throttled,
             ..IoConfig::default()
         },
         prefetch: a.prefetch,

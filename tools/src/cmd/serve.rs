@@ -127,7 +127,7 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("'{s}': expected octal permission bits like 600 or 660"))
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(a: Args, throttled: bool) -> Result<()> {
     // Block the stop signals in this thread before any other starts, so every thread
     // inherits the mask and only the waiter below ever takes them.
     let mut signals = SigSet::empty();
@@ -177,6 +177,7 @@ pub fn run(a: Args) -> Result<()> {
     let server = Server::bind(ServeConfig {
         socket: a.socket.clone(),
         socket_mode: a.socket_mode,
+        throttled,
         datasets,
         memory: a.memory,
         max_clients: a.max_clients,
