@@ -50,5 +50,6 @@ pub mod scratch;
 pub mod serve;
 pub mod shuffle;
 pub mod size;
+pub mod source;
 
 pub use error::{Error, Result};

@@ -383,8 +383,8 @@ pub fn plan(
     };
     let e = w.epochs as f64;
     let mut groupings = vec![opts.grouping];
-    // A mixture is read with record grouping (its epochs are views of drawn records).
-    if opts.grouping == Grouping::Record && ds.mixture().is_none() {
+    // A view (a mixture's epoch, drawn records) is read with record grouping.
+    if opts.grouping == Grouping::Record && !ds.is_view() {
         groupings.push(Grouping::Page { unit: 4096 });
     }
     let mut candidates = Vec::new();

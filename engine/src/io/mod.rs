@@ -176,6 +176,11 @@ impl IoConfig {
         }
     }
 
+    /// This configuration with [`IoConfig::throttled`] set to `throttled`.
+    pub fn under_throttle(self, throttled: bool) -> Self {
+        IoConfig { throttled, ..self }
+    }
+
     /// Large sequential writes: 1 MiB requests, 8 in flight (dataset generation, test files).
     pub fn sequential_write() -> Self {
         IoConfig {

@@ -135,10 +135,6 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    // A mixture is read as its epochs' views.
-    if ds.mixture().is_some() && !ds.is_view() {
-        return crate::mix::read(ds, opts, None);
-    }
     // The shuffle buffer streams the dataset sequentially: a mode of its own.
     if let Some(Baseline::Buffer { size }) = opts.baseline {
         return super::buffer::read(ds, opts, size);

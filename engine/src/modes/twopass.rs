@@ -43,10 +43,6 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    // A mixture is read as its epochs' views, each in two passes of its own.
-    if ds.mixture().is_some() && !ds.is_view() {
-        return crate::mix::read(ds, opts, Some(scratch));
-    }
     opts.check(ds.len())?;
     let units = Units::new(&ds.layout(), opts.grouping);
     let (opts, plan) = fitted(&ds, &units, opts)?;

@@ -50,10 +50,7 @@ pub fn run(args: Args, throttled: bool) -> Result<()> {
         sorted: true,
         seed: args.seed,
     };
-    let io = IoConfig {
-        throttled,
-        ..IoConfig::sequential_write()
-    };
+    let io = IoConfig::sequential_write().under_throttle(throttled);
     let w = gen::generate(&path, &spec, &io, &mut |_, _| {})?;
     println!(
         "riffle demo: {} label-sorted records of {} ({}) written to {} in {:.2} s",

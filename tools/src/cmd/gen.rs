@@ -55,10 +55,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         seed: a.seed,
     };
     let bar = progress::bytes(a.json);
-    let cfg = IoConfig {
-        throttled,
-        ..IoConfig::sequential_write()
-    };
+    let cfg = IoConfig::sequential_write().under_throttle(throttled);
     let rep = gen::generate(&a.out, &spec, &cfg, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
