@@ -222,7 +222,7 @@ pub fn shuffle(
                     if mem.footprint() > opts.memory / 2 {
                         // Too big for memory: from here on, scatter into piles.
                         let estimate = estimate.max(rep.bytes * 2);
-                        let mut p = Piles::new(&tmpdir, estimate, opts)?;
+                        let mut p = Piles::new(&tmpdir, estimate, opts.memory, opts.throttled)?;
                         mem.drain_into(&mut p, &key)?;
                         piles = Some(p);
                     }
@@ -912,8 +912,7 @@ struct Piles {
 }
 
 impl Piles {
-    fn new(tmpdir: &Path, estimate: u64, opts: &ShuffleOptions) -> Result<Piles> {
-        let memory = opts.memory;
+    fn new(tmpdir: &Path, estimate: u64, memory: u64, throttled: bool) -> Result<Piles> {
         let dir = crate::scratch::ScratchDir::new_in(tmpdir, "shuffle")?;
         // Piles of about a quarter of the budget (a larger one is read in key sub-ranges),
         // at most 4096; their shares of the fill pool take an eighth, from 16 KiB to 1 MiB each, and
@@ -926,10 +925,7 @@ impl Piles {
         let extent = ((memory / 8) / (1u64 << bits)).clamp(16 << 10, 1 << 20) as usize;
         let in_flight = ((memory / 8) as usize).min(4 << 20);
         let layout = Layout::new(bits, extent, in_flight);
-        let io = IoConfig {
-            throttled: opts.throttled,
-            ..IoConfig::default()
-        };
+        let io = IoConfig::default().under_throttle(throttled);
         let writer = PileWriter::new(dir.path(), layout, &io)?;
         Ok(Piles { dir, writer })
     }
