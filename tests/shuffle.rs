@@ -208,6 +208,7 @@ fn a_full_scratch_disk_stops_reading_the_input_at_once() {
         },
         tmpdir: Some(mnt.clone()),
         split: None,
+        throttled: false,
     };
     let mut read = 0;
     let e = shuffle(

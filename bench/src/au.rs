@@ -137,7 +137,7 @@ pub fn run(opts: &AuOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Re
     let mut rows = Vec::new();
     let mut cold = true;
     for &class in &opts.devices {
-        let (name, _throttle) = report::enter_device(class, &opts.data_dir)?;
+        let (name, throttle) = report::enter_device(class, &opts.data_dir)?;
         // Tens of seconds of random reads per epoch at most: an hdd gets a small dataset.
         let records = match (class, opts.quick) {
             (Some(DeviceClass::Hdd), true) => 1500,
@@ -153,6 +153,11 @@ pub fn run(opts: &AuOptions, progress: &mut dyn FnMut(usize, usize, &str)) -> Re
             let ds = Arc::new(crate::data::open_fixed(&path, RECORD)?);
             let ro = ReadOptions {
                 epochs: opts.epochs,
+                // Writes (two-pass piles) take a backend the throttle charges.
+                io: riffle::io::IoConfig {
+                    throttled: throttle.is_some(),
+                    ..Default::default()
+                },
                 ..ReadOptions::new(BATCH)
             };
             for mode in MODES {

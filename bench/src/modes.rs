@@ -117,9 +117,12 @@ fn one_epoch(
     ds: Arc<riffle::dataset::Dataset>,
     mode: &str,
     scratch: &std::path::Path,
+    throttled: bool,
 ) -> Result<(ReadReport, Vec<Vec<u64>>)> {
     let mut o = ReadOptions::new(BATCH);
     o.seed = 1;
+    // Writes (two-pass piles) take a backend the throttle charges.
+    o.io.throttled = throttled;
     match mode {
         "lirs-page" => o.grouping = Grouping::Page { unit: 4096 },
         "buffer" => o.baseline = Some(Baseline::Buffer { size: 1000 }),
@@ -191,7 +194,7 @@ pub fn run(
         crate::fio::FioMem::Malloc
     };
     for &class in &opts.devices {
-        let (name, _throttle) = report::enter_device(class, &opts.data_dir)?;
+        let (name, throttle) = report::enter_device(class, &opts.data_dir)?;
         for record in sizes {
             let records = records_for(class, record, opts.quick);
             let spec = crate::data::fixed_spec(record, records, true);
@@ -227,8 +230,9 @@ pub fn run(
                     step += 1;
                     cold &= report::drop_caches();
                     use nix::sys::resource::UsageWho::RUSAGE_SELF;
-                    let (epoch, cpu) =
-                        report::cpu_of(RUSAGE_SELF, || one_epoch(ds.clone(), mode, &opts.data_dir));
+                    let (epoch, cpu) = report::cpu_of(RUSAGE_SELF, || {
+                        one_epoch(ds.clone(), mode, &opts.data_dir, throttle.is_some())
+                    });
                     let (r, batches) = epoch?;
                     let (corr, labels, together) = quality(&batches, records, |id| spec.label(id));
                     rows.push(ModesRow {

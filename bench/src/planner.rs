@@ -153,7 +153,7 @@ pub fn run(
     let mut rows = Vec::new();
     let mut cold = true;
     for &class in &opts.devices {
-        let (name, _throttle) = report::enter_device(class, &opts.data_dir)?;
+        let (name, throttle) = report::enter_device(class, &opts.data_dir)?;
         progress(step, total, &format!("{name}: device profile"));
         step += 1;
         let dev = device_model(&opts.data_dir)?;
@@ -173,6 +173,11 @@ pub fn run(
                 let ds = Arc::new(crate::data::open_fixed(&path, record)?);
                 let ro = ReadOptions {
                     epochs: opts.epochs,
+                    // Writes (two-pass piles) take a backend the throttle charges.
+                    io: riffle::io::IoConfig {
+                        throttled: throttle.is_some(),
+                        ..Default::default()
+                    },
                     ..ReadOptions::new(64)
                 };
                 let free = riffle::probe::free_bytes(&opts.data_dir).ok();

@@ -51,6 +51,7 @@ pub mod scratch;
 pub mod serve;
 pub mod shuffle;
 pub mod size;
+pub mod source;
 #[doc(hidden)]
 pub mod testing;
 

@@ -8,10 +8,12 @@
 //! one whose count is larger is repeated: every record `count / records` times, and the
 //! remainder sampled without replacement. The sample depends only on (seed, epoch, source):
 //! each source's records are ranked by a keyed hash and the lowest taken. The epoch is then
-//! a view of the sources side by side ([`Dataset::with_draws`]), shuffled by the order
-//! contract like any dataset, so lirs and two-pass deliver the same batches. Batches carry
-//! each record's source ([`crate::modes::Batch::sources`]) and its id in the sources side
-//! by side.
+//! a view of the sources side by side ([`Dataset::with_draws`]), handed to a mode and
+//! shuffled by the order contract like any dataset, so lirs and two-pass deliver the same
+//! batches. Batches carry each record's source ([`crate::modes::Batch::sources`]) and its
+//! id in the sources side by side. The modes know nothing of mixtures: the dependency goes
+//! from here to them. A spec is parsed where the user speaks ([`crate::source`]); datasets
+//! never see one.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -90,10 +92,12 @@ impl MixSpec {
 /// The most records a mixture epoch holds (its draws are in memory, 8 bytes each).
 const MAX_EPOCH: u64 = 1 << 32;
 
-/// A mixture's sources: names, where each starts in the sources side by side, and the
+/// An opened mixture: its sources side by side, their names, where each starts, and the
 /// records each gives every epoch.
 #[derive(Debug)]
-pub struct MixInfo {
+pub struct Mixture {
+    /// The sources' records side by side (one format): a mixture's ids are ids of these.
+    pub sources: Arc<Dataset>,
     /// Source names.
     pub names: Vec<String>,
     /// First id of each source, and the total.
@@ -102,17 +106,16 @@ pub struct MixInfo {
     pub counts: Vec<u64>,
 }
 
-/// Opens every source (one format) and puts them side by side, marked as a mixture: a
-/// read of it reads each epoch's draws ([`read`]).
-pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Dataset> {
+/// Opens every source (one format) and puts them side by side: a read of the mixture
+/// reads each epoch's draws ([`read`]).
+pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
     let mut parts = Vec::new();
     for s in &spec.sources {
         parts.push(Dataset::open(&[&s.path], opts, &mut |_, _, _| {})?);
     }
-    let sizes: Vec<u64> = parts.iter().map(Dataset::len).collect();
-    let (mut ds, mut starts) = Dataset::concat(parts)?;
-    starts.push(ds.records());
-    let total = spec.size.unwrap_or_else(|| sizes.iter().sum());
+    let ds = Dataset::concat(parts)?;
+    let starts = ds.parts().expect("datasets side by side").to_vec();
+    let total = spec.size.unwrap_or_else(|| ds.records());
     // An epoch's draws are held in memory, 8 bytes a record (and a source's sample ranks
     // 16 bytes a record of it while it is drawn).
     let draws_bytes = total.saturating_mul(8);
@@ -127,15 +130,15 @@ pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Dataset> {
         )));
     }
     let weights: Vec<f64> = spec.sources.iter().map(|s| s.weight).collect();
-    ds.set_mixture(Arc::new(MixInfo {
+    Ok(Mixture {
+        sources: Arc::new(ds),
         names: spec.sources.iter().map(|s| s.name.clone()).collect(),
         starts,
         counts: counts(&weights, total),
-    }));
-    Ok(ds)
+    })
 }
 
-impl MixInfo {
+impl Mixture {
     /// Records in an epoch.
     pub fn size(&self) -> u64 {
         self.counts.iter().sum()
@@ -172,6 +175,12 @@ impl MixInfo {
         }
         out
     }
+
+    /// Epoch `epoch`'s view: the sources side by side, their records `draws(seed, epoch)`.
+    /// What a mode reads for that epoch, and what planners size a read of the mixture by.
+    pub fn view(&self, seed: u64, epoch: u64) -> Result<Dataset> {
+        self.sources.with_draws(self.draws(seed, epoch))
+    }
 }
 
 /// Counts proportional to `weights` adding up to `total` exactly (largest remainder;
@@ -198,14 +207,11 @@ fn counts(weights: &[f64], total: u64) -> Vec<u64> {
     out
 }
 
-/// Reads mixture `ds` (from [`open`]) with `opts` (record grouping, no baseline): each
-/// epoch a view of its draws read by lirs, or by two-pass (`scratch` given, one epoch at a
-/// time: the membership changes, so nothing rolls over). The views' batches carry the ids
+/// Reads mixture `mix` (from [`open`]) with `opts` (record grouping, no baseline): each
+/// epoch a view of its draws handed to lirs, or to two-pass (`scratch` given, one epoch at
+/// a time: the membership changes, so nothing rolls over). The views' batches carry the ids
 /// of the sources side by side and each record's source.
-pub fn read(ds: Arc<Dataset>, opts: ReadOptions, scratch: Option<PathBuf>) -> Result<BatchStream> {
-    let Some(mix) = ds.mixture().cloned() else {
-        return Err(Error::Invalid("not a mixture".into()));
-    };
+pub fn read(mix: Arc<Mixture>, opts: ReadOptions, scratch: Option<PathBuf>) -> Result<BatchStream> {
     if opts.grouping != Grouping::Record || opts.baseline.is_some() {
         return Err(Error::Invalid(
             "a mixture is read with record grouping by lirs or two-pass".into(),
@@ -218,7 +224,7 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions, scratch: Option<PathBuf>) -> Re
             if stop.is_set() {
                 break;
             }
-            let view = Arc::new(ds.with_draws(mix.draws(opts.seed, epoch))?);
+            let view = Arc::new(mix.view(opts.seed, epoch)?);
             let mut o = opts.clone();
             o.first_epoch = epoch;
             o.epochs = 1;

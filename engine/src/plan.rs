@@ -438,8 +438,8 @@ pub fn plan_within(
         w: &w,
     };
     let mut groupings = vec![opts.grouping];
-    // A mixture is read with record grouping (its epochs are views of drawn records).
-    if opts.grouping == Grouping::Record && ds.mixture().is_none() {
+    // A view (a mixture's epoch, drawn records) is read with record grouping.
+    if opts.grouping == Grouping::Record && !ds.is_view() {
         groupings.push(Grouping::Page { unit: 4096 });
     }
     let mut candidates = Vec::new();
@@ -498,7 +498,7 @@ impl Job<'_> {
             ..self.opts.clone()
         };
         // Worked out once for both modes (page grouping walks the whole index).
-        let unit_set = Units::new(self.ds, g);
+        let unit_set = Units::new(&self.ds.layout(), g);
         let units = unit_set.len() as f64;
         let demand = crate::modes::demand(self.ds, &unit_set, &o);
         let mut plans = Vec::new();

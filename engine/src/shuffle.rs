@@ -75,6 +75,9 @@ pub struct ShuffleOptions {
     pub tmpdir: Option<PathBuf>,
     /// Numbered outputs.
     pub split: Option<SplitBy>,
+    /// The process runs under an I/O throttle (`IoConfig::throttled`): set by the caller
+    /// that entered it.
+    pub throttled: bool,
 }
 
 /// What a shuffle did.
@@ -219,7 +222,7 @@ pub fn shuffle(
                     if mem.footprint() > opts.memory / 2 {
                         // Too big for memory: from here on, scatter into piles.
                         let estimate = estimate.max(rep.bytes * 2);
-                        let mut p = Piles::new(&tmpdir, estimate, opts.memory)?;
+                        let mut p = Piles::new(&tmpdir, estimate, opts.memory, opts.throttled)?;
                         mem.drain_into(&mut p, &key)?;
                         piles = Some(p);
                     }
@@ -247,7 +250,7 @@ pub fn shuffle(
         }
     }
     rep.records = id;
-    let mut out = OutputWriter::new(output, opts.split, cut.sep(), cut.trailer())?;
+    let mut out = OutputWriter::new(output, opts.split, cut.sep(), cut.trailer(), opts.throttled)?;
     out.header(&header)?;
     let written = match piles {
         None => {
@@ -909,7 +912,7 @@ struct Piles {
 }
 
 impl Piles {
-    fn new(tmpdir: &Path, estimate: u64, memory: u64) -> Result<Piles> {
+    fn new(tmpdir: &Path, estimate: u64, memory: u64, throttled: bool) -> Result<Piles> {
         let dir = crate::scratch::ScratchDir::new_in(tmpdir, "shuffle")?;
         // Piles of about a quarter of the budget (a larger one is read in key sub-ranges),
         // at most 4096; their shares of the fill pool take an eighth, from 16 KiB to 1 MiB each, and
@@ -922,7 +925,8 @@ impl Piles {
         let extent = ((memory / 8) / (1u64 << bits)).clamp(16 << 10, 1 << 20) as usize;
         let in_flight = ((memory / 8) as usize).min(4 << 20);
         let layout = Layout::new(bits, extent, in_flight);
-        let writer = PileWriter::new(dir.path(), layout, &IoConfig::default())?;
+        let io = IoConfig::default().under_throttle(throttled);
+        let writer = PileWriter::new(dir.path(), layout, &io)?;
         Ok(Piles { dir, writer })
     }
 

@@ -181,7 +181,7 @@ fn stop_on_signals() -> anyhow::Result<()> {
 fn run(cli: Cli) -> anyhow::Result<()> {
     // The guard lives until the command has returned, whatever it returned: dropping it
     // moves the process back and removes the cgroup.
-    let _throttle = match cli.emulate {
+    let throttle = match cli.emulate {
         Some(class) => {
             let t = Throttle::enter(class, &cli.command.data_path())?;
             eprintln!("riffle: {t}");
@@ -189,16 +189,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => None,
     };
+    // Commands that write pass this down in their I/O configuration (`IoConfig::throttled`),
+    // so writes take a backend the throttle charges.
+    let throttled = throttle.is_some();
     match cli.command {
-        Command::Demo(a) => cmd::demo::run(a),
+        Command::Demo(a) => cmd::demo::run(a, throttled),
         Command::Probe(a) => cmd::probe::run(a),
-        Command::Gen(a) => cmd::gen::run(a),
+        Command::Gen(a) => cmd::gen::run(a, throttled),
         Command::Index(a) => cmd::index::run(a),
         Command::Cat(a) => cmd::cat::run(a),
-        Command::Read(a) => cmd::read::run(a),
+        Command::Read(a) => cmd::read::run(a, throttled),
         Command::Plan(a) => cmd::plan::run(a),
-        Command::Shuffle(a) => cmd::shuffle::run(a),
-        Command::Serve(a) => cmd::serve::run(a),
+        Command::Shuffle(a) => cmd::shuffle::run(a, throttled),
+        Command::Serve(a) => cmd::serve::run(a, throttled),
         Command::Bench(a) => cmd::bench::run(a),
     }
 }

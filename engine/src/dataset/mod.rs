@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::format::{indexed_span, npy, Format, Span};
 use crate::io::{self, Access, DataFile, IoConfig, RangeReader};
+use crate::order::RecordLayout;
 use crate::{notice, Error, Result};
 
 pub use index::{IndexOrigin, OffsetIndex, StalePolicy};
@@ -106,9 +107,9 @@ pub struct Dataset {
     /// A view's records (`with_draws`): record i is the files' record `draws[i]` (a
     /// mixture's epoch, where a record may be drawn more than once or not at all).
     draws: Option<Arc<[u64]>>,
-    /// A mixture's sources (names, first ids, counts per epoch): set on the sources side
-    /// by side, kept by its views (which then also say each record's source).
-    mixture: Option<Arc<crate::mix::MixInfo>>,
+    /// Datasets side by side (`concat`): the first id of each part, then the total. Kept
+    /// by views, whose records then say their part (`part_of`).
+    parts: Option<Arc<[u64]>>,
     /// Record size statistics, worked out once (a pass over every record's span).
     stats: std::sync::OnceLock<SizeStats>,
     /// Each record's label, by id, when the layout gives labels (`files`).
@@ -126,12 +127,6 @@ impl Dataset {
         opts: &OpenOptions,
         progress: &mut dyn FnMut(&Path, u64, u64),
     ) -> Result<Dataset> {
-        if let [path] = paths {
-            if let Some(spec) = path.as_ref().to_str().and_then(crate::mix::MixSpec::parse) {
-                let spec = spec.map_err(Error::Invalid)?;
-                return crate::mix::open(&spec, opts);
-            }
-        }
         if opts.format == Some(Format::Files) {
             return Self::open_files(paths, opts);
         }
@@ -199,7 +194,7 @@ impl Dataset {
             files: Arc::new(files),
             first_id: first_id.into(),
             draws: None,
-            mixture: None,
+            parts: None,
             stats: std::sync::OnceLock::new(),
             labels: None,
             classes: Vec::new(),
@@ -264,27 +259,28 @@ impl Dataset {
 
     /// Total records.
     pub fn len(&self) -> u64 {
-        match (&self.draws, &self.mixture) {
-            (Some(d), _) => d.len() as u64,
-            // A mixture is read as its epochs' views: an epoch's records.
-            (None, Some(m)) => m.size(),
-            (None, None) => self.records(),
+        match &self.draws {
+            Some(d) => d.len() as u64,
+            None => self.records(),
         }
     }
 
-    /// A mixture's sources, when this is a mixture (or one of its epochs' views).
-    pub fn mixture(&self) -> Option<&Arc<crate::mix::MixInfo>> {
-        self.mixture.as_ref()
+    /// Datasets side by side ([`Dataset::concat`], or a view of them): the first id of
+    /// each part, then the total.
+    pub fn parts(&self) -> Option<&[u64]> {
+        self.parts.as_deref()
+    }
+
+    /// The part the files' record `id` (not a view's id: see [`Dataset::drawn`]) belongs
+    /// to, when these are datasets side by side.
+    pub fn part_of(&self, id: u64) -> Option<usize> {
+        let p = self.parts.as_ref()?;
+        Some(p.partition_point(|&s| s <= id).saturating_sub(1))
     }
 
     /// Whether this is a view of drawn records (a mixture's epoch).
     pub fn is_view(&self) -> bool {
         self.draws.is_some()
-    }
-
-    /// Marks these (sources side by side) as a mixture.
-    pub(crate) fn set_mixture(&mut self, m: Arc<crate::mix::MixInfo>) {
-        self.mixture = Some(m);
     }
 
     /// Records in the files (a view's `len` is its draws').
@@ -317,12 +313,26 @@ impl Dataset {
             files: self.files.clone(),
             first_id: self.first_id.clone(),
             draws: Some(draws.into()),
-            mixture: self.mixture.clone(),
-            stats: std::sync::OnceLock::new(),
+            parts: self.parts.clone(),
+            // The statistics are the files' (what a view draws does not change them).
+            stats: self.stats.clone(),
             labels,
             classes: self.classes.clone(),
             columns: self.columns.clone(),
         })
+    }
+
+    /// What the order contract needs of the records (count, files, spans): see
+    /// [`RecordLayout`]. A view's records are its draws; the files' spans stay the files'.
+    pub fn layout(&self) -> RecordLayout<'_> {
+        RecordLayout {
+            records: self.len(),
+            file_records: self.files.iter().map(|f| f.records).collect(),
+            span: Box::new(|f, i| {
+                let s = self.files[f].span(&self.format, i);
+                (s.offset, s.len)
+            }),
+        }
     }
 
     /// The files' record a view's record `id` is (itself without a view).
@@ -333,9 +343,9 @@ impl Dataset {
         }
     }
 
-    /// Datasets of one format side by side: their records in turn (a mixture's sources),
-    /// each source's first id in the result.
-    pub fn concat(parts: Vec<Dataset>) -> Result<(Dataset, Vec<u64>)> {
+    /// Datasets of one format side by side: their records in turn (a mixture's sources);
+    /// [`Dataset::parts`] says where each starts.
+    pub fn concat(parts: Vec<Dataset>) -> Result<Dataset> {
         let Some(first) = parts.first() else {
             return Err(Error::Invalid("no datasets to put together".into()));
         };
@@ -356,7 +366,10 @@ impl Dataset {
             // The parts are consumed: their files move (a part still shared is copied).
             files.extend(Arc::try_unwrap(p.files).unwrap_or_else(|a| (*a).clone()));
         }
-        Ok((Dataset::of_files(format, files), starts))
+        starts.push(total);
+        let mut ds = Dataset::of_files(format, files);
+        ds.parts = Some(starts.into());
+        Ok(ds)
     }
 
     /// Whether there are no records (never true for an opened dataset).

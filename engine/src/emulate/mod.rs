@@ -211,18 +211,6 @@ pub fn any_active() -> bool {
     !ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
 }
 
-/// The backend writes should use: under a throttle, the thread pool rather than io_uring
-/// (unless one was asked for by name). io_uring hands direct writes that extend a file to
-/// its io-wq workers, and a cgroup v1 blkio throttle does not charge their I/O: measured
-/// here, two-pass pile writes ran far above the `hdd` limit through io_uring and at it
-/// through the pool. Reads are submitted by the process itself and are throttled either way.
-pub fn write_backend(asked: crate::io::BackendChoice) -> crate::io::BackendChoice {
-    match asked {
-        crate::io::BackendChoice::Auto if any_active() => crate::io::BackendChoice::Pread,
-        other => other,
-    }
-}
-
 /// An I/O throttle on one disk that this process (and its children) run under until the
 /// guard is dropped.
 #[derive(Debug)]

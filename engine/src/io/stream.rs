@@ -50,7 +50,7 @@ impl StreamWriter {
         let file = Arc::new(file);
         let unit = file.alignment().unit().max(512);
         let cfg = IoConfig {
-            backend: crate::emulate::write_backend(cfg.backend),
+            backend: cfg.write_backend(),
             ..cfg.clone()
         };
         let mut backend = open_backend(&cfg, unit)?;

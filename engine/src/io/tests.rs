@@ -872,3 +872,25 @@ fn reads_do_not_touch_the_access_time_of_files_one_owns() {
         "the read set atime"
     );
 }
+
+/// Issue 28: emulation is passed down, not read from a global. Under a throttle
+/// (`IoConfig::throttled`, set by whoever entered it) writes asked with `Auto` take the
+/// pread pool, whose I/O the throttle charges; a backend asked for by name is kept, and
+/// nothing changes without a throttle.
+#[test]
+fn a_throttled_config_writes_through_the_pool_unless_a_backend_was_named() {
+    let throttled = |backend| IoConfig {
+        backend,
+        throttled: true,
+        ..IoConfig::default()
+    };
+    assert_eq!(
+        throttled(BackendChoice::Auto).write_backend(),
+        BackendChoice::Pread
+    );
+    assert_eq!(
+        throttled(BackendChoice::Uring).write_backend(),
+        BackendChoice::Uring
+    );
+    assert_eq!(IoConfig::default().write_backend(), BackendChoice::Auto);
+}

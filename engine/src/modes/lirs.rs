@@ -136,10 +136,6 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    // A mixture is read as its epochs' views.
-    if ds.mixture().is_some() && !ds.is_view() {
-        return crate::mix::read(ds, opts, None);
-    }
     // The shuffle buffer streams the dataset sequentially: a mode of its own.
     if let Some(Baseline::Buffer { size }) = opts.baseline {
         return super::buffer::read(ds, opts, size);
@@ -161,7 +157,7 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
 /// baseline's blocks.
 pub fn units_for(ds: &Dataset, opts: &ReadOptions) -> Units {
     match opts.baseline {
-        None => Units::new(ds, opts.grouping),
+        None => Units::new(&ds.layout(), opts.grouping),
         Some(Baseline::Bmf { block }) => Units::blocks(ds.len(), block),
         // One unit of everything: the table is trivial and the walker yields file order.
         // (The shuffle buffer streams through its own module; it has no units.)

@@ -228,7 +228,8 @@ pub struct Batch {
     /// ([`Dataset::labels`](crate::dataset::Dataset::labels): a `files` tree of class
     /// directories); empty otherwise. A function of `ids`.
     pub labels: Vec<u32>,
-    /// Each record's source, in a mixture ([`crate::mix`]); empty otherwise.
+    /// Each record's source, in a mixture (a view of datasets side by side: the part of
+    /// each record, [`crate::dataset::Dataset::part_of`]); empty otherwise.
     pub sources: Vec<u32>,
     /// When the engine completed it ([`monotonic_ns`]): latency is measured from here.
     /// Not part of the batch's identity (equality ignores it).
@@ -237,7 +238,7 @@ pub struct Batch {
 
 impl Batch {
     /// Fills in what `ds` says of the batch's records: labels (a labelled dataset), and for
-    /// a mixture's epoch, each record's id among the sources side by side and its source.
+    /// a view (a mixture's epoch), each record's id among the files' and its part.
     pub(crate) fn describe(&mut self, ds: &crate::dataset::Dataset) {
         if let Some(t) = ds.labels() {
             self.labels = self.ids.iter().map(|&id| t[id as usize]).collect();
@@ -247,8 +248,10 @@ impl Batch {
                 *id = ds.drawn(*id);
             }
         }
-        if let Some(m) = ds.mixture() {
-            self.sources = self.ids.iter().map(|&id| m.source_of(id) as u32).collect();
+        if ds.parts().is_some() {
+            self.sources = (self.ids.iter())
+                .map(|&id| ds.part_of(id).unwrap_or(0) as u32)
+                .collect();
         }
     }
 }

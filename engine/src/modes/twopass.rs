@@ -40,12 +40,8 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
-    // A mixture is read as its epochs' views, each in two passes of its own.
-    if ds.mixture().is_some() && !ds.is_view() {
-        return crate::mix::read(ds, opts, Some(scratch));
-    }
     opts.check(ds.len())?;
-    let units = Units::new(&ds, opts.grouping);
+    let units = Units::new(&ds.layout(), opts.grouping);
     // The free space is checked by the caller ([`check_scratch`]): a full disk met during
     // the scatter (a neighbour filled it) is an error of the run like any other.
     let (prefetch, plan, resources) =
@@ -64,10 +60,10 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
 /// Refuses a two-pass read of `ds` with `opts` before any I/O when its piles would not fit
 /// the free space (bytes or inodes) of the filesystem holding `scratch`, naming it.
 pub fn check_scratch(ds: &Dataset, opts: &ReadOptions, scratch: &Path) -> Result<()> {
-    if ds.is_empty() || ds.mixture().is_some() {
+    if ds.is_empty() {
         return Ok(());
     }
-    let units = Units::new(ds, opts.grouping);
+    let units = Units::new(&ds.layout(), opts.grouping);
     let d = super::demand(ds, &units, opts);
     match crate::resources::two_pass(&d, &Limits::here(Some(scratch))) {
         Err(Error::Exhausted {

@@ -20,7 +20,7 @@ pub mod units;
 pub use sort::sort_uniform;
 pub use split::{Split, Tail};
 pub use table::EpochTable;
-pub use units::{Grouping, Units};
+pub use units::{Grouping, RecordLayout, Units};
 
 /// The per-epoch key of shuffling units: a keyed bijection of u64, so keys never tie.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

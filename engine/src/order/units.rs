@@ -7,7 +7,6 @@
 use std::ops::Range;
 
 use super::IdVec;
-use crate::dataset::Dataset;
 
 /// How records are grouped into shuffling units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +30,18 @@ impl Grouping {
     }
 }
 
+/// What grouping needs to know of a dataset's records (`Dataset::layout` makes it): how
+/// many there are, how they fall into files (ids run through the files in turn) and where
+/// each lies in its file. The order contract sees nothing else of a dataset.
+pub struct RecordLayout<'a> {
+    /// Records in the sequence the order shuffles.
+    pub records: u64,
+    /// Records in each file, in id order.
+    pub file_records: Vec<u64>,
+    /// Where record `i` of file `f` lies in it: (byte offset, length).
+    pub span: Box<dyn Fn(usize, u64) -> (u64, u64) + 'a>,
+}
+
 /// The units of a dataset: contiguous ranges of record ids.
 #[derive(Clone, Debug)]
 pub struct Units {
@@ -40,9 +51,9 @@ pub struct Units {
 }
 
 impl Units {
-    /// Groups the records of `ds`.
-    pub fn new(ds: &Dataset, grouping: Grouping) -> Units {
-        let records = ds.len();
+    /// Groups the records of `layout`.
+    pub fn new(layout: &RecordLayout<'_>, grouping: Grouping) -> Units {
+        let records = layout.records;
         let Grouping::Page { unit } = grouping else {
             return Units {
                 records,
@@ -52,15 +63,15 @@ impl Units {
         let unit = unit.max(1);
         let mut starts = IdVec::with_capacity(records, 0);
         let mut id = 0u64;
-        for f in ds.files() {
+        for (f, &n) in layout.file_records.iter().enumerate() {
             let mut block = u64::MAX;
-            for i in 0..f.records {
-                let span = f.span(ds.format(), i);
-                let b = span.offset / unit;
-                if span.len > unit || b != block || i == 0 {
+            for i in 0..n {
+                let (offset, len) = (layout.span)(f, i);
+                let b = offset / unit;
+                if len > unit || b != block || i == 0 {
                     starts.push(id);
                     // A record longer than a block ends its unit at once.
-                    block = if span.len > unit { u64::MAX } else { b };
+                    block = if len > unit { u64::MAX } else { b };
                 }
                 id += 1;
             }

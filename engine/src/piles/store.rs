@@ -244,7 +244,7 @@ impl PileWriter {
             // A write being gathered per group, and those in flight.
             depth: layout.groups() + layout.depth,
             slot_size: chunk * max_run,
-            backend: crate::emulate::write_backend(io.backend),
+            backend: io.write_backend(),
             direct: io.direct,
             ..IoConfig::default()
         };

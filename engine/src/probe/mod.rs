@@ -216,6 +216,7 @@ pub fn probe(
     let wcfg = IoConfig {
         depth: 8,
         slot_size: 1 << 20,
+        throttled: opts.io.throttled || emulated.is_some(),
         ..opts.io.clone()
     };
     // A private file, never followed through a planted link, removed on every exit.

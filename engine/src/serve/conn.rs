@@ -726,7 +726,7 @@ impl Conn {
 
     fn open(&mut self, req: &OpenRequest) -> Result<(), (&'static str, String)> {
         let cfg = &self.shared.cfg;
-        let Some((_, ds)) = cfg.datasets.iter().find(|(n, _)| *n == req.dataset) else {
+        let Some((_, src)) = cfg.datasets.iter().find(|(n, _)| *n == req.dataset) else {
             let names: Vec<&str> = cfg.datasets.iter().map(|(n, _)| n.as_str()).collect();
             return Err((
                 "unknown_dataset",
@@ -737,6 +737,10 @@ impl Conn {
                 ),
             ));
         };
+        // What the first epoch reads (a mixture's view of its draws): the stream is sized by it.
+        let ds = &src
+            .epoch_view(req.seed, req.epoch)
+            .map_err(|e| ("engine", e.to_string()))?;
         let bad = |m: String| ("bad_request", m);
         let tail = match req.tail.as_str() {
             "partial" => Tail::Partial,
@@ -805,6 +809,7 @@ impl Conn {
             resume_start,
             io: IoConfig {
                 depth: cfg.queue_depth.max(1),
+                throttled: cfg.throttled,
                 ..IoConfig::default()
             },
             // The ring is the read-ahead the client sees; the engine keeps four more (two
@@ -915,7 +920,7 @@ impl Conn {
             let (stream, id, new) =
                 shared
                     .jobs
-                    .open(key.clone(), &opts, ds, root, lender, new_pass)?;
+                    .open(key.clone(), &opts, src, root, lender, new_pass)?;
             if new {
                 let mut s = shared.stats();
                 s.jobs_total += 1;
@@ -931,10 +936,10 @@ impl Conn {
                 .map_err(|m| ("busy", m))?;
             pass_grant = Some(grant);
             let stream = match mode {
-                ServeMode::Lirs | ServeMode::Auto => modes::read(ds.clone(), opts),
+                ServeMode::Lirs | ServeMode::Auto => src.read(opts, None),
                 // The engine makes its own private scratch directory in `root` and removes
                 // it when its thread ends.
-                ServeMode::TwoPass => modes::read_two_pass(ds.clone(), opts, root),
+                ServeMode::TwoPass => src.read(opts, Some(root)),
             }
             .map_err(|e| ("engine", e.to_string()))?;
             (stream, None)
@@ -958,7 +963,7 @@ impl Conn {
             format: ds.format().name().into(),
             columns: ds.columns().to_vec(),
             classes: ds.classes().to_vec(),
-            sources: ds.mixture().map(|m| m.names.clone()).unwrap_or_default(),
+            sources: src.mixture().map(|m| m.names.clone()).unwrap_or_default(),
             start: first_split.start,
             start_end: first_split.end(),
             round: split.round(),

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::dataset::Dataset;
 use crate::modes::{self, BatchStream, PayloadLender, ReadOptions, SharedPass};
+use crate::source::Source;
 
 /// What makes two streams ranks of the same job.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -106,7 +106,7 @@ impl Jobs {
         &self,
         key: JobKey,
         opts: &ReadOptions,
-        ds: &Arc<Dataset>,
+        src: &Source,
         root: PathBuf,
         lender: Option<PayloadLender>,
         new_pass: NewPass<'_>,
@@ -132,11 +132,8 @@ impl Jobs {
             return Ok(joined);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let (ds2, two_pass) = (ds.clone(), key.two_pass);
-        let start: modes::StartPass = Box::new(move |all| match two_pass {
-            true => modes::read_two_pass(ds2, all, root),
-            false => modes::read(ds2, all),
-        });
+        let (src, two_pass) = (src.clone(), key.two_pass);
+        let start: modes::StartPass = Box::new(move |all| src.read(all, two_pass.then_some(root)));
         let on_end = new_pass.ended;
         let ended: modes::PassEnded = Box::new(move |r| {
             drop(held);

@@ -101,7 +101,7 @@ impl Server {
             cfg.scratch_limit,
             cfg.datasets
                 .iter()
-                .map(|(_, d)| d.index_bytes())
+                .map(|(_, d)| d.dataset().index_bytes())
                 .sum::<u64>(),
         );
         Ok(Server {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::dataset::Dataset;
+use crate::source::Source;
 
 /// How the daemon reads datasets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,8 +32,11 @@ pub struct ServeConfig {
     pub socket: PathBuf,
     /// Permission bits of the socket file (0o600 by default).
     pub socket_mode: u32,
+    /// The process runs under an I/O throttle (`IoConfig::throttled`): set by the caller
+    /// that entered it.
+    pub throttled: bool,
     /// The datasets clients may ask for, by name.
-    pub datasets: Vec<(String, Arc<Dataset>)>,
+    pub datasets: Vec<(String, Source)>,
     /// The daemon's memory: the datasets' indexes, every stream's ring (each at most this /
     /// `max_clients`) and every engine pass (tables, buffers, read-ahead, piles).
     pub memory: u64,

@@ -37,6 +37,8 @@ pub(super) struct OutputWriter {
     records: u64,
     bytes: u64,
     index: usize,
+    /// Under an I/O throttle (`IoConfig::throttled`).
+    throttled: bool,
 }
 
 impl OutputWriter {
@@ -45,6 +47,7 @@ impl OutputWriter {
         split: Option<SplitBy>,
         sep: Option<u8>,
         trailer: Vec<u8>,
+        throttled: bool,
     ) -> Result<Self> {
         let mut w = OutputWriter {
             target: target.clone(),
@@ -56,6 +59,7 @@ impl OutputWriter {
             records: 0,
             bytes: 0,
             index: 0,
+            throttled,
         };
         w.open_next()?;
         Ok(w)
@@ -94,6 +98,7 @@ impl OutputWriter {
                 let cfg = IoConfig {
                     depth: 4,
                     slot_size: 1 << 20,
+                    throttled: self.throttled,
                     ..IoConfig::default()
                 };
                 let w = StreamWriter::for_temp(&temp, &cfg)?;

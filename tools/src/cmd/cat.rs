@@ -5,7 +5,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use riffle::dataset::Dataset;
 use riffle::io::IoConfig;
 
 #[derive(clap::Args)]
@@ -48,7 +47,9 @@ fn parse_ids(specs: &[String], n: u64) -> Result<Vec<u64>> {
 
 pub fn run(a: Args) -> Result<()> {
     let opts = a.data.options(false, false, None)?;
-    let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
+    // A mixture's records are its sources side by side (the ids its batches carry).
+    let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
+    let ds = src.dataset();
     let ids = parse_ids(&a.ids, ds.len())?;
     let mut reader = ds.reader(&IoConfig::default())?;
     let mut out: Box<dyn Write> = match &a.output {

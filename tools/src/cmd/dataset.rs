@@ -11,7 +11,8 @@ use riffle::format::Format;
 pub struct DatasetArgs {
     /// A file, a directory of files of one format, or globs. `riffle read` also takes a
     /// weighted mixture of datasets of one format:
-    /// 'mix:NAME=PATH*WEIGHT,NAME=PATH*WEIGHT[;size=RECORDS_PER_EPOCH]'.
+    /// 'mix:NAME=PATH*WEIGHT,NAME=PATH*WEIGHT[;size=RECORDS_PER_EPOCH]' (a file whose name
+    /// begins 'mix:' is given as './mix:...').
     #[arg(required = true)]
     pub dataset: Vec<PathBuf>,
     /// npy, lines, jsonl, csv (one header line), libsvm, tfrecord or fixed:SIZE[:HEADER];
@@ -44,6 +45,11 @@ pub fn parse_sep(s: &str) -> Result<u8, String> {
 }
 
 impl DatasetArgs {
+    /// The dataset as named: paths, or one weighted mixture (`mix:...`).
+    pub fn spec(&self) -> Result<riffle::source::DatasetSpec> {
+        Ok(riffle::source::DatasetSpec::parse(&self.dataset)?)
+    }
+
     /// How to open the dataset: the format (given, or told from the first file's extension
     /// when a flag has to adjust it), the stale-index policy and the record limit.
     pub fn options(

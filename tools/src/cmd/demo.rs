@@ -33,7 +33,7 @@ pub struct Args {
     pub dir: Option<std::path::PathBuf>,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(args: Args, throttled: bool) -> Result<()> {
     if args.records == 0 || args.record_size < 12 {
         bail!("the demo needs at least one record of at least 12 bytes");
     }
@@ -50,7 +50,8 @@ pub fn run(args: Args) -> Result<()> {
         sorted: true,
         seed: args.seed,
     };
-    let w = gen::generate(&path, &spec, &IoConfig::sequential_write(), &mut |_, _| {})?;
+    let io = IoConfig::sequential_write().under_throttle(throttled);
+    let w = gen::generate(&path, &spec, &io, &mut |_, _| {})?;
     println!(
         "riffle demo: {} label-sorted records of {} ({}) written to {} in {:.2} s",
         args.records,

@@ -44,7 +44,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(a: Args, throttled: bool) -> Result<()> {
     let spec = GenSpec {
         format: a.format,
         records: a.records,
@@ -55,7 +55,7 @@ pub fn run(a: Args) -> Result<()> {
         seed: a.seed,
     };
     let bar = progress::bytes(a.json);
-    let cfg = IoConfig::sequential_write();
+    let cfg = IoConfig::sequential_write().under_throttle(throttled);
     let rep = gen::generate(&a.out, &spec, &cfg, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use riffle::dataset::{Dataset, IndexOrigin};
+use riffle::dataset::IndexOrigin;
 use riffle::size::{human_bytes, parse_size};
 use serde_json::json;
 
@@ -32,12 +32,14 @@ pub fn run(a: Args) -> Result<()> {
     let opts = a.data.options(a.no_rebuild, a.no_verify, a.memory)?;
     let bar = progress::bytes(a.json);
     let t = Instant::now();
-    let ds = Dataset::open(&a.data.dataset, &opts, &mut |path, done, total| {
+    let src = a.data.spec()?.open(&opts, &mut |path, done, total| {
         bar.set_message(path.display().to_string());
         bar.set_length(total);
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
+    // A mixture's indexes are its sources'.
+    let ds = src.dataset();
     let seconds = t.elapsed().as_secs_f64();
     let stats = ds.size_stats();
     let (mut built, mut loaded, mut rebuilt, mut scanned, mut scan_secs) = (0, 0, 0, 0u64, 0.0);

@@ -2,7 +2,6 @@
 //! scratch space on this device, the mode `auto` would run, and why.
 
 use anyhow::Result;
-use riffle::dataset::Dataset;
 use riffle::io::IoConfig;
 use riffle::modes::ReadOptions;
 use riffle::size::human_bytes;
@@ -31,7 +30,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let grouping = super::read::parse_grouping(&a.job.grouping, a.job.unit)?;
     let opts = a.data.options(false, false, a.job.memory)?;
-    let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
+    let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
     let read_opts = ReadOptions {
         epochs: a.job.epochs,
         grouping,
@@ -42,6 +41,8 @@ pub fn run(a: Args) -> Result<()> {
         },
         ..ReadOptions::new(a.job.batch_size)
     };
+    // A mixture is planned by its first epoch's view (what that epoch reads).
+    let ds = src.epoch_view(read_opts.seed, read_opts.first_epoch)?;
     let scratch = super::read::scratch_dir(a.job.scratch.as_ref(), &ds);
     let (dev, _) = super::read::device_model(&ds, a.json)?;
     let free = riffle::probe::free_bytes(&scratch).ok();

@@ -2,7 +2,6 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use riffle::dataset::Dataset;
@@ -165,7 +164,7 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
     Ok((riffle::plan::DeviceModel::from_profile(&profile), true))
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(a: Args, throttled: bool) -> Result<()> {
     let mode = match a.mode.as_str() {
         "auto" => "auto",
         "lirs" => "lirs",
@@ -190,13 +189,14 @@ pub fn run(a: Args) -> Result<()> {
         .with_context(|| format!("--epoch {} --epochs {}", a.epoch, a.job.epochs))?;
     let opts = a.data.options(false, false, a.job.memory)?;
     // A mixture (`mix:NAME=PATH*WEIGHT,...`) opens as its sources side by side; a read of
-    // it reads each epoch's draws.
-    let ds = Dataset::open(&a.data.dataset, &opts, &mut |_, _, _| {})?;
-    let mixture = ds.mixture().cloned();
+    // it reads each epoch's draws, and the first epoch's view is what the run is sized by.
+    let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
+    let mixture = src.mixture().cloned();
     if mixture.is_some() && grouping != Grouping::Record {
         bail!("a mixture is read with --grouping record");
     }
-    let records = ds.len();
+    let ds = src.epoch_view(a.seed, a.epoch)?;
+    let records = src.len();
     // The job's batches: the cursor given is resolved against them, and the one printed
     // at the end is taken under them.
     let split = Split::new(records, a.job.batch_size, a.rank, a.world, tail)?;
@@ -222,6 +222,7 @@ pub fn run(a: Args) -> Result<()> {
         resume_start,
         io: IoConfig {
             depth: a.job.queue_depth.max(1),
+            throttled,
             ..IoConfig::default()
         },
         prefetch: a.prefetch,
@@ -289,12 +290,12 @@ pub fn run(a: Args) -> Result<()> {
         Some(c) => Some(read_opts.split_for(c.epoch, records)?),
         None => None,
     };
-    let stream = if mode == "two-pass" {
-        modes::twopass::check_scratch(&ds, &read_opts, &scratch)?;
-        modes::read_two_pass(Arc::new(ds), read_opts, scratch)?
-    } else {
-        modes::read(Arc::new(ds), read_opts)?
-    };
+    if mode == "two-pass" {
+        // A mixture's epoch is a view of its own size: checked as the first one.
+        let first = src.epoch_view(read_opts.seed, read_opts.first_epoch)?;
+        modes::twopass::check_scratch(&first, &read_opts, &scratch)?;
+    }
+    let stream = src.read(read_opts, (mode == "two-pass").then_some(scratch))?;
     let bar = progress::steps(0, a.json);
     let mut line = String::new();
     let mut stream = stream;

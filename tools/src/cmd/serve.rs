@@ -1,11 +1,10 @@
 //! `riffle serve --socket PATH --dataset NAME=PATH[:FORMAT] ...`: the batch-feeder daemon.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::{SigSet, Signal};
-use riffle::dataset::{Dataset, OpenOptions};
+use riffle::dataset::OpenOptions;
 use riffle::format::Format;
 use riffle::serve::{ServeConfig, ServeMode, Server};
 use riffle::size::{human_bytes, parse_size};
@@ -90,6 +89,8 @@ pub struct DatasetSpec {
     /// Where the dataset is (the device `--emulate` throttles).
     pub path: PathBuf,
     format: Option<Format>,
+    /// What PATH names: paths, or a mixture.
+    spec: riffle::source::DatasetSpec,
 }
 
 /// `NAME=PATH[:FORMAT]`: the format is the part after the first colon that parses as one
@@ -110,6 +111,7 @@ fn parse_dataset(s: &str) -> Result<DatasetSpec, String> {
                 name: name.into(),
                 path: rest[..i].into(),
                 format: Some(f),
+                spec: spec_of(&rest[..i])?,
             });
         }
     }
@@ -117,7 +119,13 @@ fn parse_dataset(s: &str) -> Result<DatasetSpec, String> {
         name: name.into(),
         path: rest.into(),
         format: None,
+        spec: spec_of(rest)?,
     })
+}
+
+/// A path, or a mixture `mix:SRC=PATH*WEIGHT,...`.
+fn spec_of(path: &str) -> Result<riffle::source::DatasetSpec, String> {
+    riffle::source::DatasetSpec::parse(&[path]).map_err(|e| e.to_string())
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -127,7 +135,7 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("'{s}': expected octal permission bits like 600 or 660"))
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(a: Args, throttled: bool) -> Result<()> {
     // Block the stop signals in this thread before any other starts, so every thread
     // inherits the mask and only the waiter below ever takes them.
     let mut signals = SigSet::empty();
@@ -151,24 +159,24 @@ pub fn run(a: Args) -> Result<()> {
             format: d.format.clone(),
             ..OpenOptions::default()
         };
-        let ds = Dataset::open(&[&d.path], &opts, &mut |_, _, _| {})
+        let src = (d.spec.open(&opts, &mut |_, _, _| {}))
             .with_context(|| format!("dataset '{}'", d.name))?;
         // Worked out now rather than on the first client's open.
-        let _ = ds.size_stats();
+        let _ = src.dataset().size_stats();
         if mode == ServeMode::Auto {
             // The planner reads the device's cached profile when a stream opens.
-            super::read::device_model(&ds, false)
+            super::read::device_model(src.dataset(), false)
                 .with_context(|| format!("dataset '{}': profiling its device", d.name))?;
         }
         // Scratch of an earlier daemon that was killed (SIGKILL, a crash) goes now, not
         // when the first two-pass stream opens.
-        if let Some(first) = ds.files().first() {
+        if let Some(first) = src.dataset().files().first() {
             riffle::scratch::reclaim(&riffle::scratch::location(
                 a.scratch.as_deref(),
                 &first.path,
             ));
         }
-        datasets.push((d.name.clone(), Arc::new(ds)));
+        datasets.push((d.name.clone(), src));
     }
     let names: Vec<String> = datasets
         .iter()
@@ -177,6 +185,7 @@ pub fn run(a: Args) -> Result<()> {
     let server = Server::bind(ServeConfig {
         socket: a.socket.clone(),
         socket_mode: a.socket_mode,
+        throttled,
         datasets,
         memory: a.memory,
         max_clients: a.max_clients,

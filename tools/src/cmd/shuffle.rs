@@ -69,7 +69,7 @@ pub fn is_dash(p: &Path) -> bool {
     p.as_os_str() == "-"
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(a: Args, throttled: bool) -> Result<()> {
     let inputs: Vec<Input> = a
         .inputs
         .iter()
@@ -157,6 +157,7 @@ pub fn run(a: Args) -> Result<()> {
         format,
         tmpdir: a.tmpdir.clone(),
         split,
+        throttled,
     };
     let bar = progress::bytes(false);
     bar.set_length(shuffle::total_input_estimate(&inputs));
