@@ -35,6 +35,18 @@ pub enum Error {
     /// A request that the engine cannot honour (bad argument, budget too small, ...).
     #[error("{0}")]
     Invalid(String),
+    /// A resource asked for is beyond what this process can have (more I/O slots or
+    /// requests in flight than a backend takes, a buffer whose size overflows): refused,
+    /// never cut down in silence.
+    #[error("too many {resource}: asked {asked}, the limit is {limit}")]
+    Exhausted {
+        /// What ran out, in the plural ("I/O slots", "requests in flight", ...).
+        resource: &'static str,
+        /// How many were asked for (`u64::MAX` when the count itself overflowed).
+        asked: u64,
+        /// The most there can be.
+        limit: u64,
+    },
     /// `riffle serve` refused or ended a request, and said why: `code` is its reason
     /// (`busy`, `shutdown`, `bad_request`, `unknown_dataset`, `engine`, ...; see
     /// docs/protocol.md), `message` its words.
