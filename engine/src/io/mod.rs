@@ -406,16 +406,20 @@ pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
     let depth = cfg.depth.max(1);
     check_limit("I/O slots", depth, limits.max_slots)?;
     slab_bytes(depth, slot_size)?;
-    let in_flight = match cfg.in_flight {
-        0 => depth.min(limits.max_in_flight),
-        n => {
-            check_limit("I/O requests in flight", n, limits.max_in_flight)?;
-            n.min(depth)
-        }
-    };
+    // An explicit count is checked against the limits; 0 (as many as the slots) is left
+    // for the backend opened to read as its own limit allows (the pool: 128 threads).
+    if cfg.in_flight > 0 {
+        check_limit(
+            "I/O requests in flight",
+            cfg.in_flight,
+            limits.max_in_flight,
+        )?;
+    }
+    let in_flight = cfg.in_flight.min(depth);
     let pread = || -> Result<Box<dyn Backend>> {
+        let threads = if in_flight == 0 { depth } else { in_flight };
         Ok(Box::new(pread::PreadBackend::new(
-            depth, slot_size, align, in_flight,
+            depth, slot_size, align, threads,
         )?))
     };
     let sizes = uring::Sizes {

@@ -681,7 +681,7 @@ impl Backend for UringBackend {
         // system call (at queue depth 1 that saves a call per request). The request is
         // queued whatever happens here, so an error is left to the next wait, which submits
         // the same queue and reports it.
-        if self.queued >= self.submit_batch && self.in_flight > 1 {
+        if self.queued >= self.submit_batch && self.at_kernel() > 1 {
             let _ = self.submit(0);
         }
         Ok(())
