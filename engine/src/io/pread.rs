@@ -15,7 +15,7 @@ use super::{Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Sla
 use crate::{Error, Result};
 
 /// The most worker threads one pool starts: its most requests in flight.
-pub(crate) const MAX_THREADS: usize = 128;
+pub const MAX_THREADS: usize = 128;
 
 struct Job {
     op: Op,
