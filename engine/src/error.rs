@@ -35,15 +35,16 @@ pub enum Error {
     /// A request that the engine cannot honour (bad argument, budget too small, ...).
     #[error("{0}")]
     Invalid(String),
-    /// A resource the request needs more of than the machine or the process gives (I/O
-    /// slots, requests in flight, open files, scratch space, memory).
+    /// A resource asked for is beyond what this process can have (more I/O slots or
+    /// requests in flight than a backend takes, a buffer whose size overflows): refused,
+    /// never cut down in silence.
     #[error("not enough {resource}: {asked} asked, {limit} available")]
     Exhausted {
-        /// What ran short.
+        /// What ran out, in the plural ("I/O slots", "requests in flight", ...).
         resource: &'static str,
-        /// How much was asked for.
+        /// How many were asked for (`u64::MAX` when the count itself overflowed).
         asked: u64,
-        /// How much there is.
+        /// The most there can be.
         limit: u64,
     },
     /// `riffle serve` refused or ended a request, and said why: `code` is its reason

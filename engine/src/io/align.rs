@@ -64,7 +64,10 @@ pub fn detect(file: &File) -> Alignment {
                 direct_ok: true,
             };
         }
-        let blk = (meta.blksize() as usize).max(1).next_power_of_two();
+        let blk = usize::try_from(meta.blksize())
+            .unwrap_or(1)
+            .max(1)
+            .next_power_of_two();
         return Alignment {
             mem: blk,
             offset: blk,
@@ -87,11 +90,10 @@ pub fn detect(file: &File) -> Alignment {
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if v > 0 {
-        v as usize
-    } else {
-        1 << 12
-    }
+    usize::try_from(v)
+        .ok()
+        .filter(|&page| page > 0)
+        .unwrap_or(1 << 12)
 }
 
 fn from_statx(file: &File) -> Option<Alignment> {
@@ -133,7 +135,7 @@ fn blksszget(file: &File) -> Option<usize> {
     let mut size: libc::c_int = 0;
     // SAFETY: BLKSSZGET writes one int through the pointer, which is valid and writable.
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::BLKSSZGET, &mut size) };
-    (rc == 0 && size > 0).then_some(size as usize)
+    usize::try_from(size).ok().filter(|&s| rc == 0 && s > 0)
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
+use crate::{Error, Result};
+
 /// A zero-initialised buffer whose address is a multiple of `align`.
 ///
 /// Buffers of 256 KiB and more are mapped directly, rounded up to whole 2 MiB huge pages,
@@ -55,28 +57,44 @@ pub fn footprint(len: usize) -> usize {
 
 impl AlignedBuf {
     /// Allocates `len` zeroed bytes aligned to `align` (a power of two). `len` may be zero.
+    /// Panics if `len` rounded up to the alignment passes `isize::MAX`, and aborts (as a
+    /// `Vec` does) when the memory cannot be had: see [`AlignedBuf::try_new`].
     pub fn new(len: usize, align: usize) -> Self {
         assert!(
             align.is_power_of_two(),
             "alignment {align} is not a power of two"
         );
         let len = len.max(align);
+        let layout = Layout::from_size_align(len, align).expect("buffer layout");
+        Self::try_new(len, align).unwrap_or_else(|| alloc::handle_alloc_error(layout))
+    }
+
+    /// As [`AlignedBuf::new`], `None` when the memory cannot be had or `len` rounded up to
+    /// the alignment passes `isize::MAX`. Panics if `align` is not a power of two.
+    pub fn try_new(len: usize, align: usize) -> Option<Self> {
+        assert!(
+            align.is_power_of_two(),
+            "alignment {align} is not a power of two"
+        );
+        let len = len.max(align);
         if len >= MAP_THRESHOLD {
-            if let Some(buf) = Self::mapped(len.next_multiple_of(HUGE), align) {
-                return buf;
+            if let Some(buf) = len
+                .checked_next_multiple_of(HUGE)
+                .and_then(|whole| Self::mapped(whole, align))
+            {
+                return Some(buf);
             }
         }
         // A zero-sized layout cannot be allocated; len is at least one alignment unit.
-        let layout = Layout::from_size_align(len, align).expect("buffer layout");
+        let layout = Layout::from_size_align(len, align).ok()?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        AlignedBuf {
-            ptr,
+        Some(AlignedBuf {
+            ptr: NonNull::new(raw)?,
             len,
             align,
             backing: Backing::Heap(layout),
-        }
+        })
     }
 
     fn mapped(len: usize, align: usize) -> Option<Self> {
@@ -199,27 +217,57 @@ pub(crate) struct Slab {
     free_at: Vec<u32>,
 }
 
+/// The bytes of `count` slots of `slot_size` bytes: both above zero and the product at
+/// most `isize::MAX` (what an allocation may be), else [`Error::Exhausted`].
+pub(crate) fn slab_bytes(count: usize, slot_size: usize) -> Result<usize> {
+    if count == 0 || slot_size == 0 {
+        return Err(Error::Invalid(format!(
+            "{count} I/O slots of {slot_size} bytes: both must be above zero"
+        )));
+    }
+    let limit = isize::MAX.unsigned_abs();
+    match count.checked_mul(slot_size).filter(|&b| b <= limit) {
+        Some(bytes) => Ok(bytes),
+        None => Err(Error::Exhausted {
+            resource: "bytes of I/O slots",
+            asked: u64::try_from(count as u128 * slot_size as u128).unwrap_or(u64::MAX),
+            limit: limit as u64,
+        }),
+    }
+}
+
 impl Slab {
-    /// A slab of `count` slots of `slot_size` bytes (a multiple of `align`).
+    /// A slab of `count` slots of `slot_size` bytes (a multiple of `align`, a power of two).
+    /// A count of zero or past `u32::MAX`, or slots whose bytes together overflow
+    /// `isize::MAX`, are refused with [`Error::Exhausted`]; memory the allocator cannot
+    /// give is an [`Error::Invalid`] naming the size.
     ///
     /// The memory is aligned to at least a page even when the device asks for less: a
     /// page-sized read into a buffer that straddles two pages costs the device an extra
     /// DMA segment, and halves throughput on virtio disks.
-    pub(crate) fn new(count: usize, slot_size: usize, align: usize) -> Self {
-        assert!(count > 0 && count <= u32::MAX as usize);
+    pub(crate) fn new(count: usize, slot_size: usize, align: usize) -> Result<Self> {
+        let bytes = slab_bytes(count, slot_size)?;
         assert!(
-            slot_size > 0 && slot_size.is_multiple_of(align),
+            align.is_power_of_two() && slot_size.is_multiple_of(align),
             "slot size must be aligned"
         );
-        let mem = AlignedBuf::new(count * slot_size, align.max(super::align::page_size()));
-        Slab {
+        let index_limit = u32::try_from(count).map_err(|_| Error::Exhausted {
+            resource: "I/O slots",
+            asked: count as u64,
+            limit: u64::from(u32::MAX),
+        })?;
+        let mem =
+            AlignedBuf::try_new(bytes, align.max(super::align::page_size())).ok_or_else(|| {
+                Error::Invalid(format!("could not allocate {bytes} bytes of I/O slots"))
+            })?;
+        Ok(Slab {
             mem,
             slot_size,
             states: vec![SlotState::Free; count],
             spans: vec![0; count],
-            free: (0..count as u32).rev().collect(),
-            free_at: (0..count as u32).rev().collect(),
-        }
+            free: (0..index_limit).rev().collect(),
+            free_at: (0..index_limit).rev().collect(),
+        })
     }
 
     /// Number of slots.
@@ -248,10 +296,14 @@ impl Slab {
     /// Gives a held slot back. Panics if the slot is in flight: releasing it would let the
     /// next user see the kernel write into it.
     pub(crate) fn release(&mut self, slot: SlotId) {
-        let st = &mut self.states[slot.index()];
-        assert_eq!(*st, SlotState::Held, "release of a slot that is not held");
-        *st = SlotState::Free;
-        self.free_at[slot.index()] = self.free.len() as u32;
+        assert_eq!(
+            self.state(slot),
+            SlotState::Held,
+            "release of a slot that is not held"
+        );
+        self.states[slot.index()] = SlotState::Free;
+        // Fewer than u32::MAX slots are free (the count fits u32: `new`).
+        self.free_at[slot.index()] = u32::try_from(self.free.len()).expect("a u32 slot count");
         self.free.push(slot.0);
     }
 
@@ -262,19 +314,24 @@ impl Slab {
         }
         let at = self.free_at[index] as usize;
         self.free.swap_remove(at);
+        // Indices and positions are below the count, which fits u32 (`new`).
+        let id = u32::try_from(index).expect("a u32 slot index");
         if let Some(&moved) = self.free.get(at) {
-            self.free_at[moved as usize] = at as u32;
+            self.free_at[moved as usize] = u32::try_from(at).expect("a u32 slot position");
         }
         self.free_at[index] = u32::MAX;
         self.states[index] = SlotState::Held;
-        Some(SlotId(index as u32))
+        Some(SlotId(id))
     }
 
     /// The bytes of `n` held slots from `first` on, back to back. Panics if any of them is
     /// not held.
     pub(crate) fn get_run(&self, first: SlotId, n: usize) -> &[u8] {
-        let end = first.index() + n;
-        assert!(end <= self.states.len(), "slots past the end of the slab");
+        let end = first
+            .index()
+            .checked_add(n)
+            .filter(|&end| end <= self.states.len())
+            .expect("slots past the end of the slab");
         assert!(
             self.states[first.index()..end]
                 .iter()
@@ -292,10 +349,23 @@ impl Slab {
         }
     }
 
+    /// The state of `slot`. Panics if the slab has no such slot (a [`SlotId`] of another
+    /// backend): every slot access goes through here or checks the range itself.
+    fn state(&self, slot: SlotId) -> SlotState {
+        match self.states.get(slot.index()) {
+            Some(&st) => st,
+            None => panic!(
+                "slot {} of a slab of {} slots",
+                slot.index(),
+                self.states.len()
+            ),
+        }
+    }
+
     /// The bytes of a held slot.
     pub(crate) fn get(&self, slot: SlotId) -> &[u8] {
         assert_eq!(
-            self.states[slot.index()],
+            self.state(slot),
             SlotState::Held,
             "slot is not held by the caller"
         );
@@ -313,7 +383,7 @@ impl Slab {
     /// The bytes of a held slot, mutably.
     pub(crate) fn get_mut(&mut self, slot: SlotId) -> &mut [u8] {
         assert_eq!(
-            self.states[slot.index()],
+            self.state(slot),
             SlotState::Held,
             "slot is not held by the caller"
         );
@@ -341,6 +411,8 @@ impl Slab {
     pub(crate) fn start(&mut self, slot: SlotId, at: usize, len: usize) -> *mut u8 {
         let span = self.span(at, len);
         let end = slot.index().saturating_add(span);
+        // The slot itself first: a SlotId of another backend panics here.
+        self.state(slot);
         assert!(
             end <= self.count(),
             "bytes {at}..+{len} of slot {} run past the slab's {} slots",
@@ -355,16 +427,17 @@ impl Slab {
         );
         let ptr = self.range_ptr(slot, at, len);
         self.states[slot.index()..end].fill(SlotState::InFlight);
-        self.spans[slot.index()] = span as u32;
+        // span <= count, which fits u32 (`new`).
+        self.spans[slot.index()] = u32::try_from(span).expect("a u32 span");
         ptr
     }
 
     /// Marks the slots of the request at `slot` (marked by [`Slab::start`]) as returned to
     /// the caller: its completion was reaped.
     pub(crate) fn complete(&mut self, slot: SlotId) {
-        let span = self.spans[slot.index()] as usize;
+        let span = self.spans.get(slot.index()).map_or(0, |&s| s as usize);
         assert!(
-            span > 0 && self.states[slot.index()] == SlotState::InFlight,
+            span > 0 && self.state(slot) == SlotState::InFlight,
             "completion for a slot not in flight at the head of a request"
         );
         let end = slot.index() + span;
@@ -414,7 +487,7 @@ impl Slab {
 
     /// Whether the slot is in flight.
     pub(crate) fn in_flight(&self, slot: SlotId) -> bool {
-        self.states[slot.index()] == SlotState::InFlight
+        self.state(slot) == SlotState::InFlight
     }
 
     /// The whole allocation as iovecs, one per slot, for buffer registration.
@@ -432,6 +505,12 @@ impl Slab {
 
 #[cfg(test)]
 mod tests {
+    // Test data is made with casts that are meant to wrap (byte patterns from counters).
+    #![allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        clippy::cast_sign_loss
+    )]
     use super::*;
 
     #[test]
@@ -459,7 +538,7 @@ mod tests {
     /// held, never while one is free or in flight.
     #[test]
     fn runs_of_held_slots() {
-        let mut s = Slab::new(4, 4096, 4096);
+        let mut s = Slab::new(4, 4096, 4096).unwrap();
         let other = s.acquire().unwrap();
         assert!(
             s.acquire_at(other.index()).is_none(),
@@ -509,7 +588,7 @@ mod tests {
 
     #[test]
     fn slot_lifecycle() {
-        let mut s = Slab::new(2, 4096, 4096);
+        let mut s = Slab::new(2, 4096, 4096).unwrap();
         let a = s.acquire().unwrap();
         let b = s.acquire().unwrap();
         assert!(s.acquire().is_none());
@@ -530,7 +609,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "not held")]
     fn a_request_cannot_reach_into_a_slot_not_held() {
-        let mut s = Slab::new(2, 4096, 4096);
+        let mut s = Slab::new(2, 4096, 4096).unwrap();
         let a = s.acquire_at(0).unwrap();
         s.start(a, 4096 - 512, 1024);
     }
@@ -538,7 +617,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "run past")]
     fn a_request_cannot_reach_past_the_last_slot() {
-        let mut s = Slab::new(2, 4096, 4096);
+        let mut s = Slab::new(2, 4096, 4096).unwrap();
         let a = s.acquire_at(0).unwrap();
         let b = s.acquire_at(1).unwrap();
         assert_eq!(b.index(), 1);
@@ -549,7 +628,7 @@ mod tests {
     /// them all back; slots are taken by index whatever order they were freed in.
     #[test]
     fn a_request_covers_its_slots_until_completed() {
-        let mut s = Slab::new(4, 4096, 4096);
+        let mut s = Slab::new(4, 4096, 4096).unwrap();
         for i in [2, 0, 3, 1] {
             assert_eq!(s.acquire_at(i).unwrap().index(), i);
         }
@@ -572,10 +651,76 @@ mod tests {
         assert_eq!(s.acquire().unwrap().index(), 3);
     }
 
+    /// Slots whose bytes together pass what an allocation may be are refused with a typed
+    /// error, never a wrapped product; so are zero slots.
+    #[test]
+    fn an_overflowing_slab_is_refused() {
+        for (count, size) in [(1usize << 40, 1usize << 30), (usize::MAX / 4096 + 1, 4096)] {
+            match Slab::new(count, size, 4096) {
+                Err(Error::Exhausted {
+                    resource,
+                    asked,
+                    limit,
+                }) => {
+                    assert_eq!(resource, "bytes of I/O slots");
+                    assert!(asked > limit, "{asked} <= {limit}");
+                    assert_eq!(limit, isize::MAX as u64);
+                }
+                other => panic!("{count} x {size}: {:?}", other.err()),
+            }
+        }
+        let e = Slab::new(0, 4096, 4096).err().expect("zero slots refused");
+        assert!(e.to_string().contains("above zero"), "{e}");
+        let e = Slab::new(1 << 33, 4096, 4096)
+            .err()
+            .expect("2^33 slots refused");
+        assert!(matches!(e, Error::Exhausted { .. }), "{e}");
+    }
+
+    /// A slot a slab does not have (a `SlotId` of a larger backend) panics before any
+    /// memory is touched, on every accessor.
+    #[test]
+    fn a_slot_out_of_range_panics_on_every_accessor() {
+        let mut s = Slab::new(2, 4096, 4096).unwrap();
+        let far = SlotId(7);
+        type Try = Box<dyn FnOnce(&mut Slab)>;
+        let tries: [(&str, Try); 7] = [
+            ("get", Box::new(move |s| assert!(s.get(far).is_empty()))),
+            (
+                "get_mut",
+                Box::new(move |s| assert!(s.get_mut(far).is_empty())),
+            ),
+            (
+                "get_run",
+                Box::new(move |s| assert!(s.get_run(far, 1).is_empty())),
+            ),
+            (
+                "get_run wrap",
+                Box::new(|s| assert!(s.get_run(SlotId(1), usize::MAX).is_empty())),
+            ),
+            ("release", Box::new(move |s| s.release(far))),
+            (
+                "start",
+                Box::new(move |s| assert!(s.start(far, 0, 4096).is_null())),
+            ),
+            ("complete", Box::new(move |s| s.complete(far))),
+        ];
+        for (what, f) in tries {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut s)));
+            assert!(r.is_err(), "{what} of a slot out of range returned");
+        }
+        assert!(s.acquire_at(7).is_none(), "acquire_at past the end");
+        assert_eq!(
+            s.acquire().map(SlotId::index),
+            Some(0),
+            "the slab is unharmed"
+        );
+    }
+
     #[test]
     #[should_panic(expected = "not held")]
     fn in_flight_slot_is_unreachable() {
-        let mut s = Slab::new(1, 4096, 4096);
+        let mut s = Slab::new(1, 4096, 4096).unwrap();
         let a = s.acquire().unwrap();
         s.start(a, 0, 4096);
         let _ = s.get(a);

@@ -10,6 +10,14 @@
 //!
 //! [`RangeReader`] turns arbitrary byte ranges into whole aligned extents, and
 //! [`write_file`] writes a file sequentially at a queue depth; both work on either backend.
+//!
+//! Sizes here are handed to the kernel and to raw memory: a cast that could cut, wrap or
+//! lose a sign is an error in this module tree, never a silent change of size.
+#![deny(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 pub mod align;
 mod buffer;
@@ -26,6 +34,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub(crate) use buffer::release_freed_heap;
+use buffer::slab_bytes;
 use buffer::Slab;
 pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, SlotId};
 pub use file::{file_type_name, Access, DataFile};
@@ -86,10 +95,80 @@ impl BackendChoice {
     }
 }
 
+/// The most slots one backend may have: a million (4 GiB of 4 KiB slots, a pile of a
+/// million chunks). Slot state is a few bytes per slot and is walked nowhere per request, so
+/// the cap only keeps a wrong count from allocating without end.
+pub const MAX_SLOTS: usize = 1 << 20;
+
+/// What a backend can give this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BackendLimits {
+    /// What the choice resolves to here (`Auto`: io_uring when a ring can be set up now).
+    pub kind: BackendKind,
+    /// The most requests in flight: io_uring, the kernel's cap on a ring's entries
+    /// (32,768); pread, its thread cap (128).
+    pub max_in_flight: usize,
+    /// The most slots one backend may have ([`MAX_SLOTS`]); the slots' bytes together
+    /// must also fit `isize::MAX`.
+    pub max_slots: usize,
+    /// The most slots that can be registered buffers (io_uring: the kernel's 16,384, the
+    /// range of a u16 buffer index; 0 where there are none): a ring of more slots uses
+    /// plain memory, and says so in [`Backend::features`].
+    pub max_registered_slots: usize,
+    /// The soft RLIMIT_MEMLOCK in bytes (`None`: unlimited), which registered buffers
+    /// count against on kernels before 5.12 and without CAP_IPC_LOCK: a ring whose
+    /// registration is refused uses plain memory.
+    pub memlock: Option<u64>,
+}
+
+/// The kernel's cap on a ring's submission entries (IORING_MAX_ENTRIES).
+pub(crate) const URING_MAX_ENTRIES: usize = 32768;
+
+/// The kernel's cap on registered buffers (IORING_MAX_REG_BUFFERS).
+pub(crate) const URING_MAX_REG_BUFFERS: usize = 16384;
+
+/// What `choice` can give this process (`RIFFLE_IO` applies to `Auto`, as in
+/// [`open_backend`]). Cheap: io_uring's support is probed once per process, the rest is
+/// constants and one `getrlimit`.
+pub fn backend_limits(choice: BackendChoice) -> BackendLimits {
+    let choice = match (choice, BackendChoice::from_env()) {
+        (BackendChoice::Auto, Ok(Some(env))) => env,
+        (c, _) => c,
+    };
+    let uring = match choice {
+        BackendChoice::Pread => None,
+        BackendChoice::Uring => Some(uring::support().ok()),
+        BackendChoice::Auto => uring::support().ok().map(Some),
+    };
+    let memlock = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK)
+        .ok()
+        .and_then(|(soft, _)| (soft != nix::sys::resource::RLIM_INFINITY).then_some(soft));
+    match uring {
+        Some(sup) => BackendLimits {
+            kind: BackendKind::Uring,
+            max_in_flight: URING_MAX_ENTRIES,
+            max_slots: MAX_SLOTS,
+            max_registered_slots: if sup.is_some_and(|s| s.fixed_rw) {
+                URING_MAX_REG_BUFFERS
+            } else {
+                0
+            },
+            memlock,
+        },
+        None => BackendLimits {
+            kind: BackendKind::Pread,
+            max_in_flight: pread::MAX_THREADS,
+            max_slots: MAX_SLOTS,
+            max_registered_slots: 0,
+            memlock,
+        },
+    }
+}
+
 /// How to set up I/O.
 #[derive(Clone, Debug)]
 pub struct IoConfig {
-    /// Maximum requests in flight (the queue depth), and the number of buffer slots.
+    /// The number of buffer slots, and (when `in_flight` is 0) the most requests in flight.
     pub depth: usize,
     /// The largest single request, in bytes; longer ranges are split. Rounded up to the
     /// alignment.
@@ -103,9 +182,11 @@ pub struct IoConfig {
     /// block layer plug requests together, which adds latency on devices such as virtio
     /// disks (measured: 4 KiB QD 32 random reads, 64k IOPS batched vs 75k one by one).
     pub submit_batch: usize,
-    /// The most requests the caller keeps in flight when that is fewer than its slots
-    /// (slots that also hold data between reads, as a loaded pile's do); 0 for `depth`. The
-    /// pread pool starts this many threads.
+    /// The most requests in flight when that is fewer than the slots (slots that also hold
+    /// data between reads, as a loaded pile's do); 0 for `depth` (up to the backend's
+    /// [`BackendLimits::max_in_flight`]). An io_uring's ring is sized from this, not from
+    /// the slots; the pread pool starts this many threads. Pushing more is allowed: the
+    /// backend keeps at most this many at the kernel and the rest wait their turn.
     pub in_flight: usize,
     /// The io_uring features a ring is set up with (ignored by the pread pool).
     pub uring: UringFeatures,
@@ -268,8 +349,11 @@ pub trait Backend: Send {
     fn kind(&self) -> BackendKind;
     /// A short description of the features in use (registered buffers, fixed files, ...).
     fn features(&self) -> String;
-    /// Number of slots: the most requests that can be in flight.
+    /// Number of slots.
     fn depth(&self) -> usize;
+    /// The most requests at the kernel at once (at most [`Backend::depth`]); requests
+    /// pushed beyond it wait inside the backend for one to complete.
+    fn max_in_flight(&self) -> usize;
     /// Bytes per slot.
     fn slot_size(&self) -> usize;
     /// Bytes of memory the slots take.
@@ -314,7 +398,13 @@ pub trait Backend: Send {
     fn in_flight(&self) -> usize;
 }
 
-/// Sets up a backend with `depth` slots of `slot_size` bytes aligned to `align`.
+/// Sets up a backend with `cfg.depth` slots of `cfg.slot_size` bytes (rounded up to
+/// `align`), with at most `cfg.in_flight` requests at the kernel (0: as many as the slots,
+/// up to the backend's limit).
+///
+/// Nothing is cut down in silence: more slots than [`BackendLimits::max_slots`], an
+/// explicit `in_flight` above [`BackendLimits::max_in_flight`], or slots whose bytes
+/// overflow are refused with [`Error::Exhausted`].
 ///
 /// With [`BackendChoice::Auto`] (and `RIFFLE_IO` unset or `auto`), io_uring is used when a
 /// ring can be created; otherwise the pread pool is, and the reason is announced: once per
@@ -326,13 +416,42 @@ pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
         (BackendChoice::Auto, Some(env)) => env,
         (c, _) => c,
     };
-    let slot_size = cfg.slot_size.max(align).div_ceil(align) * align;
-    let depth = cfg.depth.clamp(1, 4096);
-    let threads = match cfg.in_flight {
-        0 => depth,
-        n => n.min(depth),
+    let limits = backend_limits(choice);
+    let slot_size = cfg
+        .slot_size
+        .max(align)
+        .checked_next_multiple_of(align)
+        .ok_or(Error::Exhausted {
+            resource: "bytes per I/O slot",
+            asked: u64::try_from(cfg.slot_size).unwrap_or(u64::MAX),
+            limit: isize::MAX.unsigned_abs() as u64,
+        })?;
+    let depth = cfg.depth.max(1);
+    check_limit("I/O slots", depth, limits.max_slots)?;
+    slab_bytes(depth, slot_size)?;
+    // An explicit count is checked against the limits; 0 (as many as the slots) is left
+    // for the backend opened to read as its own limit allows (the pool: 128 threads).
+    if cfg.in_flight > 0 {
+        check_limit(
+            "I/O requests in flight",
+            cfg.in_flight,
+            limits.max_in_flight,
+        )?;
+    }
+    let in_flight = cfg.in_flight.min(depth);
+    let pread = || -> Result<Box<dyn Backend>> {
+        let threads = if in_flight == 0 { depth } else { in_flight };
+        Ok(Box::new(pread::PreadBackend::new(
+            depth, slot_size, align, threads,
+        )?))
     };
-    let pread = || Box::new(pread::PreadBackend::new(depth, slot_size, align, threads));
+    let sizes = uring::Sizes {
+        slots: depth,
+        slot_size,
+        align,
+        in_flight,
+        submit_batch: cfg.submit_batch,
+    };
     let backend: Box<dyn Backend> = match choice {
         BackendChoice::Pread => {
             if std::env::var("RIFFLE_IO").is_ok_and(|v| v == "pread") {
@@ -341,41 +460,58 @@ pub fn open_backend(cfg: &IoConfig, align: usize) -> Result<Box<dyn Backend>> {
                     "RIFFLE_IO=pread: using the pread thread pool",
                 );
             }
-            pread()
+            pread()?
         }
-        BackendChoice::Uring => Box::new(uring::UringBackend::with_features(
-            depth,
-            slot_size,
-            align,
-            cfg.submit_batch,
-            cfg.uring,
-        )?),
-        BackendChoice::Auto => {
-            match uring::UringBackend::open(depth, slot_size, align, cfg.submit_batch, cfg.uring) {
-                Ok(b) => Box::new(b),
-                Err(uring::Unavailable::Unsupported(why)) => {
-                    notice::once(
-                        "uring-unavailable",
-                        &format!("io_uring unavailable ({why}); using the pread thread pool"),
-                    );
-                    pread()
-                }
-                Err(uring::Unavailable::Transient(why)) => {
-                    notice::once(
-                        &format!("uring-transient:{why}"),
-                        &format!(
-                            "io_uring could not be set up: {why}; the pread thread pool does \
-                             this I/O (io_uring is tried again next time)"
-                        ),
-                    );
-                    pread()
-                }
+        BackendChoice::Uring => Box::new(uring::UringBackend::with_sizes(sizes, cfg.uring)?),
+        BackendChoice::Auto => match uring::UringBackend::open(sizes, cfg.uring) {
+            Ok(b) => Box::new(b),
+            Err(uring::Unavailable::Unsupported(why)) => {
+                notice::once(
+                    "uring-unavailable",
+                    &format!("io_uring unavailable ({why}); using the pread thread pool"),
+                );
+                pread()?
             }
-        }
+            Err(uring::Unavailable::Transient(why)) => {
+                notice::once(
+                    &format!("uring-transient:{why}"),
+                    &format!(
+                        "io_uring could not be set up: {why}; the pread thread pool does \
+                         this I/O (io_uring is tried again next time)"
+                    ),
+                );
+                pread()?
+            }
+        },
     };
     #[cfg(test)]
     let backend = tests::wrap_backend(backend);
     Ok(backend)
+}
+
+// Offsets are u64 and lengths usize throughout: the I/O core runs on 64-bit targets only,
+// where a u64 that counts bytes of one request or one slot always fits a usize.
+const _: () = assert!(usize::BITS >= 64, "riffle's I/O needs a 64-bit target");
+
+/// A byte count bounded by a usize quantity (a slot, a request's length, a file's span
+/// under one), computed in u64 with file offsets, back as a usize. Lossless: usize is 64
+/// bits here (asserted above).
+#[allow(clippy::cast_possible_truncation)]
+#[inline]
+pub(crate) const fn usize_of(n: u64) -> usize {
+    n as usize
+}
+
+/// `asked` of `resource` when it is at most `limit`, else [`Error::Exhausted`].
+fn check_limit(resource: &'static str, asked: usize, limit: usize) -> Result<()> {
+    if asked <= limit {
+        return Ok(());
+    }
+    Err(Error::Exhausted {
+        resource,
+        asked: asked as u64,
+        limit: limit as u64,
+    })
 }
 
 /// Turns a completion's errno into an [`Error`] naming the file and offset.

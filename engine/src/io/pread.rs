@@ -1,7 +1,8 @@
 //! The fallback backend: a pool of threads doing pread/pwrite into the same aligned slots.
 //!
 //! Used when io_uring cannot be set up, or when `RIFFLE_IO=pread` asks for it. One thread
-//! per slot (capped), so the queue depth means the same as with io_uring.
+//! per request in flight (capped at [`MAX_THREADS`]): jobs pushed beyond the threads wait in
+//! the queue, as requests past a ring's in-flight count wait in the io_uring backend.
 #![allow(unsafe_code)]
 
 use std::os::fd::AsRawFd;
@@ -13,8 +14,8 @@ use crossbeam_channel::{Receiver, Sender};
 use super::{Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab, SlotId};
 use crate::{Error, Result};
 
-/// The most worker threads one pool starts.
-const MAX_THREADS: usize = 128;
+/// The most worker threads one pool starts: its most requests in flight.
+pub const MAX_THREADS: usize = 128;
 
 struct Job {
     op: Op,
@@ -45,8 +46,12 @@ pub struct PreadBackend {
 
 impl PreadBackend {
     /// A pool with `depth` slots of `slot_size` bytes aligned to `align`, and as many
-    /// threads as `threads` (at least one, at most `depth` and `MAX_THREADS`).
-    pub fn new(depth: usize, slot_size: usize, align: usize, threads: usize) -> Self {
+    /// threads as `threads` (at least one, at most `depth` and [`MAX_THREADS`]). Slots
+    /// beyond [`super::MAX_SLOTS`], or whose bytes together overflow, are refused with
+    /// [`Error::Exhausted`].
+    pub fn new(depth: usize, slot_size: usize, align: usize, threads: usize) -> Result<Self> {
+        super::check_limit("I/O slots", depth, super::MAX_SLOTS)?;
+        let slab = Slab::new(depth, slot_size, align)?;
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded::<Job>();
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let workers = (0..threads.clamp(1, depth.max(1)).min(MAX_THREADS))
@@ -59,15 +64,15 @@ impl PreadBackend {
                     .expect("spawn pread worker")
             })
             .collect();
-        PreadBackend {
-            slab: Slab::new(depth, slot_size, align),
+        Ok(PreadBackend {
+            slab,
             files: Vec::new(),
             free: Vec::new(),
             jobs: Some(jobs_tx),
             done: done_rx,
             workers,
             in_flight: 0,
-        }
+        })
     }
 
     fn take(&mut self, c: Completion, out: &mut Vec<Completion>) {
@@ -83,6 +88,19 @@ fn worker(jobs: Receiver<Job>, done: Sender<Completion>) {
         #[cfg(test)]
         super::tests::pread_gate(file.path());
         let fd = file.file().as_raw_fd();
+        let Ok(offset) = libc::off_t::try_from(op.offset) else {
+            // An offset past what the kernel takes: refused as the kernel would.
+            if done
+                .send(Completion {
+                    op,
+                    result: Err(libc::EINVAL),
+                })
+                .is_err()
+            {
+                return;
+            }
+            continue;
+        };
         let result = loop {
             // SAFETY: ptr addresses op.len bytes of the in-flight slots of this request
             // (Slab::start checked that they lie inside the slab and marked every slot
@@ -90,12 +108,12 @@ fn worker(jobs: Receiver<Job>, done: Sender<Completion>) {
             // sent.
             let rc = unsafe {
                 match op.kind {
-                    OpKind::Read => libc::pread(fd, ptr.0.cast(), op.len, op.offset as i64),
-                    OpKind::Write => libc::pwrite(fd, ptr.0.cast(), op.len, op.offset as i64),
+                    OpKind::Read => libc::pread(fd, ptr.0.cast(), op.len, offset),
+                    OpKind::Write => libc::pwrite(fd, ptr.0.cast(), op.len, offset),
                 }
             };
-            if rc >= 0 {
-                break Ok(rc as usize);
+            if let Ok(n) = usize::try_from(rc) {
+                break Ok(n);
             }
             let errno = std::io::Error::last_os_error()
                 .raw_os_error()
@@ -121,6 +139,10 @@ impl Backend for PreadBackend {
 
     fn depth(&self) -> usize {
         self.slab.count()
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.workers.len()
     }
 
     fn slot_size(&self) -> usize {
@@ -162,8 +184,13 @@ impl Backend for PreadBackend {
                 Ok(FileKey(k))
             }
             None => {
+                let key = u32::try_from(self.files.len()).map_err(|_| Error::Exhausted {
+                    resource: "files on one backend",
+                    asked: self.files.len() as u64 + 1,
+                    limit: u64::from(u32::MAX),
+                })?;
                 self.files.push(Some(file));
-                Ok(FileKey(self.files.len() as u32 - 1))
+                Ok(FileKey(key))
             }
         }
     }

@@ -628,9 +628,9 @@ impl RangeReader {
         let slot = self.backend.slot_size() as u64;
         let start = want_start / unit * unit;
         let end = want_end.div_ceil(unit) * unit;
-        let count = (end - start).div_ceil(slot) as usize;
+        let count = super::usize_of((end - start).div_ceil(slot));
         if count > 1 {
-            let n = (want_end - want_start) as usize;
+            let n = super::usize_of(want_end - want_start);
             assemblies.insert(
                 request,
                 Assembly {
@@ -647,11 +647,11 @@ impl RangeReader {
                 request,
                 file,
                 start: s,
-                len: (e - s) as usize,
+                len: super::usize_of(e - s),
                 want_start: want_start.max(s),
                 want_end: want_end.min(e),
                 retries: 0,
-                unit: unit as usize,
+                unit: super::usize_of(unit),
             });
             self.pin(file, 1);
             s = e;
@@ -702,14 +702,14 @@ impl RangeReader {
             return Ok(Some(c.op.advance(keep - c.op.at)));
         }
         let buf = self.backend.slot(c.op.slot);
-        let from = (piece.want_start - piece.start) as usize;
-        let to = (piece.want_end - piece.start) as usize;
+        let from = super::usize_of(piece.want_start - piece.start);
+        let to = super::usize_of(piece.want_end - piece.start);
         let bytes = &buf[from..to];
         self.stats.delivered_bytes += bytes.len() as u64;
         match assemblies.get_mut(&piece.request) {
             None => done(piece.request, bytes),
             Some(a) => {
-                let at = (piece.want_start - a.offset) as usize;
+                let at = super::usize_of(piece.want_start - a.offset);
                 a.data[at..at + bytes.len()].copy_from_slice(bytes);
                 a.missing -= 1;
                 if a.missing == 0 {

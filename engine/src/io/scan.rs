@@ -46,8 +46,9 @@ where
 {
     let started = Instant::now();
     let size = file.size();
-    let unit = file.alignment().unit().max(512) as u64;
-    let mut backend = open_backend(cfg, unit as usize)?;
+    let unit_bytes = file.alignment().unit().max(512);
+    let unit = unit_bytes as u64;
+    let mut backend = open_backend(cfg, unit_bytes)?;
     let key = backend.add_file(file.clone())?;
     let chunk = backend.slot_size() as u64;
     let depth = backend.depth();
@@ -68,7 +69,7 @@ where
                 slot,
                 file: key,
                 offset,
-                len: len as usize,
+                len: super::usize_of(len),
                 at: 0,
                 kind: OpKind::Read,
                 tag: next_submit,
@@ -87,7 +88,7 @@ where
         backend.wait(1, &mut completions)?;
         for c in completions.drain(..) {
             let start = c.op.tag * chunk;
-            let want = (size - start).min(chunk) as usize;
+            let want = super::usize_of((size - start).min(chunk));
             read_ops += 1;
             let n = match c.result {
                 Ok(n) => n,
@@ -103,7 +104,7 @@ where
             // Short before the end we expect: go on where it stopped (rounded down to the
             // alignment). Eight reads in a row that bring nothing new mean the file shrank
             // while being read.
-            let keep = got / unit as usize * unit as usize;
+            let keep = got / unit_bytes * unit_bytes;
             let stall = &mut stalled[c.op.slot.index()];
             *stall = if keep > c.op.at { 0 } else { *stall + 1 };
             if *stall > 8 {

@@ -100,7 +100,8 @@ impl StreamWriter {
                 }
             };
             let size = self.backend.slot_size();
-            let n = ((size - self.fill) as u64).min(len) as usize;
+            let room = size - self.fill;
+            let n = usize::try_from(len).map_or(room, |len| len.min(room));
             let at = self.position();
             fill(
                 at,
@@ -270,6 +271,12 @@ fn settle_write(
 
 #[cfg(test)]
 mod tests {
+    // Test data is made with casts that are meant to wrap (byte patterns from counters).
+    #![allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        clippy::cast_sign_loss
+    )]
     use super::*;
 
     #[test]

@@ -1,4 +1,10 @@
 //! I/O core tests on real files: real io_uring, real O_DIRECT, real pread threads.
+// Test data is made with casts that are meant to wrap (byte patterns from counters).
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
 
 use std::fs::File;
 use std::io::Write;
@@ -14,6 +20,7 @@ use super::uring::UringBackend;
 use super::*;
 
 mod faults;
+mod limits;
 pub(crate) use faults::with_short_transfers;
 use faults::{close_gate, open_gate, taken_by_drop, within, WATCHED};
 pub(super) use faults::{pread_gate, reaped_by_drop, wrap_backend};
@@ -569,7 +576,7 @@ fn dropping_a_pread_backend_waits_for_a_pending_read() {
     let (path, data) = random_file(dir.path(), "gated.bin", 64 << 10, 14);
     let file = Arc::new(DataFile::open(&path, Access::Read, true).unwrap());
     let unit = file.alignment().unit();
-    let mut b = pread::PreadBackend::new(2, 4 * unit, unit, 2);
+    let mut b = pread::PreadBackend::new(2, 4 * unit, unit, 2).unwrap();
     let key = b.add_file(file).unwrap();
     close_gate(&path);
     let tag = WATCHED | 2;

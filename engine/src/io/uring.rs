@@ -1,12 +1,13 @@
 //! The io_uring backend: one ring per backend (so one per I/O thread), batched submission,
 //! registered buffers and files where the kernel allows them.
 //!
-//! The submission queue has at least as many entries as there are slots, and every request
-//! holds a slot, so in-flight requests never exceed the ring and the completion queue
-//! (twice the submission queue) never overflows. A request counts as in flight from the
-//! moment its entry is in the submission queue until its completion is reaped, and only
-//! then: a push that fails gives the slot back, and a requeued request stays counted until
-//! the kernel has it again.
+//! The ring is sized from the most requests in flight, not from the slots: a ring of 16,384
+//! chunk slots with 16 reads in flight has 16 entries. The backend keeps at most that many
+//! requests at the kernel (a push past it first reaps a completion, kept for the next
+//! `wait`), so the submission queue always has room and the completion queue (twice the
+//! submission queue) never overflows. A request counts as in flight from the moment it is
+//! pushed until its completion is returned by `wait`, and only then: a push that fails
+//! gives the slot back, and a requeued request stays counted until the kernel has it again.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -18,6 +19,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{
     Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab, SlotId, UringFeatures,
+    URING_MAX_ENTRIES, URING_MAX_REG_BUFFERS,
 };
 use crate::{Error, Result};
 
@@ -131,6 +133,45 @@ pub(super) fn classify(e: &io::Error) -> Unavailable {
     }
 }
 
+/// A ring as set up, with the flags it got.
+struct Ring {
+    ring: IoUring,
+    coop_taskrun: bool,
+    sqpoll: bool,
+}
+
+/// A ring of `entries` submission entries (twice as many completion entries) with what
+/// `features` asks for, else a plain ring (a kernel without the flags).
+fn build_ring(entries: u32, features: UringFeatures) -> std::result::Result<Ring, Unavailable> {
+    // COOP_TASKRUN (Linux 5.19): completions are run when this thread next enters the
+    // kernel (every wait does) instead of interrupting it with a task-work signal. The
+    // kernel refuses it with SQPOLL, whose thread runs the completions itself.
+    let coop = features.coop_taskrun && features.sqpoll_idle_ms.is_none();
+    let build = |coop: bool, sqpoll: Option<u32>| {
+        let mut b = IoUring::builder();
+        b.setup_cqsize(entries * 2);
+        if coop {
+            b.setup_coop_taskrun();
+        }
+        if let Some(idle) = sqpoll {
+            b.setup_sqpoll(idle);
+        }
+        b.build(entries)
+    };
+    match build(coop, features.sqpoll_idle_ms) {
+        Ok(ring) => Ok(Ring {
+            ring,
+            coop_taskrun: coop,
+            sqpoll: features.sqpoll_idle_ms.is_some(),
+        }),
+        Err(_) => Ok(Ring {
+            ring: build(false, None).map_err(|e| classify(&e))?,
+            coop_taskrun: false,
+            sqpoll: false,
+        }),
+    }
+}
+
 /// An io_uring with its own slots and files.
 pub struct UringBackend {
     // Field order matters for drop: the ring is torn down only after Drop::drop has
@@ -149,9 +190,17 @@ pub struct UringBackend {
     ops: Vec<Option<Op>>,
     /// Entries in the submission queue that the kernel has not taken yet.
     queued: usize,
-    /// Requests the kernel has or will get: in the submission queue, in the kernel, or
-    /// waiting in `requeue`. Exactly the slots that are InFlight.
+    /// Requests pushed whose completion `wait` has not returned: in the submission queue,
+    /// in the kernel, waiting in `requeue`, or reaped into `ready`. Those but `ready`'s
+    /// are exactly the slots that are InFlight.
     in_flight: usize,
+    /// The most requests at the kernel (in flight but not in `ready`): at most the ring's
+    /// submission entries.
+    max_in_flight: usize,
+    /// Completions reaped to make room for a push, returned by the next `wait`.
+    ready: Vec<Completion>,
+    /// Why the slots are not registered buffers, when they are not.
+    plain_why: Option<&'static str>,
     /// Requests that completed with EAGAIN/EINTR, to be queued again (still in flight).
     requeue: Vec<Op>,
     submit_batch: usize,
@@ -173,10 +222,50 @@ pub(super) struct Faults {
 
 const MAX_FILES: u32 = 1024;
 
+/// The most bytes one read or write moves (Linux's MAX_RW_COUNT: `INT_MAX` rounded down to
+/// a page): a longer request is sent as this many and completes short, as the kernel would
+/// make it anyway, and the caller continues it.
+const MAX_RW_COUNT: u32 = 0x7fff_f000;
+
+/// The sizes of a ring's slots and queue.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    /// Number of slots.
+    pub slots: usize,
+    /// Bytes per slot (a multiple of `align`).
+    pub slot_size: usize,
+    /// The slots' alignment (a power of two).
+    pub align: usize,
+    /// The most requests at the kernel at once (0: as many as the slots); the ring has
+    /// this many submission entries, rounded up to a power of two.
+    pub in_flight: usize,
+    /// Submit once this many requests are queued (see [`super::IoConfig::submit_batch`]).
+    pub submit_batch: usize,
+}
+
+impl Sizes {
+    /// The slots and the requests in flight (0 read as the slots, up to the kernel's cap;
+    /// more than the slots read as the slots), or [`Error::Exhausted`] when the slots, an
+    /// explicit in-flight count or the slots' bytes pass the limits.
+    fn checked(&self) -> Result<(usize, usize)> {
+        super::check_limit("I/O slots", self.slots, super::MAX_SLOTS)?;
+        super::slab_bytes(self.slots, self.slot_size)?;
+        let in_flight = match self.in_flight {
+            0 => self.slots.min(URING_MAX_ENTRIES),
+            n => {
+                super::check_limit("I/O requests in flight", n, URING_MAX_ENTRIES)?;
+                n.min(self.slots)
+            }
+        };
+        Ok((self.slots, in_flight))
+    }
+}
+
 impl UringBackend {
-    /// A ring with `depth` slots of `slot_size` bytes aligned to `align`, submitting once
-    /// `submit_batch` requests are queued (see [`super::IoConfig::submit_batch`]). Any
-    /// reason it cannot be set up is an [`Error::UringUnavailable`].
+    /// A ring with `depth` slots of `slot_size` bytes aligned to `align`, as many requests
+    /// in flight, submitting once `submit_batch` requests are queued (see
+    /// [`super::IoConfig::submit_batch`]). Any reason it cannot be set up is an
+    /// [`Error::UringUnavailable`], sizes beyond the limits an [`Error::Exhausted`].
     pub fn new(depth: usize, slot_size: usize, align: usize, submit_batch: usize) -> Result<Self> {
         Self::with_features(
             depth,
@@ -195,72 +284,88 @@ impl UringBackend {
         submit_batch: usize,
         features: UringFeatures,
     ) -> Result<Self> {
-        Self::open(depth, slot_size, align, submit_batch, features)
-            .map_err(|u| Error::UringUnavailable(u.why().to_owned()))
+        let sizes = Sizes {
+            slots: depth,
+            slot_size,
+            align,
+            in_flight: 0,
+            submit_batch,
+        };
+        Self::with_sizes(sizes, features)
     }
 
-    /// As [`UringBackend::with_features`], telling a lasting lack of io_uring from a
-    /// transient one.
-    pub fn open(
-        depth: usize,
-        slot_size: usize,
-        align: usize,
-        submit_batch: usize,
-        features: UringFeatures,
-    ) -> std::result::Result<Self, Unavailable> {
+    /// A ring of `sizes`, asking for `features`: errors as [`UringBackend::new`].
+    pub fn with_sizes(sizes: Sizes, features: UringFeatures) -> Result<Self> {
+        sizes.checked()?;
+        Self::open(sizes, features).map_err(|u| Error::UringUnavailable(u.why().to_owned()))
+    }
+
+    /// As [`UringBackend::with_sizes`], telling a lasting lack of io_uring from a transient
+    /// one. Sizes beyond the limits (which [`super::open_backend`] and
+    /// [`UringBackend::with_sizes`] refuse first, with [`Error::Exhausted`]) are a
+    /// transient failure here, naming the error.
+    pub fn open(sizes: Sizes, features: UringFeatures) -> std::result::Result<Self, Unavailable> {
         let sup = support()?;
-        let entries = (depth as u32).next_power_of_two().max(2);
-        // COOP_TASKRUN (Linux 5.19): completions are run when this thread next enters the
-        // kernel (every wait does) instead of interrupting it with a task-work signal. The
-        // kernel refuses it with SQPOLL, whose thread runs the completions itself.
-        let coop = features.coop_taskrun && features.sqpoll_idle_ms.is_none();
-        let build = |coop: bool, sqpoll: Option<u32>| {
-            let mut b = IoUring::builder();
-            b.setup_cqsize(entries * 2);
-            if coop {
-                b.setup_coop_taskrun();
-            }
-            if let Some(idle) = sqpoll {
-                b.setup_sqpoll(idle);
-            }
-            b.build(entries)
-        };
-        // What was asked for, else a plain ring (a kernel without the flags).
-        let (ring, coop_taskrun, sqpoll) = match build(coop, features.sqpoll_idle_ms) {
-            Ok(ring) => (ring, coop, features.sqpoll_idle_ms.is_some()),
-            Err(_) => (build(false, None).map_err(|e| classify(&e))?, false, false),
-        };
-        let mut slab = Slab::new(depth, slot_size, align);
-        let iovecs = slab.iovecs();
+        let (slots, in_flight) = sizes
+            .checked()
+            .map_err(|e| Unavailable::Transient(e.to_string()))?;
+        // A power of two of at most 32,768 entries (`checked`): the conversion cannot fail.
+        let entries = u32::try_from(in_flight.next_power_of_two().max(2))
+            .map_err(|_| Unavailable::Transient(format!("{in_flight} entries")))?;
+        let ring = build_ring(entries, features)?;
+        let mut slab = Slab::new(slots, sizes.slot_size, sizes.align)
+            .map_err(|e| Unavailable::Transient(e.to_string()))?;
+        debug_assert!(URING_MAX_REG_BUFFERS <= usize::from(u16::MAX) + 1);
         let knobs = std::env::var("RIFFLE_URING").unwrap_or_default();
         let want_bufs = features.fixed_buffers && !knobs.split(',').any(|k| k == "nofixedbufs");
         let want_files = features.fixed_files && !knobs.split(',').any(|k| k == "nofixedfiles");
-        let fixed_bufs = want_bufs
-            && sup.fixed_rw
+        // A registered buffer per slot, named by a u16 index: at most 16,384 (the kernel's
+        // cap), so every slot index of a ring with registered buffers fits a u16.
+        let plain_why = if !want_bufs {
+            Some("not asked for")
+        } else if !sup.fixed_rw {
+            Some("the kernel has no READ_FIXED")
+        } else if slots > URING_MAX_REG_BUFFERS {
+            Some("more slots than can be registered")
+        } else {
+            let iovecs = slab.iovecs();
             // SAFETY: the iovecs describe the slab's memory, which stays allocated and at
             // the same address for as long as the ring exists (the slab is freed in Drop
             // only after the ring has no request in flight, and is never handed out).
-            && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
-        let fixed_files = want_files && ring.submitter().register_files_sparse(MAX_FILES).is_ok();
+            match unsafe { ring.ring.submitter().register_buffers(&iovecs) } {
+                Ok(()) => None,
+                Err(_) => Some("registration refused: see ulimit -l"),
+            }
+        };
+        let fixed_bufs = plain_why.is_none();
+        let fixed_files = want_files
+            && ring
+                .ring
+                .submitter()
+                .register_files_sparse(MAX_FILES)
+                .is_ok();
         if !fixed_bufs && !sup.plain_rw {
             return Err(Unavailable::Unsupported(
                 "the kernel supports neither registered buffers nor IORING_OP_READ".into(),
             ));
         }
         Ok(UringBackend {
-            ring,
+            ring: ring.ring,
             slab: ManuallyDrop::new(slab),
             files: Vec::new(),
             free: Vec::new(),
             fixed_files,
             fixed_bufs,
-            coop_taskrun,
-            sqpoll,
-            ops: vec![None; depth],
+            coop_taskrun: ring.coop_taskrun,
+            sqpoll: ring.sqpoll,
+            ops: vec![None; slots],
             queued: 0,
             in_flight: 0,
+            max_in_flight: in_flight,
+            ready: Vec::new(),
+            plain_why,
             requeue: Vec::new(),
-            submit_batch: submit_batch.max(1),
+            submit_batch: sizes.submit_batch.max(1),
             #[cfg(test)]
             faults: Faults::default(),
         })
@@ -289,8 +394,11 @@ impl UringBackend {
     /// The submission entry for `op`, whose bytes are at `ptr` (from the slab).
     fn sqe(&self, op: &Op, ptr: *mut u8) -> squeue::Entry {
         let raw = self.file(op.file).file().as_raw_fd();
-        let len = op.len as u32;
-        let idx = op.slot.index() as u16;
+        let len = u32::try_from(op.len)
+            .unwrap_or(MAX_RW_COUNT)
+            .min(MAX_RW_COUNT);
+        // A ring with registered buffers has at most 16,384 slots, so the index fits.
+        let idx = u16::try_from(op.slot.index()).unwrap_or(u16::MAX);
         // A buffer is registered per slot: a request that runs on into the next slots
         // reads into plain memory.
         let fixed_buf = self.fixed_bufs && self.slab.span(op.at, op.len) == 1;
@@ -319,7 +427,7 @@ impl UringBackend {
         } else {
             build!(types::Fd(raw))
         };
-        e.user_data(op.slot.index() as u64)
+        e.user_data(op.slot.0.into())
     }
 
     /// Puts an entry in the submission queue. On `Err` it is not there.
@@ -341,8 +449,8 @@ impl UringBackend {
                 self.queued += 1;
                 return Ok(());
             }
-            // The queue cannot be full while in-flight <= slots <= entries, but if it ever
-            // is, submitting frees it.
+            // The queue cannot be full while at most `max_in_flight` <= entries requests are
+            // at the kernel (`make_room`), but if it ever is, submitting frees it.
             self.submit(0)?;
         }
     }
@@ -375,13 +483,17 @@ impl UringBackend {
         }
     }
 
-    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
-        let mut got = 0;
+    /// Moves the posted completions into `ready` (their slots held by the caller again);
+    /// EAGAIN/EINTR ones are requeued instead.
+    fn reap(&mut self) {
         let mut cq = self.ring.completion();
         cq.sync();
         for cqe in &mut cq {
-            let slot = cqe.user_data() as usize;
-            let op = self.ops[slot].expect("completion for a slot with no op");
+            // user_data is a slot index (a u32), set in `sqe`.
+            let op = usize::try_from(cqe.user_data())
+                .ok()
+                .and_then(|slot| self.ops.get(slot).copied().flatten())
+                .expect("completion for a slot with no op");
             let res = cqe.result();
             #[cfg(test)]
             let res = if self.faults.eagain > 0 {
@@ -395,16 +507,29 @@ impl UringBackend {
                 self.requeue.push(op);
                 continue;
             }
-            self.ops[slot] = None;
-            self.in_flight -= 1;
+            self.ops[op.slot.index()] = None;
             self.slab.complete(op.slot);
-            out.push(Completion {
+            self.ready.push(Completion {
                 op,
-                result: if res < 0 { Err(-res) } else { Ok(res as usize) },
+                result: usize::try_from(res).map_err(|_| res.saturating_neg()),
             });
-            got += 1;
         }
-        got
+    }
+
+    /// Requests at the kernel: in flight and not reaped into `ready`.
+    fn at_kernel(&self) -> usize {
+        self.in_flight - self.ready.len()
+    }
+
+    /// Waits until fewer than `max_in_flight` requests are at the kernel, reaping into
+    /// `ready`: so the rings sized from it never fill.
+    fn make_room(&mut self) -> Result<()> {
+        while self.at_kernel() >= self.max_in_flight {
+            self.submit(1)?;
+            self.reap();
+            self.resubmit()?;
+        }
+        Ok(())
     }
 
     /// Queues the requeued requests again. Each leaves `requeue` only once it is in the
@@ -427,10 +552,9 @@ impl Backend for UringBackend {
     }
 
     fn features(&self) -> String {
-        let bufs = if self.fixed_bufs {
-            "registered buffers"
-        } else {
-            "plain buffers"
+        let bufs = match self.plain_why {
+            None => "registered buffers".to_owned(),
+            Some(why) => format!("plain buffers ({why})"),
         };
         let files = if self.fixed_files {
             "fixed files"
@@ -449,6 +573,10 @@ impl Backend for UringBackend {
 
     fn depth(&self) -> usize {
         self.slab.count()
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight
     }
 
     fn slot_size(&self) -> usize {
@@ -486,7 +614,11 @@ impl Backend for UringBackend {
     fn add_file(&mut self, file: Arc<DataFile>) -> Result<FileKey> {
         let key = FileKey(match self.free.last() {
             Some(&k) => k,
-            None => self.files.len() as u32,
+            None => u32::try_from(self.files.len()).map_err(|_| Error::Exhausted {
+                resource: "files on one backend",
+                asked: self.files.len() as u64 + 1,
+                limit: u64::from(u32::MAX),
+            })?,
         });
         if self.fixed_files && key.0 < MAX_FILES {
             let fd = file.file().as_raw_fd();
@@ -532,6 +664,8 @@ impl Backend for UringBackend {
                 .is_some_and(Option::is_some),
             "unknown file key"
         );
+        // Room first: on an error here the request was never started.
+        self.make_room()?;
         let ptr = self.slab.start(op.slot, op.at, op.len);
         let entry = self.sqe(&op, ptr);
         if let Err(e) = self.push_sqe(&entry) {
@@ -547,7 +681,7 @@ impl Backend for UringBackend {
         // system call (at queue depth 1 that saves a call per request). The request is
         // queued whatever happens here, so an error is left to the next wait, which submits
         // the same queue and reports it.
-        if self.queued >= self.submit_batch && self.in_flight > 1 {
+        if self.queued >= self.submit_batch && self.at_kernel() > 1 {
             let _ = self.submit(0);
         }
         Ok(())
@@ -555,16 +689,20 @@ impl Backend for UringBackend {
 
     fn wait(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<()> {
         let min = min.min(self.in_flight);
-        let mut got = 0;
         loop {
-            got += self.reap(out);
-            self.resubmit()?;
-            if got >= min {
+            self.reap();
+            if self.ready.len() >= min {
+                // Delivered before anything else can fail: the completions are the
+                // caller's from here on, whatever the submit below says.
+                self.in_flight -= self.ready.len();
+                out.append(&mut self.ready);
+                self.resubmit()?;
                 if self.queued > 0 {
                     self.submit(0)?;
                 }
                 return Ok(());
             }
+            self.resubmit()?;
             self.submit(1)?;
         }
     }

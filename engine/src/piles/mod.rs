@@ -8,7 +8,7 @@
 pub(crate) mod frame;
 pub(crate) mod store;
 
-pub(crate) use store::{Layout, PileBuf, PileReader, PileSet, PileWriter, MAX_DIRECT_SLOTS};
+pub(crate) use store::{Layout, PileBuf, PileReader, PileSet, PileWriter};
 
 /// Open files kept for everything else a run holds (the dataset's files, rings, the
 /// output, stdio) when sizing group files against the open-file limit.

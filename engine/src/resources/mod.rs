@@ -94,6 +94,7 @@ impl Limits {
     /// This process's limits, with the scratch space of `scratch` (a directory, or where one
     /// would be made) when given.
     pub fn here(scratch: Option<&Path>) -> Limits {
+        let io = crate::io::backend_limits(crate::io::BackendChoice::Auto);
         let soft = |r| {
             nix::sys::resource::getrlimit(r)
                 .ok()
@@ -104,12 +105,11 @@ impl Limits {
             .and_then(existing)
             .and_then(|p| crate::probe::free_space(p).ok())
             .map_or((None, None), |(b, i)| (Some(b), Some(i)));
-        // TODO(issue 28): the backend's own limits once io/ reports them.
         Limits {
-            max_in_flight: 4096,
-            max_slots: 4096,
-            max_registered_slots: 4096,
-            memlock: soft(nix::sys::resource::Resource::RLIMIT_MEMLOCK),
+            max_in_flight: io.max_in_flight,
+            max_slots: io.max_slots,
+            max_registered_slots: io.max_registered_slots,
+            memlock: io.memlock,
             open_files: soft(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap_or(1 << 20),
             scratch_free: free,
             scratch_inodes: inodes,
@@ -209,12 +209,11 @@ impl ResourcePlan {
                 limit,
             })
         };
-        if count("queue_depth") > limits.max_in_flight as u64 {
-            return refuse(
-                "I/O requests in flight",
-                count("queue_depth"),
-                limits.max_in_flight as u64,
-            );
+        // Requests past the backend's in-flight limit wait their turn (the pread pool's
+        // threads take them as they free up; a ring sized for fewer collects completions
+        // first), but each one needs a slot.
+        if count("queue_depth") > limits.max_slots as u64 {
+            return refuse("I/O slots", count("queue_depth"), limits.max_slots as u64);
         }
         for name in ["io_slots", "pile_load_slots"] {
             if count(name) > limits.max_slots as u64 {

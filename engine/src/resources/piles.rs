@@ -324,7 +324,8 @@ impl PilePlan {
             "about twice a pile's share of the fill pool per write of a pile".into(),
         );
         let chunks = self.pile_budget.div_ceil(l.chunk as u64);
-        let direct = chunks <= limits.max_slots.min(crate::piles::MAX_DIRECT_SLOTS) as u64;
+        // The pile reader's threshold: one ring's slots, at most as many as io_uring registers.
+        let direct = chunks <= limits.max_slots.min(crate::io::URING_MAX_REG_BUFFERS) as u64;
         f.push(
             "pile_load_slots",
             Kind::Count,

@@ -7,9 +7,15 @@ use proptest::prelude::*;
 
 use super::*;
 
-/// io_uring's limits and the pread pool's (its thread cap bounds requests in flight).
+/// Backends' limits.
 fn backends() -> impl Strategy<Value = (usize, usize, usize)> {
-    prop_oneof![Just((32768, 1 << 20, 16384)), Just((128, 1 << 20, 0))]
+    // io_uring's, the pread pool's (its thread cap bounds requests in flight), and a
+    // backend of few slots (the old 4,096 clamp), where deep queues must be refused.
+    prop_oneof![
+        Just((32768, 1 << 20, 16384)),
+        Just((128, 1 << 20, 0)),
+        Just((4096, 4096, 4096))
+    ]
 }
 
 prop_compose! {
@@ -19,7 +25,7 @@ prop_compose! {
         records_log in (0u32..=33),
         files_log in (0u32..=20),
         nofile_log in (6u32..=20),
-        depth in prop_oneof![Just(1usize), Just(8), Just(64), Just(256)],
+        depth in prop_oneof![Just(1usize), Just(8), Just(64), Just(256), Just(8192)],
         batch in prop_oneof![Just(1u64), Just(64), Just(256), Just(4096)],
         page in any::<bool>(),
         (max_in_flight, max_slots, max_registered_slots) in backends(),
@@ -87,7 +93,7 @@ fn holds(
             );
             prop_assert!(p.scratch_bytes <= l.scratch_free.unwrap());
             let fig = |n: &str| p.figure(n).map_or(0, |f| f.value);
-            prop_assert!(fig("queue_depth") <= l.max_in_flight as u64);
+            prop_assert!(fig("queue_depth") <= l.max_slots as u64);
             prop_assert!(fig("io_slots") <= l.max_slots as u64);
             prop_assert!(fig("pile_load_slots") <= l.max_slots as u64);
             let memory: u64 = p
@@ -150,17 +156,17 @@ fn a_limit_the_plan_passes_is_refused_naming_it() {
         scratch_inodes: Some(1 << 20),
     };
     assert!(lirs(&d, &roomy).is_ok());
-    let shallow = Limits {
-        max_in_flight: 32,
+    let few = Limits {
+        max_slots: 32,
         ..roomy
     };
-    match lirs(&d, &shallow) {
+    match lirs(&d, &few) {
         Err(Error::Exhausted {
             resource,
             asked: 64,
             limit: 32,
         }) => {
-            assert!(resource.contains("in flight"))
+            assert!(resource.contains("slots"))
         }
         other => panic!("expected a refusal of 64 reads in flight, got {other:?}"),
     }

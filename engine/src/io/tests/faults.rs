@@ -96,6 +96,9 @@ impl Backend for Short {
     fn depth(&self) -> usize {
         self.inner.depth()
     }
+    fn max_in_flight(&self) -> usize {
+        self.inner.max_in_flight()
+    }
     fn slot_size(&self) -> usize {
         self.inner.slot_size()
     }
@@ -155,7 +158,7 @@ impl Backend for Short {
                     let size = self.inner.slot_size();
                     let (from, end) = (asked.at + shown, asked.at + asked.len);
                     for k in from / size..end.div_ceil(size) {
-                        let slot = SlotId(asked.slot.0 + k as u32);
+                        let slot = SlotId(asked.slot.0 + u32::try_from(k).expect("a slot index"));
                         let (lo, hi) = (
                             from.max(k * size) - k * size,
                             end.min((k + 1) * size) - k * size,
