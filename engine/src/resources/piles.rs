@@ -189,12 +189,21 @@ impl PilePlan {
         } else {
             self.pile_memory
         };
-        let loads_once = self.piles() == 1 && self.pile_budget >= self.frames;
-        if loads_once {
+        if self.loads_once() {
             pile
         } else {
             2 * pile
         }
+    }
+
+    /// Whether the one pile is loaded once, whole (the budget holds every frame).
+    fn loads_once(&self) -> bool {
+        self.piles() == 1 && self.pile_budget >= self.frames
+    }
+
+    /// The most bytes of frames one load holds.
+    fn largest_load(&self) -> u64 {
+        self.pile_budget.min(self.frames)
     }
 
     /// Number of piles.
@@ -278,10 +287,14 @@ impl PilePlan {
             Kind::Memory,
             self.loaded_memory(),
             format!(
-                "two piles in memory (one sorted and emitted while the next loads), each its \
-                 frames (at most {}), a sixteenth of room and 32 bytes a frame for its index \
-                 and sort",
-                human_bytes(self.pile_budget as f64)
+                "{}, each its frames (at most {}), a sixteenth of room and 32 bytes a frame for \
+                 its index and sort",
+                if self.loads_once() {
+                    "one pile in memory (every frame: it is loaded once)"
+                } else {
+                    "two piles in memory (one sorted and emitted while the next loads)"
+                },
+                human_bytes(self.largest_load() as f64)
             ),
         );
         f.push(
@@ -323,7 +336,9 @@ impl PilePlan {
             2 * l.extent as u64,
             "about twice a pile's share of the fill pool per write of a pile".into(),
         );
-        let chunks = self.pile_budget.div_ceil(l.chunk as u64);
+        // The loader's ring: a slot per chunk of the load and its sixteenth of room.
+        let load = self.largest_load();
+        let chunks = (load + load / 16).div_ceil(l.chunk as u64);
         // The pile reader's threshold: one ring's slots, at most as many as io_uring registers.
         let direct = chunks <= limits.max_slots.min(crate::io::URING_MAX_REG_BUFFERS) as u64;
         f.push(
