@@ -417,7 +417,7 @@ pub fn plan_within(
         .files()
         .first()
         .and_then(|f| std::fs::File::open(&f.path).ok())
-        .map(|f| crate::io::align::detect(&f).unit().max(512) as u64)
+        .map(|f| crate::io::align::detect(&f).io_unit() as u64)
         .unwrap_or(4096);
     let w = Workload {
         records: ds.len(),

@@ -27,10 +27,20 @@ pub struct Alignment {
     pub direct_ok: bool,
 }
 
+/// The smallest unit reads and writes are cut to, even where the file asks for less (a
+/// buffered file on tmpfs asks for none): a sector, so extents and short-read restarts stay
+/// whole sectors whatever the filesystem.
+pub const MIN_UNIT: usize = 512;
+
 impl Alignment {
     /// The alignment to use for buffers, offsets and lengths alike: the larger of the two.
     pub fn unit(&self) -> usize {
         self.mem.max(self.offset).max(1).next_power_of_two()
+    }
+
+    /// The unit I/O is cut to: [`Alignment::unit`], at least [`MIN_UNIT`].
+    pub fn io_unit(&self) -> usize {
+        self.unit().max(MIN_UNIT)
     }
 }
 

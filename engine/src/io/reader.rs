@@ -252,10 +252,9 @@ impl RangeReader {
     pub fn with_files(files: Vec<Arc<DataFile>>, cfg: &IoConfig) -> Result<Self> {
         let unit = files
             .iter()
-            .map(|f| f.alignment().unit())
+            .map(|f| f.alignment().io_unit())
             .max()
-            .unwrap_or(1)
-            .max(512);
+            .unwrap_or(super::align::MIN_UNIT);
         let mut backend = open_backend(cfg, unit)?;
         let keys = files
             .into_iter()
@@ -281,7 +280,7 @@ impl RangeReader {
         // The alignment from the first file; a later one that needs more than the slots
         // give is refused when it is opened.
         let probe = DataFile::open(&first.path, Access::Read, cfg.direct)?;
-        let unit = probe.alignment().unit().max(512);
+        let unit = probe.alignment().io_unit();
         drop(probe);
         let backend = open_backend(cfg, unit)?;
         let n = files.len();
@@ -356,7 +355,7 @@ impl RangeReader {
             }
             _ => DataFile::open_listed(&spec.path, lazy.direct, spec.size)?,
         };
-        let unit = file.alignment().unit().max(512);
+        let unit = file.alignment().io_unit();
         if !self.backend.slot_size().is_multiple_of(unit) {
             return Err(Error::BadInput {
                 path: spec.path.clone(),
@@ -617,7 +616,7 @@ impl RangeReader {
     ) -> Result<()> {
         let key = self.key_of(file)?;
         let size = self.backend.file(key).size();
-        let unit = self.backend.file(key).alignment().unit().max(512);
+        let unit = self.backend.file(key).alignment().io_unit();
         let want_start = offset.min(size);
         let want_end = offset.saturating_add(len as u64).min(size);
         if want_end <= want_start {

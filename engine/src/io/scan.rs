@@ -46,7 +46,7 @@ where
 {
     let started = Instant::now();
     let size = file.size();
-    let unit_bytes = file.alignment().unit().max(512);
+    let unit_bytes = file.alignment().io_unit();
     let unit = unit_bytes as u64;
     let mut backend = open_backend(cfg, unit_bytes)?;
     let key = backend.add_file(file.clone())?;

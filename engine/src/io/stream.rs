@@ -48,7 +48,7 @@ impl StreamWriter {
 
     fn over(file: DataFile, cfg: &IoConfig) -> Result<StreamWriter> {
         let file = Arc::new(file);
-        let unit = file.alignment().unit().max(512);
+        let unit = file.alignment().io_unit();
         let cfg = IoConfig {
             backend: cfg.write_backend(),
             ..cfg.clone()

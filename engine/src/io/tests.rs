@@ -493,7 +493,7 @@ fn a_request_fills_consecutive_slots() {
                     inner.is_err(),
                     "a slot covered by a request in flight is lent"
                 );
-                let unit = b.file(key).alignment().unit().max(512);
+                let unit = b.file(key).alignment().io_unit();
                 let mut done = Vec::new();
                 while b.in_flight() > 0 {
                     b.wait(1, &mut done).unwrap();

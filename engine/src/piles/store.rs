@@ -232,10 +232,9 @@ impl PileWriter {
         }
         let unit = files
             .iter()
-            .map(|g| g.file.alignment().unit())
+            .map(|g| g.file.alignment().io_unit())
             .max()
-            .unwrap_or(512)
-            .max(512);
+            .unwrap_or(crate::io::align::MIN_UNIT);
         let chunk = layout.chunk.div_ceil(unit) * unit;
         let max_run = layout.slot / layout.chunk;
         let cfg = IoConfig {

@@ -58,7 +58,7 @@ pub struct ReadSpec {
 /// replaced by the spec's). Returns the point and the backend description.
 pub fn read_point(path: &Path, spec: &ReadSpec, cfg: &IoConfig) -> Result<Point> {
     let file = Arc::new(DataFile::open(path, Access::Read, cfg.direct)?);
-    let unit = file.alignment().unit().max(512);
+    let unit = file.alignment().io_unit();
     let bs = spec.bs.div_ceil(unit) * unit;
     let region = if spec.region == 0 {
         file.size()

@@ -114,7 +114,7 @@ fn holds(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 4096, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn lirs_plans_stay_within_their_limits((d, l) in settings()) {

@@ -133,7 +133,7 @@ impl Backend for Short {
         self.inner.file(key)
     }
     fn push(&mut self, op: Op) -> crate::Result<()> {
-        let unit = self.inner.file(op.file).alignment().unit().max(512);
+        let unit = self.inner.file(op.file).alignment().io_unit();
         let mut part = op;
         if op.len >= 4 * unit {
             part.len = op.len / 2 / unit * unit;

@@ -86,7 +86,7 @@ impl PileReader {
         buf.clear();
         frames.clear();
         let file = load.group.file.clone();
-        let unit = file.alignment().unit().max(512);
+        let unit = file.alignment().io_unit();
         let chunk = load.chunk;
         let n = load.extents.len();
         let whole_chunks = n > 0
