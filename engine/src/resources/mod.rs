@@ -7,7 +7,7 @@
 //! The modes take their sizes from here ([`LirsPlan`], [`BufferPlan`], the two-pass pile plan) instead of working
 //! them out, the planner (`plan.rs`) prices its candidates with it, and `riffle plan
 //! --explain` prints it. Nothing here opens a file or asks the kernel except
-//! [`Limits::here`], which the edge calls once.
+//! [`Limits::here`], which a run calls once as it starts (and the planner once per plan).
 
 mod buffer;
 mod lirs;
