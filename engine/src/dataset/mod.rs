@@ -538,10 +538,7 @@ pub(crate) fn skipped_name(name: &std::ffi::OsStr) -> bool {
 /// Dataset files a reader keeps open at once: a quarter of the soft open-file limit, from 16
 /// to 1,024 (io_uring's registered-file table here, so every open file is a fixed one).
 pub fn open_file_cap() -> usize {
-    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .map(|(soft, _)| soft)
-        .unwrap_or(1024);
-    (limit / 4).clamp(16, 1024) as usize
+    (crate::io::open_file_limit() / 4).clamp(16, 1024) as usize
 }
 
 /// Expands paths, directories and globs into the ordered list of files.

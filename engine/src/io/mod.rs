@@ -398,6 +398,17 @@ pub trait Backend: Send {
     fn in_flight(&self) -> usize;
 }
 
+/// The process's soft limit on open files (`ulimit -n`); 2^20 when unlimited or unknown.
+/// The one place it is read: the lazy readers' shared budget, the datasets' file cap, the
+/// pile store's group files and the resource plan all size themselves from it.
+pub fn open_file_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .ok()
+        .map(|(soft, _)| soft)
+        .filter(|&soft| soft != nix::sys::resource::RLIM_INFINITY)
+        .unwrap_or(1 << 20)
+}
+
 /// Sets up a backend with `cfg.depth` slots of `cfg.slot_size` bytes (rounded up to
 /// `align`), with at most `cfg.in_flight` requests at the kernel (0: as many as the slots,
 /// up to the backend's limit).

@@ -54,10 +54,7 @@ static LAZY_READERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicU
 /// Descriptors all lazy readers of the process may hold together: half the soft limit
 /// (the rest is for sockets, rings, piles and the like).
 fn shared_budget() -> usize {
-    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .map(|(soft, _)| soft)
-        .unwrap_or(1024);
-    (limit / 2).min(usize::MAX as u64) as usize
+    usize::try_from(super::open_file_limit() / 2).unwrap_or(usize::MAX)
 }
 
 /// A file a reader opens when it first reads it.

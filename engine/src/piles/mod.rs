@@ -14,33 +14,12 @@ pub(crate) use store::{Layout, PileBuf, PileReader, PileSet, PileWriter};
 /// output, stdio) when sizing group files against the open-file limit.
 const RESERVED_FDS: u64 = 48;
 
-/// log2 of the most group files a set of piles may hold open: 16, or fewer so that two sets
-/// (one being read, the next being written) fit the soft open-file limit (`ulimit -n`).
-pub(crate) fn max_group_bits() -> u32 {
-    match open_file_limit() {
-        Some(limit) => bits_within(limit),
-        None => store::MAX_GROUPS.trailing_zeros(),
-    }
-}
-
+/// log2 of the most group files a set of piles may hold open under a soft open-file limit
+/// of `limit` (`ulimit -n`): 16, or fewer so that two sets (one being read, the next being
+/// written) fit beside the rest of a run.
 pub(crate) fn bits_within(limit: u64) -> u32 {
     let groups = (limit.saturating_sub(RESERVED_FDS) / 2).max(1);
     (63 - groups.leading_zeros()).min(store::MAX_GROUPS.trailing_zeros())
-}
-
-/// The soft limit on open files, from `/proc/self/limits` (None when unlimited or unknown).
-fn open_file_limit() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
-    parse_limits(&text)
-}
-
-fn parse_limits(text: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
-    line["Max open files".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]
@@ -53,11 +32,5 @@ mod tests {
         assert_eq!(bits_within(64), 3, "(64 - 48) / 2 = 8");
         assert_eq!(bits_within(1 << 20), 4);
         assert_eq!(bits_within(10), 0, "one group file at least");
-        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
-                      Max open files            256                  524288               files     \n";
-        assert_eq!(parse_limits(limits), Some(256));
-        let unlimited =
-            "Max open files            unlimited            unlimited            files\n";
-        assert_eq!(parse_limits(unlimited), None);
     }
 }

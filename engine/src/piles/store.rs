@@ -73,6 +73,12 @@ impl Layout {
     /// group are written about 1 MiB at a time (measured here: 60 KiB writes spread over
     /// 16 files ran at 65% of 1 MiB sequential writes); under less, one extent at a time.
     pub(crate) fn new(bits: u32, extent: usize, in_flight: usize) -> Layout {
+        Layout::within(bits, extent, in_flight, crate::io::open_file_limit())
+    }
+
+    /// [`Layout::new`] with as many group files as an open-file limit of `open_files`
+    /// allows (the resource plan's limit, rather than this process's).
+    pub(crate) fn within(bits: u32, extent: usize, in_flight: usize, open_files: u64) -> Layout {
         let chunk = (extent / CHUNKS_PER_EXTENT / 4096 * 4096).max(4096);
         let extent = extent.max(4096).div_ceil(chunk) * chunk;
         let combine = if in_flight >= 4 << 20 {
@@ -88,16 +94,7 @@ impl Layout {
             slot,
             depth: (4 * in_flight / slot).clamp(2, 32),
             read_depth: (3 * in_flight / extent).clamp(2, 64),
-            group_bits: bits.min(super::max_group_bits()),
-        }
-    }
-
-    /// [`Layout::new`] with as many group files as an open-file limit of `open_files`
-    /// allows (the resource plan's limit, rather than this process's).
-    pub(crate) fn within(bits: u32, extent: usize, in_flight: usize, open_files: u64) -> Layout {
-        Layout {
             group_bits: bits.min(super::bits_within(open_files)),
-            ..Layout::new(bits, extent, in_flight)
         }
     }
 

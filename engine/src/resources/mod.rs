@@ -95,12 +95,6 @@ impl Limits {
     /// would be made) when given.
     pub fn here(scratch: Option<&Path>) -> Limits {
         let io = crate::io::backend_limits(crate::io::BackendChoice::Auto);
-        let soft = |r| {
-            nix::sys::resource::getrlimit(r)
-                .ok()
-                .map(|(s, _)| s)
-                .filter(|&s| s != nix::sys::resource::RLIM_INFINITY)
-        };
         let (free, inodes) = scratch
             .and_then(existing)
             .and_then(|p| crate::probe::free_space(p).ok())
@@ -110,7 +104,7 @@ impl Limits {
             max_slots: io.max_slots,
             max_registered_slots: io.max_registered_slots,
             memlock: io.memlock,
-            open_files: soft(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap_or(1 << 20),
+            open_files: crate::io::open_file_limit(),
             scratch_free: free,
             scratch_inodes: inodes,
         }

@@ -56,7 +56,7 @@ fn piles_read_back_whole_and_in_key_sub_ranges() {
     assert_eq!((layouts[0].slot, layouts[1].slot), (8192, 1 << 20));
     assert_eq!(
         layouts[0].groups(),
-        16.min(1 << super::super::max_group_bits())
+        16.min(1 << super::super::bits_within(crate::io::open_file_limit()))
     );
     for (layout, backend) in [
         (layouts[0], BackendChoice::Uring),
