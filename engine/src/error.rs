@@ -47,6 +47,10 @@ pub enum Error {
     /// io_uring could not be used and the caller insisted on it.
     #[error("io_uring is unavailable: {0}")]
     UringUnavailable(String),
+    /// What was asked cannot be done on this system: a kernel feature or controller is
+    /// missing, or the process lacks the privilege (device emulation's cgroups).
+    #[error("{0}")]
+    Unsupported(String),
     /// A request that the engine cannot honour: a bad argument, or options that do not go
     /// together. The caller has to ask for something else.
     #[error("{0}")]
@@ -113,7 +117,8 @@ pub enum ErrorKind {
     /// A resource or a budget too small for the work asked ([`Error::Exhausted`],
     /// [`Error::OverBudget`]).
     Exhausted,
-    /// io_uring was required and could not be used ([`Error::UringUnavailable`]).
+    /// The system cannot do what was asked ([`Error::Unsupported`], and
+    /// [`Error::UringUnavailable`] when io_uring was required).
     Unsupported,
     /// The engine itself failed ([`Error::Internal`]).
     Internal,
@@ -159,7 +164,7 @@ impl Error {
         match self {
             Error::Io { .. } | Error::Os { .. } => ErrorKind::Os,
             Error::BadInput { .. } => ErrorKind::BadInput,
-            Error::UringUnavailable(_) => ErrorKind::Unsupported,
+            Error::UringUnavailable(_) | Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Invalid(_) => ErrorKind::Invalid,
             Error::Exhausted { .. } | Error::OverBudget(_) => ErrorKind::Exhausted,
             Error::Cancelled { .. } => ErrorKind::Cancelled,
@@ -215,6 +220,7 @@ impl Error {
                 what: what.clone(),
             },
             Error::UringUnavailable(m) => Error::UringUnavailable(m.clone()),
+            Error::Unsupported(m) => Error::Unsupported(m.clone()),
             Error::Invalid(m) => Error::Invalid(m.clone()),
             Error::Exhausted {
                 resource,

@@ -33,12 +33,12 @@ fn daemon_error(body: &[u8]) -> Error {
             code: e.code,
             message: e.message,
         },
-        Err(_) => Error::Invalid("riffle serve sent an unreadable error".into()),
+        Err(_) => Error::Protocol("riffle serve sent an unreadable error".into()),
     }
 }
 
 fn gone(e: std::io::Error) -> Error {
-    Error::Invalid(format!("the connection to riffle serve failed: {e}"))
+    Error::os("the connection to riffle serve failed", e)
 }
 
 /// A connection to the daemon.
@@ -74,12 +74,12 @@ impl Client {
         match k {
             Kind::Hello => {
                 let h: proto::Hello = serde_json::from_slice(&body)
-                    .map_err(|e| Error::Invalid(format!("bad HELLO from the daemon: {e}")))?;
+                    .map_err(|e| Error::Protocol(format!("bad HELLO from the daemon: {e}")))?;
                 c.datasets = h.datasets;
                 Ok(c)
             }
             Kind::Error => Err(daemon_error(&body)),
-            k => Err(Error::Invalid(format!("expected HELLO, got {k:?}"))),
+            k => Err(Error::Protocol(format!("expected HELLO, got {k:?}"))),
         }
     }
 
@@ -140,11 +140,11 @@ impl Client {
             match self.buf.next(u32::MAX as usize) {
                 Ok(Some((k, body))) => {
                     let kind = Kind::from_u8(k)
-                        .ok_or_else(|| Error::Invalid(format!("unknown frame kind {k}")))?;
+                        .ok_or_else(|| Error::Protocol(format!("unknown frame kind {k}")))?;
                     return Ok((kind, body.to_vec()));
                 }
                 Ok(None) => {}
-                Err(n) => return Err(Error::Invalid(format!("bad frame length {n}"))),
+                Err(n) => return Err(Error::Protocol(format!("bad frame length {n}"))),
             }
             const CHUNK: usize = 64 * 1024;
             let spare = self.buf.spare(CHUNK);
@@ -158,7 +158,7 @@ impl Client {
             };
             self.buf.filled(CHUNK, got);
             if got == 0 {
-                return Err(Error::Invalid("riffle serve closed the connection".into()));
+                return Err(Error::Protocol("riffle serve closed the connection".into()));
             }
         }
     }
@@ -171,7 +171,7 @@ impl Client {
             match k {
                 Kind::StatsReply => {
                     return serde_json::from_slice(&body)
-                        .map_err(|e| Error::Invalid(format!("bad stats: {e}")))
+                        .map_err(|e| Error::Protocol(format!("bad stats: {e}")))
                 }
                 Kind::Error => return Err(daemon_error(&body)),
                 _ => continue,
@@ -186,14 +186,14 @@ impl Client {
         let (k, body) = self.frame()?;
         let opened: Opened = match k {
             Kind::Opened => serde_json::from_slice(&body)
-                .map_err(|e| Error::Invalid(format!("bad OPENED: {e}")))?,
+                .map_err(|e| Error::Protocol(format!("bad OPENED: {e}")))?,
             Kind::Error => return Err(daemon_error(&body)),
-            k => return Err(Error::Invalid(format!("expected OPENED, got {k:?}"))),
+            k => return Err(Error::Protocol(format!("expected OPENED, got {k:?}"))),
         };
         let map = match opened.transport {
             Transport::Shm => {
                 let fd = self.fds.pop().ok_or_else(|| {
-                    Error::Invalid("OPENED came without the ring's descriptor".into())
+                    Error::Protocol("OPENED came without the ring's descriptor".into())
                 })?;
                 Some(Mapping::new(&fd, opened.ring_bytes)?)
             }
@@ -473,7 +473,7 @@ impl Stream<'_> {
             }
             Kind::Batch | Kind::BatchInline => {
                 let h = BatchHeader::decode(&body)
-                    .ok_or_else(|| Error::Invalid("short BATCH header".into()))?;
+                    .ok_or_else(|| Error::Protocol("short BATCH header".into()))?;
                 self.held = Some(h.slot);
                 self.cursor = WireCursor {
                     epoch: h.epoch,
@@ -492,7 +492,7 @@ impl Stream<'_> {
                         .saturating_add(start)
                         .min(end),
                 };
-                let bad = || Error::Invalid(format!("batch {} lies outside its buffer", h.index));
+                let bad = || Error::Protocol(format!("batch {} lies outside its buffer", h.index));
                 if k == Kind::Batch {
                     let m = self.map.as_ref().ok_or_else(bad)?;
                     let a = read_arrays(
@@ -537,7 +537,7 @@ impl Stream<'_> {
                     }))
                 }
             }
-            k => Err(Error::Invalid(format!("unexpected {k:?} in a stream"))),
+            k => Err(Error::Protocol(format!("unexpected {k:?} in a stream"))),
         }
     }
 
