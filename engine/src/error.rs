@@ -245,3 +245,108 @@ impl Error {
 
 /// The engine's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant, with a fixed message, for the tests below.
+    fn one_of_each() -> Vec<Error> {
+        vec![
+            Error::io(
+                "/d/a.npy",
+                "read",
+                Some(4096),
+                io::Error::from_raw_os_error(libc::EIO),
+            ),
+            Error::os("memfd_create", io::Error::from_raw_os_error(libc::EMFILE)),
+            Error::BadInput {
+                path: "/d/a.npy".into(),
+                offset: Some(8),
+                what: "not an npy header".into(),
+            },
+            Error::UringUnavailable("the kernel forbids it".into()),
+            Error::Unsupported("device emulation needs root".into()),
+            Error::Invalid("the batch size must be at least 1".into()),
+            Error::Exhausted {
+                resource: "I/O slots",
+                asked: 5,
+                limit: 4,
+            },
+            Error::OverBudget("--memory 1 is too small".into()),
+            Error::Cancelled {
+                reason: "the run was stopped",
+            },
+            Error::Internal("the lead's thread panicked".into()),
+            Error::Protocol("unknown frame kind 99".into()),
+            Error::Daemon {
+                code: "busy".into(),
+                message: "full".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn each_variant_has_its_kind_and_only_os_errors_an_errno() {
+        use ErrorKind::*;
+        let kinds: Vec<ErrorKind> = one_of_each().iter().map(Error::kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Os,
+                Os,
+                BadInput,
+                Unsupported,
+                Unsupported,
+                Invalid,
+                Exhausted,
+                Exhausted,
+                Cancelled,
+                Internal,
+                Protocol,
+                Daemon
+            ]
+        );
+        let errnos: Vec<Option<i32>> = one_of_each().iter().map(Error::raw_os_error).collect();
+        assert_eq!(errnos[..2], [Some(libc::EIO), Some(libc::EMFILE)]);
+        assert!(errnos[2..].iter().all(Option::is_none));
+        let stops: Vec<bool> = one_of_each().iter().map(Error::is_cancelled).collect();
+        assert_eq!(stops.iter().filter(|&&s| s).count(), 1);
+    }
+
+    /// The messages users see: the new variants say what the `Invalid` strings said.
+    #[test]
+    fn messages_keep_their_words() {
+        let words: Vec<String> = one_of_each().iter().map(Error::to_string).collect();
+        assert_eq!(
+            words[1],
+            format!(
+                "memfd_create: {}",
+                io::Error::from_raw_os_error(libc::EMFILE)
+            )
+        );
+        assert_eq!(words[7], "--memory 1 is too small");
+        assert_eq!(words[8], "the run was stopped");
+        assert_eq!(words[9], "the lead's thread panicked");
+        assert_eq!(words[10], "unknown frame kind 99");
+    }
+
+    /// A shared pass hands one failure to every rank: each copy is the same kind, with the
+    /// same message and errno.
+    #[test]
+    fn a_duplicate_is_the_same_error() {
+        let custom = Error::io(
+            "/d/b",
+            "write",
+            None,
+            io::Error::new(io::ErrorKind::StorageFull, "the pile disk is full"),
+        );
+        for e in one_of_each().into_iter().chain([custom]) {
+            let d = e.duplicate();
+            assert_eq!(d.kind(), e.kind());
+            assert_eq!(d.to_string(), e.to_string());
+            assert_eq!(d.raw_os_error(), e.raw_os_error());
+            assert_eq!(d.daemon_code(), e.daemon_code());
+        }
+    }
+}

@@ -592,3 +592,75 @@ impl OpenRequest {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+    use crate::ErrorKind;
+
+    /// A fake daemon on a socket in a fresh directory: it takes one connection, reads the
+    /// client's HELLO, answers it properly, then sends `then` (and keeps the connection
+    /// open until the client goes).
+    fn fake_daemon(then: Vec<u8>) -> (tempfile::TempDir, std::thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = UnixListener::bind(dir.path().join("s.sock")).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut head = [0u8; 4];
+            s.read_exact(&mut head).unwrap();
+            let mut body = vec![0u8; u32::from_le_bytes(head) as usize];
+            s.read_exact(&mut body).unwrap();
+            let hello = proto::Hello {
+                version: proto::VERSION,
+                agent: "fake".into(),
+                datasets: vec!["train".into()],
+                max_frame: 1 << 20,
+            };
+            s.write_all(&proto::json_frame(Kind::Hello, &hello))
+                .unwrap();
+            s.write_all(&then).unwrap();
+            // Until the client hangs up.
+            let _ = s.read_to_end(&mut Vec::new());
+        });
+        (dir, t)
+    }
+
+    /// A daemon that breaks the protocol is a `Protocol` error, not a bad argument of the
+    /// caller's.
+    #[test]
+    fn a_frame_of_no_known_kind_is_a_protocol_error() {
+        // A frame of kind 99, one byte of body.
+        let (dir, t) = fake_daemon(vec![2, 0, 0, 0, 99, 0]);
+        let mut c = Client::connect(dir.path().join("s.sock")).unwrap();
+        assert_eq!(c.datasets, ["train"]);
+        let e = c.stats().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
+        assert_eq!(e.to_string(), "unknown frame kind 99");
+        drop(c);
+        t.join().unwrap();
+    }
+
+    /// A socket call that fails keeps its errno: a read that times out is `EAGAIN`, with
+    /// the words the client always gave.
+    #[test]
+    fn a_failed_read_from_the_daemon_keeps_its_errno() {
+        let (dir, t) = fake_daemon(Vec::new());
+        let mut c = Client::connect(dir.path().join("s.sock")).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            .unwrap();
+        // The fake daemon never answers STATS.
+        let e = c.stats().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Os, "{e}");
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("the connection to riffle serve failed: "),
+            "{e}"
+        );
+        drop(c);
+        t.join().unwrap();
+    }
+}

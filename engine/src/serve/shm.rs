@@ -768,6 +768,16 @@ pub fn recv_with_fds(
 mod tests {
     use super::*;
 
+    /// A refused memfd keeps the OS's errno and names the call, as its message always did.
+    #[test]
+    fn a_failed_memfd_call_keeps_its_errno() {
+        // A name with a NUL byte in it is no C string: EINVAL before the kernel is asked.
+        let e = Ring::new("riffle\0test", 4096).err().expect("refused");
+        assert_eq!(e.kind(), crate::ErrorKind::Os, "{e}");
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+        assert!(e.to_string().starts_with("memfd_create: "), "{e}");
+    }
+
     #[test]
     fn a_ring_is_seen_through_a_passed_read_only_descriptor() {
         let ring = Ring::new("riffle-test", 1 << 16).unwrap();
