@@ -355,7 +355,7 @@ pub fn generate(
                     format!("{} free", crate::size::human_bytes(limit as f64)),
                 )
             };
-            return Err(Error::Invalid(format!(
+            return Err(Error::OverBudget(format!(
                 "{}: {} records need {what}, and {} has {has}",
                 out.display(),
                 spec.records,

@@ -55,4 +55,4 @@ pub mod source;
 #[doc(hidden)]
 pub mod testing;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};

@@ -120,7 +120,7 @@ pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
     // 16 bytes a record of it while it is drawn).
     let draws_bytes = total.saturating_mul(8);
     if total > MAX_EPOCH || opts.max_record.is_some_and(|m| draws_bytes > m) {
-        return Err(Error::Invalid(format!(
+        return Err(Error::OverBudget(format!(
             "a mixture epoch of {total} records: its draws take {} in memory, more than {}",
             crate::size::human_bytes(draws_bytes as f64),
             match opts.max_record {

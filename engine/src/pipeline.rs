@@ -34,7 +34,9 @@ impl Stop {
     /// returns its own.
     pub(crate) fn check(&self) -> Result<()> {
         if self.is_set() {
-            Err(crate::Error::Invalid("the run was stopped".into()))
+            Err(crate::Error::Cancelled {
+                reason: "the run was stopped",
+            })
         } else {
             Ok(())
         }
@@ -81,7 +83,7 @@ where
                     }
                 }
             })
-            .map_err(|e| crate::Error::Invalid(format!("cannot start a loader thread: {e}")))?;
+            .map_err(|e| crate::Error::os("cannot start a loader thread", e))?;
         // `rx` lives in this closure: returning early drops it, so the helper's next send
         // fails and it stops instead of blocking the scope forever.
         for item in rx.iter() {

@@ -676,7 +676,7 @@ fn choose(
         (None, Some(why)) => (Choice::Lirs, format!("two-pass cannot run: {why}")),
         (Some(why), None) => (Choice::TwoPass, format!("lirs cannot run: {why}")),
         (Some(a), Some(b)) => {
-            return Err(crate::Error::Invalid(format!(
+            return Err(crate::Error::OverBudget(format!(
                 "neither mode fits: lirs: {a}; two-pass: {b}"
             )))
         }

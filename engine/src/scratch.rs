@@ -70,7 +70,9 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
 }
 
 fn interrupted() -> Error {
-    Error::Invalid("interrupted: riffle is exiting".into())
+    Error::Cancelled {
+        reason: "interrupted: riffle is exiting",
+    }
 }
 
 /// A registry entry, removed from the registry when dropped (the entry's own owner removes

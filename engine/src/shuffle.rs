@@ -230,7 +230,7 @@ pub fn shuffle(
                 }
             }
             .map_err(|e| match e {
-                Error::Io { .. } => e,
+                Error::Io { .. } | Error::Os { .. } | Error::Cancelled { .. } => e,
                 other => Error::BadInput {
                     path: name.clone().into(),
                     offset: Some(offset),

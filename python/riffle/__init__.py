@@ -16,6 +16,7 @@ from .client import (
     RiffleBusy,
     RiffleConnectionError,
     RiffleError,
+    RiffleExhausted,
     RiffleShutdown,
     Stream,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "RiffleBusy",
     "RiffleConnectionError",
     "RiffleError",
+    "RiffleExhausted",
     "RiffleShutdown",
     "Stream",
     "mds_sample",

@@ -54,8 +54,15 @@ class RiffleBadRequest(RiffleError, ValueError):
     `unknown_dataset`, `too_large`, `version`)."""
 
 
+class RiffleExhausted(RiffleBadRequest):
+    """The request needs more than the daemon has (`exhausted`: its `--memory` or free
+    scratch is too small for the stream, or a resource ran short); waiting does not help,
+    unlike `RiffleBusy`: ask for less, or start the daemon with more."""
+
+
 _BY_CODE = {
     "busy": RiffleBusy,
+    "exhausted": RiffleExhausted,
     "shutdown": RiffleShutdown,
     "bad_request": RiffleBadRequest,
     "unknown_dataset": RiffleBadRequest,

@@ -432,6 +432,22 @@ def test_bad_requests_raise_a_value_error_kind(daemon):
         assert isinstance(e.value, ValueError) and e.value.code == "unknown_dataset"
 
 
+def test_each_error_code_raises_its_own_kind():
+    # What a program catches for each code the daemon sends (docs/protocol.md).
+    def raised(code):
+        return riffle.client._error(json.dumps({"code": code, "message": "m", "fatal": False}))
+
+    assert type(raised("busy")) is riffle.RiffleBusy
+    assert type(raised("shutdown")) is riffle.RiffleShutdown
+    assert type(raised("bad_request")) is riffle.RiffleBadRequest
+    # A request too large for the daemon's budget is a bad request of its own kind: not
+    # one waiting helps with.
+    e = raised("exhausted")
+    assert type(e) is riffle.RiffleExhausted and isinstance(e, ValueError)
+    assert not isinstance(e, riffle.RiffleBusy) and e.code == "exhausted"
+    assert type(raised("engine")) is riffle.RiffleError
+
+
 def test_stream_stats_give_the_waits_on_both_sides(daemon):
     with riffle.Client(daemon.socket) as c:
         # Ten epochs: more batches than the credits, so the daemon's side is still open.

@@ -140,7 +140,7 @@ pub(super) fn place(ctrl: Controller) -> Result<Place> {
     let probe_file = place.home.join("blkio.throttle.read_iops_device");
     if let (Controller::Io, Version::V1) = (ctrl, place.version) {
         if !probe_file.exists() {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Unsupported(format!(
                 "{}: missing; this kernel's blkio controller has no throttle \
                  (CONFIG_BLK_DEV_THROTTLING)",
                 probe_file.display()
@@ -169,7 +169,7 @@ fn place_in(
             .find(|(_, c, _)| c.split(',').any(|c| c == ctrl.v1()))
             .map(|(_, _, p)| p.as_str());
         let home = path.and_then(|p| member_dir(m, p)).ok_or_else(|| {
-            Error::Invalid(format!(
+            Error::Unsupported(format!(
                 "/proc/self/cgroup: this process's '{}' group is not visible under {}",
                 ctrl.v1(),
                 m.point.display()
@@ -183,7 +183,7 @@ fn place_in(
         });
     }
     let none = |v2: String| {
-        Error::Invalid(format!(
+        Error::Unsupported(format!(
             "no cgroup '{}' controller here: no cgroup v1 '{}' hierarchy is mounted (see \
              /proc/self/mountinfo) and {v2}",
             ctrl.v2(),

@@ -341,7 +341,7 @@ fn require_root(what: &str) -> Result<()> {
     if uid.is_root() {
         return Ok(());
     }
-    Err(Error::Invalid(format!(
+    Err(Error::Unsupported(format!(
         "{what} needs root (this process runs as uid {uid}): it creates a cgroup under \
          /sys/fs/cgroup and moves itself into it; run it as root, for example with sudo"
     )))
@@ -366,7 +366,7 @@ fn disk_of(path: &Path) -> Result<Disk> {
     };
     device::whole_disk(meta.dev()).ok_or_else(|| {
         let (ma, mi) = device::major_minor(meta.dev());
-        Error::Invalid(format!(
+        Error::Unsupported(format!(
             "{}: no block device holds it ({} filesystem, device {ma}:{mi}); device \
              emulation throttles a block device",
             at.display(),

@@ -238,9 +238,9 @@ pub(crate) fn slab_bytes(count: usize, slot_size: usize) -> Result<usize> {
 
 impl Slab {
     /// A slab of `count` slots of `slot_size` bytes (a multiple of `align`, a power of two).
-    /// A count of zero or past `u32::MAX`, or slots whose bytes together overflow
-    /// `isize::MAX`, are refused with [`Error::Exhausted`]; memory the allocator cannot
-    /// give is an [`Error::Invalid`] naming the size.
+    /// A count or size of zero is an [`Error::Invalid`]; a count past `u32::MAX`, or slots
+    /// whose bytes together overflow `isize::MAX`, are refused with [`Error::Exhausted`];
+    /// memory the allocator cannot give is an [`Error::OverBudget`] naming the size.
     ///
     /// The memory is aligned to at least a page even when the device asks for less: a
     /// page-sized read into a buffer that straddles two pages costs the device an extra
@@ -258,7 +258,7 @@ impl Slab {
         })?;
         let mem =
             AlignedBuf::try_new(bytes, align.max(super::align::page_size())).ok_or_else(|| {
-                Error::Invalid(format!("could not allocate {bytes} bytes of I/O slots"))
+                Error::OverBudget(format!("could not allocate {bytes} bytes of I/O slots"))
             })?;
         Ok(Slab {
             mem,

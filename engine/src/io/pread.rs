@@ -221,7 +221,7 @@ impl Backend for PreadBackend {
         if jobs.send(Job { op, file, ptr }).is_err() {
             // No worker got it: the slot is the caller's again.
             self.slab.abort(op.slot);
-            return Err(Error::Invalid("the pread pool has stopped".into()));
+            return Err(Error::Internal("the pread pool has stopped".into()));
         }
         self.in_flight += 1;
         Ok(())
@@ -234,7 +234,7 @@ impl Backend for PreadBackend {
             let c = self
                 .done
                 .recv()
-                .map_err(|_| Error::Invalid("the pread pool has stopped".into()))?;
+                .map_err(|_| Error::Internal("the pread pool has stopped".into()))?;
             self.take(c, out);
             got += 1;
         }

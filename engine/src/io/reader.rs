@@ -169,7 +169,7 @@ impl Opener {
                 let (j, r) = self
                     .done
                     .recv()
-                    .map_err(|_| Error::Invalid("the file opener threads have stopped".into()))?;
+                    .map_err(|_| Error::Internal("the file opener threads have stopped".into()))?;
                 if j == i {
                     break r;
                 }

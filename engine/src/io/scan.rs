@@ -175,7 +175,7 @@ mod tests {
         let r = scan_file(&file, &cfg, |_, _| {
             calls += 1;
             if calls == 3 {
-                Err(Error::Invalid("stop".into()))
+                Err(Error::Cancelled { reason: "stop" })
             } else {
                 Ok(())
             }

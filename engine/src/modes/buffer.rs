@@ -116,7 +116,9 @@ impl ShuffleBuffer {
 
 /// The reason a scan callback stops early: the run is stopping (its consumer has gone).
 fn consumer_gone() -> Error {
-    Error::Invalid("the consumer stopped reading".into())
+    Error::Cancelled {
+        reason: "the consumer stopped reading",
+    }
 }
 
 fn run(

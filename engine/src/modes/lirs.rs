@@ -53,7 +53,7 @@ impl Iterator for BatchStream {
                             .cloned()
                             .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                             .unwrap_or_else(|| "unknown panic".into());
-                        Some(Err(Error::Invalid(format!(
+                        Some(Err(Error::Internal(format!(
                             "the I/O thread failed: {what}"
                         ))))
                     }
@@ -203,7 +203,7 @@ impl BatchStream {
                     let _ = tx.send(Err(e));
                 }
             })
-            .map_err(|e| Error::Invalid(format!("cannot start the I/O thread: {e}")))?;
+            .map_err(|e| Error::os("cannot start the I/O thread", e))?;
         Ok(BatchStream {
             rx,
             report,
@@ -465,7 +465,7 @@ fn read_epoch(
                 match bytes.get(from..from + len) {
                     Some(src) => batch.payload[to..to + len].copy_from_slice(src),
                     None => {
-                        st.error.get_or_insert(Error::Invalid(
+                        st.error.get_or_insert(Error::Internal(
                             "a read came back shorter than its records".into(),
                         ));
                         st.stopped = true;

@@ -237,7 +237,7 @@ impl SharedPass {
         std::thread::Builder::new()
             .name("riffle-job".into())
             .spawn(move || me.run(all, until, start, ended))
-            .map_err(|e| Error::Invalid(format!("cannot start a job's thread: {e}")))?;
+            .map_err(|e| Error::os("cannot start a job's thread", e))?;
         Ok(pass)
     }
 
@@ -302,7 +302,7 @@ impl SharedPass {
     fn broadcast(&self, e: &Error) {
         let subs: Vec<_> = self.subs().streams.values().cloned().collect();
         for tx in subs {
-            let _ = tx.send_timeout(Err(Error::Invalid(e.to_string())), SEND_WAIT);
+            let _ = tx.send_timeout(Err(e.duplicate()), SEND_WAIT);
         }
     }
 

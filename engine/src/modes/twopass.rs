@@ -70,7 +70,7 @@ pub fn check_scratch(ds: &Dataset, opts: &ReadOptions, scratch: &Path) -> Result
             resource,
             asked,
             limit,
-        }) if resource.starts_with("scratch") => Err(Error::Invalid(format!(
+        }) if resource.starts_with("scratch") => Err(Error::OverBudget(format!(
             "{}: two-pass needs {} of scratch space for its piles and {} is free (No space \
              left on the scratch disk); give --scratch a larger disk, or --mode lirs",
             scratch.display(),
@@ -334,13 +334,11 @@ fn run(
                         }
                         match roll {
                             None => emitted,
-                            Some(Err(e)) => Err(Error::Invalid(format!(
-                                "cannot start a re-scatter thread: {e}"
-                            ))),
+                            Some(Err(e)) => Err(Error::os("cannot start a re-scatter thread", e)),
                             Some(Ok(h)) => h
                                 .join()
                                 .unwrap_or_else(|_| {
-                                    Err(Error::Invalid("the re-scatter thread panicked".into()))
+                                    Err(Error::Internal("the re-scatter thread panicked".into()))
                                 })
                                 .and(emitted),
                         }
@@ -429,7 +427,7 @@ fn scatter_led(
         let led = match led {
             Ok(h) => h
                 .join()
-                .unwrap_or_else(|_| Err(Error::Invalid("the lead's thread panicked".into()))),
+                .unwrap_or_else(|_| Err(Error::Internal("the lead's thread panicked".into()))),
             // No thread for the lead: the pile pass does it all.
             Err(_) => Ok(None),
         };
@@ -631,7 +629,7 @@ impl Body {
 
 /// A frame whose body does not hold what its head says (the scratch was changed).
 fn damaged(what: &str) -> Error {
-    Error::Invalid(format!(
+    Error::Internal(format!(
         "a two-pass pile frame is damaged ({what}); was the scratch directory changed?"
     ))
 }

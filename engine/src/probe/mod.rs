@@ -204,7 +204,7 @@ pub fn probe(
     // Leave room: never take more than half of what is free.
     let region = plan.region.min(free / 2) / (1 << 20) * (1 << 20);
     if region < (16 << 20) {
-        return Err(Error::Invalid(format!(
+        return Err(Error::OverBudget(format!(
             "{}: {} free and a region of {} asked for; the probe needs a scratch region of at least 16 MiB and twice that free",
             dir.display(),
             crate::size::human_bytes(free as f64),

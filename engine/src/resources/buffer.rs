@@ -67,7 +67,7 @@ impl BufferPlan {
             // One batch being filled plus the channel.
             let fit = (limit.saturating_sub(fixed) / batch_bytes.max(1)).saturating_sub(1);
             if fit == 0 {
-                return Err(Error::Invalid(format!(
+                return Err(Error::OverBudget(format!(
                     "--memory {limit} is too small for a shuffle buffer of {held} records: the buffer \
                      ({record_bytes} B of records averaging {mean:.0} B, {} B of slots), the sequential \
                      reads ({slab_bytes} B), the offset index ({} B){} and two batches ({} B) need {} bytes; \

@@ -93,7 +93,7 @@ impl LirsPlan {
             let room = limit.saturating_sub(fixed.saturating_add(under_assembly));
             let fit = (room / batch_bytes.max(1)).min(usize::MAX as u64) as usize;
             if fit == 0 {
-                return Err(Error::Invalid(format!(
+                return Err(Error::OverBudget(format!(
                     "--memory {limit} is too small: the table ({table_bytes} B), offset index ({} B), \
                      unit table ({} B), I/O buffers ({buffers} B) and one batch in flight \
                      ({batch_bytes} B) need {} bytes",

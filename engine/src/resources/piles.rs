@@ -149,7 +149,7 @@ impl PilePlan {
             let piles = 1u64 << MAX_PILE_BITS.min(4);
             let writer_bytes = writers(1, buf_for(1));
             let need_total = (2.0 * need as f64 * per_byte).ceil() as u64 + 2;
-            return Err(Error::Invalid(format!(
+            return Err(Error::OverBudget(format!(
                 "--memory is too small for two-pass: indexes, buffers and batches take {fixed} bytes, \
                  leaving {budget}; the pile writers' buffers take {writer_bytes} bytes for one pile \
                  ({many} for {piles}) and two piles in memory of two of the largest units {need_total} \

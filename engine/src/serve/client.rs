@@ -33,12 +33,12 @@ fn daemon_error(body: &[u8]) -> Error {
             code: e.code,
             message: e.message,
         },
-        Err(_) => Error::Invalid("riffle serve sent an unreadable error".into()),
+        Err(_) => Error::Protocol("riffle serve sent an unreadable error".into()),
     }
 }
 
 fn gone(e: std::io::Error) -> Error {
-    Error::Invalid(format!("the connection to riffle serve failed: {e}"))
+    Error::os("the connection to riffle serve failed", e)
 }
 
 /// A connection to the daemon.
@@ -74,12 +74,12 @@ impl Client {
         match k {
             Kind::Hello => {
                 let h: proto::Hello = serde_json::from_slice(&body)
-                    .map_err(|e| Error::Invalid(format!("bad HELLO from the daemon: {e}")))?;
+                    .map_err(|e| Error::Protocol(format!("bad HELLO from the daemon: {e}")))?;
                 c.datasets = h.datasets;
                 Ok(c)
             }
             Kind::Error => Err(daemon_error(&body)),
-            k => Err(Error::Invalid(format!("expected HELLO, got {k:?}"))),
+            k => Err(Error::Protocol(format!("expected HELLO, got {k:?}"))),
         }
     }
 
@@ -140,11 +140,11 @@ impl Client {
             match self.buf.next(u32::MAX as usize) {
                 Ok(Some((k, body))) => {
                     let kind = Kind::from_u8(k)
-                        .ok_or_else(|| Error::Invalid(format!("unknown frame kind {k}")))?;
+                        .ok_or_else(|| Error::Protocol(format!("unknown frame kind {k}")))?;
                     return Ok((kind, body.to_vec()));
                 }
                 Ok(None) => {}
-                Err(n) => return Err(Error::Invalid(format!("bad frame length {n}"))),
+                Err(n) => return Err(Error::Protocol(format!("bad frame length {n}"))),
             }
             const CHUNK: usize = 64 * 1024;
             let spare = self.buf.spare(CHUNK);
@@ -158,7 +158,7 @@ impl Client {
             };
             self.buf.filled(CHUNK, got);
             if got == 0 {
-                return Err(Error::Invalid("riffle serve closed the connection".into()));
+                return Err(Error::Protocol("riffle serve closed the connection".into()));
             }
         }
     }
@@ -171,7 +171,7 @@ impl Client {
             match k {
                 Kind::StatsReply => {
                     return serde_json::from_slice(&body)
-                        .map_err(|e| Error::Invalid(format!("bad stats: {e}")))
+                        .map_err(|e| Error::Protocol(format!("bad stats: {e}")))
                 }
                 Kind::Error => return Err(daemon_error(&body)),
                 _ => continue,
@@ -186,14 +186,14 @@ impl Client {
         let (k, body) = self.frame()?;
         let opened: Opened = match k {
             Kind::Opened => serde_json::from_slice(&body)
-                .map_err(|e| Error::Invalid(format!("bad OPENED: {e}")))?,
+                .map_err(|e| Error::Protocol(format!("bad OPENED: {e}")))?,
             Kind::Error => return Err(daemon_error(&body)),
-            k => return Err(Error::Invalid(format!("expected OPENED, got {k:?}"))),
+            k => return Err(Error::Protocol(format!("expected OPENED, got {k:?}"))),
         };
         let map = match opened.transport {
             Transport::Shm => {
                 let fd = self.fds.pop().ok_or_else(|| {
-                    Error::Invalid("OPENED came without the ring's descriptor".into())
+                    Error::Protocol("OPENED came without the ring's descriptor".into())
                 })?;
                 Some(Mapping::new(&fd, opened.ring_bytes)?)
             }
@@ -473,7 +473,7 @@ impl Stream<'_> {
             }
             Kind::Batch | Kind::BatchInline => {
                 let h = BatchHeader::decode(&body)
-                    .ok_or_else(|| Error::Invalid("short BATCH header".into()))?;
+                    .ok_or_else(|| Error::Protocol("short BATCH header".into()))?;
                 self.held = Some(h.slot);
                 self.cursor = WireCursor {
                     epoch: h.epoch,
@@ -492,7 +492,7 @@ impl Stream<'_> {
                         .saturating_add(start)
                         .min(end),
                 };
-                let bad = || Error::Invalid(format!("batch {} lies outside its buffer", h.index));
+                let bad = || Error::Protocol(format!("batch {} lies outside its buffer", h.index));
                 if k == Kind::Batch {
                     let m = self.map.as_ref().ok_or_else(bad)?;
                     let a = read_arrays(
@@ -537,7 +537,7 @@ impl Stream<'_> {
                     }))
                 }
             }
-            k => Err(Error::Invalid(format!("unexpected {k:?} in a stream"))),
+            k => Err(Error::Protocol(format!("unexpected {k:?} in a stream"))),
         }
     }
 
@@ -590,5 +590,77 @@ impl OpenRequest {
             transport: Transport::Shm,
             ring_bytes: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+    use crate::ErrorKind;
+
+    /// A fake daemon on a socket in a fresh directory: it takes one connection, reads the
+    /// client's HELLO, answers it properly, then sends `then` (and keeps the connection
+    /// open until the client goes).
+    fn fake_daemon(then: Vec<u8>) -> (tempfile::TempDir, std::thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = UnixListener::bind(dir.path().join("s.sock")).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut head = [0u8; 4];
+            s.read_exact(&mut head).unwrap();
+            let mut body = vec![0u8; u32::from_le_bytes(head) as usize];
+            s.read_exact(&mut body).unwrap();
+            let hello = proto::Hello {
+                version: proto::VERSION,
+                agent: "fake".into(),
+                datasets: vec!["train".into()],
+                max_frame: 1 << 20,
+            };
+            s.write_all(&proto::json_frame(Kind::Hello, &hello))
+                .unwrap();
+            s.write_all(&then).unwrap();
+            // Until the client hangs up.
+            let _ = s.read_to_end(&mut Vec::new());
+        });
+        (dir, t)
+    }
+
+    /// A daemon that breaks the protocol is a `Protocol` error, not a bad argument of the
+    /// caller's.
+    #[test]
+    fn a_frame_of_no_known_kind_is_a_protocol_error() {
+        // A frame of kind 99, one byte of body.
+        let (dir, t) = fake_daemon(vec![2, 0, 0, 0, 99, 0]);
+        let mut c = Client::connect(dir.path().join("s.sock")).unwrap();
+        assert_eq!(c.datasets, ["train"]);
+        let e = c.stats().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Protocol, "{e}");
+        assert_eq!(e.to_string(), "unknown frame kind 99");
+        drop(c);
+        t.join().unwrap();
+    }
+
+    /// A socket call that fails keeps its errno: a read that times out is `EAGAIN`, with
+    /// the words the client always gave.
+    #[test]
+    fn a_failed_read_from_the_daemon_keeps_its_errno() {
+        let (dir, t) = fake_daemon(Vec::new());
+        let mut c = Client::connect(dir.path().join("s.sock")).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_millis(20)))
+            .unwrap();
+        // The fake daemon never answers STATS.
+        let e = c.stats().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Os, "{e}");
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("the connection to riffle serve failed: "),
+            "{e}"
+        );
+        drop(c);
+        t.join().unwrap();
     }
 }

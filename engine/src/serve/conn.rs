@@ -14,6 +14,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::unix::net::UnixStream;
 
 use super::budget::{admit_pass, Admitted, Grant};
+use super::codes::reply_code;
 use super::job::{JobKey, NewPass};
 use super::proto::error_frame;
 use super::proto::{self, BatchHeader, FrameBuf, Kind, OpenRequest, Transport};
@@ -453,9 +454,9 @@ impl Conn {
                             .shared
                             .stats()
                             .errors
-                            .entry("engine".into())
+                            .entry(reply_code(&e).into())
                             .or_default() += 1;
-                        self.send(&error_frame("engine", &e.to_string(), false))?;
+                        self.send(&error_frame(reply_code(&e), &e.to_string(), false))?;
                         continue;
                     }
                     Some(Ok(b)) => {
@@ -564,7 +565,7 @@ impl Conn {
                         &b.payload,
                         b.payload.lend_refused(),
                     )
-                    .map_err(|e| Leave::Fatal("engine", e.to_string()))?
+                    .map_err(|e| Leave::Fatal(reply_code(&e), e.to_string()))?
                 {
                     Some(p) => (p, false),
                     None => {
@@ -740,7 +741,7 @@ impl Conn {
         // What the first epoch reads (a mixture's view of its draws): the stream is sized by it.
         let ds = &src
             .epoch_view(req.seed, req.epoch)
-            .map_err(|e| ("engine", e.to_string()))?;
+            .map_err(|e| (reply_code(&e), e.to_string()))?;
         let bad = |m: String| ("bad_request", m);
         let tail = match req.tail.as_str() {
             "partial" => Tail::Partial,
@@ -941,7 +942,7 @@ impl Conn {
                 // it when its thread ends.
                 ServeMode::TwoPass => src.read(opts, Some(root)),
             }
-            .map_err(|e| ("engine", e.to_string()))?;
+            .map_err(|e| (reply_code(&e), e.to_string()))?;
             (stream, None)
         };
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);

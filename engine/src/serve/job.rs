@@ -140,7 +140,7 @@ impl Jobs {
             on_end(r);
         });
         let pass = SharedPass::spawn(&opts, window, PER_RANK, start, ended)
-            .map_err(|e| ("engine", e.to_string()))?;
+            .map_err(|e| (super::codes::reply_code(&e), e.to_string()))?;
         let stream = pass
             .join(opts.rank, lender)
             .expect("a new pass takes any rank of its world");

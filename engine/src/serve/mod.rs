@@ -10,6 +10,7 @@
 //! - `job.rs`: the jobs whose ranks share one engine pass;
 //! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
 //! - `budget.rs`: the daemon's one memory budget, which rings and passes take from;
+//! - `codes.rs`: the `ERROR` code an engine error is answered with, by its kind;
 //! - `client.rs`: a Rust client (tests and benches use it).
 //!
 //! Sizes and counts here come from the wire, the ring and the engine; a cast that could
@@ -23,6 +24,7 @@
 
 mod budget;
 pub mod client;
+mod codes;
 mod conn;
 mod job;
 pub mod proto;

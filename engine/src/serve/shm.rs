@@ -26,8 +26,8 @@ use super::ring::{Slots, ALIGN};
 use crate::modes::{Lender, Lent, PayloadLender};
 use crate::{Error, Result};
 
-fn os(what: &str, e: nix::Error) -> Error {
-    Error::Invalid(format!("{what}: {e}"))
+fn os(what: &'static str, e: nix::Error) -> Error {
+    Error::os(what, e)
 }
 
 /// The daemon's side of one stream's shared memory: the mapping, and which of its regions
@@ -87,7 +87,7 @@ pub(crate) fn arrays_len(records: usize) -> u64 {
 /// ids, at most one label and one source per id.
 fn check_arrays(ids: usize, offsets: usize, labels: usize, sources: usize) -> Result<()> {
     if ids.checked_add(1) != Some(offsets) || labels > ids || sources > ids {
-        return Err(Error::Invalid(format!(
+        return Err(Error::Internal(format!(
             "a batch of {ids} ids came with {offsets} offsets, {labels} labels and {sources} \
              sources (one offset more than ids, at most one label and one source per id)"
         )));
@@ -110,7 +110,7 @@ fn write_arrays(
     let labels_at = byte_len(offsets.len(), 8).and_then(|n| p.offsets_at.checked_add(n));
     let sources_at = byte_len(labels.len(), 4).and_then(|n| labels_at?.checked_add(n));
     let (Some(labels_at), Some(sources_at)) = (labels_at, sources_at) else {
-        return Err(Error::Invalid(
+        return Err(Error::Internal(
             "a batch's arrays run past 2^64 bytes".into(),
         ));
     };
@@ -132,7 +132,7 @@ impl SharedRing {
     /// A ring of `len` bytes.
     pub fn new(name: &str, len: u64) -> Result<Arc<SharedRing>> {
         let size = usize::try_from(len).map_err(|_| {
-            Error::Invalid(format!(
+            Error::OverBudget(format!(
                 "a shared-memory ring of {len} bytes cannot be mapped"
             ))
         })?;
@@ -181,7 +181,9 @@ impl SharedRing {
         let head = arrays_len(ids.len());
         let total = byte_len(payload.len(), 1)
             .and_then(|n| n.checked_add(head))
-            .ok_or_else(|| Error::Invalid(format!("a batch of {} payload bytes", payload.len())))?;
+            .ok_or_else(|| {
+                Error::Internal(format!("a batch of {} payload bytes", payload.len()))
+            })?;
         let Some((slot, at)) = self.slots().alloc(total) else {
             return Ok(None);
         };
@@ -436,7 +438,7 @@ impl Ring {
         let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
             .map_err(|e| os("memfd_create", e))?;
         let bytes = i64::try_from(len)
-            .map_err(|_| Error::Invalid(format!("a shared-memory ring of {len} bytes")))?;
+            .map_err(|_| Error::OverBudget(format!("a shared-memory ring of {len} bytes")))?;
         nix::unistd::ftruncate(&fd, bytes).map_err(|e| os("ftruncate of the memfd", e))?;
         fcntl(
             &fd,
@@ -485,7 +487,7 @@ impl Ring {
             .ok()
             .filter(|&a| a.checked_add(src.len()).is_some_and(|end| end <= self.len))
             .ok_or_else(|| {
-                Error::Invalid(format!(
+                Error::Internal(format!(
                     "ring write of {} bytes at {at} past its end ({})",
                     src.len(),
                     self.len
@@ -526,7 +528,7 @@ impl<'a> RegionWriter<'a> {
                 .and_then(|n| at.checked_add(n))
                 .is_some_and(|end| end <= self.end);
         if !inside {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Internal(format!(
                 "a write of {} bytes at {at} leaves the region {}..{} taken for it",
                 src.len(),
                 self.start,
@@ -563,7 +565,7 @@ impl Ring {
             Err(_) => self
                 .fd
                 .try_clone()
-                .map_err(|e| Error::Invalid(format!("cannot duplicate the memfd: {e}"))),
+                .map_err(|e| Error::os("cannot duplicate the memfd", e)),
         }
     }
 }
@@ -596,11 +598,13 @@ impl Mapping {
         let size = usize::try_from(len)
             .ok()
             .and_then(NonZeroUsize::new)
-            .ok_or_else(|| Error::Invalid(format!("the daemon announced a ring of {len} bytes")))?;
+            .ok_or_else(|| {
+                Error::Protocol(format!("the daemon announced a ring of {len} bytes"))
+            })?;
         let st = nix::sys::stat::fstat(fd.as_fd()).map_err(|e| os("fstat of the memfd", e))?;
         let held = u64::try_from(st.st_size).unwrap_or(0);
         if held < len {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Protocol(format!(
                 "the ring's memfd holds {held} bytes, not the {len} announced"
             )));
         }
@@ -641,7 +645,7 @@ impl Mapping {
             .filter(|&end| end <= self.len as u64)
             .and_then(|_| usize::try_from(at).ok())
             .ok_or_else(|| {
-                Error::Invalid(format!(
+                Error::Protocol(format!(
                     "{len} bytes at {at} of the ring lie past its end ({} bytes)",
                     self.len
                 ))
@@ -689,7 +693,7 @@ impl Mapping {
     /// `n` items of `size` bytes at `at`, copied into a vector once the range is checked.
     fn read_vec(&self, at: u64, n: u64, size: u64) -> Result<Vec<u8>> {
         let len = n.checked_mul(size).ok_or_else(|| {
-            Error::Invalid(format!("{n} items of {size} bytes at {at} of the ring"))
+            Error::Protocol(format!("{n} items of {size} bytes at {at} of the ring"))
         })?;
         self.check(at, len)?;
         // Inside the mapping, hence a usize.
@@ -763,6 +767,16 @@ pub fn recv_with_fds(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused memfd keeps the OS's errno and names the call, as its message always did.
+    #[test]
+    fn a_failed_memfd_call_keeps_its_errno() {
+        // A name with a NUL byte in it is no C string: EINVAL before the kernel is asked.
+        let e = Ring::new("riffle\0test", 4096).err().expect("refused");
+        assert_eq!(e.kind(), crate::ErrorKind::Os, "{e}");
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+        assert!(e.to_string().starts_with("memfd_create: "), "{e}");
+    }
 
     #[test]
     fn a_ring_is_seen_through_a_passed_read_only_descriptor() {

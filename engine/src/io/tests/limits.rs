@@ -143,7 +143,7 @@ fn impossible_sizes_are_refused_not_clamped() {
         };
         assert_eq!(
             e.to_string(),
-            "too many I/O slots: asked 20000, the limit is 16384"
+            "not enough I/O slots: 20000 asked, 16384 available"
         );
     }
     // The constructors a caller may use directly refuse the same way.

@@ -175,3 +175,31 @@ fn a_pass_every_rank_left_stops() {
         "the pass stopped long before its 50 epochs ({read} records read)"
     );
 }
+
+/// A pass that cannot start hands its error to every rank as it is: the same kind and
+/// errno, not a string (a daemon answers each rank with the code of the error's kind).
+#[test]
+fn every_rank_gets_the_pass_error_with_its_kind_and_errno() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 2_000, 40, 0.5);
+    // Scratch under a regular file: the two-pass read cannot make its directory there.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let o = opts(2, Tail::DropLast, Grouping::Record);
+    let done = Arc::new(AtomicU64::new(u64::MAX));
+    let pass = spawn(
+        &ds,
+        &o,
+        Some(file.join("scratch")),
+        Duration::from_secs(30),
+        done,
+    );
+    let ranks = [pass.join(0, None).unwrap(), pass.join(1, None).unwrap()];
+    for mut s in ranks {
+        let e = s.next().expect("the pass's error").unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::Os, "{e}");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR), "{e}");
+        assert!(e.to_string().contains("a-file"), "{e}");
+        assert!(s.next().is_none());
+    }
+}

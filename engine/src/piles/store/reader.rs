@@ -192,7 +192,7 @@ impl PileReader {
             let Some(s) = ring.acquire_at(i) else {
                 // Every slot is released between loads (`PileBuf::clear`), and the ring
                 // has at least `n`: this is a broken invariant, reported, not a panic.
-                let e = Error::Invalid(format!(
+                let e = Error::Internal(format!(
                     "pile ring: slot {i} of {n} is not free at the start of a load"
                 ));
                 buf.clear();

@@ -343,14 +343,18 @@ fn a_cut_group_file_and_a_stop_are_errors() {
     let (mut out, mut index) = (PileBuf::default(), Vec::new());
     let e = PileReader::default()
         .load(load, &mut out, &mut index, &Stop::default())
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains(&path.display().to_string()), "{e}");
+        .unwrap_err();
+    assert!(!e.is_cancelled(), "{e}");
+    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
 
     let (_dir, set) = written(Layout::new(0, 4096, 64 << 10), &all, BackendChoice::Auto);
     let stop = Stop::default();
     stop.set();
     let load = set.into_loads(|_| 1).jobs.pop().unwrap();
-    let e = PileReader::default().load(load, &mut out, &mut index, &stop);
-    assert!(e.unwrap_err().to_string().contains("stopped"));
+    let e = PileReader::default()
+        .load(load, &mut out, &mut index, &stop)
+        .unwrap_err();
+    // A stop is told apart from a failure by its kind, and keeps its words.
+    assert_eq!(e.kind(), crate::ErrorKind::Cancelled, "{e}");
+    assert!(e.to_string().contains("stopped"), "{e}");
 }
