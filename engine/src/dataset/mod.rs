@@ -786,59 +786,12 @@ fn open_file(
             size: rsize,
             header,
         } => {
-            if size < *header {
-                return Err(bad(
-                    Some(size),
-                    format!("the file ends before its {header}-byte header does"),
-                ));
-            }
-            let body = size - header;
-            if body % rsize != 0 {
-                let tail = body % rsize;
-                return Err(bad(
-                    Some(size - tail),
-                    format!(
-                        "a partial record: the last {tail} bytes do not fill a {rsize}-byte record"
-                    ),
-                ));
-            }
-            (
-                Layout::Fixed {
-                    header: *header,
-                    size: *rsize,
-                },
-                body / rsize,
-                None,
-            )
+            let (layout, records) = fixed_records(path, size, *rsize, *header)?;
+            (layout, records, None)
         }
         Format::Npy => {
-            let h = read_npy_header(path, size)?;
-            let need = h.data_offset + h.data_bytes();
-            if size < need {
-                return Err(bad(
-                    Some(size),
-                    format!(
-                        "data shorter than its shape {:?} says: {} bytes of data expected from byte {}, the file ends at {size}",
-                        h.shape,
-                        h.data_bytes(),
-                        h.data_offset
-                    ),
-                ));
-            }
-            if h.row_bytes() == 0 {
-                return Err(bad(
-                    Some(0),
-                    format!("rows of shape {:?} hold no bytes", h.shape),
-                ));
-            }
-            (
-                Layout::Fixed {
-                    header: h.data_offset,
-                    size: h.row_bytes(),
-                },
-                h.rows(),
-                None,
-            )
+            let (layout, records) = npy_records(path, size)?;
+            (layout, records, None)
         }
         Format::Files | Format::Mds => {
             unreachable!("files and mds datasets are listed by their own modules")
@@ -865,6 +818,72 @@ fn open_file(
         layout,
         index_origin: origin,
     })
+}
+
+/// The layout and record count of a file of `size` bytes holding records of `rsize` bytes
+/// after a `header`.
+fn fixed_records(path: &Path, size: u64, rsize: u64, header: u64) -> Result<(Layout, u64)> {
+    let bad = |offset: Option<u64>, what: String| Error::BadInput {
+        path: path.into(),
+        offset,
+        what,
+    };
+    if size < header {
+        return Err(bad(
+            Some(size),
+            format!("the file ends before its {header}-byte header does"),
+        ));
+    }
+    let body = size - header;
+    let tail = body % rsize;
+    if tail != 0 {
+        return Err(bad(
+            Some(size - tail),
+            format!("a partial record: the last {tail} bytes do not fill a {rsize}-byte record"),
+        ));
+    }
+    Ok((
+        Layout::Fixed {
+            header,
+            size: rsize,
+        },
+        body / rsize,
+    ))
+}
+
+/// The layout and record count of the `.npy` file at `path`, `size` bytes: its rows.
+fn npy_records(path: &Path, size: u64) -> Result<(Layout, u64)> {
+    let bad = |offset: Option<u64>, what: String| Error::BadInput {
+        path: path.into(),
+        offset,
+        what,
+    };
+    let h = read_npy_header(path, size)?;
+    let need = h.data_offset + h.data_bytes();
+    if size < need {
+        return Err(bad(
+            Some(size),
+            format!(
+                "data shorter than its shape {:?} says: {} bytes of data expected from byte {}, the file ends at {size}",
+                h.shape,
+                h.data_bytes(),
+                h.data_offset
+            ),
+        ));
+    }
+    if h.row_bytes() == 0 {
+        return Err(bad(
+            Some(0),
+            format!("rows of shape {:?} hold no bytes", h.shape),
+        ));
+    }
+    Ok((
+        Layout::Fixed {
+            header: h.data_offset,
+            size: h.row_bytes(),
+        },
+        h.rows(),
+    ))
 }
 
 fn read_npy_header(path: &Path, size: u64) -> Result<npy::NpyHeader> {
