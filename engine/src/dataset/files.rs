@@ -133,7 +133,17 @@ fn dir_id(rel: &Path, m: &std::fs::Metadata) -> DirId {
     )
 }
 
-fn walk(root: &Path) -> Result<(Listing, Vec<DirId>)> {
+/// What a walk of a tree found: its files (non-empty, regular), the identity of every
+/// directory, the classes (first-level directories, unsorted), and the empty files skipped.
+struct Walked {
+    found: Vec<Found>,
+    dirs: Vec<DirId>,
+    classes: Vec<String>,
+    empty: u64,
+}
+
+/// Walks the tree at `root`, following directory links once.
+fn walk_tree(root: &Path) -> Result<Walked> {
     use std::os::unix::ffi::OsStrExt;
     let mut found = Vec::new();
     let mut dirs = Vec::new();
@@ -215,6 +225,23 @@ fn walk(root: &Path) -> Result<(Listing, Vec<DirId>)> {
             }
         }
     }
+    Ok(Walked {
+        found,
+        dirs,
+        classes,
+        empty,
+    })
+}
+
+/// Lists the tree at `root`: its files in ImageFolder's order, labelled by class when it
+/// has class directories, and the identity of every directory walked.
+fn walk(root: &Path) -> Result<(Listing, Vec<DirId>)> {
+    let Walked {
+        mut found,
+        dirs,
+        mut classes,
+        empty,
+    } = walk_tree(root)?;
     classes.sort();
     let labelled = !classes.is_empty();
     if labelled {

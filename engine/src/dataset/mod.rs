@@ -7,15 +7,17 @@
 
 pub(crate) mod files;
 pub mod index;
+mod layout;
 pub(crate) mod mds;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::{indexed_span, npy, Format, Span};
-use crate::io::{self, Access, DataFile, IoConfig, RangeReader};
+use crate::format::{indexed_span, Format, Span};
+use crate::io::{self, DataFile, IoConfig, RangeReader};
 use crate::order::RecordLayout;
 use crate::{notice, Error, Result};
+use layout::open_file;
 
 pub use index::{IndexOrigin, OffsetIndex, StalePolicy};
 pub use mds::MdsColumn;
@@ -735,149 +737,4 @@ fn decide_format(files: &[PathBuf], given: Option<&Format>) -> Result<Format> {
         }
     }
     Ok(format)
-}
-
-fn open_file(
-    path: &Path,
-    format: &Format,
-    opts: &OpenOptions,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<DatasetFile> {
-    let bad = |offset: Option<u64>, what: String| Error::BadInput {
-        path: path.into(),
-        offset,
-        what,
-    };
-    // Formats indexed by a scan need the file open; fixed records and `.npy` need only its
-    // size (the header is read by path), so a dataset of 100,000 such files is listed with
-    // a stat each, and the reader opens them when it reads them.
-    let file = match format {
-        Format::Fixed { .. } | Format::Npy | Format::Files | Format::Mds => None,
-        _ => Some(Arc::new(DataFile::open(
-            path,
-            Access::Read,
-            opts.scan_io.direct,
-        )?)),
-    };
-    let size = match &file {
-        Some(f) => f.size(),
-        None => {
-            let meta = std::fs::metadata(path).map_err(|e| Error::io(path, "stat", None, e))?;
-            if !meta.file_type().is_file() {
-                return Err(bad(
-                    None,
-                    format!(
-                        "is {}, not a regular file: random access needs a file",
-                        io::file_type_name(&meta.file_type())
-                    ),
-                ));
-            }
-            meta.len()
-        }
-    };
-    if size == 0 {
-        return Err(bad(Some(0), "empty file: no records".into()));
-    }
-    let (layout, records, origin) = match format {
-        Format::Fixed {
-            size: rsize,
-            header,
-        } => {
-            if size < *header {
-                return Err(bad(
-                    Some(size),
-                    format!("the file ends before its {header}-byte header does"),
-                ));
-            }
-            let body = size - header;
-            if body % rsize != 0 {
-                let tail = body % rsize;
-                return Err(bad(
-                    Some(size - tail),
-                    format!(
-                        "a partial record: the last {tail} bytes do not fill a {rsize}-byte record"
-                    ),
-                ));
-            }
-            (
-                Layout::Fixed {
-                    header: *header,
-                    size: *rsize,
-                },
-                body / rsize,
-                None,
-            )
-        }
-        Format::Npy => {
-            let h = read_npy_header(path, size)?;
-            let need = h.data_offset + h.data_bytes();
-            if size < need {
-                return Err(bad(
-                    Some(size),
-                    format!(
-                        "data shorter than its shape {:?} says: {} bytes of data expected from byte {}, the file ends at {size}",
-                        h.shape,
-                        h.data_bytes(),
-                        h.data_offset
-                    ),
-                ));
-            }
-            if h.row_bytes() == 0 {
-                return Err(bad(
-                    Some(0),
-                    format!("rows of shape {:?} hold no bytes", h.shape),
-                ));
-            }
-            (
-                Layout::Fixed {
-                    header: h.data_offset,
-                    size: h.row_bytes(),
-                },
-                h.rows(),
-                None,
-            )
-        }
-        Format::Files | Format::Mds => {
-            unreachable!("files and mds datasets are listed by their own modules")
-        }
-        Format::Lines { .. } | Format::TfRecord { .. } | Format::Tar => {
-            let (ix, origin) = index::load_or_build(
-                file.as_ref().expect("indexed formats are opened"),
-                format,
-                opts.stale,
-                &opts.scan_io,
-                progress,
-            )?;
-            let n = ix.len();
-            (Layout::Indexed(ix), n, Some(origin))
-        }
-    };
-    if records == 0 {
-        return Err(bad(None, "the file holds no records".into()));
-    }
-    Ok(DatasetFile {
-        path: path.into(),
-        size,
-        records,
-        layout,
-        index_origin: origin,
-    })
-}
-
-fn read_npy_header(path: &Path, size: u64) -> Result<npy::NpyHeader> {
-    use std::os::unix::fs::FileExt;
-    let bad = |e: npy::NpyError| Error::BadInput {
-        path: path.into(),
-        offset: Some(e.offset),
-        what: e.what,
-    };
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", None, e))?;
-    let mut prefix = vec![0u8; (npy::PREFIX as u64).min(size) as usize];
-    f.read_exact_at(&mut prefix, 0)
-        .map_err(|e| Error::io(path, "read", Some(0), e))?;
-    let total = npy::header_len(&prefix).map_err(bad)?;
-    let mut header = vec![0u8; total.min(size) as usize];
-    f.read_exact_at(&mut header, 0)
-        .map_err(|e| Error::io(path, "read", Some(0), e))?;
-    npy::parse(&header).map_err(bad)
 }

@@ -21,8 +21,9 @@ use rand::{RngExt, SeedableRng};
 
 use super::emit::Emitter;
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
-use crate::dataset::Dataset;
-use crate::io::IoConfig;
+use crate::dataset::{Dataset, DatasetFile};
+use crate::format::Format;
+use crate::io::{BackendKind, DataFile, IoConfig, ScanReport};
 use crate::order::EpochKey;
 use crate::pipeline::Stop;
 use crate::{Error, Result};
@@ -138,9 +139,6 @@ fn run(
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     r.mode = "buffer".into();
     r.grouping = "record".into();
-    // Each file is opened when its turn comes (one open at a time, whatever the count);
-    // the report says direct only if every one was.
-    let direct = std::cell::Cell::new(true);
     r.queue_depth = SCAN_DEPTH;
     r.records_per_unit = 1.0;
     let account = |r: &mut ReadReport, slot_bytes: u64| {
@@ -153,12 +151,14 @@ fn run(
         r.memory_bytes = r.index_bytes + r.buffer_bytes + r.prefetch_bytes;
     };
     account(r, 0);
-    let format = ds.format();
     let mean = ds.size_stats().total as f64 / ds.len() as f64;
     let mut buf = ShuffleBuffer::new(plan.held as usize, plan.slot_budget);
-    let (mut read_ops, mut device_bytes) = (0u64, 0u64);
-    let mut backend = None;
-    let mut stopped = false;
+    let mut scans = ScanTotals {
+        read_ops: 0,
+        device_bytes: 0,
+        backend: None,
+        direct: true,
+    };
     for epoch in opts.epoch_range()? {
         let epoch_started = Instant::now();
         let key = EpochKey::new(opts.seed, epoch);
@@ -182,93 +182,7 @@ fn run(
         .described(ds)
         .shared(opts.ranks.clone())
         .timed(started);
-        let mut first_id = 0u64;
-        for (i, f) in ds.files().iter().enumerate() {
-            let file = &ds.open_one(i, scan.direct)?;
-            direct.set(direct.get() && file.direct());
-            let end_id = first_id + f.records;
-            let mut next = first_id;
-            // The record being copied in: its slot and its byte range in the file.
-            let mut current: Option<(usize, u64, u64)> = None;
-            // What this file's scan delivered, for the report of a scan cut short.
-            let mut delivered = 0u64;
-            let scanned = crate::io::scan_file(file, &scan, |off, bytes| {
-                let chunk_end = off + bytes.len() as u64;
-                delivered += bytes.len() as u64;
-                loop {
-                    let (slot, start, end) = match current {
-                        Some(c) => c,
-                        None => {
-                            if next == end_id {
-                                break;
-                            }
-                            let span = f.span(format, next - first_id);
-                            // A record starting in a later chunk waits for it (an empty
-                            // one at this chunk's end is taken now).
-                            if span.offset + (span.len > 0) as u64 > chunk_end {
-                                break;
-                            }
-                            let slot = buf.admit(next, span.len, &mut rng, &mut em);
-                            next += 1;
-                            (slot, span.offset, span.offset + span.len)
-                        }
-                    };
-                    let (from, to) = (start.max(off), end.min(chunk_end));
-                    if to > from {
-                        buf.slots[slot]
-                            .extend_from_slice(&bytes[(from - off) as usize..(to - off) as usize]);
-                    }
-                    if end > chunk_end {
-                        current = Some((slot, start, end));
-                        break;
-                    }
-                    current = None;
-                }
-                // Per chunk: while the buffer fills no batch is sent, so the emitter alone
-                // would not notice a stop until the buffer is full.
-                if em.stopped || stop.is_set() {
-                    em.stopped = true;
-                    return Err(consumer_gone());
-                }
-                Ok(())
-            });
-            match scanned {
-                Ok(s) => {
-                    read_ops += s.read_ops;
-                    device_bytes += s.device_bytes;
-                    backend.get_or_insert(s.backend);
-                }
-                Err(_) if em.stopped => {
-                    device_bytes += delivered;
-                    stopped = true;
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-            // Only empty records may lie at the very end of a file (an empty file yields
-            // no chunk at all).
-            while current.is_none() && next < end_id {
-                let span = f.span(format, next - first_id);
-                if span.len > 0 {
-                    break;
-                }
-                buf.admit(next, 0, &mut rng, &mut em);
-                next += 1;
-            }
-            if current.is_some() || next < end_id {
-                return Err(Error::BadInput {
-                    path: f.path.clone(),
-                    offset: Some(file.size()),
-                    what: format!(
-                        "the file ended inside record {} of {}; was it changed while being read?",
-                        next - first_id,
-                        f.records
-                    ),
-                });
-            }
-            first_id = end_id;
-        }
-        if stopped {
+        if fill_epoch(ds, &scan, &mut buf, &mut rng, &mut em, stop, &mut scans)? {
             break;
         }
         buf.drain(&mut rng, &mut em);
@@ -279,17 +193,158 @@ fn run(
         drop(em);
         r.epoch_seconds.push(epoch_started.elapsed().as_secs_f64());
     }
-    if let Some(b) = backend {
+    if let Some(b) = scans.backend {
         r.backend = b.name().into();
     }
     account(r, buf.peak);
-    r.direct = direct.get();
-    r.read_ops = read_ops;
-    r.device_bytes = device_bytes;
-    r.units_per_batch = read_ops as f64 / r.batches.max(1) as f64;
+    r.direct = scans.direct;
+    r.read_ops = scans.read_ops;
+    r.device_bytes = scans.device_bytes;
+    r.units_per_batch = scans.read_ops as f64 / r.batches.max(1) as f64;
     r.seconds = started.elapsed().as_secs_f64();
     r.batch_latency_us = Latency::of(&hist);
     Ok(())
+}
+
+/// What the run's scans did, for its report.
+struct ScanTotals {
+    read_ops: u64,
+    device_bytes: u64,
+    backend: Option<BackendKind>,
+    /// Each file is opened when its turn comes (one open at a time, whatever the count);
+    /// the report says direct only if every one was.
+    direct: bool,
+}
+
+/// Puts an epoch's records through the buffer, file by file in order, counting the scans
+/// in `scans`. Returns whether the run stopped part-way.
+fn fill_epoch(
+    ds: &Dataset,
+    scan: &IoConfig,
+    buf: &mut ShuffleBuffer,
+    rng: &mut SmallRng,
+    em: &mut Emitter<'_>,
+    stop: &Stop,
+    scans: &mut ScanTotals,
+) -> Result<bool> {
+    let format = ds.format();
+    let mut first_id = 0u64;
+    for (i, f) in ds.files().iter().enumerate() {
+        let file = &ds.open_one(i, scan.direct)?;
+        scans.direct &= file.direct();
+        let filled = fill_from_file(buf, rng, em, file, f, first_id, scan, format, stop)?;
+        match filled {
+            Filled::Whole(s) => {
+                scans.read_ops += s.read_ops;
+                scans.device_bytes += s.device_bytes;
+                scans.backend.get_or_insert(s.backend);
+            }
+            Filled::Stopped { delivered } => {
+                scans.device_bytes += delivered;
+                return Ok(true);
+            }
+        }
+        first_id += f.records;
+    }
+    Ok(false)
+}
+
+/// What filling the buffer from one file came to.
+enum Filled {
+    /// The file was read whole: the scan's counts.
+    Whole(ScanReport),
+    /// The run stopped part-way through the file, whose scan had delivered these bytes.
+    Stopped { delivered: u64 },
+}
+
+/// Puts the records of `file` (ids from `first_id` on, laid out as `f` says) through the
+/// buffer as the scan delivers them: each is admitted (emitting a random one once the
+/// buffer is full) when its first byte arrives, and its bytes copied into its slot.
+#[allow(clippy::too_many_arguments)]
+fn fill_from_file(
+    buf: &mut ShuffleBuffer,
+    rng: &mut SmallRng,
+    em: &mut Emitter<'_>,
+    file: &Arc<DataFile>,
+    f: &DatasetFile,
+    first_id: u64,
+    scan: &IoConfig,
+    format: &Format,
+    stop: &Stop,
+) -> Result<Filled> {
+    let end_id = first_id + f.records;
+    let mut next = first_id;
+    // The record being copied in: its slot and its byte range in the file.
+    let mut current: Option<(usize, u64, u64)> = None;
+    // What this file's scan delivered, for the report of a scan cut short.
+    let mut delivered = 0u64;
+    let scanned = crate::io::scan_file(file, scan, |off, bytes| {
+        let chunk_end = off + bytes.len() as u64;
+        delivered += bytes.len() as u64;
+        loop {
+            let (slot, start, end) = match current {
+                Some(c) => c,
+                None => {
+                    if next == end_id {
+                        break;
+                    }
+                    let span = f.span(format, next - first_id);
+                    // A record starting in a later chunk waits for it (an empty
+                    // one at this chunk's end is taken now).
+                    if span.offset + (span.len > 0) as u64 > chunk_end {
+                        break;
+                    }
+                    let slot = buf.admit(next, span.len, rng, em);
+                    next += 1;
+                    (slot, span.offset, span.offset + span.len)
+                }
+            };
+            let (from, to) = (start.max(off), end.min(chunk_end));
+            if to > from {
+                buf.slots[slot]
+                    .extend_from_slice(&bytes[(from - off) as usize..(to - off) as usize]);
+            }
+            if end > chunk_end {
+                current = Some((slot, start, end));
+                break;
+            }
+            current = None;
+        }
+        // Per chunk: while the buffer fills no batch is sent, so the emitter alone
+        // would not notice a stop until the buffer is full.
+        if em.stopped || stop.is_set() {
+            em.stopped = true;
+            return Err(consumer_gone());
+        }
+        Ok(())
+    });
+    let s = match scanned {
+        Ok(s) => s,
+        Err(_) if em.stopped => return Ok(Filled::Stopped { delivered }),
+        Err(e) => return Err(e),
+    };
+    // Only empty records may lie at the very end of a file (an empty file yields
+    // no chunk at all).
+    while current.is_none() && next < end_id {
+        let span = f.span(format, next - first_id);
+        if span.len > 0 {
+            break;
+        }
+        buf.admit(next, 0, rng, em);
+        next += 1;
+    }
+    if current.is_some() || next < end_id {
+        return Err(Error::BadInput {
+            path: f.path.clone(),
+            offset: Some(file.size()),
+            what: format!(
+                "the file ended inside record {} of {}; was it changed while being read?",
+                next - first_id,
+                f.records
+            ),
+        });
+    }
+    Ok(Filled::Whole(s))
 }
 
 #[cfg(test)]

@@ -12,8 +12,10 @@
 //! whole: it is read again for each of several key sub-ranges, which keeps the order exact
 //! and the memory bounded.
 
+mod body;
+
 use std::cell::RefCell;
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,15 +27,12 @@ use super::emit::Emitter;
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
 use crate::io::{IoConfig, RangeReader};
-use crate::order::{EpochKey, Units};
-use crate::piles::{frame, PileBuf, PileReader, PileSet, PileWriter};
+use crate::order::{EpochKey, Split, Units};
+use crate::piles::{PileBuf, PileReader, PileSet, PileWriter};
 use crate::pipeline::Stop;
-use crate::resources::piles::{FRAME_HEAD, MAX_FRAME_RECORDS};
 use crate::resources::{Limits, PilePlan};
 use crate::{Error, Result};
-
-// The resource plan sizes frames with these: they must be this file's frame format.
-const _: () = assert!(FRAME_HEAD == (frame::HEAD + BODY_HEAD) as u64);
+use body::{emit_frames, rescatter, Body};
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
 pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> Result<BatchStream> {
@@ -164,39 +163,87 @@ fn run(
     };
     // The scatter goes through the files in order: it keeps few open, which leaves the
     // rest of the open-file budget to a LIRS lead reading beside it.
-    let mut reader = ds.reader_capped(&scan, 16)?;
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
-    r.mode = "two-pass".into();
-    r.grouping = opts.grouping.name().into();
-    r.backend = reader.backend_kind().name().into();
-    r.direct = reader.direct();
-    r.queue_depth = scan.depth;
-    r.units_bytes = units.bytes();
-    r.index_bytes = ds.index_bytes();
-    // The scatter's reader, the pile loader's reads (no more), and one pile writer (the
-    // next epoch's while rolling; this epoch's is closed by then).
-    r.buffer_bytes = reader.buffer_bytes() as u64 + plan.writer_bytes();
-    r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
-    r.pile_bytes = plan.loaded_memory();
-    r.memory_bytes =
-        r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes + r.pile_bytes;
-    r.records_per_unit = units.mean_records();
-    r.piles = plan.piles() as u64;
+    let reader = ds.reader_capped(&scan, 16)?;
+    let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+    let mut run = Run {
+        ds,
+        units,
+        opts,
+        plan,
+        scratch,
+        tx,
+        stop,
+        started,
+        reader,
+        hist,
+        pool: Default::default(),
+        pile_reads: 0,
+        lead_ops: 0,
+        lead_bytes: 0,
+    };
+    run.describe(r, &scan);
     let epochs = opts.epoch_range()?;
-    let mut pile_reads = 0u64;
-    let (mut lead_ops, mut lead_bytes) = (0u64, 0u64);
-    let last_epoch = epochs.end;
-    let mut ready: Option<PileSet> = None;
-    // Pile buffers, kept from pile to pile and epoch to epoch (two in use at once).
-    let pool: std::sync::Mutex<Vec<LoadedPile>> = Default::default();
     // Every way out (the last epoch, a stop, an error) reports what was done up to there.
-    let outcome = (|| -> Result<()> {
+    let outcome = run.epochs(epochs, r);
+    run.report(r);
+    outcome
+}
+
+/// A two-pass run: what it reads and how, and what its epochs share (the scatter's reader,
+/// the batch latencies, the pile buffers, and the reads counted beside the reader's).
+struct Run<'a> {
+    ds: &'a Dataset,
+    units: &'a Units,
+    opts: &'a ReadOptions,
+    plan: &'a PilePlan,
+    scratch: &'a Path,
+    tx: &'a Sender<Result<Batch>>,
+    stop: &'a Stop,
+    started: Instant,
+    reader: RangeReader,
+    hist: Histogram<u64>,
+    /// Pile buffers, kept from pile to pile and epoch to epoch (two in use at once).
+    pool: std::sync::Mutex<Vec<LoadedPile>>,
+    pile_reads: u64,
+    lead_ops: u64,
+    lead_bytes: u64,
+}
+
+impl Run<'_> {
+    /// Fills in the report's description of the run: its mode and reader, and the memory
+    /// each part of it takes (`scan` is the scatter's I/O).
+    fn describe(&self, r: &mut ReadReport, scan: &IoConfig) {
+        let (ds, units, opts, plan, reader) =
+            (self.ds, self.units, self.opts, self.plan, &self.reader);
+        r.mode = "two-pass".into();
+        r.grouping = opts.grouping.name().into();
+        r.backend = reader.backend_kind().name().into();
+        r.direct = reader.direct();
+        r.queue_depth = scan.depth;
+        r.units_bytes = units.bytes();
+        r.index_bytes = ds.index_bytes();
+        // The scatter's reader, the pile loader's reads (no more), and one pile writer (the
+        // next epoch's while rolling; this epoch's is closed by then).
+        r.buffer_bytes = reader.buffer_bytes() as u64 + plan.writer_bytes();
+        r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
+        r.pile_bytes = plan.loaded_memory();
+        r.memory_bytes =
+            r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes + r.pile_bytes;
+        r.records_per_unit = units.mean_records();
+        r.piles = plan.piles() as u64;
+    }
+
+    /// Reads `epochs` in turn: the first one's piles scattered from the dataset, each later
+    /// one's rolled over from the pile pass before it.
+    fn epochs(&mut self, epochs: Range<u64>, r: &mut ReadReport) -> Result<()> {
+        let (opts, stop) = (self.opts, self.stop);
+        let last_epoch = epochs.end;
+        let mut ready: Option<PileSet> = None;
         for epoch in epochs {
             if stop.is_set() {
                 break;
             }
-            let key = EpochKey::new(opts.seed, epoch);
-            let split = opts.split_for(epoch, ds.len())?;
+            let split = opts.split_for(epoch, self.ds.len())?;
             let epoch_started = Instant::now();
             // Piles for this epoch: rolled over from the previous epoch's pile pass, or a
             // scatter of the dataset (the first epoch).
@@ -206,157 +253,22 @@ fn run(
             };
             let set = match ready.take() {
                 Some(set) => set,
-                None => {
-                    let (scattered, led) = if opts.lead {
-                        let (scattered, led, end) = scatter_led(
-                            ds,
-                            units,
-                            opts,
-                            plan,
-                            &mut reader,
-                            epoch,
-                            first_batch,
-                            scratch,
-                            tx,
-                            stop,
-                        );
-                        first_batch = first_batch.max(end);
-                        (scattered, led)
-                    } else {
-                        let scattered =
-                            scatter(ds, units, plan, &opts.io, &mut reader, &key, scratch, stop);
-                        (scattered, Ok(None))
-                    };
-                    let scattered = scattered?;
-                    if let Some(l) = led? {
-                        r.records += l.records;
-                        r.bytes += l.bytes;
-                        r.batches += l.batches;
-                        r.lead_batches += l.batches;
-                        if l.batches > 0 {
-                            r.first_batch_seconds = l.first_batch_seconds;
-                        }
-                        lead_ops += l.read_ops;
-                        lead_bytes += l.device_bytes;
-                        r.table_seconds += l.table_seconds;
-                    }
-                    r.scratch_bytes += scattered.bytes;
-                    match scattered.piles {
-                        Some(set) => set,
-                        None => break,
-                    }
-                }
+                None => match self.scatter_first(epoch, &mut first_batch, r)? {
+                    Some(set) => set,
+                    None => break,
+                },
             };
             // Rolling: while this epoch is emitted, its frames are re-keyed and scattered
             // for the next one, so a later epoch costs one sequential read and one write.
             let rolling = epoch + 1 < last_epoch;
-            let next_key = EpochKey::new(opts.seed, epoch + 1);
             let mut next = if rolling {
-                Some(PileWriter::new(scratch, plan.layout, &opts.io)?)
+                Some(PileWriter::new(self.scratch, self.plan.layout, &opts.io)?)
             } else {
                 None
             };
-
-            // Pile pass: each pile in key order, records out in sequence (from where the
-            // lead stopped, if one led).
-            let mut em = Emitter::new(
-                split,
-                first_batch,
-                epoch,
-                ds.size_stats().total as f64 / ds.len() as f64,
-                tx,
-                stop,
-                &mut hist,
-                &mut *r,
-            )
-            .lend_from(opts.lender.clone(), ds.size_stats().max)
-            .described(ds)
-            .shared(opts.ranks.clone())
-            .timed(started);
-            // The pile pass, double buffered: a loader thread reads and sorts the next pile
-            // (or key sub-range of an oversized pile) while this thread emits the current one.
-            let loads = set.into_loads(|bytes| bytes.div_ceil(plan.pile_budget));
-            let mut loader = PileReader::new(&opts.io);
-            // The device takes reads and writes in turn: a pile is loaded while no re-scatter
-            // writes, and a re-scatter writes (to the end of its last write) while no pile
-            // is loaded. Interleaved, the two ran slower here than in turn (a rolling epoch
-            // of 20 GiB, alternated runs: 29.2/28.0/33.7/44.9 s against 27.2/25.4/31.6/32.1
-            // s); the emitter, which only copies, runs beside either.
-            let io_turn = std::sync::Mutex::new(());
-            let take_turn = || io_turn.lock().unwrap_or_else(|e| e.into_inner());
-            crate::pipeline::pipelined(
-                loads.jobs,
-                stop,
-                |load, _| {
-                    // Buffers of a pile already emitted, reused: fresh memory would be
-                    // faulted in and zeroed page by page for every pile.
-                    let mut p = pool
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .pop()
-                        .unwrap_or_default();
-                    // Sized once with a little room, as far as the pile budget allows, so
-                    // the next (slightly larger) pile does not regrow it.
-                    let bytes = load.expect;
-                    let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
-                    p.data.room_for(room as usize);
-                    {
-                        let _turn = take_turn();
-                        loader.load(load, &mut p.data, &mut p.frames, stop)?;
-                    }
-                    crate::order::sort_uniform(&mut p.frames, &mut p.scratch, |f| f.0);
-                    Ok(p)
-                },
-                |p| {
-                    pile_reads += 1;
-                    // Rolling: a third thread re-scatters the pile for the next epoch,
-                    // walking it in memory order, while this one emits it in key order.
-                    let data = p.data.as_slice();
-                    std::thread::scope(|scope| {
-                        let roll = next.as_mut().map(|sink| {
-                            std::thread::Builder::new()
-                                .name("riffle-rescatter".into())
-                                .spawn_scoped(scope, || {
-                                    let _turn = take_turn();
-                                    let done = rescatter(data, sink, &next_key, stop)
-                                        .and_then(|()| sink.settle());
-                                    if done.is_err() {
-                                        // The emitter and the loader stop too; this error is
-                                        // what the run returns.
-                                        stop.set();
-                                    }
-                                    done
-                                })
-                        });
-                        let emitted = emit_frames(data, &p.frames, units, &mut em);
-                        if emitted.is_err() {
-                            stop.set();
-                        }
-                        match roll {
-                            None => emitted,
-                            Some(Err(e)) => Err(Error::os("cannot start a re-scatter thread", e)),
-                            Some(Ok(h)) => h
-                                .join()
-                                .unwrap_or_else(|_| {
-                                    Err(Error::Internal("the re-scatter thread panicked".into()))
-                                })
-                                .and(emitted),
-                        }
-                    })?;
-                    pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
-                    Ok(if em.stopped {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(None)
-                    })
-                },
-            )?;
-            em.finish();
+            let stopped = self.pile_pass(set, split, first_batch, epoch, &mut next, r)?;
             // Stopped, the next epoch's piles may be partial (the re-scatter gave up): they
             // are dropped, never read.
-            let stopped = em.stopped || stop.is_set();
-            drop(em);
-            drop(loads.dir);
             if stopped {
                 r.scratch_bytes += next.as_ref().map_or(0, PileWriter::bytes);
                 break;
@@ -369,14 +281,216 @@ fn run(
             r.epoch_seconds.push(epoch_started.elapsed().as_secs_f64());
         }
         Ok(())
-    })();
-    let s = reader.stats();
-    r.pile_loads = pile_reads;
-    r.read_ops = s.read_ops + pile_reads + lead_ops;
-    r.device_bytes = s.device_bytes + lead_bytes;
-    r.seconds = started.elapsed().as_secs_f64();
-    r.batch_latency_us = Latency::of(&hist);
-    outcome
+    }
+
+    /// The piles of `epoch`, the first one read: a scatter of the dataset, with a LIRS lead
+    /// beside it when asked (which moves `first_batch` past the batches it sent). `None`
+    /// when the run was stopped part-way.
+    fn scatter_first(
+        &mut self,
+        epoch: u64,
+        first_batch: &mut u64,
+        r: &mut ReadReport,
+    ) -> Result<Option<PileSet>> {
+        let (ds, units, opts, plan, scratch, tx, stop) = (
+            self.ds,
+            self.units,
+            self.opts,
+            self.plan,
+            self.scratch,
+            self.tx,
+            self.stop,
+        );
+        let (scattered, led) = if opts.lead {
+            let (scattered, led, end) = scatter_led(
+                ds,
+                units,
+                opts,
+                plan,
+                &mut self.reader,
+                epoch,
+                *first_batch,
+                scratch,
+                tx,
+                stop,
+            );
+            *first_batch = (*first_batch).max(end);
+            (scattered, led)
+        } else {
+            let key = EpochKey::new(opts.seed, epoch);
+            let scattered = scatter(
+                ds,
+                units,
+                plan,
+                &opts.io,
+                &mut self.reader,
+                &key,
+                scratch,
+                stop,
+            );
+            (scattered, Ok(None))
+        };
+        let scattered = scattered?;
+        if let Some(l) = led? {
+            r.records += l.records;
+            r.bytes += l.bytes;
+            r.batches += l.batches;
+            r.lead_batches += l.batches;
+            if l.batches > 0 {
+                r.first_batch_seconds = l.first_batch_seconds;
+            }
+            self.lead_ops += l.read_ops;
+            self.lead_bytes += l.device_bytes;
+            r.table_seconds += l.table_seconds;
+        }
+        r.scratch_bytes += scattered.bytes;
+        Ok(scattered.piles)
+    }
+
+    /// The pile pass of `epoch` over `set`: each pile in key order, records out in sequence
+    /// from `first_batch` on (from where the lead stopped, if one led), and each pile
+    /// re-scattered into `next` meanwhile when rolling. Returns whether the run stopped.
+    fn pile_pass(
+        &mut self,
+        set: PileSet,
+        split: Split,
+        first_batch: u64,
+        epoch: u64,
+        next: &mut Option<PileWriter>,
+        r: &mut ReadReport,
+    ) -> Result<bool> {
+        let (ds, units, opts, plan, stop) = (self.ds, self.units, self.opts, self.plan, self.stop);
+        let (pool, pile_reads) = (&self.pool, &mut self.pile_reads);
+        let next_key = EpochKey::new(opts.seed, epoch + 1);
+        let mut em = Emitter::new(
+            split,
+            first_batch,
+            epoch,
+            ds.size_stats().total as f64 / ds.len() as f64,
+            self.tx,
+            stop,
+            &mut self.hist,
+            &mut *r,
+        )
+        .lend_from(opts.lender.clone(), ds.size_stats().max)
+        .described(ds)
+        .shared(opts.ranks.clone())
+        .timed(self.started);
+        // The pile pass, double buffered: a loader thread reads and sorts the next pile
+        // (or key sub-range of an oversized pile) while this thread emits the current one.
+        let loads = set.into_loads(|bytes| bytes.div_ceil(plan.pile_budget));
+        let mut loader = PileReader::new(&opts.io);
+        // The device takes reads and writes in turn: a pile is loaded while no re-scatter
+        // writes, and a re-scatter writes (to the end of its last write) while no pile
+        // is loaded. Interleaved, the two ran slower here than in turn (a rolling epoch
+        // of 20 GiB, alternated runs: 29.2/28.0/33.7/44.9 s against 27.2/25.4/31.6/32.1
+        // s); the emitter, which only copies, runs beside either.
+        let io_turn = std::sync::Mutex::new(());
+        let take_turn = || io_turn.lock().unwrap_or_else(|e| e.into_inner());
+        crate::pipeline::pipelined(
+            loads.jobs,
+            stop,
+            |load, _| {
+                // Buffers of a pile already emitted, reused: fresh memory would be
+                // faulted in and zeroed page by page for every pile.
+                let mut p = pool
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .unwrap_or_default();
+                // Sized once with a little room, as far as the pile budget allows, so
+                // the next (slightly larger) pile does not regrow it.
+                let bytes = load.expect;
+                let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
+                p.data.room_for(room as usize);
+                {
+                    let _turn = take_turn();
+                    loader.load(load, &mut p.data, &mut p.frames, stop)?;
+                }
+                crate::order::sort_uniform(&mut p.frames, &mut p.scratch, |f| f.0);
+                Ok(p)
+            },
+            |p| {
+                *pile_reads += 1;
+                emit_and_roll(
+                    &p,
+                    units,
+                    &mut em,
+                    next.as_mut(),
+                    &next_key,
+                    stop,
+                    &take_turn,
+                )?;
+                pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+                Ok(if em.stopped {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(None)
+                })
+            },
+        )?;
+        em.finish();
+        let stopped = em.stopped || stop.is_set();
+        drop(em);
+        drop(loads.dir);
+        Ok(stopped)
+    }
+
+    /// Fills in the report's totals: the reads of the scatter, the pile loads and the lead,
+    /// the run's time and its batch latencies.
+    fn report(&self, r: &mut ReadReport) {
+        let s = self.reader.stats();
+        r.pile_loads = self.pile_reads;
+        r.read_ops = s.read_ops + self.pile_reads + self.lead_ops;
+        r.device_bytes = s.device_bytes + self.lead_bytes;
+        r.seconds = self.started.elapsed().as_secs_f64();
+        r.batch_latency_us = Latency::of(&self.hist);
+    }
+}
+
+/// Emits a loaded pile's records in key order, and meanwhile, when rolling (`next` is the
+/// next epoch's piles), re-scatters it under `next_key`; `take_turn` takes the device's
+/// turn for the re-scatter's writes.
+fn emit_and_roll<'t>(
+    p: &LoadedPile,
+    units: &Units,
+    em: &mut Emitter<'_>,
+    next: Option<&mut PileWriter>,
+    next_key: &EpochKey,
+    stop: &Stop,
+    take_turn: &(impl Fn() -> std::sync::MutexGuard<'t, ()> + Sync),
+) -> Result<()> {
+    // Rolling: a third thread re-scatters the pile for the next epoch,
+    // walking it in memory order, while this one emits it in key order.
+    let data = p.data.as_slice();
+    std::thread::scope(|scope| {
+        let roll = next.map(|sink| {
+            std::thread::Builder::new()
+                .name("riffle-rescatter".into())
+                .spawn_scoped(scope, || {
+                    let _turn = take_turn();
+                    let done = rescatter(data, sink, next_key, stop).and_then(|()| sink.settle());
+                    if done.is_err() {
+                        // The emitter and the loader stop too; this error is
+                        // what the run returns.
+                        stop.set();
+                    }
+                    done
+                })
+        });
+        let emitted = emit_frames(data, &p.frames, units, em);
+        if emitted.is_err() {
+            stop.set();
+        }
+        match roll {
+            None => emitted,
+            Some(Err(e)) => Err(Error::os("cannot start a re-scatter thread", e)),
+            Some(Ok(h)) => h
+                .join()
+                .unwrap_or_else(|_| Err(Error::Internal("the re-scatter thread panicked".into())))
+                .and(emitted),
+        }
+    })
 }
 
 /// The scatter of `epoch` with a LIRS lead beside it (on a thread of its own, in the memory
@@ -552,164 +666,3 @@ struct LoadedPile {
     frames: Vec<(u64, usize)>,
     scratch: Vec<(u64, usize)>,
 }
-
-/// Bytes of a two-pass frame body's head: the unit id (u64) and a u32 word holding the
-/// record count, with [`WIDE`] set when the record lengths that follow are u64 rather than
-/// u32. Then come the lengths (little-endian, like the rest) and the records' bytes.
-const BODY_HEAD: usize = 8 + 4;
-
-/// Set in a body's count word when its record lengths are u64: a unit holding a record of
-/// 4 GiB or more. Other frames keep u32 lengths, so piles of small records stay small.
-const WIDE: u32 = 1 << 31;
-
-const _: () = assert!(MAX_FRAME_RECORDS == WIDE as u64 - 1);
-
-/// A two-pass frame's body head, parsed: the scatter writes it with [`Body::encode`], the
-/// pile pass and the re-scatter read it with [`Body::parse`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Body {
-    unit: u64,
-    /// Records in the frame.
-    n: usize,
-    /// Whether the lengths are u64.
-    wide: bool,
-}
-
-impl Body {
-    /// Appends the body head of `unit` and its records' lengths to `out` (the caller
-    /// appends the records' bytes); returns the whole body's length. The unit has at most
-    /// [`MAX_FRAME_RECORDS`] records (`PilePlan::new` checks it before any I/O).
-    fn encode(out: &mut Vec<u8>, unit: u64, lens: impl Iterator<Item = u64> + Clone) -> u64 {
-        let (n, longest, total) = lens
-            .clone()
-            .fold((0u64, 0u64, 0u64), |(n, m, t), l| (n + 1, m.max(l), t + l));
-        debug_assert!(n <= MAX_FRAME_RECORDS, "a unit of {n} records");
-        let wide = longest > u32::MAX as u64;
-        let start = out.len();
-        out.extend_from_slice(&unit.to_le_bytes());
-        out.extend_from_slice(&(n as u32 | if wide { WIDE } else { 0 }).to_le_bytes());
-        for l in lens {
-            if wide {
-                out.extend_from_slice(&l.to_le_bytes());
-            } else {
-                out.extend_from_slice(&(l as u32).to_le_bytes());
-            }
-        }
-        (out.len() - start) as u64 + total
-    }
-
-    /// The head of a body, or `None` when it is too short to hold its lengths.
-    #[inline]
-    fn parse(body: &[u8]) -> Option<Body> {
-        let word = u32::from_le_bytes(body.get(8..12)?.try_into().expect("4 bytes"));
-        let b = Body {
-            unit: u64::from_le_bytes(body[..8].try_into().expect("8 bytes")),
-            n: (word & !WIDE) as usize,
-            wide: word & WIDE != 0,
-        };
-        (body.len() >= BODY_HEAD + b.lens_bytes()).then_some(b)
-    }
-
-    /// Bytes of the lengths after the head.
-    #[inline]
-    fn lens_bytes(&self) -> usize {
-        self.n * if self.wide { 8 } else { 4 }
-    }
-
-    /// Length `i` from the body's lengths.
-    #[inline]
-    fn len(&self, lens: &[u8], i: usize) -> usize {
-        if self.wide {
-            u64::from_le_bytes(lens[i * 8..i * 8 + 8].try_into().expect("8 bytes")) as usize
-        } else {
-            u32::from_le_bytes(lens[i * 4..i * 4 + 4].try_into().expect("4 bytes")) as usize
-        }
-    }
-}
-
-/// A frame whose body does not hold what its head says (the scratch was changed).
-fn damaged(what: &str) -> Error {
-    Error::Internal(format!(
-        "a two-pass pile frame is damaged ({what}); was the scratch directory changed?"
-    ))
-}
-
-/// Re-scatters a loaded pile's frames, in the order they lie in memory (sequential, so
-/// cheap), into the next epoch's piles under their new keys. Gives up (`Ok`, the next
-/// piles left partial) once `stop` is set, checked every megabyte.
-fn rescatter(data: &[u8], sink: &mut PileWriter, key: &EpochKey, stop: &Stop) -> Result<()> {
-    const CHECK_EVERY: usize = 1 << 20;
-    let mut at = 0;
-    let mut check_at = 0;
-    while at < data.len() {
-        if at >= check_at {
-            if stop.is_set() {
-                return Ok(());
-            }
-            check_at = at + CHECK_EVERY;
-        }
-        let f = match frame::parse(data, at) {
-            frame::Parsed::Whole(f) => f,
-            _ => {
-                return Err(damaged(&format!(
-                    "a loaded pile ends inside a frame at byte {at}"
-                )))
-            }
-        };
-        let body = &data[f.body..f.end];
-        let unit = Body::parse(body)
-            .ok_or_else(|| damaged("a body shorter than its head"))?
-            .unit;
-        sink.frame(key.key(unit), &[body])?;
-        at = f.end;
-    }
-    Ok(())
-}
-
-/// Emits the records of a pile's frames in key order (`frames` from the loader, so every
-/// one is whole).
-fn emit_frames(
-    data: &[u8],
-    frames: &[(u64, usize)],
-    units: &Units,
-    em: &mut Emitter<'_>,
-) -> Result<()> {
-    // Frames are visited in key order, all over the pile: ask for the next ones' lines
-    // early so their cache misses overlap this one's copying.
-    const AHEAD: usize = 8;
-    for (i, &(_, at)) in frames.iter().enumerate() {
-        if let Some(&(_, ahead)) = frames.get(i + AHEAD) {
-            // Its first kilobyte: the hardware prefetcher follows on within longer frames.
-            for line in (ahead..data.len().min(ahead + 1024)).step_by(64) {
-                crate::io::prefetch(&data[line..]);
-            }
-        }
-        let f = frame::at(data, at);
-        let body = &data[f.body..f.end];
-        let b = Body::parse(body).ok_or_else(|| damaged("a body shorter than its head"))?;
-        if b.unit >= units.len() {
-            return Err(damaged(&format!("unit {} of {}", b.unit, units.len())));
-        }
-        let records = units.records(b.unit);
-        if records.end - records.start != b.n as u64 {
-            return Err(damaged(&format!("unit {} with {} records", b.unit, b.n)));
-        }
-        let lens = &body[BODY_HEAD..BODY_HEAD + b.lens_bytes()];
-        let mut off = BODY_HEAD + lens.len();
-        for (i, id) in records.enumerate() {
-            let len = b.len(lens, i);
-            let Some(rec) = off.checked_add(len).and_then(|end| body.get(off..end)) else {
-                return Err(damaged("record lengths past the frame's end"));
-            };
-            em.push(id, rec);
-            off += len;
-        }
-        if em.stopped {
-            return Ok(());
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests;

@@ -160,22 +160,7 @@ impl Server {
         let mut threads: Vec<(u64, JoinHandle<()>)> = Vec::new();
         let mut next_id = 0u64;
         loop {
-            // Wait for a connection or the wake-up pipe, never for the filesystem.
-            let ready = {
-                let mut fds = [
-                    PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
-                    PollFd::new(self.shared.wake.0.as_fd(), PollFlags::POLLIN),
-                ];
-                match poll(&mut fds, PollTimeout::NONE) {
-                    Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
-                    Err(nix::errno::Errno::EINTR) => false,
-                    Err(e) => {
-                        crate::notice::once("serve-poll", &format!("poll failed: {e}"));
-                        std::thread::sleep(Duration::from_millis(50));
-                        false
-                    }
-                }
-            };
+            let ready = self.wait_for_client();
             if self.shared.stopping.load(Ordering::SeqCst) {
                 break;
             }
@@ -194,62 +179,108 @@ impl Server {
                 }
             };
             threads.retain(|(_, t)| !t.is_finished());
-            let live = self
-                .shared
-                .conns
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .len();
-            if live >= self.shared.cfg.max_clients {
-                self.shared.stats().refused_busy += 1;
-                let mut s = &sock;
-                let _ = s.write_all(&error_frame(
-                    "busy",
-                    &format!(
-                        "the daemon serves {} clients at once (--max-clients); try again later",
-                        self.shared.cfg.max_clients
-                    ),
-                    true,
-                ));
+            if self.refused_busy(&sock) {
                 continue;
             }
             let id = next_id;
             next_id += 1;
-            if let Ok(clone) = sock.try_clone() {
+            if let Some(t) = self.start_conn(sock, id) {
+                threads.push((id, t));
+            }
+        }
+        self.close_conns(threads);
+        let path = &self.shared.cfg.socket;
+        if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == self.socket_id) {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(())
+    }
+
+    /// Waits for a connection or the wake-up pipe, never for the filesystem; true when a
+    /// connection is waiting.
+    fn wait_for_client(&self) -> bool {
+        let mut fds = [
+            PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.shared.wake.0.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
+            Err(nix::errno::Errno::EINTR) => false,
+            Err(e) => {
+                crate::notice::once("serve-poll", &format!("poll failed: {e}"));
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        }
+    }
+
+    /// Refuses `sock` with a `busy` error when the daemon already serves its most clients;
+    /// true when it did.
+    fn refused_busy(&self, sock: &UnixStream) -> bool {
+        let live = self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len();
+        if live >= self.shared.cfg.max_clients {
+            self.shared.stats().refused_busy += 1;
+            let mut s = sock;
+            let _ = s.write_all(&error_frame(
+                "busy",
+                &format!(
+                    "the daemon serves {} clients at once (--max-clients); try again later",
+                    self.shared.cfg.max_clients
+                ),
+                true,
+            ));
+            return true;
+        }
+        false
+    }
+
+    /// Serves `sock` as connection `id` on a thread of its own, or `None` when no thread
+    /// could be started (the connection is dropped).
+    fn start_conn(&self, sock: UnixStream, id: u64) -> Option<JoinHandle<()>> {
+        if let Ok(clone) = sock.try_clone() {
+            self.shared
+                .conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, clone);
+        }
+        self.shared.stats().connections_total += 1;
+        let shared = self.shared.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("riffle-conn-{id}"))
+            .spawn(move || {
+                // Frees the slot however the thread ends, a panic included (it is
+                // counted, and only this connection goes).
+                let _slot = SlotGuard {
+                    shared: shared.clone(),
+                    id,
+                };
+                let mut c = Conn::new(sock, shared.clone());
+                c.serve();
+            });
+        match t {
+            Ok(t) => Some(t),
+            Err(e) => {
+                crate::notice::once("serve-spawn", &format!("cannot start a thread: {e}"));
                 self.shared
                     .conns
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(id, clone);
-            }
-            self.shared.stats().connections_total += 1;
-            let shared = self.shared.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("riffle-conn-{id}"))
-                .spawn(move || {
-                    // Frees the slot however the thread ends, a panic included (it is
-                    // counted, and only this connection goes).
-                    let _slot = SlotGuard {
-                        shared: shared.clone(),
-                        id,
-                    };
-                    let mut c = Conn::new(sock, shared.clone());
-                    c.serve();
-                });
-            match t {
-                Ok(t) => threads.push((id, t)),
-                Err(e) => {
-                    crate::notice::once("serve-spawn", &format!("cannot start a thread: {e}"));
-                    self.shared
-                        .conns
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
-                }
+                    .remove(&id);
+                None
             }
         }
-        // Shutdown: stop reading from every client (their threads see the end of input,
-        // send a `shutdown` error and leave), then force whatever is stuck in a write.
+    }
+
+    /// Shutdown: stops reading from every client (their threads see the end of input,
+    /// send a `shutdown` error and leave), then forces whatever is stuck in a write, and
+    /// joins the connections' `threads`.
+    fn close_conns(&self, threads: Vec<(u64, JoinHandle<()>)>) {
         let conns: Vec<UnixStream> = self
             .shared
             .conns
@@ -271,11 +302,6 @@ impl Server {
         for (_, t) in threads {
             let _ = t.join();
         }
-        let path = &self.shared.cfg.socket;
-        if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == self.socket_id) {
-            let _ = std::fs::remove_file(path);
-        }
-        Ok(())
     }
 }
 

@@ -41,6 +41,37 @@ pub fn run(args: Args, throttled: bool) -> Result<()> {
     let dir = riffle::scratch::ScratchDir::new_in(&base, "demo")
         .with_context(|| format!("{}: cannot make a temporary directory", base.display()))?;
     let path = dir.path().join("demo.npy");
+    write_dataset(&path, &args, throttled)?;
+    show_device(dir.path())?;
+
+    let ds = Arc::new(Dataset::open(
+        &[&path],
+        &OpenOptions::default(),
+        &mut |_, _, _| {},
+    )?);
+    for (grouping, what) in [
+        (
+            Grouping::Record,
+            "record grouping (an exact uniform shuffle)",
+        ),
+        (
+            Grouping::Page { unit: 4096 },
+            "page grouping (records of one 4 KiB block together, one read per block)",
+        ),
+    ] {
+        read_epoch(&ds, &args, grouping, what)?;
+    }
+    println!("  checked: every record arrived exactly once and carries its own id");
+    drop(ds);
+    let shown = dir.path().display().to_string();
+    dir.close()
+        .with_context(|| format!("{shown}: could not remove"))?;
+    println!("  removed {shown}");
+    Ok(())
+}
+
+/// Writes the demo dataset to `path`: label-sorted records, each carrying its id.
+fn write_dataset(path: &std::path::Path, args: &Args, throttled: bool) -> Result<()> {
     let spec = GenSpec {
         format: GenFormat::Npy,
         records: args.records,
@@ -51,7 +82,7 @@ pub fn run(args: Args, throttled: bool) -> Result<()> {
         seed: args.seed,
     };
     let io = IoConfig::sequential_write().under_throttle(throttled);
-    let w = gen::generate(&path, &spec, &io, &mut |_, _| {})?;
+    let w = gen::generate(path, &spec, &io, &mut |_, _| {})?;
     println!(
         "riffle demo: {} label-sorted records of {} ({}) written to {} in {:.2} s",
         args.records,
@@ -60,14 +91,14 @@ pub fn run(args: Args, throttled: bool) -> Result<()> {
         path.display(),
         w.seconds
     );
+    Ok(())
+}
 
+/// Shows the device holding `dir`, from its cached profile or a quick probe.
+fn show_device(dir: &std::path::Path) -> Result<()> {
     let t = Instant::now();
-    let (profile, cached) = super::probe::cached_or_probe(
-        dir.path(),
-        &riffle::probe::ProbeOptions::new(true),
-        false,
-        false,
-    )?;
+    let (profile, cached) =
+        super::probe::cached_or_probe(dir, &riffle::probe::ProbeOptions::new(true), false, false)?;
     let how = if cached {
         "cached profile".to_owned()
     } else {
@@ -88,70 +119,53 @@ pub fn run(args: Args, throttled: bool) -> Result<()> {
         human_bytes(profile.seq_write_bps),
         p4.unwrap_or_default()
     );
+    Ok(())
+}
 
-    let ds = Arc::new(Dataset::open(
-        &[&path],
-        &OpenOptions::default(),
-        &mut |_, _, _| {},
-    )?);
-    for (grouping, what) in [
-        (
-            Grouping::Record,
-            "record grouping (an exact uniform shuffle)",
-        ),
-        (
-            Grouping::Page { unit: 4096 },
-            "page grouping (records of one 4 KiB block together, one read per block)",
-        ),
-    ] {
-        let mut o = ReadOptions::new(args.batch_size);
-        o.seed = args.seed;
-        o.grouping = grouping;
-        o.io = IoConfig {
-            depth: args.queue_depth.max(1),
-            ..IoConfig::default()
-        };
-        let mut stream = modes::read(ds.clone(), o)?;
-        let mut seen = vec![false; args.records as usize];
-        let mut labels_per_batch = 0.0;
-        let mut batches = 0u64;
-        for b in stream.by_ref() {
-            let b = b?;
-            let mut labels = std::collections::HashSet::new();
-            for (i, &id) in b.ids.iter().enumerate() {
-                let rec = b.record(i);
-                let got = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
-                if got != id || seen[id as usize] {
-                    bail!("record {id} came back wrong or twice (payload says {got})");
-                }
-                seen[id as usize] = true;
-                labels.insert(u32::from_le_bytes(rec[8..12].try_into().expect("4 bytes")));
+/// Reads epoch 0 of `ds` with `grouping` (described by `what`), checks that every record
+/// arrives once with its own id, and shows the read's figures.
+fn read_epoch(ds: &Arc<Dataset>, args: &Args, grouping: Grouping, what: &str) -> Result<()> {
+    let mut o = ReadOptions::new(args.batch_size);
+    o.seed = args.seed;
+    o.grouping = grouping;
+    o.io = IoConfig {
+        depth: args.queue_depth.max(1),
+        ..IoConfig::default()
+    };
+    let mut stream = modes::read(ds.clone(), o)?;
+    let mut seen = vec![false; args.records as usize];
+    let mut labels_per_batch = 0.0;
+    let mut batches = 0u64;
+    for b in stream.by_ref() {
+        let b = b?;
+        let mut labels = std::collections::HashSet::new();
+        for (i, &id) in b.ids.iter().enumerate() {
+            let rec = b.record(i);
+            let got = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+            if got != id || seen[id as usize] {
+                bail!("record {id} came back wrong or twice (payload says {got})");
             }
-            labels_per_batch += labels.len() as f64;
-            batches += 1;
+            seen[id as usize] = true;
+            labels.insert(u32::from_le_bytes(rec[8..12].try_into().expect("4 bytes")));
         }
-        if seen.iter().any(|s| !s) {
-            bail!("some records were never delivered");
-        }
-        let r = stream.report();
-        println!("  epoch 0, {what}:");
-        println!(
-            "    {} batches in {:.2} s: {:.0} records/s, {:.0} reads/s at QD {} ({}, {}); {:.1} of 10 labels per batch",
-            r.batches,
-            r.seconds,
-            r.records as f64 / r.seconds,
-            r.read_ops as f64 / r.seconds,
-            r.queue_depth,
-            r.backend,
-            if r.direct { "O_DIRECT" } else { "buffered" },
-            labels_per_batch / batches as f64
-        );
+        labels_per_batch += labels.len() as f64;
+        batches += 1;
     }
-    println!("  checked: every record arrived exactly once and carries its own id");
-    drop(ds);
-    let shown = dir.path().display().to_string();
-    dir.close()
-        .with_context(|| format!("{shown}: could not remove"))?;
-    println!("  removed {shown}");
+    if seen.iter().any(|s| !s) {
+        bail!("some records were never delivered");
+    }
+    let r = stream.report();
+    println!("  epoch 0, {what}:");
+    println!(
+        "    {} batches in {:.2} s: {:.0} records/s, {:.0} reads/s at QD {} ({}, {}); {:.1} of 10 labels per batch",
+        r.batches,
+        r.seconds,
+        r.records as f64 / r.seconds,
+        r.read_ops as f64 / r.seconds,
+        r.queue_depth,
+        r.backend,
+        if r.direct { "O_DIRECT" } else { "buffered" },
+        labels_per_batch / batches as f64
+    );
     Ok(())
 }

@@ -6,8 +6,9 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::{SigSet, Signal};
 use riffle::dataset::OpenOptions;
 use riffle::format::Format;
-use riffle::serve::{ServeConfig, ServeMode, Server};
+use riffle::serve::{ServeConfig, ServeMode, Server, Shutdown};
 use riffle::size::{human_bytes, parse_size};
+use riffle::source::Source;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -150,6 +151,56 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         "two-pass" => ServeMode::TwoPass,
         other => bail!("unknown mode '{other}': expected auto, lirs or two-pass"),
     };
+    let datasets = open_datasets(&a, mode)?;
+    let names: Vec<String> = datasets
+        .iter()
+        .map(|(n, d)| format!("{n} ({} records)", d.len()))
+        .collect();
+    let server = Server::bind(ServeConfig {
+        socket: a.socket.clone(),
+        socket_mode: a.socket_mode,
+        throttled,
+        datasets,
+        memory: a.memory,
+        max_clients: a.max_clients,
+        mode,
+        scratch: a.scratch,
+        scratch_limit: a.scratch_limit,
+        queue_depth: a.queue_depth,
+        join_window: std::time::Duration::from_millis(a.join_window),
+        lead: !a.no_lead,
+        admit_wait: std::time::Duration::from_secs(a.admit_wait),
+        idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
+    })?;
+    let stop = server.shutdown_handle();
+    if a.stats_every > 0 {
+        spawn_stats(stop.clone(), a.stats_every)?;
+    }
+    spawn_signal_waiter(signals, stop)?;
+    eprintln!(
+        "riffle serve: listening on {} (mode {:o}), {} ring memory per client; serving {}",
+        a.socket.display(),
+        a.socket_mode,
+        human_bytes(server.ring_share() as f64),
+        names.join(", ")
+    );
+    let result = server.run();
+    // Streams still winding down have their scratch removed now: the process is ending.
+    let (entries, bytes) = riffle::scratch::remove_live();
+    if entries > 0 {
+        eprintln!(
+            "riffle serve: removed the scratch of {entries} stream(s) ({})",
+            human_bytes(bytes as f64)
+        );
+    }
+    result?;
+    eprintln!("riffle serve: stopped");
+    Ok(())
+}
+
+/// Opens the datasets of `a` (profiling their devices when `mode` is auto, and reclaiming
+/// the scratch a killed daemon left), by name.
+fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
     let mut datasets = Vec::new();
     for d in &a.datasets {
         if datasets.iter().any(|(n, _)| n == &d.name) {
@@ -178,48 +229,35 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         }
         datasets.push((d.name.clone(), src));
     }
-    let names: Vec<String> = datasets
-        .iter()
-        .map(|(n, d)| format!("{n} ({} records)", d.len()))
-        .collect();
-    let server = Server::bind(ServeConfig {
-        socket: a.socket.clone(),
-        socket_mode: a.socket_mode,
-        throttled,
-        datasets,
-        memory: a.memory,
-        max_clients: a.max_clients,
-        mode,
-        scratch: a.scratch,
-        scratch_limit: a.scratch_limit,
-        queue_depth: a.queue_depth,
-        join_window: std::time::Duration::from_millis(a.join_window),
-        lead: !a.no_lead,
-        admit_wait: std::time::Duration::from_secs(a.admit_wait),
-        idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
-    })?;
-    let stop = server.shutdown_handle();
-    if a.stats_every > 0 {
-        let (handle, every) = (stop.clone(), std::time::Duration::from_secs(a.stats_every));
-        std::thread::Builder::new()
-            .name("riffle-stats".into())
-            .spawn(move || loop {
-                std::thread::sleep(every);
-                let s = handle.stats();
-                let line = serde_json::json!({
-                    "uptime_s": s["uptime_s"],
-                    "clients": s["clients"],
-                    "streams_now": s["streams_now"],
-                    "jobs_now": s["jobs_now"],
-                    "batches": s["batches"],
-                    "records_per_s": s["records_per_s"],
-                    "memory_used": s["memory_used"],
-                    "memory_limit": s["memory_limit"],
-                    "job_waits": s["job_waits"],
-                });
-                eprintln!("riffle serve stats: {line}");
-            })?;
-    }
+    Ok(datasets)
+}
+
+/// Prints one JSON line of the daemon's figures on stderr every `every_secs` seconds.
+fn spawn_stats(handle: Shutdown, every_secs: u64) -> Result<()> {
+    let every = std::time::Duration::from_secs(every_secs);
+    std::thread::Builder::new()
+        .name("riffle-stats".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            let s = handle.stats();
+            let line = serde_json::json!({
+                "uptime_s": s["uptime_s"],
+                "clients": s["clients"],
+                "streams_now": s["streams_now"],
+                "jobs_now": s["jobs_now"],
+                "batches": s["batches"],
+                "records_per_s": s["records_per_s"],
+                "memory_used": s["memory_used"],
+                "memory_limit": s["memory_limit"],
+                "job_waits": s["job_waits"],
+            });
+            eprintln!("riffle serve stats: {line}");
+        })?;
+    Ok(())
+}
+
+/// Takes the stop signals (blocked in every thread) on a thread of its own.
+fn spawn_signal_waiter(signals: SigSet, stop: Shutdown) -> Result<()> {
     std::thread::Builder::new()
         .name("riffle-signals".into())
         .spawn(move || {
@@ -243,24 +281,6 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
             }
         })
         .context("starting the signal thread")?;
-    eprintln!(
-        "riffle serve: listening on {} (mode {:o}), {} ring memory per client; serving {}",
-        a.socket.display(),
-        a.socket_mode,
-        human_bytes(server.ring_share() as f64),
-        names.join(", ")
-    );
-    let result = server.run();
-    // Streams still winding down have their scratch removed now: the process is ending.
-    let (entries, bytes) = riffle::scratch::remove_live();
-    if entries > 0 {
-        eprintln!(
-            "riffle serve: removed the scratch of {entries} stream(s) ({})",
-            human_bytes(bytes as f64)
-        );
-    }
-    result?;
-    eprintln!("riffle serve: stopped");
     Ok(())
 }
 

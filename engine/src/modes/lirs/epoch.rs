@@ -1,0 +1,378 @@
+//! One LIRS epoch's read: its batches planned from the epoch's table, their reads handed
+//! to the reader a few batches ahead, and each batch sent, in order, once its reads are in.
+
+use std::cell::{RefCell, RefMut};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+use crossbeam_channel::Sender;
+use hdrhistogram::Histogram;
+
+use super::super::walk::Walker;
+use super::super::{Batch, Payload, PayloadLender, ReadOptions, ReadReport};
+use super::Lead;
+use crate::dataset::Dataset;
+use crate::io::RangeReader;
+use crate::order::{EpochTable, Split, Units};
+use crate::pipeline::Stop;
+use crate::resources::{LirsPlan, MAX_MERGE};
+use crate::{Error, Result};
+
+/// A batch being assembled.
+struct Pending {
+    ids: Vec<u64>,
+    offsets: Vec<u64>,
+    payload: Payload,
+    padding: usize,
+    missing: usize,
+    started: Instant,
+}
+
+/// Where the bytes of one read go: (offset in the read, length, offset in the payload).
+struct Piece {
+    batch: u64,
+    parts: Vec<(u64, u64, u64)>,
+}
+
+struct EpochState<'a> {
+    walker: Walker<'a>,
+    split: Split,
+    /// The batch after the last one to read: the epoch's end, or where a lead stopped.
+    end: u64,
+    next_batch: u64,
+    /// Reads not yet handed to the reader for the batch being planned.
+    queue: std::collections::VecDeque<(usize, u64, usize, Piece)>,
+    pieces: HashMap<usize, Piece>,
+    handed: usize,
+    pending: HashMap<u64, Pending>,
+    done: BTreeMap<u64, Pending>,
+    /// Batches skipped (a shared pass's ranks that did not join) still ahead of
+    /// `next_send`; `next_send` is either `next_batch` or a batch being read.
+    skipped: BTreeSet<u64>,
+    reads: u64,
+    next_send: u64,
+    stopped: bool,
+    error: Option<Error>,
+}
+
+/// The table an epoch is walked through, and how many records of the epoch's sequence it
+/// covers (all of them, or those of a prefix table's units).
+#[derive(Clone, Copy)]
+pub(super) struct Walked<'a> {
+    pub(super) table: &'a EpochTable,
+    pub(super) covers: u64,
+}
+
+/// How an epoch's read ended.
+pub(super) struct EpochOutcome {
+    pub(super) reads: u64,
+    /// Stopped (the flag, or the consumer gone): no later epoch is read.
+    pub(super) stopped: bool,
+}
+
+/// Reads `epoch`'s batches (from the resume cursor's, in its epoch) through `walked`:
+/// every batch, or, leading a two-pass read (`lead`), the batches the lead may claim
+/// that the table covers.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn read_epoch(
+    ds: &Dataset,
+    units: &Units,
+    opts: &ReadOptions,
+    plan: &LirsPlan,
+    reader: &mut RangeReader,
+    walked: Walked<'_>,
+    epoch: u64,
+    lead: Option<&Lead>,
+    tx: &Sender<Result<Batch>>,
+    stop: &Stop,
+    hist: &mut Histogram<u64>,
+    r: &mut ReadReport,
+    started: Instant,
+) -> Result<EpochOutcome> {
+    let split = opts.split_for(epoch, ds.len())?;
+    let first = match opts.resume {
+        Some(c) if c.epoch == epoch => c.batch.min(split.batches()),
+        _ => 0,
+    };
+    let state = RefCell::new(EpochState {
+        walker: match opts.baseline {
+            None => Walker::new(walked.table, units),
+            Some(_) => Walker::baseline(walked.table, units),
+        },
+        split,
+        end: split.batches(),
+        next_batch: first,
+        queue: Default::default(),
+        pieces: HashMap::new(),
+        handed: 0,
+        pending: HashMap::new(),
+        done: BTreeMap::new(),
+        skipped: BTreeSet::new(),
+        reads: 0,
+        next_send: first,
+        stopped: false,
+        error: None,
+    });
+    let e = EpochRead {
+        ds,
+        opts,
+        plan,
+        walked,
+        epoch,
+        lead,
+        tx,
+        stop,
+        started,
+    };
+    // read_ranges returns when the iterator runs dry; with the assembly bound it can run
+    // dry early, so go again until every batch is out.
+    loop {
+        let ranges = std::iter::from_fn(|| e.next_read(&mut state.borrow_mut()));
+        reader.read_ranges(ranges, |i, bytes| e.reaped(&state, i, bytes, hist, r))?;
+        let st = state.borrow();
+        if st.stopped || st.error.is_some() || st.next_send >= st.end {
+            break;
+        }
+    }
+    let mut st = state.into_inner();
+    if let Some(e) = st.error.take() {
+        return Err(e);
+    }
+    Ok(EpochOutcome {
+        reads: st.reads,
+        stopped: st.stopped,
+    })
+}
+
+/// An epoch's read apart from its state: what it reads and how, and where its batches go.
+struct EpochRead<'a> {
+    ds: &'a Dataset,
+    opts: &'a ReadOptions,
+    plan: &'a LirsPlan,
+    walked: Walked<'a>,
+    epoch: u64,
+    lead: Option<&'a Lead>,
+    tx: &'a Sender<Result<Batch>>,
+    stop: &'a Stop,
+    started: Instant,
+}
+
+impl EpochRead<'_> {
+    /// The next read to hand the reader, planning batches as their reads are wanted; `None`
+    /// when stopped, at the end, or at the bound on batches under assembly.
+    fn next_read(&self, st: &mut EpochState<'_>) -> Option<(usize, u64, usize)> {
+        let (ds, opts, plan, walked, epoch) =
+            (self.ds, self.opts, self.plan, self.walked, self.epoch);
+        // Checked per read: once the stream is stopped, no read is issued and
+        // read_ranges only reaps those in flight.
+        if st.stopped || self.stop.is_set() {
+            st.stopped = true;
+            return None;
+        }
+        while st.queue.is_empty() {
+            // Bound the batches under assembly (the memory plan counts on it); the
+            // oldest one still has reads in flight, so the reader comes back.
+            if st.next_batch >= st.end || st.next_batch - st.next_send >= plan.assembling {
+                return None;
+            }
+            let j = st.next_batch;
+            if let Some(l) = self.lead {
+                // A lead reads only what its table covers, and only until the pile
+                // pass takes over (then the batches it claimed are its last).
+                let covered =
+                    walked.covers >= ds.len() || st.split.positions(j).end <= walked.covers;
+                if !covered || !l.claim(j) {
+                    st.end = j;
+                    return None;
+                }
+            }
+            if !opts.wanted(epoch, j) {
+                st.next_batch += 1;
+                if st.next_send == j {
+                    st.next_send += 1;
+                } else {
+                    st.skipped.insert(j);
+                }
+                continue;
+            }
+            plan_batch(st, ds, opts.lender.as_ref());
+        }
+        let (file, offset, len, piece) = st.queue.pop_front().expect("queued read");
+        let i = st.handed;
+        st.handed += 1;
+        st.pieces.insert(i, piece);
+        Some((file, offset, len))
+    }
+
+    /// Copies read `i`'s `bytes` into their batch, and sends the batches that completes, in
+    /// order.
+    fn reaped(
+        &self,
+        state: &RefCell<EpochState<'_>>,
+        i: usize,
+        bytes: &[u8],
+        hist: &mut Histogram<u64>,
+        r: &mut ReadReport,
+    ) {
+        let mut st = state.borrow_mut();
+        if st.stopped {
+            // Reads reaped after a stop: nobody takes their batches.
+            return;
+        }
+        let piece = st.pieces.remove(&i).expect("piece of a read");
+        let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
+        for &(from, len, to) in &piece.parts {
+            let (from, len, to) = (from as usize, len as usize, to as usize);
+            match bytes.get(from..from + len) {
+                Some(src) => batch.payload[to..to + len].copy_from_slice(src),
+                None => {
+                    st.error.get_or_insert(Error::Internal(
+                        "a read came back shorter than its records".into(),
+                    ));
+                    st.stopped = true;
+                    return;
+                }
+            }
+        }
+        batch.missing -= 1;
+        if batch.missing == 0 {
+            let b = st.pending.remove(&piece.batch).expect("pending batch");
+            st.done.insert(piece.batch, b);
+            self.send_ready(state, st, hist, r);
+        }
+    }
+
+    /// Sends the assembled batches next in order (past those skipped), counting them in
+    /// `r` and `hist`; `st` is released while each is sent.
+    // A batch is a large value, and so is the error of a failed send of one (which hands
+    // it back); it is sent once and dropped at once.
+    #[allow(clippy::result_large_err)]
+    fn send_ready<'s, 'w>(
+        &self,
+        state: &'s RefCell<EpochState<'w>>,
+        mut st: RefMut<'s, EpochState<'w>>,
+        hist: &mut Histogram<u64>,
+        r: &mut ReadReport,
+    ) {
+        let (ds, opts, lead) = (self.ds, self.opts, self.lead);
+        loop {
+            let index = st.next_send;
+            if st.skipped.remove(&index) {
+                st.next_send += 1;
+                continue;
+            }
+            let Some(b) = st.done.remove(&index) else {
+                break;
+            };
+            st.next_send += 1;
+            hist.saturating_record(b.started.elapsed().as_micros().max(1) as u64);
+            r.records += b.ids.len() as u64;
+            r.bytes += b.payload.len() as u64;
+            r.batches += 1;
+            if r.batches == 1 {
+                r.first_batch_seconds = self.started.elapsed().as_secs_f64();
+            }
+            let mut out = Batch {
+                epoch: self.epoch,
+                index,
+                ids: b.ids,
+                offsets: b.offsets,
+                payload: b.payload,
+                padding: b.padding,
+                labels: Vec::new(),
+                sources: Vec::new(),
+                ready_ns: super::super::monotonic_ns(),
+            };
+            out.describe(ds);
+            drop(st);
+            // A lender may take the batch over here (announced by it).
+            let out = match &opts.lender {
+                Some(l) => l.0.ready(out),
+                None => Some(out),
+            };
+            let sent = out.map_or(Ok(()), |out| self.tx.send(Ok(out)));
+            if let (Some(l), Ok(())) = (lead, &sent) {
+                l.sent();
+            }
+            st = state.borrow_mut();
+            if sent.is_err() {
+                st.stopped = true;
+                return;
+            }
+        }
+    }
+}
+
+/// The most bytes between two records that a merged read may skip over.
+const MAX_GAP: u64 = 4096;
+
+/// Works out the records of the next batch, allocates its payload (in lent memory when
+/// the consumer lends some) and queues its reads:
+/// one per record, or one per run of records of one unit (page grouping).
+fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLender>) {
+    let j = st.next_batch;
+    st.next_batch += 1;
+    let positions = st.split.positions(j);
+    let n = ds.len();
+    let mut ids = Vec::with_capacity((positions.end - positions.start) as usize);
+    let mut units = Vec::with_capacity(ids.capacity());
+    let mut padding = 0;
+    for p in positions {
+        if p >= n {
+            padding += 1;
+        }
+        let (id, t) = st.walker.at(p % n);
+        ids.push(id);
+        units.push(t);
+    }
+    // Offsets of the records in the payload.
+    let mut offsets = Vec::with_capacity(ids.len() + 1);
+    let mut total = 0u64;
+    offsets.push(0);
+    let locs: Vec<_> = ids.iter().map(|&id| ds.locate(id)).collect();
+    for l in &locs {
+        total += l.len;
+        offsets.push(total);
+    }
+    // Reads: consecutive records of the same unit occurrence share one read.
+    let mut reads = 0usize;
+    let mut i = 0usize;
+    while i < ids.len() {
+        let mut k = i + 1;
+        while k < ids.len()
+            && units[k] == units[i]
+            && ids[k] == ids[k - 1] + 1
+            && locs[k].file == locs[i].file
+            && locs[k].offset + locs[k].len - locs[i].offset <= MAX_MERGE
+            && locs[k].offset - (locs[k - 1].offset + locs[k - 1].len) <= MAX_GAP
+        {
+            k += 1;
+        }
+        let start = locs[i].offset;
+        let end = locs[k - 1].offset + locs[k - 1].len;
+        let parts = (i..k)
+            .map(|m| (locs[m].offset - start, locs[m].len, offsets[m]))
+            .collect();
+        st.queue.push_back((
+            locs[i].file,
+            start,
+            (end - start) as usize,
+            Piece { batch: j, parts },
+        ));
+        reads += 1;
+        i = k;
+    }
+    st.reads += reads as u64;
+    let n_records = ids.len();
+    st.pending.insert(
+        j,
+        Pending {
+            ids,
+            offsets,
+            payload: Payload::sized(lender, j, n_records, total as usize),
+            padding,
+            missing: reads,
+            started: Instant::now(),
+        },
+    );
+}
