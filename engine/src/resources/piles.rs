@@ -307,6 +307,13 @@ impl PilePlan {
                 human_bytes(self.batch_bytes as f64)
             ),
         );
+        self.layout_figures(&mut f, limits);
+        f
+    }
+
+    /// The figures of the pile layout, the loader's ring and the scratch.
+    fn layout_figures(&self, f: &mut Figures, limits: &Limits) {
+        let l = &self.layout;
         f.push(
             "piles",
             Kind::Count,
@@ -376,7 +383,6 @@ impl PilePlan {
                 l.depth, l.read_depth
             ),
         );
-        f
     }
 }
 
