@@ -8,6 +8,8 @@ pub struct LinesScanner {
     skip: u64,
     skipped: u64,
     starts: Vec<u64>,
+    /// The last start found, once `starts` may have been drained.
+    last: Option<u64>,
     unterminated: bool,
 }
 
@@ -20,6 +22,7 @@ impl LinesScanner {
             skip,
             skipped: 0,
             starts,
+            last: None,
             unterminated: false,
         }
     }
@@ -53,7 +56,7 @@ impl Scanner for LinesScanner {
         }
         // The last start is either the end of the file (the file ended with a separator:
         // it becomes the end sentinel) or the start of a final line without separator.
-        if self.starts.last() != Some(&size) {
+        if self.starts.last().copied().or(self.last) != Some(size) {
             self.starts.push(size);
             self.unterminated = true;
         }
@@ -61,7 +64,13 @@ impl Scanner for LinesScanner {
     }
 
     fn take_offsets(&mut self) -> Vec<u64> {
+        self.last = self.starts.last().copied().or(self.last);
         std::mem::take(&mut self.starts)
+    }
+
+    fn drain_offsets(&mut self, out: &mut Vec<u64>) {
+        self.last = self.starts.last().copied().or(self.last);
+        out.append(&mut self.starts);
     }
 
     fn last_unterminated(&self) -> bool {

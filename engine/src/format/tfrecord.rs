@@ -29,18 +29,26 @@ enum State {
         have: usize,
         buf: [u8; 12],
     },
-    /// Inside the data of the frame at `start`; `left` bytes to go.
-    Data { start: u64, left: u64, crc: u32 },
+    /// Inside the data of the frame at `start` (`len` bytes in all, length and CRCs
+    /// included, saturating); `left` bytes of data to go.
+    Data {
+        start: u64,
+        len: u64,
+        left: u64,
+        crc: u32,
+    },
     /// Collecting the 4-byte data CRC.
     Footer {
         start: u64,
+        len: u64,
         have: usize,
         buf: [u8; 4],
         crc: u32,
     },
 }
 
-/// Finds frame starts, checking lengths and CRCs.
+/// Finds frame starts, checking lengths and CRCs. A frame's end (the next one's start) is
+/// reported once its data CRC is checked: the first start, 0, at once.
 pub struct TfRecordScanner {
     verify: bool,
     state: State,
@@ -57,7 +65,7 @@ impl TfRecordScanner {
                 have: 0,
                 buf: [0; 12],
             },
-            starts: Vec::new(),
+            starts: vec![0],
         }
     }
 }
@@ -85,15 +93,20 @@ impl Scanner for TfRecordScanner {
                                 ),
                             });
                         }
-                        self.starts.push(start);
                         self.state = State::Data {
                             start,
+                            len: len.saturating_add(16),
                             left: len,
                             crc: 0,
                         };
                     }
                 }
-                State::Data { start, left, crc } => {
+                State::Data {
+                    start,
+                    len,
+                    left,
+                    crc,
+                } => {
                     let n = (*left).min((chunk.len() - i) as u64) as usize;
                     if self.verify {
                         *crc = crc32c::crc32c_append(*crc, &chunk[i..i + n]);
@@ -103,6 +116,7 @@ impl Scanner for TfRecordScanner {
                     if *left == 0 {
                         self.state = State::Footer {
                             start: *start,
+                            len: *len,
                             have: 0,
                             buf: [0; 4],
                             crc: *crc,
@@ -114,6 +128,7 @@ impl Scanner for TfRecordScanner {
                     have,
                     buf,
                     crc,
+                    ..
                 } => {
                     let n = (4 - *have).min(chunk.len() - i);
                     buf[*have..*have + n].copy_from_slice(&chunk[i..i + n]);
@@ -132,6 +147,7 @@ impl Scanner for TfRecordScanner {
                             });
                         }
                         let next = offset + i as u64;
+                        self.starts.push(next);
                         self.state = State::Header {
                             start: next,
                             have: 0,
@@ -146,10 +162,8 @@ impl Scanner for TfRecordScanner {
 
     fn finish(&mut self, size: u64) -> Result<(), ScanError> {
         match &self.state {
-            State::Header { have: 0, .. } => {
-                self.starts.push(size);
-                Ok(())
-            }
+            // The last frame's end was reported when its CRC was checked.
+            State::Header { have: 0, .. } => Ok(()),
             State::Header { start, have, .. } => Err(ScanError {
                 offset: *start,
                 what: format!("truncated TFRecord: a 12-byte header starts here but the file ends after {have} byte(s)"),
@@ -167,6 +181,17 @@ impl Scanner for TfRecordScanner {
 
     fn take_offsets(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.starts)
+    }
+
+    fn drain_offsets(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.starts);
+    }
+
+    fn known_len(&self) -> Option<(u64, u64)> {
+        match self.state {
+            State::Header { .. } => None,
+            State::Data { start, len, .. } | State::Footer { start, len, .. } => Some((start, len)),
+        }
     }
 }
 
