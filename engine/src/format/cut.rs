@@ -48,9 +48,8 @@ pub struct Cutter {
     /// Offset of the chunk being cut, and the end of the bytes fed.
     at: u64,
     pos: u64,
-    /// Boundaries found in this chunk, and how many were used.
+    /// The buffer of a batch's boundaries, kept for the next.
     bounds: Vec<u64>,
-    next: usize,
     /// The start of the record in progress (None before the first, and past the end).
     cur: Option<u64>,
     /// An error of the scanner's, reported once the records before it are handed out.
@@ -87,7 +86,6 @@ impl Cutter {
             at: 0,
             pos: 0,
             bounds: Vec::new(),
-            next: 0,
             cur: None,
             failed: None,
             finished: false,
@@ -115,8 +113,7 @@ impl Cutter {
                 self.failed = Some(e);
             }
         }
-        self.start_batch();
-        Cuts { cut: self, chunk }
+        Cuts::new(self, chunk)
     }
 
     /// The input ended: the batch returned holds its last records, or the error of an
@@ -129,18 +126,7 @@ impl Cutter {
                 self.failed = Some(e);
             }
         }
-        self.start_batch();
-        Cuts {
-            cut: self,
-            chunk: &[],
-        }
-    }
-
-    fn start_batch(&mut self) {
-        self.bounds.clear();
-        self.next = 0;
-        self.joined = 0;
-        self.scanner.drain_offsets(&mut self.bounds);
+        Cuts::new(self, &[])
     }
 
     fn too_long(&self, offset: u64, len: u64) -> Result<(), CutError> {
@@ -193,45 +179,94 @@ impl Cutter {
     }
 }
 
-/// The records of one chunk (or of the input's end), in order.
+/// The records of one chunk (or of the input's end), in order. The state a record takes
+/// is copied here for the batch (so that it stays in registers in the caller's loop) and
+/// given back to the cutter at the batch's end.
 pub struct Cuts<'a> {
     cut: &'a mut Cutter,
     chunk: &'a [u8],
+    /// The boundaries the scanner found for this batch, and how many were used.
+    bounds: Vec<u64>,
+    next: usize,
+    /// The start of the record in progress.
+    cur: Option<u64>,
+    /// The chunk's offset, the separator's length (none after an unterminated last line),
+    /// the longest record.
+    at: u64,
+    sep: u64,
+    max: u64,
 }
 
-impl Cuts<'_> {
+impl<'a> Cuts<'a> {
+    fn new(cut: &'a mut Cutter, chunk: &'a [u8]) -> Self {
+        let mut bounds = std::mem::take(&mut cut.bounds);
+        bounds.clear();
+        cut.scanner.drain_offsets(&mut bounds);
+        cut.joined = 0;
+        // Only `finish` reports the end of a last line without separator.
+        let sep = if cut.finished && cut.scanner.last_unterminated() {
+            0
+        } else {
+            cut.sep
+        };
+        Cuts {
+            chunk,
+            bounds,
+            next: 0,
+            cur: cut.cur,
+            at: cut.at,
+            sep,
+            max: cut.max,
+            cut,
+        }
+    }
+
     /// The next record and its offset in the input; `None` once the batch is done. An
     /// error ends the input: the cutter must not be fed after it.
     #[inline]
     pub fn next_record(&mut self) -> Result<Option<(u64, &[u8])>, CutError> {
-        let c = &mut *self.cut;
+        // The common case: a record that lies in this chunk, under the limit.
+        if let (Some(&b), Some(s)) = (self.bounds.get(self.next), self.cur) {
+            let end = b.saturating_sub(self.sep).max(s);
+            if s >= self.at && end - s <= self.max {
+                self.next += 1;
+                self.cur = Some(b);
+                let rec = &self.chunk[(s - self.at) as usize..(end - self.at) as usize];
+                return Ok(Some((s, rec)));
+            }
+        }
+        self.next_slow()
+    }
+
+    /// The first boundary, a record begun in an earlier chunk, one too long, or the end
+    /// of the batch.
+    #[inline(never)]
+    fn next_slow(&mut self) -> Result<Option<(u64, &[u8])>, CutError> {
         loop {
-            let Some(&b) = c.bounds.get(c.next) else {
+            let Some(&b) = self.bounds.get(self.next) else {
+                let c = &mut *self.cut;
+                c.cur = self.cur;
+                c.bounds = std::mem::take(&mut self.bounds);
                 c.end_batch(self.chunk)?;
                 return Ok(None);
             };
-            c.next += 1;
-            let Some(s) = c.cur.replace(b) else {
+            self.next += 1;
+            let Some(s) = self.cur.replace(b) else {
                 // The first boundary opens the first record: what came before is a header.
-                if let Some(head) = &mut c.head {
-                    head.extend_from_slice(&self.chunk[..b.saturating_sub(c.at) as usize]);
+                if let Some(head) = &mut self.cut.head {
+                    head.extend_from_slice(&self.chunk[..b.saturating_sub(self.at) as usize]);
                 }
                 continue;
             };
-            // A line's separator is not part of it; the last line may have none.
-            let sep = if c.finished && c.scanner.last_unterminated() {
-                0
-            } else {
-                c.sep
-            };
-            let end = b.saturating_sub(sep).max(s);
-            c.too_long(s, end - s)?;
-            if s >= c.at {
-                let from = (s - c.at) as usize;
-                return Ok(Some((s, &self.chunk[from..(end - c.at) as usize])));
+            let end = b.saturating_sub(self.sep).max(s);
+            self.cut.too_long(s, end - s)?;
+            if s >= self.at {
+                let from = (s - self.at) as usize;
+                return Ok(Some((s, &self.chunk[from..(end - self.at) as usize])));
             }
             // Begun in an earlier chunk: join its pieces in the carry.
-            let need = end.saturating_sub(c.at) as usize;
+            let c = &mut *self.cut;
+            let need = end.saturating_sub(self.at) as usize;
             if need > c.joined {
                 c.carry.extend_from_slice(&self.chunk[c.joined..need]);
                 c.joined = need;

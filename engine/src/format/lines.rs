@@ -30,16 +30,20 @@ impl LinesScanner {
 
 impl Scanner for LinesScanner {
     fn feed(&mut self, offset: u64, chunk: &[u8]) -> Result<(), ScanError> {
-        for p in memchr::memchr_iter(self.sep, chunk) {
-            let next = offset + p as u64 + 1;
-            if self.skipped < self.skip {
-                self.skipped += 1;
-                if self.skipped == self.skip {
-                    self.starts.push(next);
-                }
-            } else {
-                self.starts.push(next);
+        let mut seps = memchr::memchr_iter(self.sep, chunk);
+        while self.skipped < self.skip {
+            let Some(p) = seps.next() else {
+                return Ok(());
+            };
+            self.skipped += 1;
+            if self.skipped == self.skip {
+                self.starts.push(offset + p as u64 + 1);
             }
+        }
+        // Past the header lines, every separator ends a line.
+        let after = offset + 1;
+        for p in seps {
+            self.starts.push(after + p as u64);
         }
         Ok(())
     }
