@@ -108,11 +108,6 @@ impl Cutter {
         debug_assert!(!self.finished, "fed after finish");
         self.at = self.pos;
         self.pos += chunk.len() as u64;
-        if self.failed.is_none() {
-            if let Err(e) = self.scanner.feed(self.at, chunk) {
-                self.failed = Some(e);
-            }
-        }
         Cuts::new(self, chunk)
     }
 
@@ -179,12 +174,20 @@ impl Cutter {
     }
 }
 
-/// The records of one chunk (or of the input's end), in order. The state a record takes
-/// is copied here for the batch (so that it stays in registers in the caller's loop) and
-/// given back to the cutter at the batch's end.
+/// How much of a chunk the scanner reads at a time before its records are handed out:
+/// small enough that the bytes are still in the cache when the caller copies the records
+/// (a chunk of direct reads is megabytes), and that the boundaries' buffer stays small.
+const PIECE: usize = 128 << 10;
+
+/// The records of one chunk (or of the input's end), in order. The chunk is scanned a
+/// piece at a time as its records are taken. The state a record takes is copied here for
+/// the batch (so that it stays in registers in the caller's loop) and given back to the
+/// cutter at the batch's end.
 pub struct Cuts<'a> {
     cut: &'a mut Cutter,
     chunk: &'a [u8],
+    /// How much of the chunk the scanner has read.
+    scanned: usize,
     /// The boundaries the scanner found for this batch, and how many were used.
     bounds: Vec<u64>,
     next: usize,
@@ -211,6 +214,7 @@ impl<'a> Cuts<'a> {
         };
         Cuts {
             chunk,
+            scanned: 0,
             bounds,
             next: 0,
             cur: cut.cur,
@@ -238,12 +242,30 @@ impl<'a> Cuts<'a> {
         self.next_slow()
     }
 
-    /// The first boundary, a record begun in an earlier chunk, one too long, or the end
-    /// of the batch.
+    /// Feeds the scanner the chunk's next piece and takes the boundaries it found there.
+    fn scan_piece(&mut self) {
+        let c = &mut *self.cut;
+        let end = (self.scanned + PIECE).min(self.chunk.len());
+        let piece = &self.chunk[self.scanned..end];
+        if let Err(e) = c.scanner.feed(self.at + self.scanned as u64, piece) {
+            c.failed = Some(e);
+        }
+        self.scanned = end;
+        self.bounds.clear();
+        self.next = 0;
+        c.scanner.drain_offsets(&mut self.bounds);
+    }
+
+    /// The first boundary, a record begun in an earlier chunk, one too long, the chunk's
+    /// next piece, or the end of the batch.
     #[inline(never)]
     fn next_slow(&mut self) -> Result<Option<(u64, &[u8])>, CutError> {
         loop {
             let Some(&b) = self.bounds.get(self.next) else {
+                if self.scanned < self.chunk.len() && self.cut.failed.is_none() {
+                    self.scan_piece();
+                    continue;
+                }
                 let c = &mut *self.cut;
                 c.cur = self.cur;
                 c.bounds = std::mem::take(&mut self.bounds);
@@ -566,6 +588,54 @@ mod tests {
         let e =
             same_any_chunking(&Format::Fixed { size: 8, header: 1 }, 4, b"h12345678").unwrap_err();
         assert_eq!(e, CutError::TooLong { offset: 1, len: 8 });
+    }
+
+    /// A chunk of many pieces (scanned a piece at a time) is cut as the same bytes in
+    /// small chunks, records across the pieces' edges included, and a bad CRC deep in it
+    /// is reported after the records before it.
+    #[test]
+    fn chunks_of_many_pieces_are_cut_alike() {
+        let mut lines = Vec::new();
+        let mut frames: Vec<Vec<u8>> = Vec::new();
+        for i in 0..20_000usize {
+            lines.extend(std::iter::repeat_n(b'a' + (i % 26) as u8, i % 97));
+            lines.push(b'\n');
+            frames.push(vec![i as u8; i % 301]);
+        }
+        let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+        let tf = tfrecords(&refs);
+        assert!(lines.len() > 3 * PIECE && tf.len() > 3 * PIECE);
+        for (format, data) in [(&LINES, &lines), (&TF, &tf)] {
+            let whole = cut(format, 1 << 20, data, data.len()).unwrap();
+            assert_eq!(whole.len(), 20_000);
+            for step in [1000, PIECE - 1, PIECE + 7] {
+                assert_eq!(
+                    cut(format, 1 << 20, data, step).unwrap(),
+                    whole,
+                    "{format} {step}"
+                );
+            }
+        }
+        let mut bad = tf.clone();
+        bad[2 * PIECE + 5] ^= 1;
+        let mut c = Cutter::new(&TF, 1 << 20).unwrap();
+        let mut cuts = c.feed(&bad);
+        let mut before = 0u64;
+        let e = loop {
+            match cuts.next_record() {
+                Ok(Some((at, r))) => before = at + r.len() as u64,
+                Ok(None) => panic!("no error"),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(&e, CutError::Bad(e) if e.offset >= before && e.what.contains("CRC")),
+            "{e:?}"
+        );
+        assert!(
+            before > 2 * PIECE as u64 - 400,
+            "records before the error were not handed out"
+        );
     }
 
     #[test]
