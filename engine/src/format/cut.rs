@@ -177,7 +177,7 @@ impl Cutter {
 /// How much of a chunk the scanner reads at a time before its records are handed out:
 /// small enough that the bytes are still in the cache when the caller copies the records
 /// (a chunk of direct reads is megabytes), and that the boundaries' buffer stays small.
-const PIECE: usize = 128 << 10;
+const PIECE: usize = 32 << 10;
 
 /// The records of one chunk (or of the input's end), in order. The chunk is scanned a
 /// piece at a time as its records are taken. The state a record takes is copied here for
