@@ -925,3 +925,87 @@ fn a_files_tree_shuffles_into_a_tar_of_its_files() {
         assert!(seen.insert(name));
     }
 }
+
+/// Writes `bytes` to a shuffle's standard input in pieces of 1 to 13 bytes, so that the
+/// pipe's reads split frames anywhere (headers, data and CRCs), and returns its outcome.
+fn shuffle_from_trickle(sb: &Sandbox, bytes: &[u8], out: &Path) -> Output {
+    let mut child = sb
+        .cmd()
+        .arg("shuffle")
+        .arg("-")
+        .arg("-o")
+        .arg(out)
+        .args(["--format", "tfrecord", "--seed", "4", "--memory", "1M"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let bytes = bytes.to_vec();
+    let writer = std::thread::spawn(move || {
+        let mut at = 0;
+        for step in (1..=13).cycle() {
+            if at == bytes.len() {
+                break;
+            }
+            let end = (at + step).min(bytes.len());
+            // A refused input may close the pipe early: the rest is not wanted.
+            if stdin
+                .write_all(&bytes[at..end])
+                .and_then(|()| stdin.flush())
+                .is_err()
+            {
+                break;
+            }
+            at = end;
+        }
+    });
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    o
+}
+
+/// TFRecord frames split across a pipe's reads at any byte are cut as in the file, and a
+/// bad CRC is named at the same offset.
+#[test]
+fn tfrecords_trickled_through_a_pipe_shuffle_like_the_file() {
+    let sb = Sandbox::new();
+    let input = sb.data().join("in.tfrecord");
+    gen(
+        &sb,
+        &input,
+        "tfrecord",
+        3_000,
+        40,
+        &["--size-jitter", "0.9"],
+    );
+    let bytes = std::fs::read(&input).unwrap();
+    let want = sb.data().join("want.tfrecord");
+    assert_ok(&shuffle_to(
+        &sb,
+        &input,
+        &want,
+        &["--seed", "4", "--memory", "1M"],
+    ));
+    let out = sb.data().join("piped.tfrecord");
+    assert_ok(&shuffle_from_trickle(&sb, &bytes, &out));
+    assert!(
+        std::fs::read(&out).unwrap() == std::fs::read(&want).unwrap(),
+        "a trickled pipe gives another output"
+    );
+    // The second frame's data CRC spoiled: its offset, from the pipe as from the file.
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let second = 16 + len;
+    let len2 = u64::from_le_bytes(bytes[second..second + 8].try_into().unwrap()) as usize;
+    let mut bad = bytes.clone();
+    bad[second + 12 + len2] ^= 1;
+    let o = shuffle_from_trickle(&sb, &bad, &sb.data().join("bad.tfrecord"));
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let at = format!("at byte {}", second + 12 + len2);
+    assert!(
+        err.contains("<stdin>") && err.contains(&at) && err.contains("data CRC"),
+        "{err}"
+    );
+}

@@ -8,6 +8,8 @@ pub struct LinesScanner {
     skip: u64,
     skipped: u64,
     starts: Vec<u64>,
+    /// The last start found, once `starts` may have been drained.
+    last: Option<u64>,
     unterminated: bool,
 }
 
@@ -20,6 +22,7 @@ impl LinesScanner {
             skip,
             skipped: 0,
             starts,
+            last: None,
             unterminated: false,
         }
     }
@@ -27,16 +30,20 @@ impl LinesScanner {
 
 impl Scanner for LinesScanner {
     fn feed(&mut self, offset: u64, chunk: &[u8]) -> Result<(), ScanError> {
-        for p in memchr::memchr_iter(self.sep, chunk) {
-            let next = offset + p as u64 + 1;
-            if self.skipped < self.skip {
-                self.skipped += 1;
-                if self.skipped == self.skip {
-                    self.starts.push(next);
-                }
-            } else {
-                self.starts.push(next);
+        let mut seps = memchr::memchr_iter(self.sep, chunk);
+        while self.skipped < self.skip {
+            let Some(p) = seps.next() else {
+                return Ok(());
+            };
+            self.skipped += 1;
+            if self.skipped == self.skip {
+                self.starts.push(offset + p as u64 + 1);
             }
+        }
+        // Past the header lines, every separator ends a line.
+        let after = offset + 1;
+        for p in seps {
+            self.starts.push(after + p as u64);
         }
         Ok(())
     }
@@ -53,7 +60,7 @@ impl Scanner for LinesScanner {
         }
         // The last start is either the end of the file (the file ended with a separator:
         // it becomes the end sentinel) or the start of a final line without separator.
-        if self.starts.last() != Some(&size) {
+        if self.starts.last().copied().or(self.last) != Some(size) {
             self.starts.push(size);
             self.unterminated = true;
         }
@@ -61,7 +68,13 @@ impl Scanner for LinesScanner {
     }
 
     fn take_offsets(&mut self) -> Vec<u64> {
+        self.last = self.starts.last().copied().or(self.last);
         std::mem::take(&mut self.starts)
+    }
+
+    fn drain_offsets(&mut self, out: &mut Vec<u64>) {
+        self.last = self.starts.last().copied().or(self.last);
+        out.append(&mut self.starts);
     }
 
     fn last_unterminated(&self) -> bool {

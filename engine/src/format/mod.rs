@@ -15,8 +15,10 @@
 //!   ImageFolder keeps images, or a manifest listing the files); see `crate::dataset::files`.
 //!
 //! Variable-length formats (`lines`, `tfrecord`) need an offset index, built by one
-//! sequential scan with [`Scanner`]; see `crate::dataset::index`.
+//! sequential scan with [`Scanner`]; see `crate::dataset::index`. The same scanners cut a
+//! stream into whole records for `riffle shuffle` ([`cut::Cutter`]): one parser per format.
 
+pub mod cut;
 pub mod lines;
 pub mod npy;
 pub mod tar;
@@ -196,6 +198,31 @@ pub trait Scanner {
     /// Whether the last record has no terminator (lines only).
     fn last_unterminated(&self) -> bool {
         false
+    }
+    /// Moves the record boundaries found since the last call to the end of `out`, for a
+    /// reader that cuts records as the chunks come: each is where a record starts and the
+    /// one before ends. Every scanner but tar's reports a boundary as soon as the record
+    /// before it is complete (its CRCs checked), and the end of the last record by
+    /// `finish` at the latest; tar's reports a sample's start when its first member's
+    /// header is read, and the end of the last sample once the archive ends.
+    fn drain_offsets(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.take_offsets());
+    }
+    /// The start and length of a record begun and not yet complete, when the format tells
+    /// its length ahead (a TFRecord's length field, a fixed size), so that a reader can
+    /// refuse one too long for it before its bytes arrive.
+    fn known_len(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// Whether the records ended before the input did (a tar's end-of-archive block): the
+    /// last boundary reported closes the last record, and the bytes after it are none.
+    fn ended(&self) -> bool {
+        false
+    }
+    /// The first offset a boundary not reported yet may lie at, given that `pos` bytes
+    /// were fed: `pos`, except while a tar header chain (long name, PAX) is unfinished.
+    fn pending_from(&self, pos: u64) -> u64 {
+        pos
     }
 }
 

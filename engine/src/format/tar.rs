@@ -220,6 +220,10 @@ pub struct TarScanner {
     /// The current sample's key and its members' suffixes.
     key: Option<String>,
     suffixes: Vec<String>,
+    /// Whether the archive was finished, and whether [`Scanner::drain_offsets`] reported
+    /// the last sample's end.
+    finished: bool,
+    end_reported: bool,
 }
 
 impl Default for TarScanner {
@@ -243,6 +247,8 @@ impl TarScanner {
             pending: None,
             key: None,
             suffixes: Vec::new(),
+            finished: false,
+            end_reported: false,
         }
     }
 
@@ -389,8 +395,10 @@ impl Scanner for TarScanner {
 
     fn finish(&mut self, size: u64) -> Result<(), ScanError> {
         match &self.state {
-            State::End => Ok(()),
-            State::Header { have: 0, .. } => Ok(()),
+            State::End | State::Header { have: 0, .. } => {
+                self.finished = true;
+                Ok(())
+            }
             State::Header { start, .. } => Err(ScanError {
                 offset: *start,
                 what: format!("the archive ends inside a header (at byte {size})"),
@@ -408,6 +416,23 @@ impl Scanner for TarScanner {
             v.push(self.end);
         }
         v
+    }
+
+    fn drain_offsets(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.starts);
+        // A sample ends where the next starts, the last one where its last member does.
+        if (self.finished || self.ended()) && self.key.is_some() && !self.end_reported {
+            out.push(self.end);
+            self.end_reported = true;
+        }
+    }
+
+    fn ended(&self) -> bool {
+        TarScanner::ended(self)
+    }
+
+    fn pending_from(&self, pos: u64) -> u64 {
+        TarScanner::pending_from(self, pos)
     }
 }
 

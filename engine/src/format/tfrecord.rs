@@ -29,18 +29,68 @@ enum State {
         have: usize,
         buf: [u8; 12],
     },
-    /// Inside the data of the frame at `start`; `left` bytes to go.
-    Data { start: u64, left: u64, crc: u32 },
+    /// Inside the data of the frame at `start` (`len` bytes in all, length and CRCs
+    /// included, saturating); `left` bytes of data to go.
+    Data {
+        start: u64,
+        len: u64,
+        left: u64,
+        crc: u32,
+    },
     /// Collecting the 4-byte data CRC.
     Footer {
         start: u64,
+        len: u64,
         have: usize,
         buf: [u8; 4],
         crc: u32,
     },
 }
 
-/// Finds frame starts, checking lengths and CRCs.
+/// The length of the frame at the front of `rest`, if it is all there and, when `verify`,
+/// both its CRCs match. A frame that fails is left to the state machine, which reports it.
+#[inline]
+fn whole_frame(verify: bool, rest: &[u8]) -> Option<usize> {
+    let (head, body) = rest.split_first_chunk::<12>()?;
+    let len = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let stored = u32::from_le_bytes(head[8..].try_into().expect("4 bytes"));
+    if verify && masked_crc(&head[..8]) != stored {
+        return None;
+    }
+    let len = usize::try_from(len).ok().filter(|&l| l <= body.len())?;
+    let (data, footer) = body.split_at(len);
+    let (crc, _) = footer.split_first_chunk::<4>()?;
+    if verify && masked_crc(data) != u32::from_le_bytes(*crc) {
+        return None;
+    }
+    Some(16 + len)
+}
+
+#[cold]
+fn length_crc_error(start: u64, len: u64, stored: u32, field: &[u8]) -> ScanError {
+    ScanError {
+        offset: start + 8,
+        what: format!(
+            "TFRecord length CRC mismatch (length field says {len} bytes; stored CRC \
+             {stored:#010x}, computed {:#010x})",
+            masked_crc(field)
+        ),
+    }
+}
+
+#[cold]
+fn data_crc_error(at: u64, start: u64, stored: u32, computed: u32) -> ScanError {
+    ScanError {
+        offset: at,
+        what: format!(
+            "TFRecord data CRC mismatch in the record that starts at byte {start} (stored \
+             {stored:#010x}, computed {computed:#010x})"
+        ),
+    }
+}
+
+/// Finds frame starts, checking lengths and CRCs. A frame's end (the next one's start) is
+/// reported once its data CRC is checked: the first start, 0, at once.
 pub struct TfRecordScanner {
     verify: bool,
     state: State,
@@ -57,7 +107,7 @@ impl TfRecordScanner {
                 have: 0,
                 buf: [0; 12],
             },
-            starts: Vec::new(),
+            starts: vec![0],
         }
     }
 }
@@ -66,6 +116,16 @@ impl Scanner for TfRecordScanner {
     fn feed(&mut self, offset: u64, chunk: &[u8]) -> Result<(), ScanError> {
         let mut i = 0usize;
         while i < chunk.len() {
+            if let State::Header { start, have: 0, .. } = &mut self.state {
+                // Frames wholly in the chunk are checked in place, without the copies of
+                // the state machine below, which takes the frame split by the chunk's end.
+                if let Some(n) = whole_frame(self.verify, &chunk[i..]) {
+                    *start += n as u64;
+                    self.starts.push(*start);
+                    i += n;
+                    continue;
+                }
+            }
             match &mut self.state {
                 State::Header { start, have, buf } => {
                     let n = (12 - *have).min(chunk.len() - i);
@@ -77,23 +137,22 @@ impl Scanner for TfRecordScanner {
                         let len = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
                         let stored = u32::from_le_bytes(buf[8..].try_into().expect("4 bytes"));
                         if self.verify && masked_crc(&buf[..8]) != stored {
-                            return Err(ScanError {
-                                offset: start + 8,
-                                what: format!(
-                                    "TFRecord length CRC mismatch (length field says {len} bytes; stored CRC {stored:#010x}, computed {:#010x})",
-                                    masked_crc(&buf[..8])
-                                ),
-                            });
+                            return Err(length_crc_error(start, len, stored, &buf[..8]));
                         }
-                        self.starts.push(start);
                         self.state = State::Data {
                             start,
+                            len: len.saturating_add(16),
                             left: len,
                             crc: 0,
                         };
                     }
                 }
-                State::Data { start, left, crc } => {
+                State::Data {
+                    start,
+                    len,
+                    left,
+                    crc,
+                } => {
                     let n = (*left).min((chunk.len() - i) as u64) as usize;
                     if self.verify {
                         *crc = crc32c::crc32c_append(*crc, &chunk[i..i + n]);
@@ -103,6 +162,7 @@ impl Scanner for TfRecordScanner {
                     if *left == 0 {
                         self.state = State::Footer {
                             start: *start,
+                            len: *len,
                             have: 0,
                             buf: [0; 4],
                             crc: *crc,
@@ -114,6 +174,7 @@ impl Scanner for TfRecordScanner {
                     have,
                     buf,
                     crc,
+                    ..
                 } => {
                     let n = (4 - *have).min(chunk.len() - i);
                     buf[*have..*have + n].copy_from_slice(&chunk[i..i + n]);
@@ -123,15 +184,10 @@ impl Scanner for TfRecordScanner {
                         let stored = u32::from_le_bytes(*buf);
                         if self.verify && mask(*crc) != stored {
                             let at = offset + i as u64 - 4;
-                            return Err(ScanError {
-                                offset: at,
-                                what: format!(
-                                    "TFRecord data CRC mismatch in the record that starts at byte {start} (stored {stored:#010x}, computed {:#010x})",
-                                    mask(*crc)
-                                ),
-                            });
+                            return Err(data_crc_error(at, *start, stored, mask(*crc)));
                         }
                         let next = offset + i as u64;
+                        self.starts.push(next);
                         self.state = State::Header {
                             start: next,
                             have: 0,
@@ -146,10 +202,8 @@ impl Scanner for TfRecordScanner {
 
     fn finish(&mut self, size: u64) -> Result<(), ScanError> {
         match &self.state {
-            State::Header { have: 0, .. } => {
-                self.starts.push(size);
-                Ok(())
-            }
+            // The last frame's end was reported when its CRC was checked.
+            State::Header { have: 0, .. } => Ok(()),
             State::Header { start, have, .. } => Err(ScanError {
                 offset: *start,
                 what: format!("truncated TFRecord: a 12-byte header starts here but the file ends after {have} byte(s)"),
@@ -167,6 +221,17 @@ impl Scanner for TfRecordScanner {
 
     fn take_offsets(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.starts)
+    }
+
+    fn drain_offsets(&mut self, out: &mut Vec<u64>) {
+        out.append(&mut self.starts);
+    }
+
+    fn known_len(&self) -> Option<(u64, u64)> {
+        match self.state {
+            State::Header { .. } => None,
+            State::Data { start, len, .. } | State::Footer { start, len, .. } => Some((start, len)),
+        }
     }
 }
 
@@ -233,5 +298,26 @@ mod tests {
         assert!(e.what.contains("past the end"), "{e:?}");
         let e = scan(&data[..25], 4).unwrap_err();
         assert!(e.what.contains("12-byte header"), "{e:?}");
+    }
+
+    /// Frames wholly in a chunk take the fast path, split ones the state machine: both
+    /// give the same starts and the same errors at the same offsets.
+    #[test]
+    fn whole_and_split_frames_agree() {
+        let data = file(&[b"hello", b"", &[9u8; 300], b"world"]);
+        let mut spoiled = vec![data.clone()];
+        for at in [3, 9, 21 + 12, 37 + 100, 37 + 313, data.len() - 1] {
+            let mut b = data.clone();
+            b[at] ^= 0x10;
+            spoiled.push(b);
+        }
+        spoiled.push(data[..data.len() - 3].to_vec());
+        for d in &spoiled {
+            let whole = scan(d, d.len());
+            for chunk in 1..=40 {
+                assert_eq!(scan(d, chunk), whole, "chunks of {chunk}");
+            }
+        }
+        assert_eq!(scan(&data, data.len()).unwrap().len(), 5);
     }
 }

@@ -65,6 +65,12 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// [`Layout::within`] this process's open-file limit (tests).
+    #[cfg(test)]
+    pub(crate) fn new(bits: u32, extent: usize, in_flight: usize) -> Layout {
+        Layout::within(bits, extent, in_flight, crate::io::open_file_limit())
+    }
+
     /// `1 << bits` piles written in extents of about `extent` bytes, with about
     /// `4 * in_flight` bytes of writes and `3 * in_flight` of reads (when loading) in
     /// flight: at least two requests, at most 32 writes and 64 reads. (Measured here on
@@ -72,12 +78,7 @@ impl Layout {
     /// 21; 16 MiB of writes in flight made a rolling epoch 4% faster than 8 MiB.) From 4 MiB in flight on, the extents of a
     /// group are written about 1 MiB at a time (measured here: 60 KiB writes spread over
     /// 16 files ran at 65% of 1 MiB sequential writes); under less, one extent at a time.
-    pub(crate) fn new(bits: u32, extent: usize, in_flight: usize) -> Layout {
-        Layout::within(bits, extent, in_flight, crate::io::open_file_limit())
-    }
-
-    /// [`Layout::new`] with as many group files as an open-file limit of `open_files`
-    /// allows (the resource plan's limit, rather than this process's).
+    /// The group files are as many as an open-file limit of `open_files` allows.
     pub(crate) fn within(bits: u32, extent: usize, in_flight: usize, open_files: u64) -> Layout {
         let chunk = (extent / CHUNKS_PER_EXTENT / 4096 * 4096).max(4096);
         let extent = extent.max(4096).div_ceil(chunk) * chunk;

@@ -22,6 +22,7 @@ use serde::Serialize;
 pub use buffer::{BufferPlan, SCAN_DEPTH, SLOT_OVERHEAD};
 pub use lirs::LirsPlan;
 pub(crate) use lirs::MAX_MERGE;
+pub(crate) use piles::shuffle_layout;
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;
 

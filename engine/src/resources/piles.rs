@@ -386,6 +386,24 @@ impl PilePlan {
     }
 }
 
+/// `riffle shuffle`'s pile layout for an input of about `estimate` bytes under a budget of
+/// `memory` and an open-file limit of `open_files`: piles of about a quarter of the budget
+/// (a larger one is read in key sub-ranges), at most 4096; their shares of the fill pool
+/// take an eighth, from 16 KiB to 1 MiB each, and the writes in flight another eighth (4
+/// MiB at most).
+pub(crate) fn shuffle_layout(estimate: u64, memory: u64, open_files: u64) -> Layout {
+    let target = (memory / 4).max(1 << 20);
+    let mut bits = 0;
+    while (estimate >> bits) > target && bits < MAX_PILE_BITS {
+        bits += 1;
+    }
+    let extent = ((memory / 8) / (1u64 << bits)).clamp(16 << 10, 1 << 20) as usize;
+    let in_flight = usize::try_from(memory / 8)
+        .unwrap_or(usize::MAX)
+        .min(4 << 20);
+    Layout::within(bits, extent, in_flight, open_files)
+}
+
 /// The scatter's read size: 4 MiB; under a budget below 256 MiB a sixty-fourth of it (4 x 2
 /// MiB at 128 MiB); under 32 MiB, 48 KiB. 1.6 GB of 4 KiB records, two-pass, alternated runs
 /// here: 48 KiB reads at every budget below 256 MiB made the scatter the bottleneck
