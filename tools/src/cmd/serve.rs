@@ -8,6 +8,7 @@ use riffle::dataset::OpenOptions;
 use riffle::format::Format;
 use riffle::serve::{ServeConfig, ServeMode, Server};
 use riffle::size::{human_bytes, parse_size};
+use riffle::source::Source;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -128,29 +129,11 @@ fn spec_of(path: &str) -> Result<riffle::source::DatasetSpec, String> {
     riffle::source::DatasetSpec::parse(&[path]).map_err(|e| e.to_string())
 }
 
-fn parse_mode(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s, 8)
-        .ok()
-        .filter(|m| *m <= 0o777)
-        .ok_or_else(|| format!("'{s}': expected octal permission bits like 600 or 660"))
-}
-
-pub fn run(a: Args, throttled: bool) -> Result<()> {
-    // Block the stop signals in this thread before any other starts, so every thread
-    // inherits the mask and only the waiter below ever takes them.
-    let mut signals = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
-        signals.add(s);
-    }
-    signals.thread_block().context("blocking SIGTERM")?;
-
-    let mode = match a.mode.as_str() {
-        "auto" => ServeMode::Auto,
-        "lirs" => ServeMode::Lirs,
-        "two-pass" => ServeMode::TwoPass,
-        other => bail!("unknown mode '{other}': expected auto, lirs or two-pass"),
-    };
-    let mut datasets = Vec::new();
+/// The datasets the daemon serves, opened (their size statistics worked out now rather
+/// than on the first client's open), each device profiled when the planner will want it,
+/// and scratch left by an earlier daemon removed.
+fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
+    let mut datasets: Vec<(String, Source)> = Vec::new();
     for d in &a.datasets {
         if datasets.iter().any(|(n, _)| n == &d.name) {
             bail!("dataset '{}' is configured twice", d.name);
@@ -161,7 +144,6 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         };
         let src = (d.spec.open(&opts, &mut |_, _, _| {}))
             .with_context(|| format!("dataset '{}'", d.name))?;
-        // Worked out now rather than on the first client's open.
         let _ = src.dataset().size_stats();
         if mode == ServeMode::Auto {
             // The planner reads the device's cached profile when a stream opens.
@@ -178,6 +160,27 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         }
         datasets.push((d.name.clone(), src));
     }
+    Ok(datasets)
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("'{s}': expected octal permission bits like 600 or 660"))
+}
+
+pub fn run(a: Args, throttled: bool) -> Result<()> {
+    // Block the stop signals in this thread before any other starts, so every thread
+    // inherits the mask and only the waiter below ever takes them.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals.thread_block().context("blocking SIGTERM")?;
+
+    let mode: ServeMode = a.mode.parse().map_err(anyhow::Error::msg)?;
+    let datasets = open_datasets(&a, mode)?;
     let names: Vec<String> = datasets
         .iter()
         .map(|(n, d)| format!("{n} ({} records)", d.len()))
