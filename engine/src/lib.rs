@@ -46,6 +46,7 @@ mod piles;
 mod pipeline;
 pub mod plan;
 pub mod probe;
+pub mod request;
 pub mod resources;
 pub mod scratch;
 pub mod serve;

@@ -23,7 +23,7 @@
 use serde::Serialize;
 
 use crate::dataset::Dataset;
-use crate::modes::{Baseline, ReadOptions};
+use crate::modes::{Baseline, Mode, ReadOptions};
 use crate::order::{Grouping, Units};
 use crate::probe::Profile;
 use crate::resources::{Limits, ResourcePlan};
@@ -225,9 +225,16 @@ pub enum Choice {
 impl Choice {
     /// `lirs` or `two-pass`, as the CLI spells it.
     pub fn name(self) -> &'static str {
-        match self {
-            Choice::Lirs => "lirs",
-            Choice::TwoPass => "two-pass",
+        Mode::from(self).name()
+    }
+}
+
+impl From<Choice> for Mode {
+    /// The mode that runs the choice.
+    fn from(c: Choice) -> Mode {
+        match c {
+            Choice::Lirs => Mode::Lirs,
+            Choice::TwoPass => Mode::TwoPass,
         }
     }
 }

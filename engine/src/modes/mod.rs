@@ -7,6 +7,7 @@ mod buffer;
 mod cursor;
 mod emit;
 pub mod lirs;
+mod mode;
 mod payload;
 mod share;
 pub mod twopass;
@@ -16,6 +17,7 @@ use serde::Serialize;
 
 pub use cursor::{Cursor, Resume};
 pub use lirs::{read, BatchStream};
+pub use mode::Mode;
 pub use payload::{Lender, Lent, Payload, PayloadLender};
 pub use share::{PassEnded, Ranks, SharedPass, StartPass};
 pub use twopass::read_two_pass;
@@ -45,11 +47,7 @@ pub enum Baseline {
 impl Baseline {
     /// The mode name: `sequential`, `bmf`, `buffer`.
     pub fn name(&self) -> &'static str {
-        match self {
-            Baseline::Sequential => "sequential",
-            Baseline::Bmf { .. } => "bmf",
-            Baseline::Buffer { .. } => "buffer",
-        }
+        self.mode().name()
     }
 }
 
@@ -192,6 +190,36 @@ impl ReadOptions {
             lender: None,
             ranks: None,
             lead: true,
+        }
+    }
+
+    /// The same options reading `count` epochs from epoch `first`.
+    pub fn with_epochs(self, first: u64, count: u64) -> Self {
+        ReadOptions {
+            first_epoch: first,
+            epochs: count,
+            ..self
+        }
+    }
+
+    /// The same options for rank `rank` of `world`, the last round of batches cut by
+    /// `tail`.
+    pub fn with_rank(self, rank: u64, world: u64, tail: Tail) -> Self {
+        ReadOptions {
+            rank,
+            world,
+            tail,
+            ..self
+        }
+    }
+
+    /// The same options starting at `resume` (see [`ReadOptions::resume_start`] for
+    /// `start`).
+    pub fn with_resume(self, resume: Option<Cursor>, start: Option<u64>) -> Self {
+        ReadOptions {
+            resume,
+            resume_start: start,
+            ..self
         }
     }
 }

@@ -15,7 +15,7 @@
 use crate::{Error, Result};
 
 /// What to do with the records that do not fill the last round of batches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Tail {
     /// Keep a short last batch (one rank, or when everything divides evenly).
     Partial,

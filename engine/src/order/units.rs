@@ -9,7 +9,7 @@ use std::ops::Range;
 use super::IdVec;
 
 /// How records are grouped into shuffling units.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Grouping {
     /// Every record is placed independently: an exact uniform shuffle.
     Record,

@@ -5,9 +5,8 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
-use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -15,19 +14,17 @@ use std::os::unix::net::UnixStream;
 
 use super::budget::{admit_pass, Admitted, Grant};
 use super::codes::reply_code;
-use super::job::{JobKey, NewPass};
+use super::job::NewPass;
+use super::open::{self, Refusal};
 use super::proto::error_frame;
 use super::proto::{self, BatchHeader, FrameBuf, Kind, OpenRequest, Transport};
-use super::ring::ALIGN;
 use super::shm::{self, SharedRing};
-use super::state::{ServeMode, Shared};
+use super::state::Shared;
 use super::telemetry::{record, Waits};
-use crate::io::IoConfig;
-use crate::modes::{self, Batch, BatchStream, Cursor, Payload, ReadOptions};
-use crate::order::{Grouping, Split, Tail};
-
-/// Most batches a stream sends before it needs an ack.
-const MAX_CREDITS: u32 = 16;
+use super::wire::{announce_ready, header, Wire, WireState};
+use crate::modes::{Batch, BatchStream, Mode, Payload, PayloadLender, ReadOptions};
+use crate::request::ReadJob;
+use crate::source::Source;
 
 /// How long a new connection has for its whole handshake (an idle connection holds a
 /// client slot): the HELLO must be complete by then, however it trickles in.
@@ -87,126 +84,6 @@ impl Stream {
             Some(ring) => ring.slots().outstanding(),
             None => self.inline_outstanding.len(),
         }
-    }
-}
-
-/// A connection's socket, shared with the engine's thread of its open stream, which
-/// announces the batches it completes in the ring itself when it may (see
-/// [`announce_ready`]). Every frame is written under the lock, so frames never interleave.
-struct Wire {
-    sock: UnixStream,
-    state: Mutex<WireState>,
-}
-
-#[derive(Default)]
-struct WireState {
-    /// The engine's thread may announce: a shared-memory stream is open and its OPENED
-    /// is out.
-    live: bool,
-    /// Batches of the stream the engine has completed, and those announced (by either
-    /// thread): the engine announces one only when every earlier one is out.
-    completed: u64,
-    announced: u64,
-    /// Since when the stream has waited for the engine's next batch while its client had
-    /// room for it (the data stall, as the daemon sees it); `None` while it waits on the
-    /// client instead, or is not waiting.
-    asked: Option<Instant>,
-}
-
-impl Wire {
-    fn lock(&self) -> MutexGuard<'_, WireState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self, bytes: &[u8]) -> std::io::Result<()> {
-        let _w = self.lock();
-        (&self.sock).write_all(bytes)
-    }
-}
-
-/// The engine's thread completed `b` (in order): announce it now if it was assembled in
-/// the ring, every earlier batch is announced and the client has credit; otherwise the
-/// connection thread announces it when it comes out of the stream. This saves waking the
-/// connection thread between the engine and the client.
-fn announce_ready(
-    wire: &Wire,
-    ring: &Arc<SharedRing>,
-    shared: &Shared,
-    waits: &Mutex<Waits>,
-    credits: u32,
-    mut b: Batch,
-) -> Option<Batch> {
-    let started = Instant::now();
-    let mut w = wire.lock();
-    let seq = w.completed;
-    w.completed += 1;
-    if !w.live || seq != w.announced || ring.slots().outstanding() >= credits as usize {
-        return Some(b);
-    }
-    let mut h = header(&b);
-    let payload = std::mem::take(&mut b.payload);
-    let (lent, used) = match payload.into_lent() {
-        Ok(l) => l,
-        Err(own) => {
-            b.payload = own;
-            return Some(b);
-        }
-    };
-    let p = match ring.send_lent(lent, used, &b.ids, &b.offsets, (&b.labels, &b.sources)) {
-        Ok(p) => p,
-        Err(lent) => {
-            b.payload = Payload::from_lent(lent, used);
-            return Some(b);
-        }
-    };
-    h.locate(&p);
-    let mut out = Vec::with_capacity(5 + BatchHeader::LEN);
-    proto::frame_into(&mut out, Kind::Batch, BatchHeader::LEN);
-    h.encode(&mut out);
-    w.announced += 1;
-    // A failed write is the client gone: the connection thread sees it at its next read.
-    let _ = (&wire.sock).write_all(&out);
-    // The wait on the engine this batch ended, and the next one's start if the client
-    // still has room.
-    let waited = w.asked.take().map(|a| a.elapsed());
-    if ring.slots().outstanding() < credits as usize {
-        w.asked = Some(Instant::now());
-    }
-    drop(w);
-    record(waits, |t| t.announced(waited));
-    let mut s = shared.stats();
-    s.count_batch(&h, true);
-    s.batches_announced_early += 1;
-    // The client's wait for this batch (none when it was ready before the client asked).
-    s.batch_us
-        .saturating_record(waited.map_or(1, super::telemetry::micros));
-    s.send_us
-        .saturating_record(super::telemetry::micros(started.elapsed()));
-    None
-}
-
-/// The BATCH header of `b`, its positions still to fill in.
-fn header(b: &Batch) -> BatchHeader {
-    BatchHeader {
-        slot: 0,
-        flags: if b.labels.is_empty() {
-            0
-        } else {
-            proto::FLAG_LABELS
-        } | if b.sources.is_empty() {
-            0
-        } else {
-            proto::FLAG_SOURCES
-        },
-        epoch: b.epoch,
-        index: b.index,
-        records: b.ids.len() as u64,
-        padding: b.padding as u64,
-        data_len: b.payload.len() as u64,
-        ids_at: 0,
-        offsets_at: 0,
-        data_at: 0,
-        ready_ns: b.ready_ns,
     }
 }
 
@@ -725,281 +602,52 @@ impl Conn {
         }
     }
 
-    fn open(&mut self, req: &OpenRequest) -> Result<(), (&'static str, String)> {
-        let cfg = &self.shared.cfg;
-        let Some((_, src)) = cfg.datasets.iter().find(|(n, _)| *n == req.dataset) else {
-            let names: Vec<&str> = cfg.datasets.iter().map(|(n, _)| n.as_str()).collect();
-            return Err((
-                "unknown_dataset",
-                format!(
-                    "unknown dataset '{}': this daemon serves {}",
-                    req.dataset,
-                    names.join(", ")
-                ),
-            ));
-        };
-        // What the first epoch reads (a mixture's view of its draws): the stream is sized by it.
-        let ds = &src
-            .epoch_view(req.seed, req.epoch)
-            .map_err(|e| (reply_code(&e), e.to_string()))?;
-        let bad = |m: String| ("bad_request", m);
-        let tail = match req.tail.as_str() {
-            "partial" => Tail::Partial,
-            "drop_last" => Tail::DropLast,
-            "pad" => Tail::Pad,
-            t => {
-                return Err(bad(format!(
-                    "unknown tail '{t}': expected partial, drop_last or pad"
-                )))
-            }
-        };
-        let grouping = match req.grouping.as_str() {
-            "record" => Grouping::Record,
-            "page" => Grouping::Page { unit: 4096 },
-            g => {
-                return Err(bad(format!(
-                    "unknown grouping '{g}': expected record or page"
-                )))
-            }
-        };
-        if req.epochs == 0 {
-            return Err(bad("epochs must be at least 1".into()));
-        }
-        let split =
-            Split::new(ds.len(), req.batch_size, req.rank, req.world, tail).map_err(|e| {
-                // The engine speaks in CLI flags; a client sets the `tail` field.
-                bad(e.to_string().replace(
-                    "choose --drop-last or --pad",
-                    "set tail to drop_last or pad",
-                ))
-            })?;
-        if req.resume.is_some() && req.resume_global.is_some() {
-            return Err(bad("give resume or resume_global, not both".into()));
-        }
-        // A global cursor: a round's start is this rank's batch there; inside a round, the
-        // rest of its epoch is cut into this job's batches from it.
-        let (global_resume, resume_start) = match req.resume_global {
-            Some(g) => {
-                let r = modes::Resume::Global {
-                    epoch: g.epoch,
-                    records: g.records,
-                };
-                let (c, start) = r
-                    .resolve_anywhere(&split)
-                    .map_err(|e| bad(e.to_string().replace("--resume ", "resume ")))?;
-                (Some(c), start)
-            }
-            None => (None, None),
-        };
-        let mut opts = ReadOptions {
-            seed: req.seed,
-            first_epoch: req.epoch,
-            epochs: req.epochs,
-            batch: req.batch_size,
-            rank: req.rank,
-            world: req.world,
-            tail,
-            grouping,
-            resume: req
-                .resume
-                .map(|c| Cursor {
-                    epoch: c.epoch,
-                    batch: c.batch,
-                })
-                .or(global_resume),
-            resume_start,
-            io: IoConfig {
-                depth: cfg.queue_depth.max(1),
-                throttled: cfg.throttled,
-                ..IoConfig::default()
-            },
-            // The ring is the read-ahead the client sees; the engine keeps four more (two
-            // left the pile pass's bursts at pile boundaries waiting on the channel).
-            prefetch: 4,
-            memory: None,
-            baseline: None,
-            lender: None,
-            ranks: None,
-            lead: cfg.lead,
-        };
-        opts.epoch_range().map_err(|e| bad(e.to_string()))?;
+    /// Opens the stream an OPEN asks for (`open.rs` makes it a read), or says why not.
+    fn open(&mut self, req: &OpenRequest) -> Result<(), Refusal> {
+        let shared = self.shared.clone();
+        let src = open::dataset(&shared.cfg, &req.dataset)?;
+        let mut job = open::prepare(req, src, &shared.cfg)?;
         // The ring: room for several of the largest possible batches, within the share.
-        let max_record = ds.size_stats().max;
-        let largest = req
-            .batch_size
-            .saturating_mul(max_record)
-            // ids, offsets, labels and sources: 24 bytes a record.
-            .saturating_add(req.batch_size.saturating_mul(24))
-            .saturating_add(8 + 2 * ALIGN);
-        let share = self.shared.ring_share();
-        // Refused up front rather than failing mid-stream, and so a request can never make
-        // the daemon assemble batches larger than a client's share of the memory.
-        if largest > share {
-            return Err((
-                "too_large",
-                format!(
-                    "batches of {} records may need {largest} bytes (the longest record is {max_record} bytes), \
-                     more than each client's ring share of {share} bytes (--memory / --max-clients): \
-                     ask for smaller batches, or start the daemon with more --memory",
-                    req.batch_size
-                ),
-            ));
-        }
-        let budget = self.shared.budget.clone();
-        let stopping = &self.shared.stopping;
-        let (ring, credits, ring_grant) = match req.transport {
-            Transport::Shm => {
-                // Room for the batches the client may hold (its credits) and those the
-                // engine is assembling in the ring or has queued, so that the engine is
-                // rarely refused a region (and the batch then copied); less when the
-                // daemon's memory is short, down to one largest batch.
-                let want = req
-                    .ring_bytes
-                    .unwrap_or_else(|| largest.saturating_mul(MAX_CREDITS as u64 + 8).max(4 << 20));
-                let want = want.min(share).max(largest).div_ceil(4096) * 4096;
-                let least = largest.div_ceil(4096) * 4096;
-                let grant = budget
-                    .take("this stream's ring", cfg.admit_wait, stopping, |free| {
-                        let fits = want.min(free / 4096 * 4096);
-                        if fits >= least {
-                            Ok(fits)
-                        } else {
-                            Err(least)
-                        }
-                    })
-                    .map_err(|m| ("busy", m))?;
-                let ring = SharedRing::new(&format!("riffle-{}", req.dataset), grant.bytes())
-                    .map_err(|e| ("shm", e.to_string()))?;
-                (Some(ring), MAX_CREDITS, Some(grant))
-            }
-            Transport::Inline => (None, 4, None),
-        };
-        // The split of the stream's first epoch (resumed inside a round, or whole), for the
-        // cursor arithmetic OPENED hands the client.
-        let first_split = opts
-            .split_for(opts.resume.map_or(req.epoch, |c| c.epoch), ds.len())
-            .map_err(|e| ("bad_request", e.to_string()))?;
-        let root = crate::scratch::location(cfg.scratch.as_deref(), &ds.files()[0].path);
-        let (mode, lead) = planned_mode(cfg.mode, ds, &opts, &root);
-        opts.lead = lead;
+        let largest = open::largest_batch(req.batch_size, &job.first, shared.ring_share())?;
+        let (ring, credits, ring_grant) = open::ring(&shared, req, largest)?;
         *self.wire.lock() = WireState::default();
         // The stream's waits, listed in the stats once it is open.
         let waits = Arc::new(Mutex::new(Waits::default()));
-        let mut pass_grant = None;
-        let (batches, job) = if req.world > 1 {
-            // The ranks of a job share one pass, which assembles their batches in their rings.
-            let key = JobKey {
-                dataset: req.dataset.clone(),
-                seed: req.seed,
-                first_epoch: req.epoch,
-                epochs: req.epochs,
-                batch: req.batch_size,
-                world: req.world,
-                tail: req.tail.clone(),
-                grouping: req.grouping.clone(),
-                resume: opts.resume.map(|c| (c.epoch, c.batch)),
-                resume_start: opts.resume_start,
-                two_pass: mode == ServeMode::TwoPass,
-            };
-            let shared = &self.shared;
-            let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, String> {
-                Ok(Box::new(self.admit(ds, o, key.two_pass)?))
-            };
-            let sh = shared.clone();
-            let new_pass = NewPass {
-                window: cfg.join_window,
-                admit: &admit,
-                ended: Box::new(move |r| {
-                    let mut s = sh.stats();
-                    s.read_ops += r.read_ops;
-                    s.jobs_now = s.jobs_now.saturating_sub(1);
-                }),
-            };
-            // The pass assembles this rank's batches straight in its ring when it can.
-            // The pass hands it over straight from the engine's thread when it can.
-            let lender = ring.as_ref().map(|r| self.ring_lender(r, &waits, credits));
-            let (stream, id, new) =
-                shared
-                    .jobs
-                    .open(key.clone(), &opts, src, root, lender, new_pass)?;
-            if new {
-                let mut s = shared.stats();
-                s.jobs_total += 1;
-                s.jobs_now += 1;
-            }
-            (stream, Some(id))
+        // Batches are assembled straight in the ring when it has room, and announced from
+        // the engine's thread as they complete (once OPENED is out).
+        let lender = ring.as_ref().map(|r| self.ring_lender(r, &waits, credits));
+        let (batches, job_id, pass_grant) = if req.world > 1 {
+            let (batches, id) = self.join_job(req, src, &job, lender)?;
+            (batches, Some(id), None)
         } else {
-            // Batches are assembled straight in the ring when it has room, and announced
-            // from the engine's thread as they complete (once OPENED is out).
-            opts.lender = ring.as_ref().map(|r| self.ring_lender(r, &waits, credits));
-            let grant = self
-                .admit(ds, &mut opts, mode == ServeMode::TwoPass)
-                .map_err(|m| ("busy", m))?;
-            pass_grant = Some(grant);
-            let stream = match mode {
-                ServeMode::Lirs | ServeMode::Auto => src.read(opts, None),
-                // The engine makes its own private scratch directory in `root` and removes
-                // it when its thread ends.
-                ServeMode::TwoPass => src.read(opts, Some(root)),
-            }
-            .map_err(|e| (reply_code(&e), e.to_string()))?;
-            (stream, None)
+            let (batches, grant) = self.own_pass(&mut job, src, lender)?;
+            (batches, None, Some(grant))
         };
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
-        let stream_id = self.shared.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
+        let stream_id = shared.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
         let opened = proto::Opened {
-            records: ds.len(),
-            batches_per_epoch: split.batches(),
-            transport: req.transport,
             ring_bytes,
             credits,
-            max_batch_bytes: largest,
-            mode: match mode {
-                ServeMode::Lirs | ServeMode::Auto => "lirs".into(),
-                ServeMode::TwoPass => "two-pass".into(),
-            },
-            pass: if job.is_some() { "shared" } else { "own" }.into(),
-            job,
+            pass: if job_id.is_some() { "shared" } else { "own" }.into(),
+            job: job_id,
             stream: Some(stream_id),
-            format: ds.format().name().into(),
-            columns: ds.columns().to_vec(),
-            classes: ds.classes().to_vec(),
-            sources: src.mixture().map(|m| m.names.clone()).unwrap_or_default(),
-            start: first_split.start,
-            start_end: first_split.end(),
-            round: split.round(),
-            epoch_end: split.end(),
+            ..open::opened(req, src, &job, largest)
         };
-        let frame = proto::json_frame(Kind::Opened, &opened);
-        let fd = match &ring {
-            Some(r) => Some(r.client_fd().map_err(|e| ("shm", e.to_string()))?),
-            None => None,
-        };
-        let sent = {
-            let mut w = self.wire.lock();
-            let sent = match &fd {
-                Some(fd) => shm::send_with_fd(&self.wire.sock, &frame, fd),
-                None => (&self.wire.sock).write_all(&frame),
-            };
-            w.live = ring.is_some();
-            sent
-        };
-        // A failed send shows up as the client being gone at the next read.
-        let _ = sent;
-        self.shared
+        self.send_opened(&opened, ring.as_ref())?;
+        shared
             .ring_bytes_now
             .fetch_add(ring_bytes, Ordering::Relaxed);
         {
-            let mut s = self.shared.stats();
+            let mut s = shared.stats();
             s.streams_total += 1;
             s.streams_now += 1;
-            if job.is_some() {
+            if job_id.is_some() {
                 s.streams_shared += 1;
             } else {
                 s.streams_own += 1;
             }
         }
-        self.shared.telemetry.add(stream_id, job, waits.clone());
+        shared.telemetry.add(stream_id, job_id, waits.clone());
         self.stream = Some(Stream {
             batches,
             _grants: (ring_grant, pass_grant),
@@ -1012,6 +660,82 @@ impl Conn {
             id: stream_id,
             waits,
         });
+        Ok(())
+    }
+
+    /// This rank's stream from its job's shared pass (see `job.rs`): the ranks of a job
+    /// share one pass, which assembles each rank's batches straight in its ring when it
+    /// can and hands them over from the engine's thread.
+    fn join_job(
+        &self,
+        req: &OpenRequest,
+        src: &Source,
+        job: &ReadJob,
+        lender: Option<PayloadLender>,
+    ) -> Result<(BatchStream, u64), Refusal> {
+        let key = open::job_key(req, job);
+        let two_pass = job.mode == Mode::TwoPass;
+        let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, String> {
+            Ok(Box::new(self.admit(&job.first, o, two_pass)?))
+        };
+        let sh = self.shared.clone();
+        let new_pass = NewPass {
+            window: self.shared.cfg.join_window,
+            admit: &admit,
+            ended: Box::new(move |r| {
+                let mut s = sh.stats();
+                s.read_ops += r.read_ops;
+                s.jobs_now = s.jobs_now.saturating_sub(1);
+            }),
+        };
+        let scratch = job.scratch.clone();
+        let (stream, id, new) =
+            (self.shared.jobs).open(key, &job.opts, src, scratch, lender, new_pass)?;
+        if new {
+            let mut s = self.shared.stats();
+            s.jobs_total += 1;
+            s.jobs_now += 1;
+        }
+        Ok((stream, id))
+    }
+
+    /// A pass of the stream's own (a world of one), admitted to the daemon's budgets.
+    fn own_pass(
+        &self,
+        job: &mut ReadJob,
+        src: &Source,
+        lender: Option<PayloadLender>,
+    ) -> Result<(BatchStream, Admitted), Refusal> {
+        job.opts.lender = lender;
+        let grant = self
+            .admit(&job.first, &mut job.opts, job.mode == Mode::TwoPass)
+            .map_err(|m| ("busy", m))?;
+        // Two-pass: the engine makes its own private scratch directory where the piles go
+        // and removes it when its thread ends.
+        let stream = job.read(src).map_err(|e| (reply_code(&e), e.to_string()))?;
+        Ok((stream, grant))
+    }
+
+    /// Sends OPENED (with the ring's descriptor, for shared memory); from here the
+    /// engine's thread may announce the batches it completes in the ring.
+    fn send_opened(
+        &self,
+        opened: &proto::Opened,
+        ring: Option<&Arc<SharedRing>>,
+    ) -> Result<(), Refusal> {
+        let frame = proto::json_frame(Kind::Opened, opened);
+        let fd = match ring {
+            Some(r) => Some(r.client_fd().map_err(|e| ("shm", e.to_string()))?),
+            None => None,
+        };
+        let mut w = self.wire.lock();
+        let sent = match &fd {
+            Some(fd) => shm::send_with_fd(&self.wire.sock, &frame, fd),
+            None => (&self.wire.sock).write_all(&frame),
+        };
+        w.live = ring.is_some();
+        // A failed send shows up as the client being gone at the next read.
+        let _ = sent;
         Ok(())
     }
 
@@ -1084,29 +808,5 @@ impl Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.close_stream();
-    }
-}
-
-/// A stream's mode, and whether a two-pass read leads with LIRS: for `auto`, the planner's
-/// choice from the cached profile of the dataset's device (`riffle serve --mode auto`
-/// probes it at start when none is cached), LIRS when there is no profile or no plan; a
-/// two-pass read leads unless the profile says the device seeks.
-fn planned_mode(
-    asked: ServeMode,
-    ds: &crate::dataset::Dataset,
-    opts: &ReadOptions,
-    scratch: &Path,
-) -> (ServeMode, bool) {
-    let model = crate::plan::cached_device_model(&ds.files()[0].path);
-    match (asked, model) {
-        (ServeMode::Auto, None) => (ServeMode::Lirs, false),
-        (ServeMode::Auto, Some(model)) => {
-            let free = crate::probe::free_bytes(scratch).ok();
-            match crate::plan::plan(ds, opts, &model, free) {
-                Ok(p) if p.choice == crate::plan::Choice::TwoPass => (ServeMode::TwoPass, p.lead),
-                _ => (ServeMode::Lirs, false),
-            }
-        }
-        (m, model) => (m, crate::plan::lead_for(model.as_ref(), ds, opts)),
     }
 }

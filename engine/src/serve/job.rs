@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::modes::{self, BatchStream, PayloadLender, ReadOptions, SharedPass};
+use crate::modes::{self, BatchStream, Mode, PayloadLender, ReadOptions, SharedPass};
+use crate::order::{Grouping, Tail};
 use crate::source::Source;
 
 /// What makes two streams ranks of the same job.
@@ -29,13 +30,21 @@ pub(super) struct JobKey {
     pub(super) epochs: u64,
     pub(super) batch: u64,
     pub(super) world: u64,
-    pub(super) tail: String,
-    pub(super) grouping: String,
+    pub(super) tail: Tail,
+    pub(super) grouping: Grouping,
+    /// Where the job starts again: (epoch, batch).
     pub(super) resume: Option<(u64, u64)>,
     /// A global resume point inside a round of batches (see `ReadOptions::resume_start`).
     pub(super) resume_start: Option<u64>,
-    /// Two-pass, or LIRS.
-    pub(super) two_pass: bool,
+    /// The mode that runs: [`Mode::TwoPass`] or [`Mode::Lirs`].
+    pub(super) mode: Mode,
+}
+
+impl JobKey {
+    /// Whether the job's pass reads through piles.
+    fn two_pass(&self) -> bool {
+        self.mode == Mode::TwoPass
+    }
 }
 
 /// Admits a new pass: sets its memory in the options, returns what it holds until it ends
@@ -117,7 +126,7 @@ impl Jobs {
         // LIRS decides each batch as it plans it, so the pass waits a moment for the
         // world's other ranks; two-pass decides only after its scatter, unless LIRS leads
         // it (then as LIRS does).
-        let window = if key.two_pass && !opts.lead {
+        let window = if key.two_pass() && !opts.lead {
             Duration::ZERO
         } else {
             new_pass.window
@@ -132,7 +141,7 @@ impl Jobs {
             return Ok(joined);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let (src, two_pass) = (src.clone(), key.two_pass);
+        let (src, two_pass) = (src.clone(), key.two_pass());
         let start: modes::StartPass = Box::new(move |all| src.read(all, two_pass.then_some(root)));
         let on_end = new_pass.ended;
         let ended: modes::PassEnded = Box::new(move |r| {
@@ -166,7 +175,7 @@ impl Jobs {
                     "seed": k.seed,
                     "batch_size": k.batch,
                     "world": k.world,
-                    "mode": if k.two_pass { "two-pass" } else { "lirs" },
+                    "mode": k.mode.name(),
                     "ranks_joined": pass.ranks().joined(),
                 }))
             })

@@ -7,6 +7,10 @@
 //! - `state.rs`: what the daemon's threads share: its config, counters, jobs, budget;
 //! - `server.rs`: the daemon: the socket, the accept loop, shutdown;
 //! - `conn.rs`: one connection's thread: handshake, streams, flow control;
+//! - `wire.rs`: a connection's socket shared with its stream's engine thread, which
+//!   announces batches it completed in the ring;
+//! - `open.rs`: an OPEN made a read (through `crate::request`, as `riffle read` makes
+//!   its flags one), its ring and its job;
 //! - `job.rs`: the jobs whose ranks share one engine pass;
 //! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
 //! - `budget.rs`: the daemon's one memory budget, which rings and passes take from;
@@ -27,12 +31,14 @@ pub mod client;
 mod codes;
 mod conn;
 mod job;
+mod open;
 pub mod proto;
 pub mod ring;
 pub mod server;
 pub mod shm;
 mod state;
 mod telemetry;
+mod wire;
 
 pub use client::{BatchRef, Client, Stream, StreamStats};
 pub use proto::{OpenRequest, Transport, WireCursor};

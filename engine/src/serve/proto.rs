@@ -7,6 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::modes::Resume;
+use crate::order::{Grouping, Tail};
+
 /// The protocol version this build speaks.
 pub const VERSION: u32 = 2;
 
@@ -151,6 +154,42 @@ pub struct OpenRequest {
     /// Ring bytes wanted (capped by the daemon's per-client share).
     #[serde(default)]
     pub ring_bytes: Option<u64>,
+}
+
+impl OpenRequest {
+    /// The tail policy `tail` names: `partial`, `drop_last` or `pad`.
+    pub fn parse_tail(&self) -> Result<Tail, String> {
+        match self.tail.as_str() {
+            "partial" => Ok(Tail::Partial),
+            "drop_last" => Ok(Tail::DropLast),
+            "pad" => Ok(Tail::Pad),
+            t => Err(format!(
+                "unknown tail '{t}': expected partial, drop_last or pad"
+            )),
+        }
+    }
+
+    /// The grouping `grouping` names: `record`, or `page` (blocks of 4 KiB).
+    pub fn parse_grouping(&self) -> Result<Grouping, String> {
+        crate::request::parse_grouping(&self.grouping, 4096)
+    }
+
+    /// Where to resume: `resume` (this rank's cursor) or `resume_global`, not both.
+    pub fn parse_resume(&self) -> Result<Option<Resume>, String> {
+        match (self.resume, self.resume_global) {
+            (Some(_), Some(_)) => Err("give resume or resume_global, not both".into()),
+            (Some(c), None) => Ok(Some(Resume::Rank {
+                epoch: c.epoch,
+                batch: c.batch,
+                world: None,
+            })),
+            (None, Some(g)) => Ok(Some(Resume::Global {
+                epoch: g.epoch,
+                records: g.records,
+            })),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 fn one() -> u64 {

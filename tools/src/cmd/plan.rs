@@ -2,8 +2,7 @@
 //! scratch space on this device, the mode `auto` would run, and why.
 
 use anyhow::Result;
-use riffle::io::IoConfig;
-use riffle::modes::ReadOptions;
+use riffle::modes::Mode;
 use riffle::size::human_bytes;
 
 #[derive(clap::Args)]
@@ -25,32 +24,17 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.job.epochs == 0 {
-        anyhow::bail!("--epochs must be at least 1");
-    }
-    let grouping = super::read::parse_grouping(&a.job.grouping, a.job.unit)?;
+    let explained = Mode::parse_among(&a.mode, &Mode::CONTRACT).map_err(anyhow::Error::msg)?;
     let opts = a.data.options(false, false, a.job.memory)?;
     let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
-    let read_opts = ReadOptions {
-        epochs: a.job.epochs,
-        grouping,
-        memory: a.job.memory,
-        io: IoConfig {
-            depth: a.job.queue_depth.max(1),
-            ..IoConfig::default()
-        },
-        ..ReadOptions::new(a.job.batch_size)
-    };
     // A mixture is planned by its first epoch's view (what that epoch reads).
-    let ds = src.epoch_view(read_opts.seed, read_opts.first_epoch)?;
-    let scratch = super::read::scratch_dir(a.job.scratch.as_ref(), &ds);
-    let (dev, _) = super::read::device_model(&ds, a.json)?;
-    let free = riffle::probe::free_bytes(&scratch).ok();
-    let plan = riffle::plan::plan(&ds, &read_opts, &dev, free)?;
-    let explained = match a.mode.as_str() {
-        "auto" => plan.choice.name(),
-        m @ ("lirs" | "two-pass") => m,
-        other => anyhow::bail!("unknown mode '{other}': expected auto, lirs or two-pass"),
+    let job = a.job.request()?.prepare(&src)?;
+    let (dev, _) = super::read::device_model(&job.first, a.json)?;
+    let free = riffle::probe::free_bytes(&job.scratch).ok();
+    let plan = riffle::plan::plan(&job.first, &job.opts, &dev, free)?;
+    let explained = match explained {
+        Mode::Auto => plan.choice.into(),
+        m => m,
     };
     if a.json {
         println!("{}", serde_json::to_string(&plan)?);
@@ -128,7 +112,7 @@ pub fn run(a: Args) -> Result<()> {
         println!("{g}");
     }
     if a.explain {
-        explain(&plan, explained)?;
+        explain(&plan, explained.name())?;
     }
     println!(
         "{}",

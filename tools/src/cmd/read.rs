@@ -4,11 +4,14 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
 use riffle::dataset::Dataset;
 use riffle::io::IoConfig;
-use riffle::modes::{self, Baseline, Cursor, ReadOptions, Resume};
-use riffle::order::{Grouping, Split, Tail};
+use riffle::modes::{self, Cursor, Mode, ReadReport, Resume};
+use riffle::order::Tail;
+use riffle::request::{parse_grouping, ReadJob, ReadRequest};
 use riffle::size::{human_bytes, parse_size};
+use riffle::source::Source;
 use serde_json::json;
 
 use crate::progress;
@@ -123,23 +126,51 @@ pub struct Args {
     pub json: bool,
 }
 
-/// `--grouping` and `--unit` as a grouping.
-pub fn parse_grouping(name: &str, unit: u64) -> Result<Grouping> {
-    Ok(match name {
-        "record" => Grouping::Record,
-        "page" => {
-            if unit == 0 {
-                bail!("--unit must be positive");
-            }
-            Grouping::Page { unit }
-        }
-        other => bail!("unknown grouping '{other}': expected record or page"),
-    })
+impl JobArgs {
+    /// The job's shape as a request: these flags over the request's defaults.
+    pub fn request(&self) -> Result<ReadRequest> {
+        Ok(ReadRequest {
+            epochs: self.epochs,
+            memory: self.memory,
+            grouping: parse_grouping(&self.grouping, self.unit).map_err(anyhow::Error::msg)?,
+            io: IoConfig {
+                depth: self.queue_depth.max(1),
+                ..IoConfig::default()
+            },
+            scratch: self.scratch.clone(),
+            ..ReadRequest::new(self.batch_size)
+        })
+    }
 }
 
-/// Where two-pass piles go: `--scratch`, or the directory of the first data file.
-pub fn scratch_dir(given: Option<&PathBuf>, ds: &Dataset) -> PathBuf {
-    riffle::scratch::location(given.map(PathBuf::as_path), &ds.files()[0].path)
+impl Args {
+    /// The flags as a request: parsed here, once (a bad mode or grouping is a runtime
+    /// error, exit code 1, like every refusal of what the flags ask).
+    fn request(&self, throttled: bool) -> Result<ReadRequest> {
+        let job = self.job.request()?;
+        Ok(ReadRequest {
+            mode: self.mode.parse().map_err(anyhow::Error::msg)?,
+            first_epoch: self.epoch,
+            seed: self.seed,
+            rank: self.rank,
+            world: self.world,
+            tail: match (self.drop_last, self.pad) {
+                (true, _) => Tail::DropLast,
+                (_, true) => Tail::Pad,
+                _ => Tail::Partial,
+            },
+            resume: self.resume,
+            io: IoConfig {
+                throttled,
+                ..job.io
+            },
+            prefetch: self.prefetch,
+            lead: !self.no_lead,
+            buffer: self.buffer,
+            block: self.block,
+            ..job
+        })
+    }
 }
 
 /// The planner's view of the device holding the dataset: its cached profile, or a quick
@@ -165,83 +196,16 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
-    let mode = match a.mode.as_str() {
-        "auto" => "auto",
-        "lirs" => "lirs",
-        "two-pass" => "two-pass",
-        "buffer" => "buffer",
-        "bmf" => "bmf",
-        "sequential" => "sequential",
-        other => bail!(
-            "unknown mode '{other}': expected auto, lirs, two-pass, buffer, bmf or sequential"
-        ),
-    };
-    let grouping = parse_grouping(&a.job.grouping, a.job.unit)?;
-    let tail = match (a.drop_last, a.pad) {
-        (true, _) => Tail::DropLast,
-        (_, true) => Tail::Pad,
-        _ => Tail::Partial,
-    };
-    if a.job.epochs == 0 {
-        bail!("--epochs must be at least 1");
-    }
-    modes::epochs_from(a.epoch, a.job.epochs)
-        .with_context(|| format!("--epoch {} --epochs {}", a.epoch, a.job.epochs))?;
+    let req = a.request(throttled)?;
     let opts = a.data.options(false, false, a.job.memory)?;
     // A mixture (`mix:NAME=PATH*WEIGHT,...`) opens as its sources side by side; a read of
     // it reads each epoch's draws, and the first epoch's view is what the run is sized by.
     let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
-    let mixture = src.mixture().cloned();
-    if mixture.is_some() && grouping != Grouping::Record {
-        bail!("a mixture is read with --grouping record");
-    }
-    let ds = src.epoch_view(a.seed, a.epoch)?;
-    let records = src.len();
-    // The job's batches: the cursor given is resolved against them, and the one printed
-    // at the end is taken under them.
-    let split = Split::new(records, a.job.batch_size, a.rank, a.world, tail)?;
-    let (resume, resume_start) = match a.resume {
-        Some(r) => {
-            let (c, start) = r.resolve_anywhere(&split)?;
-            (Some(c), start)
-        }
-        None => (None, None),
-    };
-    let device = riffle::device::identify(&ds.files()[0].path).ok();
-    let emulated = device.and_then(|d| riffle::emulate::active(&d));
-    let mut read_opts = ReadOptions {
-        seed: a.seed,
-        first_epoch: a.epoch,
-        epochs: a.job.epochs,
-        batch: a.job.batch_size,
-        rank: a.rank,
-        world: a.world,
-        tail,
-        grouping,
-        resume,
-        resume_start,
-        io: IoConfig {
-            depth: a.job.queue_depth.max(1),
-            throttled,
-            ..IoConfig::default()
-        },
-        prefetch: a.prefetch,
-        memory: a.job.memory,
-        baseline: match mode {
-            "buffer" => Some(Baseline::Buffer {
-                size: a.buffer.max(1),
-            }),
-            "bmf" => Some(Baseline::Bmf {
-                block: a.block.max(1),
-            }),
-            "sequential" => Some(Baseline::Sequential),
-            _ => None,
-        },
-        lender: None,
-        ranks: None,
-        lead: !a.no_lead,
-    };
-    if a.labels && ds.labels().is_none() {
+    let mut job = req.prepare(&src)?;
+    let emulated = riffle::device::identify(job.device_path())
+        .ok()
+        .and_then(|d| riffle::emulate::active(&d));
+    if a.labels && job.first.labels().is_none() {
         bail!(
             "--labels: the dataset has no labels (labels come with --format files over a tree \
              of class directories)"
@@ -253,60 +217,78 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         )),
         None => None,
     };
-    let scratch = scratch_dir(a.job.scratch.as_ref(), &ds);
-    let mut plan = None;
-    let mode = if mode == "auto" {
-        let (dev, probed) = device_model(&ds, a.json)?;
-        let free = riffle::probe::free_bytes(&scratch).ok();
-        let p = riffle::plan::plan(&ds, &read_opts, &dev, free)?;
-        let chosen = if p.choice == riffle::plan::Choice::TwoPass {
-            "two-pass"
-        } else {
-            "lirs"
-        };
-        if !a.json {
-            eprintln!(
-                "auto: {chosen}{}: {}",
-                if probed { " (device just probed)" } else { "" },
-                p.reason
-            );
-        }
-        read_opts.lead = p.lead;
-        plan = Some(p);
-        chosen
+    choose_mode(&mut job, a.json)?;
+    if job.mode == Mode::TwoPass {
+        modes::twopass::check_scratch(&job.first, &job.opts, &job.scratch)?;
+    }
+    let stream = job.read(&src)?;
+    let done = deliver(stream, &job, ids_out.as_mut(), a.labels, a.json)?;
+    if let Some(mut out) = ids_out {
+        out.flush()?;
+    }
+    let forms = cursor_forms(&job, done.next)?;
+    if a.json {
+        let v = json_report(&a, &job, &src, &done, &forms, emulated)?;
+        println!("{v}");
     } else {
-        if mode == "two-pass" {
-            // A device known to seek is not led (see `DeviceModel::leads`).
-            let dev = riffle::plan::cached_device_model(&ds.files()[0].path);
-            read_opts.lead = riffle::plan::lead_for(dev.as_ref(), &ds, &read_opts);
+        print_report(&job, &src, &done, &forms);
+    }
+    Ok(())
+}
+
+/// Resolves the job's mode: for `auto`, the planner's choice on the device's profile
+/// (probed now if none is cached), announced unless the output is JSON; a two-pass read
+/// on a device known to seek is not led (see `DeviceModel::leads`).
+fn choose_mode(job: &mut ReadJob, json: bool) -> Result<()> {
+    match job.mode {
+        Mode::Auto => {
+            let (dev, probed) = device_model(&job.first, json)?;
+            job.choose(Some(&dev))?;
+            if let (false, Some(p)) = (json, &job.plan) {
+                eprintln!(
+                    "auto: {}{}: {}",
+                    job.mode,
+                    if probed { " (device just probed)" } else { "" },
+                    p.reason
+                );
+            }
         }
-        mode
-    };
-    if mixture.is_some() && !matches!(mode, "lirs" | "two-pass") {
-        bail!("a mixture is read by lirs or two-pass (--mode {mode})");
+        Mode::TwoPass => {
+            let dev = riffle::plan::cached_device_model(job.device_path());
+            job.choose(dev.as_ref())?;
+        }
+        _ => job.choose(None)?,
     }
-    // The split of the epoch a global cursor resumes in (what its batches are numbered by).
-    let resumed_split = match resume {
-        Some(c) => Some(read_opts.split_for(c.epoch, records)?),
-        None => None,
-    };
-    if mode == "two-pass" {
-        // A mixture's epoch is a view of its own size: checked as the first one.
-        let first = src.epoch_view(read_opts.seed, read_opts.first_epoch)?;
-        modes::twopass::check_scratch(&first, &read_opts, &scratch)?;
-    }
-    let stream = src.read(read_opts, (mode == "two-pass").then_some(scratch))?;
-    let bar = progress::steps(0, a.json);
+    Ok(())
+}
+
+/// What a read did, for its report.
+struct Done {
+    report: ReadReport,
+    /// Hand-off latency to the consumer's loop, microseconds.
+    handoff: Histogram<u64>,
+    /// Where a later run resumes.
+    next: Cursor,
+}
+
+/// Takes every batch of `stream`, writing its ids (with labels, if asked) to `ids_out`.
+fn deliver(
+    mut stream: modes::BatchStream,
+    job: &ReadJob,
+    mut ids_out: Option<&mut impl Write>,
+    labels: bool,
+    json: bool,
+) -> Result<Done> {
+    let bar = progress::steps(0, json);
     let mut line = String::new();
-    let mut stream = stream;
     // Hand-off latency: from the engine completing a batch (or this loop asking, if later:
     // a batch that waited for the consumer waited for it, not for the engine) to the loop
     // holding it. The daemon's clients measure the same from the batch's ready_ns.
-    let mut handoff = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)
-        .expect("histogram bounds");
+    let mut handoff =
+        Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds");
     // Where a later run resumes: after the last batch delivered, else where this one began.
-    let mut next = resume.unwrap_or(Cursor {
-        epoch: a.epoch,
+    let mut next = job.opts.resume.unwrap_or(Cursor {
+        epoch: job.opts.first_epoch,
         batch: 0,
     });
     loop {
@@ -325,7 +307,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
                     line.push(' ');
                 }
                 line.push_str(&id.to_string());
-                if a.labels {
+                if labels {
                     line.push(':');
                     line.push_str(&b.labels[i].to_string());
                 }
@@ -336,137 +318,164 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    if let Some(mut out) = ids_out {
-        out.flush()?;
-    }
-    let r = stream.report();
-    if let Some(m) = &mixture {
-        if !a.json {
-            let parts: Vec<String> = m
-                .names
-                .iter()
-                .zip(&m.counts)
-                .map(|(n, c)| format!("{n} {c}"))
-                .collect();
-            eprintln!(
-                "mixture: each epoch {} records: {}",
-                m.size(),
-                parts.join(", ")
-            );
-        }
-    }
-    // In an epoch resumed inside a round of batches, this run's batches are numbered from
-    // the resume point: its cursor is given in the global form only.
-    let resumed_here =
-        resumed_split.filter(|s| resume.is_some_and(|c| c.epoch == next.epoch) && s.start > 0);
-    let global_form = next
-        .global_form(resumed_here.as_ref().unwrap_or(&split))
-        .context("the cursor after the last batch lies past its epoch")?;
-    let rank_form = match resumed_here {
-        Some(_) => global_form.clone(),
-        None => next.rank_form(a.world),
+    Ok(Done {
+        report: stream.report(),
+        handoff,
+        next,
+    })
+}
+
+/// The cursor after the last batch in its two forms: (`E:B@W`, `E+R`). In an epoch resumed
+/// inside a round of batches, this run's batches are numbered from the resume point: its
+/// cursor is given in the global form only.
+fn cursor_forms(job: &ReadJob, next: Cursor) -> Result<(String, String)> {
+    let first_epoch = job.opts.resume.map_or(job.opts.first_epoch, |c| c.epoch);
+    let resumed_here = job.first_split.start > 0 && next.epoch == first_epoch;
+    let split = if resumed_here {
+        &job.first_split
+    } else {
+        &job.split
     };
+    let global_form = next
+        .global_form(split)
+        .context("the cursor after the last batch lies past its epoch")?;
+    let rank_form = if resumed_here {
+        global_form.clone()
+    } else {
+        next.rank_form(job.opts.world)
+    };
+    Ok((rank_form, global_form))
+}
+
+/// The report as one JSON object.
+fn json_report(
+    a: &Args,
+    job: &ReadJob,
+    src: &Source,
+    done: &Done,
+    (rank_form, global_form): &(String, String),
+    emulated: Option<riffle::emulate::DeviceClass>,
+) -> Result<serde_json::Value> {
+    let (r, next, handoff) = (&done.report, done.next, &done.handoff);
+    let mut v = serde_json::to_value(r)?;
+    v["mode"] = job.mode.name().into();
+    v["records_per_s"] = (r.records as f64 / r.seconds).into();
+    v["bytes_per_s"] = (r.bytes as f64 / r.seconds).into();
+    v["iops"] = (r.read_ops as f64 / r.seconds).into();
+    v["handoff_latency_us"] = json!({
+        "p50": handoff.value_at_quantile(0.5),
+        "p99": handoff.value_at_quantile(0.99),
+        "max": handoff.max(),
+    });
+    v["dataset_records"] = src.len().into();
+    v["seed"] = a.seed.into();
+    v["epochs"] = a.job.epochs.into();
+    v["emulated"] = serde_json::to_value(emulated)?;
+    if let Some(m) = src.mixture() {
+        v["mixture"] = json!({
+            "records_per_epoch": m.size(),
+            "sources": m.names.iter().enumerate().map(|(i, n)| json!({
+                "name": n,
+                "records": m.starts[i + 1] - m.starts[i],
+                "first_id": m.starts[i],
+                "per_epoch": m.counts[i],
+            })).collect::<Vec<_>>(),
+        });
+    }
+    v["cursor"] = json!({
+        "epoch": next.epoch,
+        "batch": next.batch,
+        "world": a.world,
+        "batch_size": a.job.batch_size,
+        "resume": rank_form,
+        "resume_global": global_form,
+    });
+    if let Some(p) = &job.plan {
+        let c = p.chosen();
+        v["plan"] = json!({
+            "choice": p.choice.name(),
+            "reason": p.reason,
+            "predicted_first_epoch_s": c.first_epoch_s,
+            "predicted_first_batch_s": c.first_batch_s,
+            "lead": p.lead,
+            "predicted_later_epoch_s": c.later_epoch_s,
+            "predicted_total_s": c.total_s,
+            "measured_total_s": r.seconds,
+            "predicted_over_measured": c.total_s / r.seconds.max(1e-9),
+            "page_gain": p.page_gain,
+            "candidates": p.candidates,
+        });
+    }
+    Ok(v)
+}
+
+/// The report as text.
+fn print_report(
+    job: &ReadJob,
+    src: &Source,
+    done: &Done,
+    (rank_form, global_form): &(String, String),
+) {
+    let (r, handoff) = (&done.report, &done.handoff);
+    if let Some(m) = src.mixture() {
+        let parts: Vec<String> = m
+            .names
+            .iter()
+            .zip(&m.counts)
+            .map(|(n, c)| format!("{n} {c}"))
+            .collect();
+        eprintln!(
+            "mixture: each epoch {} records: {}",
+            m.size(),
+            parts.join(", ")
+        );
+    }
     let iops = r.read_ops as f64 / r.seconds;
     let rps = r.records as f64 / r.seconds;
     let bps = r.bytes as f64 / r.seconds;
-    if a.json {
-        let mut v = serde_json::to_value(&r)?;
-        v["mode"] = mode.into();
-        v["records_per_s"] = rps.into();
-        v["bytes_per_s"] = bps.into();
-        v["iops"] = iops.into();
-        v["handoff_latency_us"] = json!({
-            "p50": handoff.value_at_quantile(0.5),
-            "p99": handoff.value_at_quantile(0.99),
-            "max": handoff.max(),
-        });
-        v["dataset_records"] = records.into();
-        v["seed"] = a.seed.into();
-        v["epochs"] = a.job.epochs.into();
-        v["emulated"] = serde_json::to_value(emulated)?;
-        if let Some(m) = &mixture {
-            v["mixture"] = json!({
-                "records_per_epoch": m.size(),
-                "sources": m.names.iter().enumerate().map(|(i, n)| json!({
-                    "name": n,
-                    "records": m.starts[i + 1] - m.starts[i],
-                    "first_id": m.starts[i],
-                    "per_epoch": m.counts[i],
-                })).collect::<Vec<_>>(),
-            });
-        }
-        v["cursor"] = json!({
-            "epoch": next.epoch,
-            "batch": next.batch,
-            "world": a.world,
-            "batch_size": a.job.batch_size,
-            "resume": rank_form,
-            "resume_global": global_form,
-        });
-        if let Some(p) = &plan {
-            let c = p.chosen();
-            v["plan"] = json!({
-                "choice": p.choice.name(),
-                "reason": p.reason,
-                "predicted_first_epoch_s": c.first_epoch_s,
-                "predicted_first_batch_s": c.first_batch_s,
-                "lead": p.lead,
-                "predicted_later_epoch_s": c.later_epoch_s,
-                "predicted_total_s": c.total_s,
-                "measured_total_s": r.seconds,
-                "predicted_over_measured": c.total_s / r.seconds.max(1e-9),
-                "page_gain": p.page_gain,
-                "candidates": p.candidates,
-            });
-        }
-        println!("{v}");
-    } else {
-        println!(
-            "{mode} ({} grouping{}): {} batches, {} records, {} in {:.2} s",
-            r.grouping,
-            if r.grouping == "page" {
-                format!(", {:.1} records per unit", r.records_per_unit)
-            } else {
-                String::new()
-            },
-            r.batches,
-            r.records,
-            human_bytes(r.bytes as f64),
-            r.seconds
-        );
-        println!(
-            "  {rps:.0} records/s, {}/s, {iops:.0} reads/s at QD {} ({}, {})",
-            human_bytes(bps),
-            r.queue_depth,
-            r.backend,
-            if r.direct { "O_DIRECT" } else { "buffered" }
-        );
-        println!(
-            "  batch latency p50 {} us, p99 {} us, max {} us; hand-off to this loop p50 {} us, p99 {} us",
-            r.batch_latency_us.p50,
-            r.batch_latency_us.p99,
-            r.batch_latency_us.max,
-            handoff.value_at_quantile(0.5),
-            handoff.value_at_quantile(0.99)
-        );
-        let held = if r.mode == "two-pass" {
-            format!("piles {}", human_bytes(r.pile_bytes as f64))
+    println!(
+        "{} ({} grouping{}): {} batches, {} records, {} in {:.2} s",
+        job.mode,
+        r.grouping,
+        if r.grouping == "page" {
+            format!(", {:.1} records per unit", r.records_per_unit)
         } else {
-            format!("table {}", human_bytes(r.table_bytes as f64))
-        };
-        println!(
-            "  memory {} ({held}, units {}, index {}, buffers {}, read-ahead {})",
-            human_bytes(r.memory_bytes as f64),
-            human_bytes(r.units_bytes as f64),
-            human_bytes(r.index_bytes as f64),
-            human_bytes(r.buffer_bytes as f64),
-            human_bytes(r.prefetch_bytes as f64)
-        );
-        println!(
-            "  resume after this run: --resume {rank_form} (any world: --resume {global_form})"
-        );
-    }
-    Ok(())
+            String::new()
+        },
+        r.batches,
+        r.records,
+        human_bytes(r.bytes as f64),
+        r.seconds
+    );
+    println!(
+        "  {rps:.0} records/s, {}/s, {iops:.0} reads/s at QD {} ({}, {})",
+        human_bytes(bps),
+        r.queue_depth,
+        r.backend,
+        if r.direct { "O_DIRECT" } else { "buffered" }
+    );
+    println!(
+        "  batch latency p50 {} us, p99 {} us, max {} us; hand-off to this loop p50 {} us, p99 {} us",
+        r.batch_latency_us.p50,
+        r.batch_latency_us.p99,
+        r.batch_latency_us.max,
+        handoff.value_at_quantile(0.5),
+        handoff.value_at_quantile(0.99)
+    );
+    let held = if job.mode == Mode::TwoPass {
+        format!("piles {}", human_bytes(r.pile_bytes as f64))
+    } else {
+        format!("table {}", human_bytes(r.table_bytes as f64))
+    };
+    println!(
+        "  memory {} ({held}, units {}, index {}, buffers {}, read-ahead {})",
+        human_bytes(r.memory_bytes as f64),
+        human_bytes(r.units_bytes as f64),
+        human_bytes(r.index_bytes as f64),
+        human_bytes(r.buffer_bytes as f64),
+        human_bytes(r.prefetch_bytes as f64)
+    );
+    println!("  resume after this run: --resume {rank_form} (any world: --resume {global_form})");
 }
 
 fn parse_prefetch(s: &str) -> Result<usize, String> {

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::{SigSet, Signal};
 use riffle::dataset::OpenOptions;
 use riffle::format::Format;
-use riffle::serve::{ServeConfig, ServeMode, Server, Shutdown};
+use riffle::serve::{ServeConfig, ServeMode, Server};
 use riffle::size::{human_bytes, parse_size};
 use riffle::source::Source;
 
@@ -129,6 +129,40 @@ fn spec_of(path: &str) -> Result<riffle::source::DatasetSpec, String> {
     riffle::source::DatasetSpec::parse(&[path]).map_err(|e| e.to_string())
 }
 
+/// The datasets the daemon serves, opened (their size statistics worked out now rather
+/// than on the first client's open), each device profiled when the planner will want it,
+/// and scratch left by an earlier daemon removed.
+fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
+    let mut datasets: Vec<(String, Source)> = Vec::new();
+    for d in &a.datasets {
+        if datasets.iter().any(|(n, _)| n == &d.name) {
+            bail!("dataset '{}' is configured twice", d.name);
+        }
+        let opts = OpenOptions {
+            format: d.format.clone(),
+            ..OpenOptions::default()
+        };
+        let src = (d.spec.open(&opts, &mut |_, _, _| {}))
+            .with_context(|| format!("dataset '{}'", d.name))?;
+        let _ = src.dataset().size_stats();
+        if mode == ServeMode::Auto {
+            // The planner reads the device's cached profile when a stream opens.
+            super::read::device_model(src.dataset(), false)
+                .with_context(|| format!("dataset '{}': profiling its device", d.name))?;
+        }
+        // Scratch of an earlier daemon that was killed (SIGKILL, a crash) goes now, not
+        // when the first two-pass stream opens.
+        if let Some(first) = src.dataset().files().first() {
+            riffle::scratch::reclaim(&riffle::scratch::location(
+                a.scratch.as_deref(),
+                &first.path,
+            ));
+        }
+        datasets.push((d.name.clone(), src));
+    }
+    Ok(datasets)
+}
+
 fn parse_mode(s: &str) -> Result<u32, String> {
     u32::from_str_radix(s, 8)
         .ok()
@@ -145,12 +179,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     }
     signals.thread_block().context("blocking SIGTERM")?;
 
-    let mode = match a.mode.as_str() {
-        "auto" => ServeMode::Auto,
-        "lirs" => ServeMode::Lirs,
-        "two-pass" => ServeMode::TwoPass,
-        other => bail!("unknown mode '{other}': expected auto, lirs or two-pass"),
-    };
+    let mode: ServeMode = a.mode.parse().map_err(anyhow::Error::msg)?;
     let datasets = open_datasets(&a, mode)?;
     let names: Vec<String> = datasets
         .iter()
@@ -174,90 +203,26 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     })?;
     let stop = server.shutdown_handle();
     if a.stats_every > 0 {
-        spawn_stats(stop.clone(), a.stats_every)?;
+        let (handle, every) = (stop.clone(), std::time::Duration::from_secs(a.stats_every));
+        std::thread::Builder::new()
+            .name("riffle-stats".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                let s = handle.stats();
+                let line = serde_json::json!({
+                    "uptime_s": s["uptime_s"],
+                    "clients": s["clients"],
+                    "streams_now": s["streams_now"],
+                    "jobs_now": s["jobs_now"],
+                    "batches": s["batches"],
+                    "records_per_s": s["records_per_s"],
+                    "memory_used": s["memory_used"],
+                    "memory_limit": s["memory_limit"],
+                    "job_waits": s["job_waits"],
+                });
+                eprintln!("riffle serve stats: {line}");
+            })?;
     }
-    spawn_signal_waiter(signals, stop)?;
-    eprintln!(
-        "riffle serve: listening on {} (mode {:o}), {} ring memory per client; serving {}",
-        a.socket.display(),
-        a.socket_mode,
-        human_bytes(server.ring_share() as f64),
-        names.join(", ")
-    );
-    let result = server.run();
-    // Streams still winding down have their scratch removed now: the process is ending.
-    let (entries, bytes) = riffle::scratch::remove_live();
-    if entries > 0 {
-        eprintln!(
-            "riffle serve: removed the scratch of {entries} stream(s) ({})",
-            human_bytes(bytes as f64)
-        );
-    }
-    result?;
-    eprintln!("riffle serve: stopped");
-    Ok(())
-}
-
-/// Opens the datasets of `a` (profiling their devices when `mode` is auto, and reclaiming
-/// the scratch a killed daemon left), by name.
-fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
-    let mut datasets = Vec::new();
-    for d in &a.datasets {
-        if datasets.iter().any(|(n, _)| n == &d.name) {
-            bail!("dataset '{}' is configured twice", d.name);
-        }
-        let opts = OpenOptions {
-            format: d.format.clone(),
-            ..OpenOptions::default()
-        };
-        let src = (d.spec.open(&opts, &mut |_, _, _| {}))
-            .with_context(|| format!("dataset '{}'", d.name))?;
-        // Worked out now rather than on the first client's open.
-        let _ = src.dataset().size_stats();
-        if mode == ServeMode::Auto {
-            // The planner reads the device's cached profile when a stream opens.
-            super::read::device_model(src.dataset(), false)
-                .with_context(|| format!("dataset '{}': profiling its device", d.name))?;
-        }
-        // Scratch of an earlier daemon that was killed (SIGKILL, a crash) goes now, not
-        // when the first two-pass stream opens.
-        if let Some(first) = src.dataset().files().first() {
-            riffle::scratch::reclaim(&riffle::scratch::location(
-                a.scratch.as_deref(),
-                &first.path,
-            ));
-        }
-        datasets.push((d.name.clone(), src));
-    }
-    Ok(datasets)
-}
-
-/// Prints one JSON line of the daemon's figures on stderr every `every_secs` seconds.
-fn spawn_stats(handle: Shutdown, every_secs: u64) -> Result<()> {
-    let every = std::time::Duration::from_secs(every_secs);
-    std::thread::Builder::new()
-        .name("riffle-stats".into())
-        .spawn(move || loop {
-            std::thread::sleep(every);
-            let s = handle.stats();
-            let line = serde_json::json!({
-                "uptime_s": s["uptime_s"],
-                "clients": s["clients"],
-                "streams_now": s["streams_now"],
-                "jobs_now": s["jobs_now"],
-                "batches": s["batches"],
-                "records_per_s": s["records_per_s"],
-                "memory_used": s["memory_used"],
-                "memory_limit": s["memory_limit"],
-                "job_waits": s["job_waits"],
-            });
-            eprintln!("riffle serve stats: {line}");
-        })?;
-    Ok(())
-}
-
-/// Takes the stop signals (blocked in every thread) on a thread of its own.
-fn spawn_signal_waiter(signals: SigSet, stop: Shutdown) -> Result<()> {
     std::thread::Builder::new()
         .name("riffle-signals".into())
         .spawn(move || {
@@ -281,6 +246,24 @@ fn spawn_signal_waiter(signals: SigSet, stop: Shutdown) -> Result<()> {
             }
         })
         .context("starting the signal thread")?;
+    eprintln!(
+        "riffle serve: listening on {} (mode {:o}), {} ring memory per client; serving {}",
+        a.socket.display(),
+        a.socket_mode,
+        human_bytes(server.ring_share() as f64),
+        names.join(", ")
+    );
+    let result = server.run();
+    // Streams still winding down have their scratch removed now: the process is ending.
+    let (entries, bytes) = riffle::scratch::remove_live();
+    if entries > 0 {
+        eprintln!(
+            "riffle serve: removed the scratch of {entries} stream(s) ({})",
+            human_bytes(bytes as f64)
+        );
+    }
+    result?;
+    eprintln!("riffle serve: stopped");
     Ok(())
 }
 

@@ -1,0 +1,231 @@
+//! A read as a caller asks for it, and the one translation of it into [`ReadOptions`]
+//! that `riffle read`, `riffle plan` and the daemon's OPEN share.
+//!
+//! Each edge parses what its user typed (flags, the OPEN request's fields) into a
+//! [`ReadRequest`] of typed values; [`ReadRequest::prepare`] checks it against the source
+//! it reads and builds the options, the job's splits and the scratch location;
+//! [`ReadJob::choose`] resolves `auto` to the planner's choice and decides whether a
+//! two-pass read leads with LIRS. Nothing past this point sees a mode, tail or grouping
+//! as a string.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::dataset::Dataset;
+use crate::io::IoConfig;
+use crate::modes::{epochs_from, BatchStream, Mode, ReadOptions, Resume};
+use crate::order::{Grouping, Split, Tail};
+use crate::plan::{DeviceModel, Plan};
+use crate::source::Source;
+use crate::{Error, Result};
+
+/// What to read, as typed values. Messages about it name the CLI's flags (`--epochs`);
+/// the daemon words them as its request's fields.
+#[derive(Clone, Debug)]
+pub struct ReadRequest {
+    /// How to read (`auto` until [`ReadJob::choose`] resolves it).
+    pub mode: Mode,
+    /// Records per batch.
+    pub batch: u64,
+    /// The first epoch.
+    pub first_epoch: u64,
+    /// Epochs to read (at least one).
+    pub epochs: u64,
+    /// Seed of the order.
+    pub seed: u64,
+    /// This rank.
+    pub rank: u64,
+    /// Ranks in all.
+    pub world: u64,
+    /// What becomes of the records that do not fill a last round of batches.
+    pub tail: Tail,
+    /// How records are grouped into shuffling units.
+    pub grouping: Grouping,
+    /// Where to start again, resolved against the job's batches.
+    pub resume: Option<Resume>,
+    /// I/O (queue depth = `io.depth`).
+    pub io: IoConfig,
+    /// Batches read ahead of the consumer.
+    pub prefetch: usize,
+    /// Hard ceiling on engine-owned memory, if any.
+    pub memory: Option<u64>,
+    /// Two-pass: lead with LIRS (unless the device seeks: see [`ReadJob::choose`]).
+    pub lead: bool,
+    /// [`Mode::Buffer`]: the shuffle buffer's capacity in records.
+    pub buffer: u64,
+    /// [`Mode::Bmf`]: records per block.
+    pub block: u64,
+    /// Two-pass: where the piles go (`None`: the directory of the first data file).
+    pub scratch: Option<PathBuf>,
+}
+
+impl ReadRequest {
+    /// One epoch of `batch`-record batches from epoch 0, `auto`, seed 0, one rank,
+    /// record grouping, the defaults of `riffle read`.
+    pub fn new(batch: u64) -> ReadRequest {
+        let o = ReadOptions::new(batch);
+        ReadRequest {
+            mode: Mode::Auto,
+            batch,
+            first_epoch: o.first_epoch,
+            epochs: o.epochs,
+            seed: o.seed,
+            rank: o.rank,
+            world: o.world,
+            tail: o.tail,
+            grouping: o.grouping,
+            resume: None,
+            io: o.io,
+            prefetch: o.prefetch,
+            memory: o.memory,
+            lead: o.lead,
+            buffer: 10_000,
+            block: 4096,
+            scratch: None,
+        }
+    }
+
+    /// Checks the request against `src` before anything is read (the epochs, what a
+    /// mixture may be read with, the split of batches over ranks, the resume cursor) and
+    /// translates it. The mode is as asked until [`ReadJob::choose`].
+    pub fn prepare(&self, src: &Source) -> Result<ReadJob> {
+        if self.epochs == 0 {
+            return Err(Error::Invalid("--epochs must be at least 1".into()));
+        }
+        epochs_from(self.first_epoch, self.epochs).map_err(|e| {
+            Error::Invalid(format!(
+                "--epoch {} --epochs {}: {e}",
+                self.first_epoch, self.epochs
+            ))
+        })?;
+        if src.mixture().is_some() {
+            if self.grouping != Grouping::Record {
+                return Err(Error::Invalid(
+                    "a mixture is read with --grouping record".into(),
+                ));
+            }
+            if self.mode.is_baseline() {
+                return Err(Error::Invalid(format!(
+                    "a mixture is read by lirs or two-pass (--mode {})",
+                    self.mode
+                )));
+            }
+        }
+        // A mixture's epoch is a view of its draws: the first one sizes the read.
+        let first = src.epoch_view(self.seed, self.first_epoch)?;
+        // The job's batches: a cursor given is resolved against them.
+        let split = Split::new(first.len(), self.batch, self.rank, self.world, self.tail)?;
+        let (resume, start) = match self.resume {
+            Some(r) => {
+                let (c, start) = r.resolve_anywhere(&split)?;
+                (Some(c), start)
+            }
+            None => (None, None),
+        };
+        let opts = ReadOptions {
+            seed: self.seed,
+            grouping: self.grouping,
+            io: self.io.clone(),
+            prefetch: self.prefetch,
+            memory: self.memory,
+            baseline: self.mode.baseline(self.buffer, self.block),
+            lead: self.lead,
+            ..ReadOptions::new(self.batch)
+        }
+        .with_epochs(self.first_epoch, self.epochs)
+        .with_rank(self.rank, self.world, self.tail)
+        .with_resume(resume, start);
+        opts.epoch_range()?;
+        let first_split =
+            opts.split_for(resume.map_or(self.first_epoch, |c| c.epoch), first.len())?;
+        let scratch = crate::scratch::location(self.scratch.as_deref(), &first.files()[0].path);
+        Ok(ReadJob {
+            mode: self.mode,
+            opts,
+            first,
+            split,
+            first_split,
+            scratch,
+            plan: None,
+        })
+    }
+}
+
+/// A request checked against its source: the options to read it with and what the
+/// callers report of it.
+pub struct ReadJob {
+    /// The mode: as asked, then (after [`ReadJob::choose`]) the one that runs, never `auto`.
+    pub mode: Mode,
+    /// The options.
+    pub opts: ReadOptions,
+    /// What the first epoch reads (the dataset, or a mixture's view of that epoch's draws):
+    /// the planner and the budgets size the read by it.
+    pub first: Arc<Dataset>,
+    /// The job's batches in a whole epoch: a cursor given is resolved against them, and
+    /// one printed after the read is taken under them.
+    pub split: Split,
+    /// The batches of the first epoch read: resumed from a global cursor inside a round
+    /// of batches (then numbered from there), or `split`.
+    pub first_split: Split,
+    /// Where two-pass piles go (a private directory is made there).
+    pub scratch: PathBuf,
+    /// The planner's plan, when it chose the mode.
+    pub plan: Option<Plan>,
+}
+
+impl ReadJob {
+    /// Resolves the mode with the planner's view of the dataset's device, if there is
+    /// one: `auto` becomes the planner's choice (LIRS, not led, without a device model),
+    /// and a two-pass read leads with LIRS as asked unless the device seeks. Fails only
+    /// when the planner does, leaving the job as it was.
+    pub fn choose(&mut self, model: Option<&DeviceModel>) -> Result<()> {
+        match (self.mode, model) {
+            (Mode::Auto, None) => {
+                self.mode = Mode::Lirs;
+                self.opts.lead = false;
+            }
+            (Mode::Auto, Some(model)) => {
+                let free = crate::probe::free_bytes(&self.scratch).ok();
+                let p = crate::plan::plan(&self.first, &self.opts, model, free)?;
+                self.mode = p.choice.into();
+                self.opts.lead = p.lead;
+                self.plan = Some(p);
+            }
+            (Mode::TwoPass, model) => {
+                self.opts.lead = crate::plan::lead_for(model, &self.first, &self.opts);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Where the piles go if the mode reads through them (two-pass), else `None`.
+    pub fn piles(&self) -> Option<PathBuf> {
+        (self.mode == Mode::TwoPass).then(|| self.scratch.clone())
+    }
+
+    /// Starts reading `src` (the source the job was prepared against) with the options.
+    pub fn read(&self, src: &Source) -> Result<BatchStream> {
+        src.read(self.opts.clone(), self.piles())
+    }
+
+    /// The device the planner would model: the dataset's first file's.
+    pub fn device_path(&self) -> &Path {
+        &self.first.files()[0].path
+    }
+}
+
+/// `record`, or `page` with blocks of `unit` bytes: a grouping as users name it.
+pub fn parse_grouping(name: &str, unit: u64) -> std::result::Result<Grouping, String> {
+    match name {
+        "record" => Ok(Grouping::Record),
+        "page" if unit == 0 => Err("--unit must be positive".into()),
+        "page" => Ok(Grouping::Page { unit }),
+        other => Err(format!(
+            "unknown grouping '{other}': expected record or page"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;

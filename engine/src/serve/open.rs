@@ -1,0 +1,281 @@
+//! What an OPEN asks for, made a read: its fields parsed into a [`ReadRequest`] (the one
+//! translation into engine options, shared with `riffle read`), the mode resolved from
+//! the cached profile of the dataset's device, the largest batch the stream may carry,
+//! its ring, and the key of the job its ranks share.
+
+use std::sync::Arc;
+
+use super::budget::Grant;
+use super::job::JobKey;
+use super::proto::{OpenRequest, Opened, Transport};
+use super::ring::ALIGN;
+use super::shm::SharedRing;
+use super::state::{ServeConfig, ServeMode, Shared};
+use crate::dataset::Dataset;
+use crate::io::IoConfig;
+use crate::modes::Mode;
+use crate::request::{ReadJob, ReadRequest};
+use crate::source::Source;
+
+/// Why an OPEN is refused: the error code, and the message.
+pub(super) type Refusal = (&'static str, String);
+
+/// Most batches a stream sends before it needs an ack.
+pub(super) const MAX_CREDITS: u32 = 16;
+
+impl From<ServeMode> for Mode {
+    fn from(m: ServeMode) -> Mode {
+        match m {
+            ServeMode::Lirs => Mode::Lirs,
+            ServeMode::TwoPass => Mode::TwoPass,
+            ServeMode::Auto => Mode::Auto,
+        }
+    }
+}
+
+impl TryFrom<Mode> for ServeMode {
+    type Error = String;
+    /// The daemon serves the contract's modes and `auto`, not the baselines.
+    fn try_from(m: Mode) -> Result<ServeMode, String> {
+        match m {
+            Mode::Lirs => Ok(ServeMode::Lirs),
+            Mode::TwoPass => Ok(ServeMode::TwoPass),
+            Mode::Auto => Ok(ServeMode::Auto),
+            other => Err(format!(
+                "the daemon serves the order contract: mode {other} is a baseline"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for ServeMode {
+    type Err = String;
+    /// `auto`, `lirs` or `two-pass`.
+    fn from_str(s: &str) -> Result<ServeMode, String> {
+        Mode::parse_among(s, &Mode::CONTRACT)?.try_into()
+    }
+}
+
+/// A message of the engine's, which names the CLI's flags, in the words of the request
+/// a client sends: its fields.
+fn wire_words(message: &str) -> String {
+    message
+        .replace(
+            "choose --drop-last or --pad",
+            "set tail to drop_last or pad",
+        )
+        .replace("--resume ", "resume ")
+        .replace("--grouping ", "grouping ")
+        .replace("--epochs ", "epochs ")
+        .replace("--epoch ", "epoch ")
+}
+
+/// What an OPEN asks for, read as the daemon reads: its mode, queue depth and lead.
+fn request(req: &OpenRequest, cfg: &ServeConfig) -> Result<ReadRequest, String> {
+    Ok(ReadRequest {
+        mode: cfg.mode.into(),
+        first_epoch: req.epoch,
+        epochs: req.epochs,
+        seed: req.seed,
+        rank: req.rank,
+        world: req.world,
+        tail: req.parse_tail()?,
+        grouping: req.parse_grouping()?,
+        resume: req.parse_resume()?,
+        io: IoConfig {
+            depth: cfg.queue_depth.max(1),
+            throttled: cfg.throttled,
+            ..IoConfig::default()
+        },
+        // The ring is the read-ahead the client sees; the engine keeps four more (two left
+        // the pile pass's bursts at pile boundaries waiting on the channel).
+        prefetch: 4,
+        memory: None,
+        lead: cfg.lead,
+        scratch: cfg.scratch.clone(),
+        ..ReadRequest::new(req.batch_size)
+    })
+}
+
+/// The dataset an OPEN names, or `unknown_dataset` with the names served.
+pub(super) fn dataset<'a>(cfg: &'a ServeConfig, name: &str) -> Result<&'a Source, Refusal> {
+    if let Some((_, src)) = cfg.datasets.iter().find(|(n, _)| n == name) {
+        return Ok(src);
+    }
+    let names: Vec<&str> = cfg.datasets.iter().map(|(n, _)| n.as_str()).collect();
+    Err((
+        "unknown_dataset",
+        format!(
+            "unknown dataset '{name}': this daemon serves {}",
+            names.join(", ")
+        ),
+    ))
+}
+
+/// The read an OPEN asks of `src`, checked (`bad_request` otherwise) and its mode
+/// resolved: for `auto`, the planner's choice from the cached profile of the dataset's
+/// device (`riffle serve --mode auto` probes it at start when none is cached), LIRS when
+/// there is no profile or no plan; a two-pass read leads unless the profile says the
+/// device seeks.
+pub(super) fn prepare(
+    req: &OpenRequest,
+    src: &Source,
+    cfg: &ServeConfig,
+) -> Result<ReadJob, Refusal> {
+    let bad = |m: String| ("bad_request", wire_words(&m));
+    let mut job = (request(req, cfg).map_err(bad)?)
+        .prepare(src)
+        .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
+    let model = crate::plan::cached_device_model(job.device_path());
+    if job.choose(model.as_ref()).is_err() {
+        // No plan: read as without a profile.
+        job.mode = Mode::Lirs;
+        job.opts.lead = false;
+    }
+    Ok(job)
+}
+
+/// The most bytes a batch of `batch` records of `ds` may take in a ring: room for several
+/// of them is made within a client's `share`. Refused (`too_large`) when one alone is
+/// more than the share: up front rather than failing mid-stream, and so a request can
+/// never make the daemon assemble batches larger than a client's share of the memory.
+pub(super) fn largest_batch(batch: u64, ds: &Dataset, share: u64) -> Result<u64, Refusal> {
+    let max_record = ds.size_stats().max;
+    let largest = batch
+        .saturating_mul(max_record)
+        // ids, offsets, labels and sources: 24 bytes a record.
+        .saturating_add(batch.saturating_mul(24))
+        .saturating_add(8 + 2 * ALIGN);
+    if largest > share {
+        return Err((
+            "too_large",
+            format!(
+                "batches of {batch} records may need {largest} bytes (the longest record is \
+                 {max_record} bytes), more than each client's ring share of {share} bytes \
+                 (--memory / --max-clients): ask for smaller batches, or start the daemon \
+                 with more --memory"
+            ),
+        ));
+    }
+    Ok(largest)
+}
+
+/// A stream's ring (shared memory), its credits, and the memory it holds; no ring and
+/// four credits inline.
+pub(super) type Ring = (Option<Arc<SharedRing>>, u32, Option<Grant>);
+
+/// Makes the ring of a stream of batches of at most `largest` bytes: room for the
+/// batches the client may hold (its credits) and those the engine is assembling in the
+/// ring or has queued, so that the engine is rarely refused a region (and the batch then
+/// copied); less when the daemon's memory is short, down to one largest batch.
+pub(super) fn ring(shared: &Shared, req: &OpenRequest, largest: u64) -> Result<Ring, Refusal> {
+    if req.transport == Transport::Inline {
+        return Ok((None, 4, None));
+    }
+    let want = req
+        .ring_bytes
+        .unwrap_or_else(|| largest.saturating_mul(MAX_CREDITS as u64 + 8).max(4 << 20));
+    let want = want.min(shared.ring_share()).max(largest).div_ceil(4096) * 4096;
+    let least = largest.div_ceil(4096) * 4096;
+    let grant = (shared.budget)
+        .take(
+            "this stream's ring",
+            shared.cfg.admit_wait,
+            &shared.stopping,
+            |free| {
+                let fits = want.min(free / 4096 * 4096);
+                if fits >= least {
+                    Ok(fits)
+                } else {
+                    Err(least)
+                }
+            },
+        )
+        .map_err(|m| ("busy", m))?;
+    let ring = SharedRing::new(&format!("riffle-{}", req.dataset), grant.bytes())
+        .map_err(|e| ("shm", e.to_string()))?;
+    Ok((Some(ring), MAX_CREDITS, Some(grant)))
+}
+
+/// What makes the streams of `req` ranks of one job, read by `job`.
+pub(super) fn job_key(req: &OpenRequest, job: &ReadJob) -> JobKey {
+    let o = &job.opts;
+    JobKey {
+        dataset: req.dataset.clone(),
+        seed: o.seed,
+        first_epoch: o.first_epoch,
+        epochs: o.epochs,
+        batch: o.batch,
+        world: o.world,
+        tail: o.tail,
+        grouping: o.grouping,
+        resume: o.resume.map(|c| (c.epoch, c.batch)),
+        resume_start: o.resume_start,
+        mode: job.mode,
+    }
+}
+
+/// OPENED for a stream of `job` over `src`: the stream's shape and the cursor arithmetic
+/// the client needs. How it travels (ring, credits) and which pass serves it are the
+/// caller's to fill in.
+pub(super) fn opened(req: &OpenRequest, src: &Source, job: &ReadJob, largest: u64) -> Opened {
+    let (ds, split, first) = (&job.first, &job.split, &job.first_split);
+    Opened {
+        records: ds.len(),
+        batches_per_epoch: split.batches(),
+        transport: req.transport,
+        ring_bytes: 0,
+        credits: 0,
+        max_batch_bytes: largest,
+        mode: job.mode.name().into(),
+        pass: String::new(),
+        job: None,
+        stream: None,
+        format: ds.format().name().into(),
+        columns: ds.columns().to_vec(),
+        classes: ds.classes().to_vec(),
+        sources: src.mixture().map(|m| m.names.clone()).unwrap_or_default(),
+        start: first.start,
+        start_end: first.end(),
+        round: split.round(),
+        epoch_end: split.end(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_daemon_serves_the_contract_modes_by_name() {
+        for m in Mode::CONTRACT {
+            let served: ServeMode = m.name().parse().unwrap();
+            assert_eq!(Mode::from(served), m);
+        }
+        assert_eq!(
+            "bmf".parse::<ServeMode>(),
+            Err("unknown mode 'bmf': expected auto, lirs or two-pass".into())
+        );
+        assert!(ServeMode::try_from(Mode::Sequential).is_err());
+    }
+
+    #[test]
+    fn engine_messages_name_the_request_fields() {
+        assert_eq!(
+            wire_words("10 records do not split evenly ...: choose --drop-last or --pad"),
+            "10 records do not split evenly ...: set tail to drop_last or pad"
+        );
+        assert_eq!(
+            wire_words("--epochs must be at least 1"),
+            "epochs must be at least 1"
+        );
+        assert_eq!(
+            wire_words("--resume 0+5: record 5 is past the end"),
+            "resume 0+5: record 5 is past the end"
+        );
+        assert_eq!(
+            wire_words("--epoch 3 --epochs 2: run past"),
+            "epoch 3 epochs 2: run past"
+        );
+    }
+}
