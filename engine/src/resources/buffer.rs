@@ -105,12 +105,7 @@ impl BufferPlan {
     /// Every figure of the plan, with its reason.
     pub(super) fn figures(&self, d: &Demand) -> Figures {
         let mut f = Figures(Vec::new());
-        f.push(
-            "offset_index",
-            Kind::Memory,
-            d.index_bytes,
-            "one u64 per record of variable-length files (0 for fixed-size records)".into(),
-        );
+        f.offset_index(d);
         f.push(
             "scan_reads",
             Kind::Memory,

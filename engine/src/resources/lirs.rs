@@ -144,24 +144,8 @@ impl LirsPlan {
                 }
             ),
         );
-        f.push(
-            "unit_table",
-            Kind::Memory,
-            d.units_bytes,
-            match d.grouping {
-                Grouping::Record => "record grouping: one record per unit, no table".into(),
-                Grouping::Page { unit } => format!(
-                    "page grouping: the first record of each {} block",
-                    human_bytes(unit as f64)
-                ),
-            },
-        );
-        f.push(
-            "offset_index",
-            Kind::Memory,
-            d.index_bytes,
-            "one u64 per record of variable-length files (0 for fixed-size records)".into(),
-        );
+        f.unit_table(d);
+        f.offset_index(d);
         f.push(
             "io_buffers",
             Kind::Memory,

@@ -250,6 +250,28 @@ impl Figures {
             reason,
         });
     }
+
+    /// The offset index every mode holds.
+    fn offset_index(&mut self, d: &Demand) {
+        self.push(
+            "offset_index",
+            Kind::Memory,
+            d.index_bytes,
+            "one u64 per record of variable-length files (0 for fixed-size records)".into(),
+        );
+    }
+
+    /// The unit table of page grouping.
+    fn unit_table(&mut self, d: &Demand) {
+        let why = match d.grouping {
+            Grouping::Record => "record grouping: one record per unit, no table".into(),
+            Grouping::Page { unit } => format!(
+                "page grouping: the first record of each {} block",
+                human_bytes(unit as f64)
+            ),
+        };
+        self.push("unit_table", Kind::Memory, d.units_bytes, why);
+    }
 }
 
 /// Files a run may keep open at once: the lazy readers share half the soft open-file limit

@@ -230,18 +230,8 @@ impl PilePlan {
     pub(super) fn figures(&self, d: &Demand, limits: &Limits) -> Figures {
         let mut f = Figures(Vec::new());
         let l = &self.layout;
-        f.push(
-            "unit_table",
-            Kind::Memory,
-            d.units_bytes,
-            "the first record of each unit (0 for record grouping)".into(),
-        );
-        f.push(
-            "offset_index",
-            Kind::Memory,
-            d.index_bytes,
-            "one u64 per record of variable-length files (0 for fixed-size records)".into(),
-        );
+        f.unit_table(d);
+        f.offset_index(d);
         f.push(
             "scatter_reads",
             Kind::Memory,
