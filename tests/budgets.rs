@@ -84,15 +84,7 @@ fn shuffle_gives_one_permutation_under_budgets_of_gigabytes() {
     let mut first: Option<Vec<u8>> = None;
     for memory in BUDGETS {
         let out = sb.data().join(format!("out-{memory}.txt"));
-        let o = sb
-            .cmd()
-            .arg("shuffle")
-            .arg(&input)
-            .arg("-o")
-            .arg(&out)
-            .args(["--seed", "9", "--memory", memory])
-            .output()
-            .unwrap();
+        let o = crate::shuffle::shuffle_to(&sb, &input, &out, &["--seed", "9", "--memory", memory]);
         assert_ok(&o);
         let bytes = std::fs::read(&out).unwrap();
         std::fs::remove_file(&out).unwrap();

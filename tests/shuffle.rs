@@ -306,7 +306,12 @@ fn sorted_frames(p: &Path) -> Vec<Vec<u8>> {
     v
 }
 
-fn shuffle_to(sb: &Sandbox, input: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+pub(crate) fn shuffle_to(
+    sb: &Sandbox,
+    input: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> std::process::Output {
     sb.cmd()
         .arg("shuffle")
         .arg(input)
