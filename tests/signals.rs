@@ -1,7 +1,7 @@
 //! Signals, pipes and process limits, for real: a stdout whose reader has gone or whose
 //! device is full, SIGINT/SIGTERM/SIGHUP sent to a running process, a closed stderr,
 //! RLIMIT_FSIZE and RLIMIT_NPROC set on the child (`ulimit`, `prlimit`), an emulation
-//! cgroup present when the signal comes.
+//! cgroup present when the signal comes; a probe region larger than the free space.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -474,4 +474,32 @@ fn sigint_under_emulation_removes_the_cgroup() {
     assert_eq!(o.status.code(), Some(130), "{err}");
     assert!(err.contains("emulation cgroup"), "{err}");
     crate::emulate::assert_no_group_left(pid);
+}
+
+/// `probe --region 2^64-1` used to write a region of half the free space (9.1 GiB on the
+/// machine of the report) without a word: a region asked for that the free space cannot
+/// hold twice over is refused with the numbers, before anything is written.
+#[test]
+fn a_probe_region_beyond_the_free_space_is_refused() {
+    let sb = Sandbox::new();
+    let data = sb.data();
+    let o = sb
+        .cmd()
+        .args(["probe", "--quick", "--region", &u64::MAX.to_string()])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{} bytes", u64::MAX))
+            && err.contains("free")
+            && err.contains("at most --region"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&data).unwrap().count(),
+        0,
+        "something was written"
+    );
 }
