@@ -26,7 +26,7 @@ fn run(mut cmd: Command) -> (Output, u32) {
 }
 
 /// The `riffle-emu-<pid>-*` cgroups left anywhere under /sys/fs/cgroup.
-fn groups_of(pid: u32) -> Vec<PathBuf> {
+pub(crate) fn groups_of(pid: u32) -> Vec<PathBuf> {
     fn walk(dir: &Path, prefix: &str, depth: usize, found: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
@@ -54,7 +54,7 @@ fn groups_of(pid: u32) -> Vec<PathBuf> {
     found
 }
 
-fn assert_no_group_left(pid: u32) {
+pub(crate) fn assert_no_group_left(pid: u32) {
     let left = groups_of(pid);
     assert!(left.is_empty(), "cgroups left behind: {left:?}");
 }

@@ -16,6 +16,7 @@ mod read;
 mod scratch;
 mod serve;
 mod shuffle;
+mod signals;
 
 fn riffle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_riffle"))

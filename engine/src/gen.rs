@@ -298,6 +298,13 @@ fn generate_tree(
         let mut done = 0u64;
         let mut frame = Vec::new();
         for id in 0..spec.records {
+            // A signal removes the scratch directory on another thread: stop adding files
+            // to it at once, or the removal chases this loop for as long as it runs.
+            if crate::scratch::stopping() {
+                return Err(Error::Cancelled {
+                    reason: "interrupted: riffle is exiting",
+                });
+            }
             spec.frame(id, &mut frame);
             let p = tree
                 .join(format!("{:0cw$}", spec.label(id)))

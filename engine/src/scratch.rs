@@ -99,11 +99,23 @@ impl Drop for Live {
     }
 }
 
+/// Set by [`remove_live`] before it takes the registry: the process is exiting on a signal.
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the process is exiting on a signal ([`remove_live`] has begun). A loop that
+/// creates entries inside a live scratch directory without registering each one (a `files`
+/// tree being generated) checks this every entry and stops: else it would keep adding
+/// files while the directory is being removed, and the removal would chase it.
+pub fn stopping() -> bool {
+    STOPPING.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// Removes everything this process has live (temporary files, scratch directories, and
 /// scratch parents it created, if empty), newest first, and closes the registry: from
 /// here on nothing can be created or committed. For the signal handler of the binary, just
 /// before it exits. Returns the entries and bytes removed.
 pub fn remove_live() -> (usize, u64) {
+    STOPPING.store(true, std::sync::atomic::Ordering::Release);
     let mut r = registry();
     r.closed = true;
     let mut count = 0;
@@ -116,7 +128,12 @@ pub fn remove_live() -> (usize, u64) {
             }
             EntryKind::Dir => {
                 let size = tree_bytes(&path);
-                std::fs::remove_dir_all(&path).ok().map(|()| size)
+                // Once more if it failed: a writer that checked `stopping` just before it
+                // was set may have added one last entry behind the first pass.
+                std::fs::remove_dir_all(&path)
+                    .or_else(|_| std::fs::remove_dir_all(&path))
+                    .ok()
+                    .map(|()| size)
             }
             EntryKind::CreatedParent => std::fs::remove_dir(&path).ok().map(|()| 0),
         };

@@ -1,8 +1,13 @@
 //! The `riffle` command-line tool: flag parsing, progress and output over the engine.
 //!
-//! Exit codes: 0 success, 1 a runtime error (bad input, I/O failure), 2 a usage error.
+//! Exit codes: 0 success, 1 a runtime error (bad input, I/O failure, a full stdout), 2 a
+//! usage error; 128 + the signal when stopped by SIGINT (130), SIGTERM (143) or SIGHUP
+//! (129); 141 (128 + SIGPIPE, what a shell sees of coreutils in the same place) when stdout
+//! is a pipe whose reader has gone (`riffle read X | head -1`): the run ends quietly, its
+//! scratch removed, as `seq` or `cat` end.
 
 mod cmd;
+mod out;
 mod progress;
 
 use std::path::PathBuf;
@@ -124,30 +129,95 @@ fn raise_open_file_limit() {
     }
 }
 
+/// Exit status of a run whose stdout was closed by its reader: 128 + SIGPIPE.
+const CLOSED_STDOUT: u8 = 141;
+
+/// Set by the signal thread when it takes a signal: the run is being stopped, and the
+/// main thread must not exit with the run's own (cancelled) result before the signal
+/// thread has removed the scratch and exited with the signal's status.
+static SIGNALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes a line to stderr, best effort: a closed stderr must not turn a report into a
+/// panic (`eprintln!` panics when the write fails).
+fn say(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_fmt(args);
+}
+
+/// Makes a write past RLIMIT_FSIZE (`ulimit -f`) fail with EFBIG, reported as an error
+/// naming the file and cleaned up after like any other, instead of killing the process
+/// with SIGXFSZ (rc 153, no message, temporary files left). Children inherit the ignored
+/// disposition.
+fn ignore_sigxfsz() -> anyhow::Result<()> {
+    use anyhow::Context;
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: SIG_IGN installs no handler, so no code runs in signal context; the call
+    // happens before any other thread exists.
+    unsafe { signal(Signal::SIGXFSZ, SigHandler::SigIgn) }
+        .context("ignoring SIGXFSZ")
+        .map(drop)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_open_file_limit();
+    if let Err(e) = ignore_sigxfsz() {
+        say(format_args!("riffle: error: {e:#}\n"));
+        return ExitCode::from(1);
+    }
     // `serve` stops gracefully on its own signal thread; every other command is stopped by
     // this one, which removes the scratch the run has live first.
     if !matches!(cli.command, Command::Serve(_)) {
         if let Err(e) = stop_on_signals() {
-            eprintln!("riffle: error: {e:#}");
+            say(format_args!("riffle: error: {e:#}\n"));
             return ExitCode::from(1);
         }
     }
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("riffle: error: {e:#}");
-            ExitCode::from(1)
+    let result = run(cli);
+    if SIGNALLED.load(std::sync::atomic::Ordering::Acquire) {
+        // The run ended because the signal thread is removing what it had live (its
+        // result is "interrupted"): that thread exits the process when done.
+        loop {
+            std::thread::park();
         }
+    }
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => match out::stdout_failure(&e) {
+            // The reader of stdout has gone: not a failure (scratch was dropped as the
+            // error came up).
+            Some(true) => ExitCode::from(CLOSED_STDOUT),
+            _ => {
+                say(format_args!("riffle: error: {e:#}{}\n", hint(&e)));
+                ExitCode::from(1)
+            }
+        },
+    }
+}
+
+/// What to add to an error whose words alone mislead: io_uring fails a request it had
+/// to hand to a kernel worker with ECANCELED when it cannot start that worker (the
+/// process's thread limit, `ulimit -u`, reached), and "Operation canceled" says nothing of
+/// that.
+fn hint(e: &anyhow::Error) -> &'static str {
+    let cancelled = e.chain().any(|c| {
+        c.downcast_ref::<riffle::Error>()
+            .and_then(riffle::Error::raw_os_error)
+            .is_some_and(|n| n == nix::errno::Errno::ECANCELED as i32)
+    });
+    if cancelled {
+        " (io_uring cancels a request when the kernel cannot start a worker thread for it: \
+         is the limit on processes and threads, `ulimit -u`, too low?)"
+    } else {
+        ""
     }
 }
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread before any other starts (every thread
 /// inherits the mask; children get a clean one from `Command`), and takes them on one
-/// thread: it removes every temporary file and scratch directory the run has live, says
-/// so, and exits with 128 + the signal (130 for Ctrl-C, 143 for SIGTERM).
+/// thread: it removes every temporary file, scratch directory and emulation cgroup the run
+/// has live, says so (best effort: a closed stderr does not stop it), and exits with 128 +
+/// the signal (130 for Ctrl-C, 143 for SIGTERM).
 fn stop_on_signals() -> anyhow::Result<()> {
     use anyhow::Context;
     use nix::sys::signal::{SigSet, Signal};
@@ -159,18 +229,28 @@ fn stop_on_signals() -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("riffle-signals".into())
         .spawn(move || {
-            let Ok(sig) = signals.wait() else {
-                return;
+            // sigwait fails only with EINVAL (an invalid set): wait again rather than end
+            // the thread, which would leave the signals blocked and the run unstoppable.
+            let sig = loop {
+                if let Ok(sig) = signals.wait() {
+                    break sig;
+                }
             };
+            SIGNALLED.store(true, std::sync::atomic::Ordering::Release);
             let (entries, bytes) = riffle::scratch::remove_live();
+            let groups = riffle::emulate::remove_all();
+            let groups = match groups {
+                0 => String::new(),
+                n => format!("; removed {n} emulation cgroup(s)"),
+            };
             if entries > 0 {
-                eprintln!(
+                say(format_args!(
                     "\nriffle: {sig}: stopped; removed {entries} temporary file(s) and scratch \
-                     director(ies) of this run ({})",
+                     director(ies) of this run ({}){groups}\n",
                     riffle::size::human_bytes(bytes as f64)
-                );
+                ));
             } else {
-                eprintln!("\nriffle: {sig}: stopped");
+                say(format_args!("\nriffle: {sig}: stopped{groups}\n"));
             }
             std::process::exit(128 + sig as i32);
         })
@@ -184,7 +264,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let throttle = match cli.emulate {
         Some(class) => {
             let t = Throttle::enter(class, &cli.command.data_path())?;
-            eprintln!("riffle: {t}");
+            say(format_args!("riffle: {t}\n"));
             Some(t)
         }
         None => None,

@@ -5,6 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
@@ -270,9 +271,51 @@ fn remove_stale(parent: &Path) {
 #[derive(Debug)]
 pub(super) struct Group {
     pub(super) dir: PathBuf,
+}
+
+/// What removing a group takes: kept in [`LIVE`] from the moment the group exists, so that
+/// the signal path ([`remove_all`]) can remove it while its owner is still running.
+#[derive(Debug)]
+struct Made {
+    dir: PathBuf,
     home: PathBuf,
     /// A v2 `cgroup.subtree_control` and what undoes our change to it.
     undo: Option<(PathBuf, String)>,
+}
+
+/// Every group this process has made and not removed. The lock is held while a group is
+/// removed (by its guard or by [`remove_all`]), so a removal is never cut short by the
+/// other path: a signal waits for a guard's removal under way, then finds it done.
+static LIVE: Mutex<Vec<Made>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<Made>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Moves this process back out of every group it made and removes them, for the binary's
+/// signal thread just before it exits (a guard's `Drop` never runs then). Returns how many
+/// were removed; a failure is reported on stderr, best effort, naming the group.
+pub(super) fn remove_all() -> usize {
+    let mut live = live();
+    let mut removed = 0;
+    for mut made in live.drain(..).rev() {
+        match made.remove() {
+            Ok(()) => removed += 1,
+            Err(e) => warn_left(&e, &made.dir),
+        }
+    }
+    removed
+}
+
+/// Says, best effort (a closed stderr must not turn a cleanup into a panic), that a group
+/// could not be removed and how to remove it.
+fn warn_left(e: &Error, dir: &Path) {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "riffle: warning: {e}; remove it by hand with rmdir {}",
+        dir.display()
+    );
 }
 
 impl Group {
@@ -288,15 +331,22 @@ impl Group {
         let dir = place
             .parent
             .join(format!("riffle-emu-{}-{n}", std::process::id()));
-        fs::create_dir(&dir).map_err(|e| Error::io(&dir, "create cgroup", None, e))?;
-        let mut group = Group {
-            dir,
-            home: place.home,
-            undo: None,
-        };
+        {
+            // Made and recorded under the lock: a signal sees the group as soon as it exists.
+            let mut live = live();
+            fs::create_dir(&dir).map_err(|e| Error::io(&dir, "create cgroup", None, e))?;
+            live.push(Made {
+                dir: dir.clone(),
+                home: place.home,
+                undo: None,
+            });
+        }
+        let group = Group { dir };
         if let Some(subtree) = place.enable {
             write(&subtree, &format!("+{}", ctrl.v2()))?;
-            group.undo = Some((subtree, format!("-{}", ctrl.v2())));
+            if let Some(made) = live().iter_mut().find(|m| m.dir == group.dir) {
+                made.undo = Some((subtree, format!("-{}", ctrl.v2())));
+            }
         }
         for (file, value) in settings(place.version) {
             write(&group.dir.join(file), &value)?;
@@ -307,7 +357,9 @@ impl Group {
         )?;
         Ok(group)
     }
+}
 
+impl Made {
     /// Moves every process still in the group back home (this one, and children started
     /// under it that still run), then removes the group.
     fn remove(&mut self) -> Result<()> {
@@ -350,11 +402,14 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        if let Err(e) = self.remove() {
-            eprintln!(
-                "riffle: warning: {e}; remove it by hand with rmdir {}",
-                self.dir.display()
-            );
+        let mut live = live();
+        // Absent when the signal path removed it already.
+        let Some(at) = live.iter().position(|m| m.dir == self.dir) else {
+            return;
+        };
+        let mut made = live.remove(at);
+        if let Err(e) = made.remove() {
+            warn_left(&e, &self.dir);
         }
     }
 }

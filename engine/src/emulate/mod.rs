@@ -206,6 +206,15 @@ pub fn active(dev: &DeviceId) -> Option<DeviceClass> {
         .map(|&(_, class, _)| class)
 }
 
+/// Removes every cgroup this process made for emulation (throttles and memory limits),
+/// moving the process back out first, and returns how many were removed. For the signal
+/// handler of the binary, just before it exits: the guards' `Drop` never runs then, and a
+/// group left behind would keep the device throttled for nobody. A guard dropped later
+/// finds its group gone and does nothing.
+pub fn remove_all() -> usize {
+    cgroup::remove_all()
+}
+
 /// Whether any throttle is in force in this process.
 pub fn any_active() -> bool {
     !ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).is_empty()

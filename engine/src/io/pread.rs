@@ -61,9 +61,9 @@ impl PreadBackend {
                 std::thread::Builder::new()
                     .name(format!("riffle-pread-{i}"))
                     .spawn(move || worker(rx, tx))
-                    .expect("spawn pread worker")
+                    .map_err(|e| Error::os("cannot start a pread worker thread", e))
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok(PreadBackend {
             slab,
             files: Vec::new(),

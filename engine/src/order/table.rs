@@ -203,20 +203,42 @@ fn sort_buckets<T: Id>(v: &mut [T], starts: &[usize], key: &EpochKey, threads: u
             let base = consumed;
             consumed = starts[b1];
             let bounds = &starts[b0..=b1];
-            s.spawn(move || {
-                let mut tmp: Vec<(u64, T)> = Vec::new();
-                for w in bounds.windows(2) {
-                    let bucket = &mut mine[w[0] - base..w[1] - base];
-                    tmp.clear();
-                    tmp.extend(bucket.iter().map(|&u| (key.key(u.wide()), u)));
-                    tmp.sort_unstable_by_key(|&(k, _)| k);
-                    for (slot, &(_, u)) in bucket.iter_mut().zip(&tmp) {
-                        *slot = u;
+            // A thread the system refuses (RLIMIT_NPROC, no memory) is no error: this
+            // share is sorted here instead, the same result a little later.
+            // The share is handed over once the thread exists, so a failed spawn has
+            // not taken it.
+            let (give, take) = std::sync::mpsc::sync_channel::<&mut [T]>(1);
+            let spawned = std::thread::Builder::new()
+                .name("riffle-sort".into())
+                .spawn_scoped(s, move || {
+                    if let Ok(mine) = take.recv() {
+                        sort_share(mine, base, bounds, key)
                     }
+                });
+            match spawned {
+                Ok(_) => {
+                    // The thread holds the receiver until it has the share.
+                    let _ = give.send(mine);
                 }
-            });
+                Err(_) => sort_share(mine, base, bounds, key),
+            }
         }
     });
+}
+
+/// Sorts each bucket of `mine` (the buckets between `bounds`, `base` being where `mine`
+/// starts in the whole table) by its key.
+fn sort_share<T: Id>(mine: &mut [T], base: usize, bounds: &[usize], key: &EpochKey) {
+    let mut tmp: Vec<(u64, T)> = Vec::new();
+    for w in bounds.windows(2) {
+        let bucket = &mut mine[w[0] - base..w[1] - base];
+        tmp.clear();
+        tmp.extend(bucket.iter().map(|&u| (key.key(u.wide()), u)));
+        tmp.sort_unstable_by_key(|&(k, _)| k);
+        for (slot, &(_, u)) in bucket.iter_mut().zip(&tmp) {
+            *slot = u;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -201,7 +201,18 @@ pub fn probe(
     }
     let total = plan.points.len() + 2;
     let free = free_bytes(&dir)?;
-    // Leave room: never take more than half of what is free.
+    // Leave room: never take more than half of what is free. The plan's own region is cut
+    // down to that; a region the caller asked for is theirs to change, so it is refused.
+    if let Some(asked) = opts.region.filter(|&r| r > free / 2) {
+        return Err(Error::OverBudget(format!(
+            "{}: a region of {asked} bytes ({}) asked for, and {} free: the probe takes at \
+             most half of the free space, so at most --region {}",
+            dir.display(),
+            crate::size::human_bytes(asked as f64),
+            crate::size::human_bytes(free as f64),
+            crate::size::human_bytes((free / 2) as f64),
+        )));
+    }
     let region = plan.region.min(free / 2) / (1 << 20) * (1 << 20);
     if region < (16 << 20) {
         return Err(Error::OverBudget(format!(

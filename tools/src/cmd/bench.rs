@@ -7,6 +7,7 @@ use riffle::size::parse_size;
 use riffle_bench::fio_parity::ParityPoint;
 use riffle_bench::ParityOptions;
 
+use crate::out::{out, outln};
 use crate::progress;
 
 #[derive(clap::Args)]
@@ -125,23 +126,23 @@ fn all(args: &Args) -> Result<()> {
     for (name, run) in suites {
         if let Some(why) = riffle_bench::needs::missing_in_all(name) {
             if args.json {
-                println!("{}", serde_json::json!({ "suite": name, "skipped": why }));
+                outln!("{}", serde_json::json!({ "suite": name, "skipped": why }))?;
             } else {
-                println!("## {name}: skipped: {why}\n");
+                outln!("## {name}: skipped: {why}\n")?;
             }
             continue;
         }
         if !args.json {
-            println!("## {name}\n");
+            outln!("## {name}\n")?;
         }
         if let Err(e) = run(args) {
             if args.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "suite": name, "failed": format!("{e:#}") })
-                );
+                )?;
             } else {
-                println!("## {name}: failed: {e:#}\n");
+                outln!("## {name}: failed: {e:#}\n")?;
             }
             failed.push(name);
         }
@@ -170,10 +171,10 @@ fn suite<R: serde::Serialize>(
     let dir = std::path::PathBuf::from(report_dir(&rep));
     save_profiles(&args.data_dir, &dir);
     if args.json {
-        println!("{}", serde_json::to_string(&rep)?);
+        outln!("{}", serde_json::to_string(&rep)?)?;
     } else {
-        print!("{}", markdown(&rep));
-        println!("\nwritten to {}", dir.display());
+        out!("{}", markdown(&rep))?;
+        outln!("\nwritten to {}", dir.display())?;
     }
     Ok(())
 }

@@ -56,7 +56,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?,
         )),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+        None => Box::new(std::io::BufWriter::new(crate::out::Stdout::lock())),
     };
     // Records complete in any order; write them in the order asked, a window at a time.
     const WINDOW: usize = 4096;

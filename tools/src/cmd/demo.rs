@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::out::outln;
 use anyhow::{bail, Context, Result};
 use riffle::dataset::{Dataset, OpenOptions};
 use riffle::gen::{self, GenFormat, GenSpec};
@@ -61,12 +62,12 @@ pub fn run(args: Args, throttled: bool) -> Result<()> {
     ] {
         read_epoch(&ds, &args, grouping, what)?;
     }
-    println!("  checked: every record arrived exactly once and carries its own id");
+    outln!("  checked: every record arrived exactly once and carries its own id")?;
     drop(ds);
     let shown = dir.path().display().to_string();
     dir.close()
         .with_context(|| format!("{shown}: could not remove"))?;
-    println!("  removed {shown}");
+    outln!("  removed {shown}")?;
     Ok(())
 }
 
@@ -83,14 +84,14 @@ fn write_dataset(path: &std::path::Path, args: &Args, throttled: bool) -> Result
     };
     let io = IoConfig::sequential_write().under_throttle(throttled);
     let w = gen::generate(path, &spec, &io, &mut |_, _| {})?;
-    println!(
+    outln!(
         "riffle demo: {} label-sorted records of {} ({}) written to {} in {:.2} s",
         args.records,
         human_bytes(args.record_size as f64),
         human_bytes(w.bytes as f64),
         path.display(),
         w.seconds
-    );
+    )?;
     Ok(())
 }
 
@@ -107,7 +108,7 @@ fn show_device(dir: &std::path::Path) -> Result<()> {
     let p4 = profile
         .random_point(4096, 32)
         .map(|p| format!(", 4 KiB random reads at QD 32: {:.0} IOPS", p.iops));
-    println!(
+    outln!(
         "  device {} ({}): sequential read {}/s, write {}/s{} [{how}]",
         profile.device.dev,
         profile
@@ -118,7 +119,7 @@ fn show_device(dir: &std::path::Path) -> Result<()> {
         human_bytes(profile.seq_read_bps),
         human_bytes(profile.seq_write_bps),
         p4.unwrap_or_default()
-    );
+    )?;
     Ok(())
 }
 
@@ -155,8 +156,8 @@ fn read_epoch(ds: &Arc<Dataset>, args: &Args, grouping: Grouping, what: &str) ->
         bail!("some records were never delivered");
     }
     let r = stream.report();
-    println!("  epoch 0, {what}:");
-    println!(
+    outln!("  epoch 0, {what}:")?;
+    outln!(
         "    {} batches in {:.2} s: {:.0} records/s, {:.0} reads/s at QD {} ({}, {}); {:.1} of 10 labels per batch",
         r.batches,
         r.seconds,
@@ -166,6 +167,6 @@ fn read_epoch(ds: &Arc<Dataset>, args: &Args, grouping: Grouping, what: &str) ->
         r.backend,
         if r.direct { "O_DIRECT" } else { "buffered" },
         labels_per_batch / batches as f64
-    );
+    )?;
     Ok(())
 }

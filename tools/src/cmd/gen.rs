@@ -8,6 +8,7 @@ use riffle::io::IoConfig;
 use riffle::size::{human_bytes, parse_size};
 use serde_json::json;
 
+use crate::out::outln;
 use crate::progress;
 
 #[derive(clap::Args)]
@@ -63,19 +64,19 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     bar.finish_and_clear();
     let rate = rep.bytes as f64 / rep.seconds;
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({"path": a.out, "records": a.records, "bytes": rep.bytes, "seconds": rep.seconds, "bytes_per_s": rate})
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "wrote {} records ({}) to {} in {:.2} s ({}/s)",
             a.records,
             human_bytes(rep.bytes as f64),
             a.out.display(),
             rep.seconds,
             human_bytes(rate)
-        );
+        )?;
     }
     Ok(())
 }

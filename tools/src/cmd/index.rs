@@ -8,6 +8,7 @@ use riffle::size::{human_bytes, parse_size};
 use serde_json::json;
 
 use super::dataset::DatasetArgs;
+use crate::out::outln;
 use crate::progress;
 
 #[derive(clap::Args)]
@@ -67,7 +68,7 @@ pub fn run(a: Args) -> Result<()> {
         0.0
     };
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "format": ds.format().to_string(),
@@ -83,36 +84,36 @@ pub fn run(a: Args) -> Result<()> {
                 "scan_bytes_per_s": scan_rate,
                 "seconds": seconds,
             })
-        );
+        )?;
         return Ok(());
     }
-    println!(
+    outln!(
         "dataset     {} file(s), {}, {}",
         ds.files().len(),
         ds.format(),
         human_bytes(ds.bytes() as f64)
-    );
-    println!("records     {n}");
-    println!(
+    )?;
+    outln!("records     {n}")?;
+    outln!(
         "sizes       min {} B, mean {:.1} B, max {} B",
         stats.min,
         stats.total as f64 / n as f64,
         stats.max
-    );
+    )?;
     if ds.format().needs_index() {
-        println!(
+        outln!(
             "index       {} in memory ({per_record:.2} bytes/record); {loaded} loaded, {built} built, {rebuilt} rebuilt",
             human_bytes(ds.index_bytes() as f64)
-        );
+        )?;
         if scanned > 0 {
-            println!(
+            outln!(
                 "scan        {} in {scan_secs:.2} s: {}/s",
                 human_bytes(scanned as f64),
                 human_bytes(scan_rate)
-            );
+            )?;
         }
     } else {
-        println!("index       none needed: records are located by arithmetic");
+        outln!("index       none needed: records are located by arithmetic")?;
     }
     Ok(())
 }

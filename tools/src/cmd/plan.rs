@@ -1,6 +1,7 @@
 //! `riffle plan DATASET --batch-size B`: every mode's predicted epoch times, memory and
 //! scratch space on this device, the mode `auto` would run, and why.
 
+use crate::out::outln;
 use anyhow::Result;
 use riffle::modes::Mode;
 use riffle::size::human_bytes;
@@ -37,18 +38,18 @@ pub fn run(a: Args) -> Result<()> {
         m => m,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&plan)?);
+        outln!("{}", serde_json::to_string(&plan)?)?;
         return Ok(());
     }
     let w = &plan.workload;
-    println!(
+    outln!(
         "dataset   {} records, {} ({} mean, {} max)",
         w.records,
         human_bytes(w.bytes as f64),
         human_bytes(w.bytes as f64 / w.records.max(1) as f64),
         human_bytes(w.max_record as f64)
-    );
-    println!(
+    )?;
+    outln!(
         "device    {}sequential read {}/s, write {}/s, 4 KiB random reads {:.0}/s at QD {}",
         plan.device
             .emulated
@@ -59,8 +60,8 @@ pub fn run(a: Args) -> Result<()> {
         human_bytes(plan.device.seq_write_bps),
         plan.device.iops(4096, w.queue_depth),
         w.queue_depth
-    );
-    println!(
+    )?;
+    outln!(
         "job       batches of {}, {} epoch(s), memory {}, scratch free {}",
         w.batch,
         w.epochs,
@@ -70,9 +71,9 @@ pub fn run(a: Args) -> Result<()> {
         w.scratch_free
             .map(|m| human_bytes(m as f64))
             .unwrap_or_else(|| "unknown".into())
-    );
-    println!();
-    println!(
+    )?;
+    outln!()?;
+    outln!(
         "{:<11} {:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}  note",
         "mode",
         "grouping",
@@ -83,7 +84,7 @@ pub fn run(a: Args) -> Result<()> {
         "bound",
         "memory",
         "scratch"
-    );
+    )?;
     for c in &plan.candidates {
         let note = match (&c.unfit, c.contract) {
             (Some(why), _) => format!("cannot run: {why}"),
@@ -93,7 +94,7 @@ pub fn run(a: Args) -> Result<()> {
             }
             _ => String::new(),
         };
-        println!(
+        outln!(
             "{:<11} {:<10} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9} {:>10} {:>10}  {note}",
             c.mode,
             c.grouping,
@@ -104,17 +105,17 @@ pub fn run(a: Args) -> Result<()> {
             c.bound,
             human_bytes(c.memory_bytes as f64),
             human_bytes(c.scratch_bytes as f64),
-        );
+        )?;
     }
-    println!();
-    println!("auto runs {}: {}", plan.choice, plan.reason);
+    outln!()?;
+    outln!("auto runs {}: {}", plan.choice, plan.reason)?;
     if let Some(g) = &plan.page_gain {
-        println!("{g}");
+        outln!("{g}")?;
     }
     if a.explain {
         explain(&plan, explained.name())?;
     }
-    println!(
+    outln!(
         "{}",
         if plan.lead {
             "two-pass leads with lirs: its first batches are read at random while the scatter \
@@ -123,7 +124,7 @@ pub fn run(a: Args) -> Result<()> {
             "two-pass does not lead with lirs here: random reads on this device would slow \
              the scatter more than they give; its first batch waits for the scatter"
         }
-    );
+    )?;
     Ok(())
 }
 
@@ -136,16 +137,16 @@ fn explain(plan: &riffle::plan::Plan, mode: &str) -> Result<()> {
             .unwrap_or_else(|| "it does not fit".into());
         anyhow::bail!("{mode} cannot run here: {why}");
     };
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "resources of {mode}: memory {}, scratch {}, open files {}",
         human_bytes(r.memory_bytes as f64),
         human_bytes(r.scratch_bytes as f64),
         r.open_files
-    );
+    )?;
     for f in &r.figures {
-        println!("  {:<16} {:>10}  {}", f.name, f.shown(), f.reason);
+        outln!("  {:<16} {:>10}  {}", f.name, f.shown(), f.reason)?;
     }
-    println!();
+    outln!()?;
     Ok(())
 }

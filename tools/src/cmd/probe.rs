@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use riffle::probe::{self, ProbeOptions, Profile};
 use riffle::size::{human_bytes, parse_size};
 
+use crate::out::{out, outln};
 use crate::progress;
 
 #[derive(clap::Args)]
@@ -75,21 +76,21 @@ pub fn run(args: Args) -> Result<()> {
         let mut v = serde_json::to_value(&profile)?;
         v["cached"] = cached.into();
         v["cache_path"] = cache.display().to_string().into();
-        println!("{v}");
+        outln!("{v}")?;
         return Ok(());
     }
-    print!("{}", render(&profile));
+    out!("{}", render(&profile))?;
     if cached {
-        println!(
+        outln!(
             "(cached profile {}; --refresh measures again)",
             cache.display()
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "measured in {:.1} s; cached in {}",
             profile.probe_seconds,
             cache.display()
-        );
+        )?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use riffle::size::{human_bytes, parse_size};
 use riffle::source::Source;
 use serde_json::json;
 
+use crate::out::outln;
 use crate::progress;
 
 /// The job's shape, shared by `riffle read` and `riffle plan`.
@@ -229,9 +230,9 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     let forms = cursor_forms(&job, done.next)?;
     if a.json {
         let v = json_report(&a, &job, &src, &done, &forms, emulated)?;
-        println!("{v}");
+        outln!("{v}")?;
     } else {
-        print_report(&job, &src, &done, &forms);
+        print_report(&job, &src, &done, &forms)?;
     }
     Ok(())
 }
@@ -415,7 +416,7 @@ fn print_report(
     src: &Source,
     done: &Done,
     (rank_form, global_form): &(String, String),
-) {
+) -> Result<()> {
     let (r, handoff) = (&done.report, &done.handoff);
     if let Some(m) = src.mixture() {
         let parts: Vec<String> = m
@@ -433,7 +434,7 @@ fn print_report(
     let iops = r.read_ops as f64 / r.seconds;
     let rps = r.records as f64 / r.seconds;
     let bps = r.bytes as f64 / r.seconds;
-    println!(
+    outln!(
         "{} ({} grouping{}): {} batches, {} records, {} in {:.2} s",
         job.mode,
         r.grouping,
@@ -446,36 +447,37 @@ fn print_report(
         r.records,
         human_bytes(r.bytes as f64),
         r.seconds
-    );
-    println!(
+    )?;
+    outln!(
         "  {rps:.0} records/s, {}/s, {iops:.0} reads/s at QD {} ({}, {})",
         human_bytes(bps),
         r.queue_depth,
         r.backend,
         if r.direct { "O_DIRECT" } else { "buffered" }
-    );
-    println!(
+    )?;
+    outln!(
         "  batch latency p50 {} us, p99 {} us, max {} us; hand-off to this loop p50 {} us, p99 {} us",
         r.batch_latency_us.p50,
         r.batch_latency_us.p99,
         r.batch_latency_us.max,
         handoff.value_at_quantile(0.5),
         handoff.value_at_quantile(0.99)
-    );
+    )?;
     let held = if job.mode == Mode::TwoPass {
         format!("piles {}", human_bytes(r.pile_bytes as f64))
     } else {
         format!("table {}", human_bytes(r.table_bytes as f64))
     };
-    println!(
+    outln!(
         "  memory {} ({held}, units {}, index {}, buffers {}, read-ahead {})",
         human_bytes(r.memory_bytes as f64),
         human_bytes(r.units_bytes as f64),
         human_bytes(r.index_bytes as f64),
         human_bytes(r.buffer_bytes as f64),
         human_bytes(r.prefetch_bytes as f64)
-    );
-    println!("  resume after this run: --resume {rank_form} (any world: --resume {global_form})");
+    )?;
+    outln!("  resume after this run: --resume {rank_form} (any world: --resume {global_form})")?;
+    Ok(())
 }
 
 fn parse_prefetch(s: &str) -> Result<usize, String> {
