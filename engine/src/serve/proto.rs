@@ -182,6 +182,7 @@ impl OpenRequest {
                 epoch: c.epoch,
                 batch: c.batch,
                 world: None,
+                size: None,
             })),
             (None, Some(g)) => Ok(Some(Resume::Global {
                 epoch: g.epoch,
