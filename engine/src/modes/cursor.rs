@@ -264,8 +264,8 @@ impl Resume {
     fn no_size(&self, epoch: u64, batch: u64, world: u64, split: &Split) -> String {
         let head = format!(
             "--resume {self} does not say the batch size it was taken under (cursors are \
-             now EPOCH:BATCH@WORLDxBATCH_SIZE), and batch {batch} is another record under \
-             another batch size"
+             now EPOCH:BATCH@WORLDxBATCH_SIZE), and batch {batch} starts at a different record under \
+             each batch size"
         );
         let guess = format!("{epoch}:{batch}@{world}x{}", split.batch);
         match Self::position(epoch, batch, (world, split.batch), split) {
