@@ -568,7 +568,13 @@ fn resume_past_the_end_of_the_epoch_is_refused() {
     let data = sb.data().join("d.npy");
     make(&sb, &data, "npy", 10_000, 16);
     let w2 = ["--batch-size", "100", "--world", "2", "--rank", "1"];
-    for cursor in ["0:51", "0:18446744073709551615", "0+10100", "0:51@2"] {
+    for cursor in [
+        "0:51",
+        "0:18446744073709551615",
+        "0+10100",
+        "0:51@2",
+        "0:51@2x100",
+    ] {
         read_refused(
             &sb,
             &data,
@@ -588,7 +594,7 @@ fn resume_past_the_end_of_the_epoch_is_refused() {
         ("--drop-last", "0:34", "33 batches"),
         ("--drop-last", "0+9901", "0+9900 is its end"),
         ("--pad", "0:35", "34 batches"),
-        ("--pad", "0+10500", "0+10200 is its end"),
+        ("--pad", "0+10500", "0+10000 is its end"),
     ] {
         let args = [
             "--batch-size",
@@ -624,23 +630,23 @@ fn a_cursor_resumes_exactly_under_another_world_only_in_its_global_form() {
         }
         let v = read_json(&sb, &data, &[&args[..], &["--resume", "0:20"]].concat());
         assert_eq!(v["records"], 3000);
-        assert_eq!(v["cursor"]["resume"], "0:50@2", "{v}");
+        assert_eq!(v["cursor"]["resume"], "0:50@2x100", "{v}");
         assert_eq!(v["cursor"]["resume_global"], "0+10000", "{v}");
     }
     let w4 = |rank: &'static str| ["--batch-size", "100", "--world", "4", "--rank", rank];
     read_refused(
         &sb,
         &data,
-        &[&w4("0")[..], &["--resume", "0:20@2"]].concat(),
+        &[&w4("0")[..], &["--resume", "0:20@2x100"]].concat(),
         &[
-            "taken under world 2 at record 4,000 of epoch 0",
+            "taken under world 2 and batch size 100, at record 4,000 of epoch 0",
             "--resume 0+4000",
         ],
     );
     read_refused(
         &sb,
         &data,
-        &[&w4("0")[..], &["--resume", "0:21@2"]].concat(),
+        &[&w4("0")[..], &["--resume", "0:21@2x100"]].concat(),
         &["--resume 0+4200"],
     );
     // A global cursor inside one of world 4's rounds (world 2 read 21 batches a rank):
@@ -661,8 +667,8 @@ fn a_cursor_resumes_exactly_under_another_world_only_in_its_global_form() {
             seen21[id as usize] += 1;
         }
         let v = read_json(&sb, &data, &args);
-        assert_eq!(v["cursor"]["resume_global"], "0+10200", "{v}");
-        assert_eq!(v["cursor"]["resume"], "0+10200", "{v}");
+        assert_eq!(v["cursor"]["resume_global"], "0+10000", "{v}");
+        assert_eq!(v["cursor"]["resume"], "0+10000", "{v}");
     }
     assert!(
         seen21.iter().all(|&c| c >= 1),
@@ -693,12 +699,143 @@ fn a_cursor_resumes_exactly_under_another_world_only_in_its_global_form() {
     let v = read_json(
         &sb,
         &data,
-        &[&w4("3")[..], &["--resume", "0:20@4"]].concat(),
+        &[&w4("3")[..], &["--resume", "0:20@4x100"]].concat(),
     );
     assert_eq!(
         (v["records"].as_u64(), v["cursor"]["resume"].as_str()),
-        (Some(500), Some("0:25@4"))
+        (Some(500), Some("0:25@4x100"))
     );
+}
+
+/// Regression (issue 30, D6): `--resume 0:30@1` (taken with `--batch-size 100`) given with
+/// `--batch-size 200` read 4,000 records (2,000 skipped), with 50 read 8,500 (1,500
+/// repeated), rc 0. A cursor now carries its batch size (`E:B@WxS`); one from another
+/// batch size, or the old form without one, is refused with the exact global form, which
+/// then resumes at the same record.
+#[test]
+fn a_cursor_from_another_batch_size_is_refused_with_the_global_form() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.npy");
+    make(&sb, &data, "npy", 10_000, 16);
+    let whole = read_ids(&sb, &data, &["--batch-size", "100"], &[]).concat();
+    let v = read_json(&sb, &data, &["--batch-size", "100", "--resume", "0:30"]);
+    assert_eq!(v["records"], 7000);
+    assert_eq!(
+        (
+            v["cursor"]["resume"].as_str(),
+            v["cursor"]["batch_size"].as_u64()
+        ),
+        (Some("0:100@1x100"), Some(100)),
+        "{v}"
+    );
+    for size in ["200", "50"] {
+        read_refused(
+            &sb,
+            &data,
+            &["--batch-size", size, "--resume", "0:30@1x100"],
+            &[
+                "taken under world 1 and batch size 100, at record 3,000 of epoch 0",
+                "give --resume 0+3000",
+            ],
+        );
+        // Without its batch size, the cursor is read as this run's and both forms given.
+        let words = if size == "200" {
+            ["0:30@1x200", "give --resume 0+6000"]
+        } else {
+            ["0:30@1x50", "give --resume 0+1500"]
+        };
+        let mut w = vec!["does not say the batch size"];
+        w.extend(words);
+        read_refused(
+            &sb,
+            &data,
+            &["--batch-size", size, "--resume", "0:30@1"],
+            &w,
+        );
+        // The global form resumes exactly at record 3,000 under either batch size.
+        let rest = read_ids(
+            &sb,
+            &data,
+            &["--batch-size", size, "--resume", "0+3000"],
+            &[],
+        );
+        assert_eq!(rest.concat(), whole[3000..].to_vec(), "--batch-size {size}");
+    }
+    // The same shape is taken as it is.
+    let v = read_json(
+        &sb,
+        &data,
+        &["--batch-size", "100", "--resume", "0:30@1x100"],
+    );
+    assert_eq!(v["records"], 7000);
+}
+
+/// Regression (issue 30, D19): `--world 3 --pad` printed "any world: --resume 0+10200" (the
+/// padded length), which world 1 then refused as past the end. What a run prints as
+/// resumable, in `--json` and in the text report, counts records, and another world takes
+/// it as printed.
+#[test]
+fn the_global_cursor_of_a_padded_run_is_taken_as_printed_by_any_world() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.npy");
+    make(&sb, &data, "npy", 10_000, 16);
+    let w3 = [
+        "--batch-size",
+        "100",
+        "--world",
+        "3",
+        "--rank",
+        "1",
+        "--pad",
+    ];
+    let v = read_json(&sb, &data, &w3);
+    assert_eq!(v["cursor"]["resume_global"], "0+10000", "{v}");
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(w3)
+        .args(["--mode", "lirs"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("--resume 0:34@3x100 (any world or batch size: --resume 0+10000)"),
+        "{out}"
+    );
+    for other in [
+        &["--batch-size", "100"][..],
+        &["--batch-size", "64", "--world", "2", "--drop-last"],
+        &["--batch-size", "100", "--world", "3", "--pad"],
+    ] {
+        let v = read_json(
+            &sb,
+            &data,
+            &[other, &["--resume", "0+10000", "--epochs", "2"]].concat(),
+        );
+        assert_eq!(v["cursor"]["epoch"], 1, "{other:?}: {v}");
+        assert!(
+            v["records"].as_u64().unwrap() > 0,
+            "{other:?}: epoch 1 read"
+        );
+    }
+}
+
+/// Regression (issue 30, D36): `--resume 0+5 --epoch 1` was refused as "resume cursor 0:0
+/// is outside the epochs", the cursor it resolved to; the message names what was given.
+#[test]
+fn a_cursor_outside_the_epochs_read_is_named_as_given() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.npy");
+    make(&sb, &data, "npy", 100, 16);
+    let err = read_refused(
+        &sb,
+        &data,
+        &["--batch-size", "10", "--resume", "0+5", "--epoch", "1"],
+        &["--resume 0+5 is in epoch 0, outside the epochs this run reads (--epoch 1 --epochs 1: epoch 1)"],
+    );
+    assert!(!err.contains("0:0"), "{err}");
 }
 
 /// Regression (issue 13): two-pass pile frames stored record lengths as u32, so a record of

@@ -92,12 +92,27 @@ impl ReadRequest {
         if self.epochs == 0 {
             return Err(Error::Invalid("--epochs must be at least 1".into()));
         }
-        epochs_from(self.first_epoch, self.epochs).map_err(|e| {
+        let epochs = epochs_from(self.first_epoch, self.epochs).map_err(|e| {
             Error::Invalid(format!(
                 "--epoch {} --epochs {}: {e}",
                 self.first_epoch, self.epochs
             ))
         })?;
+        // Said here, in the cursor's form as given: once resolved, a global cursor inside a
+        // round of batches is the resolved batch 0 of its epoch, which is not what was given.
+        if let Some(r) = self.resume.filter(|r| !epochs.contains(&r.epoch())) {
+            return Err(Error::Invalid(format!(
+                "--resume {r} is in epoch {}, outside the epochs this run reads \
+                 (--epoch {} --epochs {}: {})",
+                r.epoch(),
+                self.first_epoch,
+                self.epochs,
+                match epochs.end - epochs.start {
+                    1 => format!("epoch {}", epochs.start),
+                    _ => format!("epochs {} to {}", epochs.start, epochs.end - 1),
+                }
+            )));
+        }
         if src.mixture().is_some() {
             if self.grouping != Grouping::Record {
                 return Err(Error::Invalid(

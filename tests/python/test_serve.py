@@ -212,6 +212,34 @@ def test_a_global_cursor_resumes_under_another_world_and_batch_size(daemon):
         assert seen.sum() - 3000 == padding, (world, batch, seen.sum(), padding)
 
 
+def test_the_global_cursor_at_the_end_of_a_padded_epoch_resumes_under_any_world(daemon):
+    """Regression (issue 30, D19): the global cursor after a padded epoch was its padded
+    length (3,072 of 3,000 records under world 3, batches of 64), which a job under another
+    world refused as past the end. It counts records: 3,000, the end under any world."""
+    states = {}
+
+    def reader(r):
+        with riffle.Client(daemon.socket) as c:
+            s = c.stream("train", 64, seed=5, rank=r, world=3, tail="pad", epochs=2)
+            for n, _ in enumerate(s, 1):
+                if n == 16:  # the end of epoch 0: 48 batches (47 padded up) over 3 ranks
+                    break
+            states[r] = json.loads(json.dumps(s.state_dict()))
+            s.close()
+
+    threads = [threading.Thread(target=reader, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert states[0]["global"] == {"epoch": 0, "records": 3000}, states[0]
+    with riffle.Client(daemon.socket) as c:
+        rest = [(b.epoch, len(b.ids)) for b in c.stream("train", 100, seed=5, epochs=2,
+                                                         state=states[0])]
+    assert {e for e, _ in rest} == {1}
+    assert sum(n for _, n in rest) == 3000
+
+
 def test_four_ranks_receive_an_exact_permutation_of_the_epoch(daemon):
     out = {}
 

@@ -163,6 +163,13 @@ impl Split {
             }
     }
 
+    /// The epoch's end as cursors count it: [`Split::end`] with padding left out, so the
+    /// records consumed once every batch is read. Padding repeats records already counted;
+    /// a cursor at the end of a padded epoch must be the end under any world and tail.
+    pub fn cursor_end(&self) -> u64 {
+        self.end().min(self.records)
+    }
+
     /// Records per round of batches: one batch for every rank.
     pub fn round(&self) -> u64 {
         // At most `global_batches * batch`, which `new` checked fits.
@@ -170,24 +177,31 @@ impl Split {
     }
 
     /// Positions of the epoch sequence consumed by all ranks together once every rank has
-    /// delivered its batches before `j` (`j` at most [`Split::batches`]; `None` past that).
+    /// delivered its batches before `j` (`j` at most [`Split::batches`]; `None` past that),
+    /// padding not counted: at most [`Split::cursor_end`].
     pub fn consumed(&self, j: u64) -> Option<u64> {
         if j > self.batches() {
             return None;
         }
-        Some((self.start + j * self.world * self.batch).min(self.end()))
+        Some((self.start + j * self.world * self.batch).min(self.cursor_end()))
     }
 
     /// The batch of each rank that starts at position `pos` of the epoch sequence (the
     /// inverse of [`Split::consumed`]): `Ok(j)` when `pos` is the start of a round of
     /// batches or the epoch's end, otherwise the exact positions on either side of it.
+    ///
+    /// The end is any of: the split's own [`Split::end`], its [`Split::cursor_end`], and
+    /// the epoch's record count (every record consumed, which is what a cursor taken at
+    /// the end of the epoch under any other world, batch size or tail says). Positions
+    /// past the end are padding or records this split drops.
     pub fn batch_at(&self, pos: u64) -> std::result::Result<u64, Between> {
         let end = self.end();
-        if pos == end {
+        if pos == end || pos == self.records {
             return Ok(self.batches());
         }
-        if pos > end {
-            return Err(Between::PastEnd { end });
+        let last = self.cursor_end();
+        if pos > last {
+            return Err(Between::PastEnd { end: last });
         }
         let round = self.round();
         if pos < self.start {
@@ -203,7 +217,7 @@ impl Split {
         let before = pos - local % round;
         Err(Between::Inside {
             before,
-            after: (before + round).min(end),
+            after: (before + round).min(last),
         })
     }
 
@@ -359,7 +373,7 @@ mod tests {
                 }
                 assert_eq!(probe.consumed(0), Some(at));
                 assert_eq!(probe.batch_at(at), Ok(0));
-                assert_eq!(probe.consumed(probe.batches()), Some(probe.end()));
+                assert_eq!(probe.consumed(probe.batches()), Some(probe.cursor_end()));
             }
         }
         assert!(Split::resumed(10, 2, 0, 1, Tail::Partial, 10).is_err());

@@ -57,6 +57,7 @@ fn a_request_becomes_the_options_it_names() {
             epoch: 3,
             batch: 4,
             world: Some(2),
+            size: Some(10),
         }),
         ..ReadRequest::new(10)
     };
@@ -143,6 +144,27 @@ fn requests_that_cannot_be_read_are_refused_before_anything_is() {
     ] {
         let got = refusal(&req, &src);
         assert!(got.contains(words), "{req:?}: {got}");
+    }
+}
+
+/// Regression (issue 30, D36): `--resume 0+5 --epoch 1` was refused as "resume cursor
+/// 0:0 is outside the epochs", the cursor it had been resolved to, not the one given.
+#[test]
+fn a_cursor_outside_the_epochs_is_named_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = source(dir.path(), "d.bin", 10);
+    for (resume, epochs, words) in [
+        ("0+5", 1, "--resume 0+5 is in epoch 0, outside the epochs this run reads (--epoch 1 --epochs 1: epoch 1)"),
+        ("7:2@1x4", 3, "--resume 7:2@1x4 is in epoch 7, outside the epochs this run reads (--epoch 1 --epochs 3: epochs 1 to 3)"),
+    ] {
+        let req = ReadRequest {
+            first_epoch: 1,
+            epochs,
+            resume: Some(resume.parse().unwrap()),
+            ..ReadRequest::new(4)
+        };
+        let got = refusal(&req, &src);
+        assert!(got.contains(words) && !got.contains("0:0"), "{got}");
     }
 }
 

@@ -236,9 +236,9 @@ pub(super) fn opened(req: &OpenRequest, src: &Source, job: &ReadJob, largest: u6
         classes: ds.classes().to_vec(),
         sources: src.mixture().map(|m| m.names.clone()).unwrap_or_default(),
         start: first.start,
-        start_end: first.end(),
+        start_end: first.cursor_end(),
         round: split.round(),
-        epoch_end: split.end(),
+        epoch_end: split.cursor_end(),
     }
 }
 

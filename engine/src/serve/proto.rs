@@ -182,6 +182,7 @@ impl OpenRequest {
                 epoch: c.epoch,
                 batch: c.batch,
                 world: None,
+                size: None,
             })),
             (None, Some(g)) => Ok(Some(Resume::Global {
                 epoch: g.epoch,
@@ -257,7 +258,8 @@ pub struct Opened {
     /// Records per round of batches.
     #[serde(default)]
     pub round: u64,
-    /// The end of a whole epoch's batches (positions, padding included).
+    /// The end of a whole epoch's batches, in records (padding not counted, so that a
+    /// padded epoch's end is its record count, the end under any world).
     #[serde(default)]
     pub epoch_end: u64,
 }

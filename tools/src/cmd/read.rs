@@ -100,17 +100,21 @@ pub struct Args {
     /// LIRS and two-pass cut the read-ahead to what the budget leaves room for (one at least).
     #[arg(long, default_value_t = 4, value_parser = parse_prefetch)]
     pub prefetch: usize,
-    /// Resume mid-epoch from a cursor: EPOCH:BATCH@WORLD, EPOCH:BATCH or EPOCH+RECORDS.
+    /// Resume mid-epoch from a cursor: EPOCH:BATCH@WORLDxBATCH_SIZE, EPOCH:BATCH or
+    /// EPOCH+RECORDS.
     ///
-    /// EPOCH:BATCH@WORLD starts at batch BATCH of every rank, taken under WORLD ranks (what
-    /// `--json` prints as cursor.resume after the last batch); under another --world it is
-    /// refused, with the global form to give instead. EPOCH:BATCH means the same under this
-    /// run's --world.
+    /// EPOCH:BATCH@WORLDxBATCH_SIZE starts at batch BATCH of every rank, taken under WORLD
+    /// ranks and batches of BATCH_SIZE (what `--json` prints as cursor.resume after the
+    /// last batch); under another --world or --batch-size it is refused, with the global
+    /// form to give instead. EPOCH:BATCH means the same under this run's --world and
+    /// --batch-size. The older EPOCH:BATCH@WORLD does not say its batch size: it is
+    /// refused (but for batch 0), with the global form it means under this --batch-size.
     ///
     /// EPOCH+RECORDS starts after RECORDS of the epoch's sequence consumed by all ranks
-    /// together (cursor.resume_global), under any --world and --batch-size: the rest of
-    /// the epoch is cut into this run's batches from there (its tail rule applied to what
-    /// remains), so the ranks before and after together read the epoch exactly once.
+    /// together (cursor.resume_global; padding is not counted), under any --world and
+    /// --batch-size: the rest of the epoch is cut into this run's batches from there (its
+    /// tail rule applied to what remains), so the ranks before and after together read
+    /// the epoch exactly once.
     ///
     /// A cursor past the end of its epoch is refused; its end (EPOCH:BATCHES) is not.
     #[arg(long, value_name = "CURSOR")]
@@ -326,7 +330,7 @@ fn deliver(
     })
 }
 
-/// The cursor after the last batch in its two forms: (`E:B@W`, `E+R`). In an epoch resumed
+/// The cursor after the last batch in its two forms: (`E:B@WxS`, `E+R`). In an epoch resumed
 /// inside a round of batches, this run's batches are numbered from the resume point: its
 /// cursor is given in the global form only.
 fn cursor_forms(job: &ReadJob, next: Cursor) -> Result<(String, String)> {
@@ -343,7 +347,7 @@ fn cursor_forms(job: &ReadJob, next: Cursor) -> Result<(String, String)> {
     let rank_form = if resumed_here {
         global_form.clone()
     } else {
-        next.rank_form(job.opts.world)
+        next.rank_form(job.opts.world, job.opts.batch)
     };
     Ok((rank_form, global_form))
 }
@@ -476,7 +480,9 @@ fn print_report(
         human_bytes(r.buffer_bytes as f64),
         human_bytes(r.prefetch_bytes as f64)
     )?;
-    outln!("  resume after this run: --resume {rank_form} (any world: --resume {global_form})")?;
+    outln!(
+        "  resume after this run: --resume {rank_form} (any world or batch size: --resume {global_form})"
+    )?;
     Ok(())
 }
 
