@@ -1436,3 +1436,101 @@ fn a_global_cursor_resumes_a_stream_of_another_batch_size() {
     req.resume_global = Some(g);
     assert!(c.open(req).is_err());
 }
+
+/// The CPU time (user + system, in clock ticks) the process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces), from field 3 on.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Regression (issue 29): a shared job whose only rank read a batch and left kept its pass
+/// running with no member (memory held, a core busy); a two-pass one panicked its thread
+/// in `modes/emit.rs` when the rank left (the pile pass stopped with the tail's padding
+/// half kept), and the panic was not counted. Now, in both modes and again and again:
+/// the job leaves the stats, its memory comes back, no panic, and the daemon idles.
+#[test]
+fn a_pass_whose_streams_have_all_gone_stops_and_frees_everything() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 100);
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    for mode in ["lirs", "two-pass"] {
+        let sock = sb.path().join(format!("{mode}.sock"));
+        let d = Daemon::start(
+            &sb,
+            &sock,
+            &[("train", &data)],
+            &["--mode", mode, "--scratch", scratch.to_str().unwrap()],
+        );
+        let idle = d.stats();
+        for round in 0..10 {
+            let mut c = d.client();
+            let mut req = OpenRequest::new("train", 7);
+            req.seed = round;
+            req.world = 2;
+            req.tail = "pad".into();
+            let mut s = c.open(req).unwrap();
+            s.next_batch().unwrap().unwrap();
+            // The only rank goes: its connection ends with its stream unclosed.
+            drop(s);
+            drop(c);
+            let left = Instant::now();
+            let s = d.wait_stats("the pass ends", |s| {
+                s["jobs_now"] == 0
+                    && s["streams_now"] == 0
+                    && s["memory_used"] == idle["memory_used"]
+            });
+            eprintln!("{mode} round {round}: pass gone after {:?}", left.elapsed());
+            assert_eq!(s["jobs"], serde_json::json!([]), "{s}");
+            assert!(s["errors"].get("panic").is_none(), "{mode}: {s}");
+        }
+        // Nothing runs any more: a second of idleness costs the daemon next to no CPU
+        // (a pass left running took 0.3-1 core).
+        let pid = d.child.id();
+        let before = cpu_ticks(pid);
+        std::thread::sleep(Duration::from_secs(1));
+        let used = cpu_ticks(pid) - before;
+        assert!(
+            used <= 5,
+            "{mode}: {used} ticks of CPU in a second with no client"
+        );
+        assert_eq!(pile_bytes(&scratch), 0, "{mode}: scratch left behind");
+    }
+}
+
+/// Regression (issue 29): an OPEN whose padded epoch is absurd (a world of 2^64-1, 1e9 or
+/// 2^53 ranks; padding many times the records) was accepted, and its pass walked the
+/// padded epoch for ever. Now it is `bad_request` at OPEN, with the reason, and the
+/// connection stays usable.
+#[test]
+fn an_absurd_padded_epoch_is_refused_at_open() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let mut c = d.client();
+    for (batch, world, why) in [
+        (1, u64::MAX, "more ranks than a job can have"),
+        (1, 1_000_000_000, "more ranks than a job can have"),
+        (256, 1 << 53, "more ranks than a job can have"),
+        (1, (1 << 20) + 1, "more ranks than a job can have"),
+        (1, 1 << 20, "repeated records"),
+        (4096, 256, "repeated records"),
+    ] {
+        let mut req = OpenRequest::new("train", batch);
+        req.world = world;
+        req.tail = "pad".into();
+        let e = c.open(req).map(|_| ()).unwrap_err();
+        assert_eq!(e.daemon_code(), Some("bad_request"), "{world}: {e}");
+        assert!(e.to_string().contains(why), "{world}: {e}");
+    }
+    // A wide but real job is served.
+    let mut req = OpenRequest::new("train", 4);
+    req.world = 1024;
+    req.tail = "pad".into();
+    let mut s = c.open(req).unwrap();
+    assert_eq!(s.next_batch().unwrap().unwrap().ids().len(), 4);
+}

@@ -95,6 +95,7 @@ impl Server {
             .map_err(|e| Error::io(path, "stat", None, e))?;
         let wake = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| Error::io(path, "make the wake-up pipe", None, e.into()))?;
+        count_panics();
         let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
         let (cfg_memory, scratch_limit, index_bytes) = (
             cfg.memory,
@@ -129,6 +130,7 @@ impl Server {
                     streams_shared: 0,
                     streams_own: 0,
                     errors: HashMap::new(),
+                    panics_before: panics(),
                     batch_us: hist(),
                     send_us: hist(),
                 }),
@@ -319,13 +321,8 @@ impl Drop for SlotGuard {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.id);
+        // The panic itself is counted by the hook (`count_panics`).
         if std::thread::panicking() {
-            *self
-                .shared
-                .stats()
-                .errors
-                .entry("panic".into())
-                .or_default() += 1;
             if let Some(s) = sock {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
@@ -333,4 +330,60 @@ impl Drop for SlotGuard {
     }
 }
 
+/// Panics of the process's riffle threads (a connection's, a job's, an engine pass's and
+/// its helpers': every thread the engine names `riffle-...`) since the hook was set.
+static PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts every panic of a riffle thread in [`PANICS`], whoever owns the thread: a pass's
+/// engine thread panics where the daemon cannot catch it (its stream is only stopped and
+/// joined), and the daemon's `errors` must still show it. The hook before it still runs
+/// (the message goes to stderr as before). Set once per process.
+fn count_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let ours = std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("riffle"));
+            if ours {
+                PANICS.fetch_add(1, Ordering::Relaxed);
+            }
+            before(info);
+        }));
+    });
+}
+
+/// Panics of riffle threads counted so far (see [`count_panics`]).
+pub(super) fn panics() -> u64 {
+    PANICS.load(Ordering::Relaxed)
+}
+
 pub use crate::modes::monotonic_ns;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic in any riffle thread (a pass's engine thread, which the daemon only stops
+    /// and joins) is counted for the daemon's `errors`; a thread of someone else's is not.
+    #[test]
+    fn panics_of_riffle_threads_are_counted() {
+        count_panics();
+        let before = panics();
+        let t = std::thread::Builder::new()
+            .name("riffle-two-pass".into())
+            .spawn(|| panic!("a deliberate panic of an engine thread"))
+            .unwrap();
+        assert!(t.join().is_err());
+        let after = panics();
+        assert!(after > before, "panic not counted: {before} -> {after}");
+        let t = std::thread::Builder::new()
+            .name("someone-else".into())
+            .spawn(|| panic!("a deliberate panic of another thread"))
+            .unwrap();
+        assert!(t.join().is_err());
+        // Other tests may run riffle threads meanwhile, but none of them panics.
+        assert_eq!(panics(), after);
+    }
+}
