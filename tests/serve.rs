@@ -1534,3 +1534,98 @@ fn an_absurd_padded_epoch_is_refused_at_open() {
     let mut s = c.open(req).unwrap();
     assert_eq!(s.next_batch().unwrap().unwrap().ids().len(), 4);
 }
+
+/// Runs `riffle serve` with `extra` and expects it to refuse to start: its stderr. A
+/// daemon that starts instead is killed (the deadline only catches that).
+fn refused_at_start(sb: &Sandbox, data: &Path, extra: &[&str]) -> String {
+    use std::io::Read;
+    let sock = sb.path().join("refused.sock");
+    let mut c = sb.cmd();
+    c.arg("serve").arg("--socket").arg(&sock);
+    c.arg("--dataset").arg(format!("train={}", data.display()));
+    c.args(["--mode", "lirs"]).args(extra);
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline || UnixStream::connect(&sock).is_ok() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("riffle serve {extra:?} started");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{extra:?}: {status}");
+    assert!(!err.contains("panicked"), "{extra:?}: {err}");
+    err
+}
+
+/// Regression (issue 29): waits of 2^64-1 s were taken at start and then every
+/// connection's thread panicked adding them to the clock; `--memory 0` and `1` were taken
+/// though no stream could ever fit; a `--scratch` that is a regular file, /proc or /sys
+/// was taken and every two-pass stream then failed. Each is now refused at start, saying
+/// why (with the numbers for the memory).
+#[test]
+fn impossible_settings_are_refused_at_start() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    let max = u64::MAX.to_string();
+    for flag in ["--idle-timeout", "--admit-wait", "--join-window"] {
+        let err = refused_at_start(&sb, &data, &[flag, &max]);
+        assert!(err.contains(flag) && err.contains("longer than"), "{err}");
+    }
+    for memory in ["0", "1", "64K"] {
+        let err = refused_at_start(&sb, &data, &["--memory", memory]);
+        assert!(
+            err.contains("too little for any stream") && err.contains("or more"),
+            "{err}"
+        );
+    }
+    let file = sb.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    for (scratch, why) in [
+        (file.to_str().unwrap(), "is not a directory"),
+        ("/proc", "kernel filesystem"),
+        ("/sys", "kernel filesystem"),
+        ("/proc/self/nothing-here", "kernel filesystem"),
+    ] {
+        let err = refused_at_start(&sb, &data, &["--scratch", scratch]);
+        assert!(
+            err.contains("--scratch") && err.contains(why),
+            "{scratch}: {err}"
+        );
+    }
+    // A waits of a year, a small but workable memory and a scratch directory yet to be
+    // made are fine.
+    let sock = sb.path().join("ok.sock");
+    let scratch = sb.path().join("not-yet/scratch");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &[
+            "--idle-timeout",
+            "31536000",
+            "--memory",
+            "16M",
+            "--scratch",
+            scratch.to_str().unwrap(),
+        ],
+    );
+    let mut c = d.client();
+    let mut s = c.open(OpenRequest::new("train", 16)).unwrap();
+    assert_eq!(s.next_batch().unwrap().unwrap().ids().len(), 16);
+}

@@ -23,6 +23,7 @@ use super::conn::Conn;
 use super::proto::error_frame;
 pub use super::state::{ServeConfig, ServeMode};
 use super::state::{Shared, Stats};
+use crate::size::human_bytes;
 use crate::{Error, Result};
 
 /// A bound socket, ready to [`Server::run`].
@@ -63,6 +64,11 @@ impl Server {
         }
         if cfg.max_clients == 0 {
             return Err(Error::Invalid("--max-clients must be at least 1".into()));
+        }
+        check_durations(&cfg)?;
+        check_memory(&cfg)?;
+        if let Some(dir) = &cfg.scratch {
+            check_scratch(dir)?;
         }
         let path = &cfg.socket;
         if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -305,6 +311,106 @@ impl Server {
             let _ = t.join();
         }
     }
+}
+
+/// The longest wait the daemon takes (`--idle-timeout`, `--admit-wait`, `--join-window`):
+/// a deadline is the moment now plus one of them, which must be a time the clock can
+/// say. Longer ones were taken at start and then overflowed in every connection.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Refuses waits no deadline can hold (see [`LONGEST_WAIT`]).
+fn check_durations(cfg: &ServeConfig) -> Result<()> {
+    let waits = [
+        ("--idle-timeout", cfg.idle_timeout.unwrap_or_default()),
+        ("--admit-wait", cfg.admit_wait),
+        ("--join-window", cfg.join_window),
+    ];
+    for (flag, d) in waits {
+        if d > LONGEST_WAIT {
+            return Err(Error::Invalid(format!(
+                "{flag} of {} s is longer than the daemon can wait (at most {} s, a year)",
+                d.as_secs(),
+                LONGEST_WAIT.as_secs()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--memory` in which no stream could ever be served: the datasets' indexes,
+/// plus, for the dataset that needs most, a LIRS read of batches of one record (a pass
+/// takes at most a quarter of the memory) and a ring for one such batch.
+fn check_memory(cfg: &ServeConfig) -> Result<()> {
+    let index: u64 = cfg
+        .datasets
+        .iter()
+        .map(|(_, d)| d.dataset().index_bytes())
+        .sum();
+    let cap = super::budget::PASS_MAX.min(cfg.memory / 4);
+    for (name, src) in &cfg.datasets {
+        let ds = src.dataset();
+        let ring = super::open::largest_batch(1, ds, u64::MAX)
+            .map_or(u64::MAX, |b| b.div_ceil(4096) * 4096);
+        let opts = crate::modes::ReadOptions::new(1);
+        let (pass, fits) = match super::budget::pass_needs(ds, &opts, false, cap) {
+            Ok(n) => (n, true),
+            Err(least) => (least, false),
+        };
+        let need = index.saturating_add(pass).saturating_add(ring);
+        if !fits || need > cfg.memory {
+            let least = need.max(pass.saturating_mul(4));
+            return Err(Error::Invalid(format!(
+                "--memory {} is too little for any stream of dataset '{name}': the datasets' \
+                 indexes take {}, a read of one-record batches needs {} (a read takes at \
+                 most a quarter of --memory) and its ring {}: give --memory {} or more",
+                human_bytes(cfg.memory as f64),
+                human_bytes(index as f64),
+                human_bytes(pass as f64),
+                human_bytes(ring as f64),
+                human_bytes(least as f64),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--scratch` where no pile could be written: not a directory (a regular
+/// file), not writable, or a kernel filesystem (/proc, /sys). One that does not exist
+/// yet is made when the first pass needs it, so its nearest existing parent is checked.
+fn check_scratch(dir: &std::path::Path) -> Result<()> {
+    let refuse = |why: &str| {
+        Err(Error::Invalid(format!(
+            "--scratch {}: {why}; two-pass piles need a writable directory",
+            dir.display()
+        )))
+    };
+    let mut at = dir;
+    while !at.exists() {
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p,
+            _ => return refuse("no part of it exists"),
+        }
+    }
+    let meta = match std::fs::metadata(at) {
+        Ok(m) => m,
+        Err(e) => return refuse(&format!("cannot stat {}: {e}", at.display())),
+    };
+    if !meta.is_dir() {
+        return refuse(&format!("{} is not a directory", at.display()));
+    }
+    if let Ok(fs) = nix::sys::statfs::statfs(at) {
+        use nix::sys::statfs::{PROC_SUPER_MAGIC, SYSFS_MAGIC};
+        if fs.filesystem_type() == PROC_SUPER_MAGIC || fs.filesystem_type() == SYSFS_MAGIC {
+            return refuse("it is on a kernel filesystem (proc or sysfs)");
+        }
+    }
+    if let Err(e) = nix::unistd::access(
+        at,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    ) {
+        return refuse(&format!("{} is not writable: {e}", at.display()));
+    }
+    Ok(())
 }
 
 /// A connection's place in `Shared::conns`, given back when its thread ends.
