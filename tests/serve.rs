@@ -1629,3 +1629,72 @@ fn impossible_settings_are_refused_at_start() {
     let mut s = c.open(OpenRequest::new("train", 16)).unwrap();
     assert_eq!(s.next_batch().unwrap().unwrap().ids().len(), 16);
 }
+
+/// Sends `sig` to the daemon and waits for it to exit: its stderr.
+fn signal_and_wait(d: &mut Daemon, sigs: &[&str]) -> String {
+    use std::io::Read;
+    for sig in sigs {
+        let o = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &d.child.id().to_string()])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+    }
+    let status = d.child.wait().unwrap();
+    let mut err = String::new();
+    d.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{status}: {err}");
+    err
+}
+
+/// Regression (issue 29): SIGHUP stopped the daemon even under `nohup`. Now SIGHUP stops
+/// it like SIGTERM (the terminal went away) unless it was ignored at start, as `nohup`
+/// and service managers set it: then it stays ignored, and only SIGTERM stops it.
+#[test]
+fn sighup_stops_the_daemon_unless_ignored_at_start_as_under_nohup() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    // Not ignored: SIGHUP stops it cleanly.
+    let sock = sb.path().join("hup.sock");
+    let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let err = signal_and_wait(&mut d, &["HUP"]);
+    assert!(err.contains("SIGHUP, shutting down"), "{err}");
+    assert!(!sock.exists());
+    // Ignored at start (a shell's `trap '' HUP`, as nohup does): SIGHUP is ignored, and
+    // the SIGTERM sent after it is the one that stops the daemon.
+    let sock = sb.path().join("nohup.sock");
+    let riffle = sb.cmd();
+    let mut c = std::process::Command::new("sh");
+    c.args(["-c", "trap '' HUP; exec \"$0\" \"$@\""])
+        .arg(riffle.get_program())
+        .args(["serve", "--mode", "lirs", "--socket"])
+        .arg(&sock)
+        .arg("--dataset")
+        .arg(format!("train={}", data.display()));
+    for (k, v) in riffle.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon {
+        child,
+        socket: sock.clone(),
+    };
+    d.wait_ready();
+    let before = d.stats();
+    let err = signal_and_wait(&mut d, &["HUP", "TERM"]);
+    assert!(!err.contains("SIGHUP"), "{err}");
+    assert!(err.contains("SIGTERM, shutting down"), "{err}");
+    assert!(before["clients"].is_u64());
+}

@@ -170,12 +170,30 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("'{s}': expected octal permission bits like 600 or 660"))
 }
 
+/// Whether `sig` was ignored when the process started (`nohup` ignores SIGHUP): the
+/// `SigIgn` mask of /proc/self/status, bit `sig - 1`. Unknown (no /proc): not ignored.
+fn ignored_at_start(sig: Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig as i32 - 1)) != 0)
+}
+
 pub fn run(a: Args, throttled: bool) -> Result<()> {
     // Block the stop signals in this thread before any other starts, so every thread
-    // inherits the mask and only the waiter below ever takes them.
+    // inherits the mask and only the waiter below ever takes them. SIGHUP (the terminal
+    // went away) stops the daemon like SIGTERM, unless it was ignored when the daemon
+    // started (`nohup`, a service manager): then it stays ignored, as asked.
     let mut signals = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+    for s in [Signal::SIGTERM, Signal::SIGINT] {
         signals.add(s);
+    }
+    if !ignored_at_start(Signal::SIGHUP) {
+        signals.add(Signal::SIGHUP);
     }
     signals.thread_block().context("blocking SIGTERM")?;
 
