@@ -1698,3 +1698,63 @@ fn sighup_stops_the_daemon_unless_ignored_at_start_as_under_nohup() {
     assert!(err.contains("SIGTERM, shutting down"), "{err}");
     assert!(before["clients"].is_u64());
 }
+
+/// Regression (issue 29): with a client that does not read (its socket full, the daemon
+/// in a write to it), SIGTERM took 1.8-2 s. Now writes have a deadline and shutdown cuts
+/// what is stuck: the daemon exits within a second, the reading client and one that
+/// connects during the shutdown are told `shutdown`.
+#[test]
+fn sigterm_ends_the_daemon_within_a_second_whatever_clients_do() {
+    use proto::Transport;
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 4096);
+    let sock = sb.path().join("s.sock");
+    let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    // Inline batches to a client that never reads: the daemon's write blocks once the
+    // socket's buffer is full.
+    let mut stuck = d.client();
+    let mut req = OpenRequest::new("train", 64);
+    req.transport = Transport::Inline;
+    stuck.send(&proto::json_frame(Kind::Open, &req)).unwrap();
+    let mut reading = d.client();
+    let mut s = reading.open(OpenRequest::new("train", 16)).unwrap();
+    s.next_batch().unwrap().unwrap();
+    // Until the daemon has sent the stuck client more than its socket holds.
+    d.wait_stats("the stuck client's socket is full", |s| {
+        s["batches"].as_u64().unwrap() >= 8
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
+    let started = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    // A client made now is told why, or finds no daemon at all, never a reset.
+    match Client::connect(&sock) {
+        Ok(mut late) => {
+            let e = late.stats().unwrap_err();
+            assert_eq!(e.daemon_code(), Some("shutdown"), "{e}");
+        }
+        Err(e) => assert!(
+            e.daemon_code() == Some("shutdown")
+                || matches!(e.to_string(), m if m.contains("No such file") || m.contains("refused")),
+            "{e}"
+        ),
+    }
+    let status = loop {
+        if let Some(st) = d.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no exit");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = started.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_secs(1), "SIGTERM took {took:?}");
+    let e = loop {
+        match s.next_batch() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without an error"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.daemon_code(), Some("shutdown"), "{e}");
+}

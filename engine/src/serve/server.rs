@@ -300,9 +300,13 @@ impl Server {
         for s in &conns {
             let _ = s.shutdown(std::net::Shutdown::Read);
         }
-        let deadline = Instant::now() + Duration::from_secs(2);
+        // Clients that read get their `shutdown` error within this; a thread still stuck
+        // after it (in a write to a client that does not read, or in an engine thread's
+        // announcement) is cut loose by shutting the socket down, so shutdown takes well
+        // under a second whatever clients do.
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
         while threads.iter().any(|(_, t)| !t.is_finished()) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+            self.refuse_while_stopping(Duration::from_millis(10));
         }
         for s in &conns {
             let _ = s.shutdown(std::net::Shutdown::Both);
@@ -310,6 +314,31 @@ impl Server {
         for (_, t) in threads {
             let _ = t.join();
         }
+        // Connections that came meanwhile are told too, not reset.
+        self.refuse_while_stopping(Duration::ZERO);
+    }
+
+    /// Answers connections that arrive while the daemon stops with a `shutdown` error
+    /// (waiting up to `wait` for one), so a client made in the grace period is told why.
+    fn refuse_while_stopping(&self, wait: Duration) {
+        let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+        let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+        let _ = self.listener.set_nonblocking(true);
+        while let Ok((sock, _)) = self.listener.accept() {
+            let _ = sock.set_nonblocking(false);
+            let _ = sock.set_write_timeout(Some(Duration::from_millis(50)));
+            let mut s = &sock;
+            let _ = s.write_all(&error_frame(
+                "shutdown",
+                "the daemon is shutting down",
+                true,
+            ));
+        }
+        let _ = self.listener.set_nonblocking(false);
     }
 }
 
@@ -435,6 +464,9 @@ impl Drop for SlotGuard {
         }
     }
 }
+
+/// How long shutdown waits for connections to say goodbye before it cuts them.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(300);
 
 /// Panics of the process's riffle threads (a connection's, a job's, an engine pass's and
 /// its helpers': every thread the engine names `riffle-...`) since the hook was set.
