@@ -1758,3 +1758,29 @@ fn sigterm_ends_the_daemon_within_a_second_whatever_clients_do() {
     };
     assert_eq!(e.daemon_code(), Some("shutdown"), "{e}");
 }
+
+/// Regression (issue 29): a world-2 `resume {0, 7}` past the end of the epoch was OPENED
+/// and then failed with an `engine` error in a world of one's terms. It is `bad_request`
+/// at OPEN, in the request's words.
+#[test]
+fn a_resume_past_the_end_of_a_ranks_epoch_is_a_bad_request_at_open() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let mut c = d.client();
+    // 12 global batches of 256 (padded), 6 a rank.
+    let mut req = OpenRequest::new("train", 256);
+    req.world = 2;
+    req.tail = "pad".into();
+    req.resume = Some(WireCursor { epoch: 0, batch: 7 });
+    let e = c.open(req.clone()).map(|_| ()).unwrap_err();
+    assert_eq!(e.daemon_code(), Some("bad_request"), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("resume") && !msg.contains("--"), "{msg}");
+    // The connection is still usable, and a resume inside the epoch is served.
+    req.resume = Some(WireCursor { epoch: 0, batch: 5 });
+    let mut s = c.open(req).unwrap();
+    let b = s.next_batch().unwrap().unwrap();
+    assert_eq!(b.header.index, 5);
+}
