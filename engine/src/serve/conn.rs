@@ -618,6 +618,7 @@ impl Conn {
         let mut job = open::prepare(req, src, &shared.cfg)?;
         // The ring: room for several of the largest possible batches, within the share.
         let largest = open::largest_batch(req.batch_size, &job.first, shared.ring_share())?;
+        open::sane_padding(&job.split)?;
         let (ring, credits, ring_grant) = open::ring(&shared, req, largest)?;
         *self.wire.lock() = WireState::default();
         // The stream's waits, listed in the stats once it is open.

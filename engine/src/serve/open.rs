@@ -132,7 +132,6 @@ pub(super) fn prepare(
     let mut job = (request(req, cfg).map_err(bad)?)
         .prepare(src)
         .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
-    sane_padding(&job.split).map_err(bad)?;
     let model = crate::plan::cached_device_model(job.device_path());
     if job.choose(model.as_ref()).is_err() {
         // No plan: read as without a profile.
@@ -157,16 +156,19 @@ const PAD_FLOOR: u64 = 1 << 16;
 /// epoch's start) repeats its records many times over: every padded position is walked
 /// by the pass, most of them for no rank, and nobody trains on an epoch that is mostly
 /// repeats.
-fn sane_padding(split: &crate::order::Split) -> Result<(), String> {
+pub(super) fn sane_padding(split: &crate::order::Split) -> Result<(), Refusal> {
     let padded = split.global_batches.saturating_mul(split.batch);
     let padding = padded.saturating_sub(split.records);
     let allowed = split.records.saturating_mul(PAD_RATIO).max(PAD_FLOOR);
     if padding > allowed {
-        return Err(format!(
-            "batches of {} over {} ranks pad an epoch of {} records with {padding} repeated \
+        return Err((
+            "bad_request",
+            format!(
+                "batches of {} over {} ranks pad an epoch of {} records with {padding} repeated \
              records (at most {allowed}: {PAD_RATIO} times the records, or {PAD_FLOOR}): \
              choose a smaller batch size or world, or tail partial or drop_last",
-            split.batch, split.world, split.records
+                split.batch, split.world, split.records
+            ),
         ));
     }
     Ok(())
@@ -306,7 +308,7 @@ mod tests {
         };
         assert_eq!(ok(10, 32, 8), Ok(()));
         assert_eq!(ok(1_000_000, 256, 1024), Ok(()));
-        let e = ok(10, 1, MAX_WORLD).unwrap_err();
+        let e = ok(10, 1, MAX_WORLD).unwrap_err().1;
         assert!(
             e.contains("pad an epoch of 10 records with 1048566 repeated records"),
             "{e}"
