@@ -1747,6 +1747,7 @@ fn sigterm_ends_the_daemon_within_a_second_whatever_clients_do() {
         std::thread::sleep(Duration::from_millis(10));
     };
     let took = started.elapsed();
+    eprintln!("SIGTERM to exit with a client that does not read: {took:?}");
     assert!(status.success(), "{status}");
     assert!(took < Duration::from_secs(1), "SIGTERM took {took:?}");
     let e = loop {
