@@ -1436,3 +1436,352 @@ fn a_global_cursor_resumes_a_stream_of_another_batch_size() {
     req.resume_global = Some(g);
     assert!(c.open(req).is_err());
 }
+
+/// The CPU time (user + system, in clock ticks) the process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces), from field 3 on.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Regression (issue 29): a shared job whose only rank read a batch and left kept its pass
+/// running with no member (memory held, a core busy); a two-pass one panicked its thread
+/// in `modes/emit.rs` when the rank left (the pile pass stopped with the tail's padding
+/// half kept), and the panic was not counted. Now, in both modes and again and again:
+/// the job leaves the stats, its memory comes back, no panic, and the daemon idles.
+#[test]
+fn a_pass_whose_streams_have_all_gone_stops_and_frees_everything() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 100);
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    for mode in ["lirs", "two-pass"] {
+        let sock = sb.path().join(format!("{mode}.sock"));
+        let d = Daemon::start(
+            &sb,
+            &sock,
+            &[("train", &data)],
+            &["--mode", mode, "--scratch", scratch.to_str().unwrap()],
+        );
+        let idle = d.stats();
+        for round in 0..10 {
+            let mut c = d.client();
+            let mut req = OpenRequest::new("train", 7);
+            req.seed = round;
+            req.world = 2;
+            req.tail = "pad".into();
+            let mut s = c.open(req).unwrap();
+            s.next_batch().unwrap().unwrap();
+            // The only rank goes: its connection ends with its stream unclosed.
+            drop(s);
+            drop(c);
+            let left = Instant::now();
+            let s = d.wait_stats("the pass ends", |s| {
+                s["jobs_now"] == 0
+                    && s["streams_now"] == 0
+                    && s["memory_used"] == idle["memory_used"]
+            });
+            eprintln!("{mode} round {round}: pass gone after {:?}", left.elapsed());
+            assert_eq!(s["jobs"], serde_json::json!([]), "{s}");
+            assert!(s["errors"].get("panic").is_none(), "{mode}: {s}");
+        }
+        // Nothing runs any more: a second of idleness costs the daemon next to no CPU
+        // (a pass left running took 0.3-1 core).
+        let pid = d.child.id();
+        let before = cpu_ticks(pid);
+        std::thread::sleep(Duration::from_secs(1));
+        let used = cpu_ticks(pid) - before;
+        assert!(
+            used <= 5,
+            "{mode}: {used} ticks of CPU in a second with no client"
+        );
+        assert_eq!(pile_bytes(&scratch), 0, "{mode}: scratch left behind");
+    }
+}
+
+/// Regression (issue 29): an OPEN whose padded epoch is absurd (a world of 2^64-1, 1e9 or
+/// 2^53 ranks; padding many times the records) was accepted, and its pass walked the
+/// padded epoch for ever. Now it is `bad_request` at OPEN, with the reason, and the
+/// connection stays usable.
+#[test]
+fn an_absurd_padded_epoch_is_refused_at_open() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let mut c = d.client();
+    for (batch, world, why) in [
+        (1, u64::MAX, "more ranks than a job can have"),
+        (1, 1_000_000_000, "more ranks than a job can have"),
+        (256, 1 << 53, "more ranks than a job can have"),
+        (1, (1 << 20) + 1, "more ranks than a job can have"),
+        (1, 1 << 20, "repeated records"),
+        (4096, 256, "repeated records"),
+    ] {
+        let mut req = OpenRequest::new("train", batch);
+        req.world = world;
+        req.tail = "pad".into();
+        let e = c.open(req).map(|_| ()).unwrap_err();
+        assert_eq!(e.daemon_code(), Some("bad_request"), "{world}: {e}");
+        assert!(e.to_string().contains(why), "{world}: {e}");
+    }
+    // A wide but real job is served.
+    let mut req = OpenRequest::new("train", 4);
+    req.world = 1024;
+    req.tail = "pad".into();
+    let mut s = c.open(req).unwrap();
+    assert_eq!(s.next_batch().unwrap().unwrap().ids().len(), 4);
+}
+
+/// Runs `riffle serve` with `extra` and expects it to refuse to start: its stderr. A
+/// daemon that starts instead is killed (the deadline only catches that).
+fn refused_at_start(sb: &Sandbox, data: &Path, extra: &[&str]) -> String {
+    use std::io::Read;
+    let sock = sb.path().join("refused.sock");
+    let mut c = sb.cmd();
+    c.arg("serve").arg("--socket").arg(&sock);
+    c.arg("--dataset").arg(format!("train={}", data.display()));
+    c.args(["--mode", "lirs"]).args(extra);
+    let mut child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline || UnixStream::connect(&sock).is_ok() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("riffle serve {extra:?} started");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{extra:?}: {status}");
+    assert!(!err.contains("panicked"), "{extra:?}: {err}");
+    err
+}
+
+/// Regression (issue 29): waits of 2^64-1 s were taken at start and then every
+/// connection's thread panicked adding them to the clock; `--memory 0` and `1` were taken
+/// though no stream could ever fit; a `--scratch` that is a regular file, /proc or /sys
+/// was taken and every two-pass stream then failed. Each is now refused at start, saying
+/// why (with the numbers for the memory).
+#[test]
+fn impossible_settings_are_refused_at_start() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    let max = u64::MAX.to_string();
+    for flag in ["--idle-timeout", "--admit-wait", "--join-window"] {
+        let err = refused_at_start(&sb, &data, &[flag, &max]);
+        assert!(err.contains(flag) && err.contains("longer than"), "{err}");
+    }
+    for memory in ["0", "1", "64K"] {
+        let err = refused_at_start(&sb, &data, &["--memory", memory]);
+        assert!(
+            err.contains("too little for any stream") && err.contains("or more"),
+            "{err}"
+        );
+    }
+    let file = sb.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    for (scratch, why) in [
+        (file.to_str().unwrap(), "is not a directory"),
+        ("/proc", "kernel filesystem"),
+        ("/sys", "kernel filesystem"),
+        ("/proc/self/nothing-here", "kernel filesystem"),
+    ] {
+        let err = refused_at_start(&sb, &data, &["--scratch", scratch]);
+        assert!(
+            err.contains("--scratch") && err.contains(why),
+            "{scratch}: {err}"
+        );
+    }
+    // A waits of a year, a small but workable memory and a scratch directory yet to be
+    // made are fine.
+    let sock = sb.path().join("ok.sock");
+    let scratch = sb.path().join("not-yet/scratch");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &[
+            "--idle-timeout",
+            "31536000",
+            "--memory",
+            "16M",
+            "--scratch",
+            scratch.to_str().unwrap(),
+        ],
+    );
+    let mut c = d.client();
+    let mut s = c.open(OpenRequest::new("train", 16)).unwrap();
+    assert_eq!(s.next_batch().unwrap().unwrap().ids().len(), 16);
+}
+
+/// Sends `sig` to the daemon and waits for it to exit: its stderr.
+fn signal_and_wait(d: &mut Daemon, sigs: &[&str]) -> String {
+    use std::io::Read;
+    for sig in sigs {
+        let o = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &d.child.id().to_string()])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+    }
+    let status = d.child.wait().unwrap();
+    let mut err = String::new();
+    d.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{status}: {err}");
+    err
+}
+
+/// Regression (issue 29): SIGHUP stopped the daemon even under `nohup`. Now SIGHUP stops
+/// it like SIGTERM (the terminal went away) unless it was ignored at start, as `nohup`
+/// and service managers set it: then it stays ignored, and only SIGTERM stops it.
+#[test]
+fn sighup_stops_the_daemon_unless_ignored_at_start_as_under_nohup() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    // Not ignored: SIGHUP stops it cleanly.
+    let sock = sb.path().join("hup.sock");
+    let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let err = signal_and_wait(&mut d, &["HUP"]);
+    assert!(err.contains("SIGHUP, shutting down"), "{err}");
+    assert!(!sock.exists());
+    // Ignored at start (a shell's `trap '' HUP`, as nohup does): SIGHUP is ignored, and
+    // the SIGTERM sent after it is the one that stops the daemon.
+    let sock = sb.path().join("nohup.sock");
+    let riffle = sb.cmd();
+    let mut c = std::process::Command::new("sh");
+    c.args(["-c", "trap '' HUP; exec \"$0\" \"$@\""])
+        .arg(riffle.get_program())
+        .args(["serve", "--mode", "lirs", "--socket"])
+        .arg(&sock)
+        .arg("--dataset")
+        .arg(format!("train={}", data.display()));
+    for (k, v) in riffle.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let child = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon {
+        child,
+        socket: sock.clone(),
+    };
+    d.wait_ready();
+    let before = d.stats();
+    let err = signal_and_wait(&mut d, &["HUP", "TERM"]);
+    assert!(!err.contains("SIGHUP"), "{err}");
+    assert!(err.contains("SIGTERM, shutting down"), "{err}");
+    assert!(before["clients"].is_u64());
+}
+
+/// Regression (issue 29): with a client that does not read (its socket full, the daemon
+/// in a write to it), SIGTERM took 1.8-2 s. Now writes have a deadline and shutdown cuts
+/// what is stuck: the daemon exits within a second, the reading client and one that
+/// connects during the shutdown are told `shutdown`.
+#[test]
+fn sigterm_ends_the_daemon_within_a_second_whatever_clients_do() {
+    use proto::Transport;
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 4096);
+    let sock = sb.path().join("s.sock");
+    let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    // Inline batches to a client that never reads: the daemon's write blocks once the
+    // socket's buffer is full.
+    let mut stuck = d.client();
+    let mut req = OpenRequest::new("train", 64);
+    req.transport = Transport::Inline;
+    stuck.send(&proto::json_frame(Kind::Open, &req)).unwrap();
+    let mut reading = d.client();
+    let mut s = reading.open(OpenRequest::new("train", 16)).unwrap();
+    s.next_batch().unwrap().unwrap();
+    // Until the daemon has sent the stuck client more than its socket holds.
+    d.wait_stats("the stuck client's socket is full", |s| {
+        s["batches"].as_u64().unwrap() >= 8
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = nix::unistd::Pid::from_raw(d.child.id() as i32);
+    let started = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    // A client made now is told why, or finds no daemon at all, never a reset.
+    match Client::connect(&sock) {
+        Ok(mut late) => {
+            let e = late.stats().unwrap_err();
+            assert_eq!(e.daemon_code(), Some("shutdown"), "{e}");
+        }
+        Err(e) => assert!(
+            e.daemon_code() == Some("shutdown")
+                || matches!(e.to_string(), m if m.contains("No such file") || m.contains("refused")),
+            "{e}"
+        ),
+    }
+    let status = loop {
+        if let Some(st) = d.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no exit");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = started.elapsed();
+    eprintln!("SIGTERM to exit with a client that does not read: {took:?}");
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_secs(1), "SIGTERM took {took:?}");
+    let e = loop {
+        match s.next_batch() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without an error"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.daemon_code(), Some("shutdown"), "{e}");
+}
+
+/// Regression (issue 29): a world-2 `resume {0, 7}` past the end of the epoch was OPENED
+/// and then failed with an `engine` error in a world of one's terms. It is `bad_request`
+/// at OPEN, in the request's words.
+#[test]
+fn a_resume_past_the_end_of_a_ranks_epoch_is_a_bad_request_at_open() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3000, 64);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &[]);
+    let mut c = d.client();
+    // 12 global batches of 256 (padded), 6 a rank.
+    let mut req = OpenRequest::new("train", 256);
+    req.world = 2;
+    req.tail = "pad".into();
+    req.resume = Some(WireCursor { epoch: 0, batch: 7 });
+    let e = c.open(req.clone()).map(|_| ()).unwrap_err();
+    assert_eq!(e.daemon_code(), Some("bad_request"), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("resume") && !msg.contains("--"), "{msg}");
+    // The connection is still usable, and a resume inside the epoch is served.
+    req.resume = Some(WireCursor { epoch: 0, batch: 5 });
+    let mut s = c.open(req).unwrap();
+    let b = s.next_batch().unwrap().unwrap();
+    assert_eq!(b.header.index, 5);
+}

@@ -79,18 +79,40 @@ class RiffleConnectionError(RiffleError, ConnectionError):
         super().__init__(message, code="connection", fatal=True)
 
 
+class RiffleTimeout(RiffleConnectionError):
+    """The daemon sent nothing for `receive_timeout` seconds while the client waited on it
+    (it is stopped, hung or overloaded): resume from `state_dict()` on a new `Client`."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.code = "timeout"
+
+
+# How long a client waits on the daemon by default before `RiffleTimeout`: longer than
+# anything the daemon does between two frames in a healthy run (admission waits, a join
+# window, a two-pass scatter before its first batch), short enough that a stopped daemon
+# does not hang a training job for ever.
+DEFAULT_RECEIVE_TIMEOUT = 600.0
+
+
 class Client:
     """A connection to `riffle serve` at the Unix socket `path`.
 
     `connect_timeout` (seconds) keeps retrying while the daemon is not (yet) there, which is
     what a training job wants while its daemon restarts. `spin_us` > 0 busy-polls the socket
     for up to that long before sleeping when waiting for a batch: lower latency (no wake-up)
-    for a core's worth of CPU while waiting.
+    for a core's worth of CPU while waiting. `receive_timeout` (seconds, default 600; None
+    waits for ever) is the longest the client waits for the daemon's next frame before it
+    raises `RiffleTimeout` (a daemon stopped with SIGSTOP, or hung).
     """
 
-    def __init__(self, path, connect_timeout=0.0, spin_us=0):
+    def __init__(self, path, connect_timeout=0.0, spin_us=0,
+                 receive_timeout=DEFAULT_RECEIVE_TIMEOUT):
         self.path = os.fspath(path)
         self.spin_us = spin_us
+        if receive_timeout is not None and not receive_timeout > 0:
+            raise ValueError(f"receive_timeout must be positive seconds or None, not {receive_timeout!r}")
+        self.receive_timeout = receive_timeout
         deadline = time.monotonic() + connect_timeout
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -102,6 +124,14 @@ class Client:
                 if time.monotonic() >= deadline:
                     raise RiffleConnectionError(f"{self.path}: cannot connect: {e}") from e
                 time.sleep(0.05)
+        if receive_timeout is not None:
+            # The kernel's receive timeout (SO_RCVTIMEO), not Python's: the socket stays
+            # blocking, a non-blocking receive (MSG_DONTWAIT, when spinning) still returns
+            # at once, and a blocking one fails with EAGAIN after the timeout.
+            secs = min(receive_timeout, 2**31 - 1)
+            whole = int(secs)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                            struct.pack("ll", whole, int((secs - whole) * 1e6)))
         self._sock = sock
         self._buf = bytearray()
         self._start = 0
@@ -189,7 +219,7 @@ class Client:
         percentiles (us), ring memory. Asked on a connection of its own while a stream is
         open here."""
         if self._stream is not None and self._stream._open:
-            with Client(self.path) as other:
+            with Client(self.path, receive_timeout=self.receive_timeout) as other:
                 return other.stats()
         self._send_json(STATS, {})
         while True:
@@ -300,7 +330,10 @@ class Client:
         except BlockingIOError:
             if flags:
                 return None
-            raise RiffleConnectionError(f"{self.path}: receive timed out") from None
+            raise RiffleTimeout(
+                f"{self.path}: the daemon sent nothing for {self.receive_timeout} s "
+                "(receive_timeout): it may be stopped (SIGSTOP), hung or overloaded"
+            ) from None
         except OSError as e:
             raise RiffleConnectionError(f"{self.path}: receive failed: {e}") from e
         return data, anc
@@ -603,7 +636,7 @@ class Stream:
             "daemon": None,
         }
         if out["stream"] is not None and self._open:
-            with Client(self._client.path) as other:
+            with Client(self._client.path, receive_timeout=self._client.receive_timeout) as other:
                 for w in other.stats().get("stream_waits", []):
                     if w.get("stream") == out["stream"]:
                         out["daemon"] = w

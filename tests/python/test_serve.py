@@ -567,3 +567,35 @@ def test_many_streams_of_a_files_dataset_share_the_open_file_limit(tmp_path):
         assert got == [2000] * 24
     finally:
         d.stop()
+
+
+def test_a_stopped_daemon_gives_a_receive_timeout_not_a_hang(daemon):
+    """Regression (issue 29): a daemon stopped with SIGSTOP left its clients blocked for
+    ever. A client waits `receive_timeout` seconds for the daemon's next frame, then raises
+    `RiffleTimeout` (a `RiffleConnectionError`); the default is generous, None waits on."""
+    assert riffle.client.DEFAULT_RECEIVE_TIMEOUT >= 60
+    with pytest.raises(ValueError):
+        riffle.Client(daemon.socket, receive_timeout=0)
+    c = riffle.Client(daemon.socket, receive_timeout=0.5)
+    s = c.stream("train", batch_size=16, seed=1)
+    it = iter(s)
+    next(it)
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(riffle.client.RiffleTimeout) as e:
+            # The batches already in the ring come out; then the client waits on the
+            # daemon, which does not answer.
+            for _ in it:
+                pass
+        assert "receive_timeout" in str(e.value) and e.value.code == "timeout"
+        assert isinstance(e.value, riffle.RiffleConnectionError)
+        # A blocking STATS on a fresh connection times out the same way... once connected:
+        # the kernel accepts the connection into the backlog, the HELLO goes unanswered.
+        with pytest.raises(riffle.client.RiffleTimeout):
+            riffle.Client(daemon.socket, receive_timeout=0.5)
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    c.close()
+    # The daemon, running again, serves a client with no timeout at all.
+    with riffle.Client(daemon.socket, receive_timeout=None) as c2:
+        assert sum(len(b.ids) for b in c2.stream("train", batch_size=100)) == 3000

@@ -84,6 +84,7 @@ enum Command {
     /// a shared-memory transport (see docs/protocol.md and the Python client in python/).
     ///
     /// SIGTERM (or SIGINT) stops it cleanly: clients are told, the socket file is removed.
+    /// So does SIGHUP, unless it was ignored at start (as under nohup): then it is ignored.
     Serve(cmd::serve::Args),
     /// Run a benchmark suite and write a report (JSON + Markdown).
     Bench(cmd::bench::Args),

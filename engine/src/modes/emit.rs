@@ -239,14 +239,88 @@ impl Emitter<'_> {
     }
 
     /// The epoch's records are all out: pad the tail from the epoch's start.
+    ///
+    /// A run that stopped part way (its consumer gone, or its stop flag set between two
+    /// piles) gave fewer records than the epoch has, so the padding it kept may be short:
+    /// it pads nothing and counts as stopped. (A shared two-pass job whose last rank left
+    /// after one batch stopped the pile pass at a pile boundary without the emitter seeing
+    /// the flag, and padding then indexed past what was kept.)
     pub(crate) fn finish(&mut self) {
-        if self.split.tail != Tail::Pad {
+        if self.split.tail != Tail::Pad || self.stopped {
+            return;
+        }
+        if self.pos < self.records || self.stop.is_set() {
+            self.stopped = true;
             return;
         }
         let keep = std::mem::take(&mut self.pad_keep);
         for p in self.records..self.split.start + self.split.global_batches * self.split.batch {
-            let (id, bytes) = &keep[(p % self.records) as usize];
+            // Checked per padded position: a padded round may be long (a wide world).
+            if self.stopped {
+                return;
+            }
+            let Some((id, bytes)) = keep.get((p % self.records) as usize) else {
+                self.stopped = true;
+                return;
+            };
             self.place(p, *id, bytes, true);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run stopped part way through its epoch (the consumer gone, or the stop flag set
+    /// between two piles) then finishes its emitter: it pads nothing and says it stopped,
+    /// where it used to index past the padding it had kept.
+    #[test]
+    fn finishing_a_stopped_epoch_pads_nothing_and_does_not_panic() {
+        // Rank 0 of two: the padded epoch is 16 positions, so six records are kept.
+        let split = Split::new(10, 4, 0, 2, Tail::Pad).unwrap();
+        for stop_flag in [false, true] {
+            let (tx, rx) = crossbeam_channel::bounded(16);
+            let stop = Stop::default();
+            let mut hist = Histogram::<u64>::new(3).unwrap();
+            let mut report = ReadReport::default();
+            let mut em = Emitter::new(split, 0, 0, 8.0, &tx, &stop, &mut hist, &mut report);
+            // One batch out, then the run stops: five of the ten records are given.
+            for id in 0..5 {
+                em.push(id, &[id as u8; 8]);
+            }
+            if stop_flag {
+                stop.set();
+            }
+            em.finish();
+            assert!(em.stopped);
+            drop(em);
+            let sent: Vec<_> = rx.try_iter().map(|b| b.unwrap().ids).collect();
+            assert_eq!(sent, vec![vec![0, 1, 2, 3]]);
+        }
+    }
+
+    /// A whole epoch still pads its last batch from the epoch's start.
+    #[test]
+    fn a_whole_epoch_pads_its_tail_from_its_start() {
+        let split = Split::new(10, 4, 0, 1, Tail::Pad).unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        let stop = Stop::default();
+        let mut hist = Histogram::<u64>::new(3).unwrap();
+        let mut report = ReadReport::default();
+        let mut em = Emitter::new(split, 0, 0, 8.0, &tx, &stop, &mut hist, &mut report);
+        for id in 0..10 {
+            em.push(id, &[id as u8; 8]);
+        }
+        em.finish();
+        assert!(!em.stopped);
+        drop(em);
+        let sent: Vec<_> = rx.try_iter().map(|b| b.unwrap()).collect();
+        let ids: Vec<_> = sent.iter().map(|b| b.ids.clone()).collect();
+        assert_eq!(
+            ids,
+            vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9, 0, 1]]
+        );
+        assert_eq!(sent[2].padding, 2);
     }
 }

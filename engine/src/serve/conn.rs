@@ -29,6 +29,8 @@ use crate::source::Source;
 /// How long a new connection has for its whole handshake (an idle connection holds a
 /// client slot): the HELLO must be complete by then, however it trickles in.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the last frame of a connection (its ERROR) may wait on the client.
+const GOODBYE_WAIT: Duration = Duration::from_millis(100);
 
 /// The longest the connection thread waits for the engine before it looks at the socket
 /// (and the daemon's shutdown) again: a two-pass stream's first batch comes only after
@@ -103,6 +105,10 @@ pub(super) struct Conn {
 
 impl Conn {
     pub(super) fn new(sock: UnixStream, shared: Arc<Shared>) -> Conn {
+        // Every write has a deadline: a client that does not read for --idle-timeout is
+        // cut like one that sends nothing, rather than holding a thread (the engine's,
+        // for announcements) in a write for ever.
+        let _ = sock.set_write_timeout(shared.cfg.idle_timeout);
         Conn {
             wire: Arc::new(Wire {
                 sock,
@@ -135,6 +141,9 @@ impl Conn {
         };
         *self.shared.stats().errors.entry(code.into()).or_default() += 1;
         self.close_stream();
+        // The goodbye is small: a client that does not take it at once is not reading,
+        // and must not hold the connection's thread (nor the daemon's shutdown).
+        let _ = self.wire.sock.set_write_timeout(Some(GOODBYE_WAIT));
         let _ = self.wire.write(&error_frame(code, &msg, true));
         let _ = self.wire.sock.shutdown(std::net::Shutdown::Both);
     }
@@ -609,6 +618,7 @@ impl Conn {
         let mut job = open::prepare(req, src, &shared.cfg)?;
         // The ring: room for several of the largest possible batches, within the share.
         let largest = open::largest_batch(req.batch_size, &job.first, shared.ring_share())?;
+        open::sane_padding(&job.split)?;
         let (ring, credits, ring_grant) = open::ring(&shared, req, largest)?;
         *self.wire.lock() = WireState::default();
         // The stream's waits, listed in the stats once it is open.

@@ -123,6 +123,12 @@ pub(super) fn prepare(
     cfg: &ServeConfig,
 ) -> Result<ReadJob, Refusal> {
     let bad = |m: String| ("bad_request", wire_words(&m));
+    if req.world > MAX_WORLD {
+        return Err(bad(format!(
+            "world {} is more ranks than a job can have (at most {MAX_WORLD})",
+            req.world
+        )));
+    }
     let mut job = (request(req, cfg).map_err(bad)?)
         .prepare(src)
         .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
@@ -133,6 +139,39 @@ pub(super) fn prepare(
         job.opts.lead = false;
     }
     Ok(job)
+}
+
+/// The most ranks a job may have. A pass walks (and decides) every global batch of its
+/// epoch, its ranks' or not, so a world far beyond any real job's made a pass of one
+/// member walk 2^64 batches long after its client had gone.
+pub(super) const MAX_WORLD: u64 = 1 << 20;
+
+/// Padding an epoch may add: up to this many times its records, or [`PAD_FLOOR`]
+/// positions whatever the records (a small dataset over a few ranks pads more than it
+/// has).
+const PAD_RATIO: u64 = 16;
+const PAD_FLOOR: u64 = 1 << 16;
+
+/// Refuses an epoch whose padding (`tail pad`: the last round of batches filled from the
+/// epoch's start) repeats its records many times over: every padded position is walked
+/// by the pass, most of them for no rank, and nobody trains on an epoch that is mostly
+/// repeats.
+pub(super) fn sane_padding(split: &crate::order::Split) -> Result<(), Refusal> {
+    let padded = split.global_batches.saturating_mul(split.batch);
+    let padding = padded.saturating_sub(split.records);
+    let allowed = split.records.saturating_mul(PAD_RATIO).max(PAD_FLOOR);
+    if padding > allowed {
+        return Err((
+            "bad_request",
+            format!(
+                "batches of {} over {} ranks pad an epoch of {} records with {padding} repeated \
+             records (at most {allowed}: {PAD_RATIO} times the records, or {PAD_FLOOR}): \
+             choose a smaller batch size or world, or tail partial or drop_last",
+                split.batch, split.world, split.records
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The most bytes a batch of `batch` records of `ds` may take in a ring: room for several
@@ -257,6 +296,27 @@ mod tests {
             Err("unknown mode 'bmf': expected auto, lirs or two-pass".into())
         );
         assert!(ServeMode::try_from(Mode::Sequential).is_err());
+    }
+
+    /// Padding many times the records is refused with the numbers; a small dataset over a
+    /// few ranks, or padding of a fraction of the records, is not.
+    #[test]
+    fn absurd_padding_is_refused_with_its_numbers() {
+        use crate::order::{Split, Tail};
+        let ok = |records, batch, world| {
+            sane_padding(&Split::new(records, batch, 0, world, Tail::Pad).unwrap())
+        };
+        assert_eq!(ok(10, 32, 8), Ok(()));
+        assert_eq!(ok(1_000_000, 256, 1024), Ok(()));
+        let e = ok(10, 1, MAX_WORLD).unwrap_err().1;
+        assert!(
+            e.contains("pad an epoch of 10 records with 1048566 repeated records"),
+            "{e}"
+        );
+        assert!(ok(1000, 4096, 64).is_err());
+        // Other tails never pad.
+        let dropped = Split::new(1000, 7, 0, 64, Tail::DropLast).unwrap();
+        assert_eq!(sane_padding(&dropped), Ok(()));
     }
 
     #[test]

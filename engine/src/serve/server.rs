@@ -23,6 +23,7 @@ use super::conn::Conn;
 use super::proto::error_frame;
 pub use super::state::{ServeConfig, ServeMode};
 use super::state::{Shared, Stats};
+use crate::size::human_bytes;
 use crate::{Error, Result};
 
 /// A bound socket, ready to [`Server::run`].
@@ -64,6 +65,11 @@ impl Server {
         if cfg.max_clients == 0 {
             return Err(Error::Invalid("--max-clients must be at least 1".into()));
         }
+        check_durations(&cfg)?;
+        check_memory(&cfg)?;
+        if let Some(dir) = &cfg.scratch {
+            check_scratch(dir)?;
+        }
         let path = &cfg.socket;
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             if !meta.file_type().is_socket() {
@@ -95,6 +101,7 @@ impl Server {
             .map_err(|e| Error::io(path, "stat", None, e))?;
         let wake = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| Error::io(path, "make the wake-up pipe", None, e.into()))?;
+        count_panics();
         let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
         let (cfg_memory, scratch_limit, index_bytes) = (
             cfg.memory,
@@ -129,6 +136,7 @@ impl Server {
                     streams_shared: 0,
                     streams_own: 0,
                     errors: HashMap::new(),
+                    panics_before: panics(),
                     batch_us: hist(),
                     send_us: hist(),
                 }),
@@ -292,9 +300,13 @@ impl Server {
         for s in &conns {
             let _ = s.shutdown(std::net::Shutdown::Read);
         }
-        let deadline = Instant::now() + Duration::from_secs(2);
+        // Clients that read get their `shutdown` error within this; a thread still stuck
+        // after it (in a write to a client that does not read, or in an engine thread's
+        // announcement) is cut loose by shutting the socket down, so shutdown takes well
+        // under a second whatever clients do.
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
         while threads.iter().any(|(_, t)| !t.is_finished()) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+            self.refuse_while_stopping(Duration::from_millis(10));
         }
         for s in &conns {
             let _ = s.shutdown(std::net::Shutdown::Both);
@@ -302,7 +314,132 @@ impl Server {
         for (_, t) in threads {
             let _ = t.join();
         }
+        // Connections that came meanwhile are told too, not reset.
+        self.refuse_while_stopping(Duration::ZERO);
     }
+
+    /// Answers connections that arrive while the daemon stops with a `shutdown` error
+    /// (waiting up to `wait` for one), so a client made in the grace period is told why.
+    fn refuse_while_stopping(&self, wait: Duration) {
+        let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+        let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
+        let _ = self.listener.set_nonblocking(true);
+        while let Ok((sock, _)) = self.listener.accept() {
+            let _ = sock.set_nonblocking(false);
+            let _ = sock.set_write_timeout(Some(Duration::from_millis(50)));
+            let mut s = &sock;
+            let _ = s.write_all(&error_frame(
+                "shutdown",
+                "the daemon is shutting down",
+                true,
+            ));
+        }
+        let _ = self.listener.set_nonblocking(false);
+    }
+}
+
+/// The longest wait the daemon takes (`--idle-timeout`, `--admit-wait`, `--join-window`):
+/// a deadline is the moment now plus one of them, which must be a time the clock can
+/// say. Longer ones were taken at start and then overflowed in every connection.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Refuses waits no deadline can hold (see [`LONGEST_WAIT`]).
+fn check_durations(cfg: &ServeConfig) -> Result<()> {
+    let waits = [
+        ("--idle-timeout", cfg.idle_timeout.unwrap_or_default()),
+        ("--admit-wait", cfg.admit_wait),
+        ("--join-window", cfg.join_window),
+    ];
+    for (flag, d) in waits {
+        if d > LONGEST_WAIT {
+            return Err(Error::Invalid(format!(
+                "{flag} of {} s is longer than the daemon can wait (at most {} s, a year)",
+                d.as_secs(),
+                LONGEST_WAIT.as_secs()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--memory` in which no stream could ever be served: the datasets' indexes,
+/// plus, for the dataset that needs most, a LIRS read of batches of one record (a pass
+/// takes at most a quarter of the memory) and a ring for one such batch.
+fn check_memory(cfg: &ServeConfig) -> Result<()> {
+    let index: u64 = cfg
+        .datasets
+        .iter()
+        .map(|(_, d)| d.dataset().index_bytes())
+        .sum();
+    let cap = super::budget::PASS_MAX.min(cfg.memory / 4);
+    for (name, src) in &cfg.datasets {
+        let ds = src.dataset();
+        let ring = super::open::largest_batch(1, ds, u64::MAX)
+            .map_or(u64::MAX, |b| b.div_ceil(4096) * 4096);
+        let opts = crate::modes::ReadOptions::new(1);
+        let (pass, fits) = match super::budget::pass_needs(ds, &opts, false, cap) {
+            Ok(n) => (n, true),
+            Err(least) => (least, false),
+        };
+        let need = index.saturating_add(pass).saturating_add(ring);
+        if !fits || need > cfg.memory {
+            let least = need.max(pass.saturating_mul(4));
+            return Err(Error::Invalid(format!(
+                "--memory {} is too little for any stream of dataset '{name}': the datasets' \
+                 indexes take {}, a read of one-record batches needs {} (a read takes at \
+                 most a quarter of --memory) and its ring {}: give --memory {} or more",
+                human_bytes(cfg.memory as f64),
+                human_bytes(index as f64),
+                human_bytes(pass as f64),
+                human_bytes(ring as f64),
+                human_bytes(least as f64),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--scratch` where no pile could be written: not a directory (a regular
+/// file), not writable, or a kernel filesystem (/proc, /sys). One that does not exist
+/// yet is made when the first pass needs it, so its nearest existing parent is checked.
+fn check_scratch(dir: &std::path::Path) -> Result<()> {
+    let refuse = |why: &str| {
+        Err(Error::Invalid(format!(
+            "--scratch {}: {why}; two-pass piles need a writable directory",
+            dir.display()
+        )))
+    };
+    let mut at = dir;
+    while !at.exists() {
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p,
+            _ => return refuse("no part of it exists"),
+        }
+    }
+    let meta = match std::fs::metadata(at) {
+        Ok(m) => m,
+        Err(e) => return refuse(&format!("cannot stat {}: {e}", at.display())),
+    };
+    if !meta.is_dir() {
+        return refuse(&format!("{} is not a directory", at.display()));
+    }
+    if let Ok(fs) = nix::sys::statfs::statfs(at) {
+        use nix::sys::statfs::{PROC_SUPER_MAGIC, SYSFS_MAGIC};
+        if fs.filesystem_type() == PROC_SUPER_MAGIC || fs.filesystem_type() == SYSFS_MAGIC {
+            return refuse("it is on a kernel filesystem (proc or sysfs)");
+        }
+    }
+    if let Err(e) = nix::unistd::access(
+        at,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    ) {
+        return refuse(&format!("{} is not writable: {e}", at.display()));
+    }
+    Ok(())
 }
 
 /// A connection's place in `Shared::conns`, given back when its thread ends.
@@ -319,13 +456,8 @@ impl Drop for SlotGuard {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.id);
+        // The panic itself is counted by the hook (`count_panics`).
         if std::thread::panicking() {
-            *self
-                .shared
-                .stats()
-                .errors
-                .entry("panic".into())
-                .or_default() += 1;
             if let Some(s) = sock {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
@@ -333,4 +465,63 @@ impl Drop for SlotGuard {
     }
 }
 
+/// How long shutdown waits for connections to say goodbye before it cuts them.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(300);
+
+/// Panics of the process's riffle threads (a connection's, a job's, an engine pass's and
+/// its helpers': every thread the engine names `riffle-...`) since the hook was set.
+static PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts every panic of a riffle thread in [`PANICS`], whoever owns the thread: a pass's
+/// engine thread panics where the daemon cannot catch it (its stream is only stopped and
+/// joined), and the daemon's `errors` must still show it. The hook before it still runs
+/// (the message goes to stderr as before). Set once per process.
+fn count_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let ours = std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("riffle"));
+            if ours {
+                PANICS.fetch_add(1, Ordering::Relaxed);
+            }
+            before(info);
+        }));
+    });
+}
+
+/// Panics of riffle threads counted so far (see [`count_panics`]).
+pub(super) fn panics() -> u64 {
+    PANICS.load(Ordering::Relaxed)
+}
+
 pub use crate::modes::monotonic_ns;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic in any riffle thread (a pass's engine thread, which the daemon only stops
+    /// and joins) is counted for the daemon's `errors`; a thread of someone else's is not.
+    #[test]
+    fn panics_of_riffle_threads_are_counted() {
+        count_panics();
+        let before = panics();
+        let t = std::thread::Builder::new()
+            .name("riffle-two-pass".into())
+            .spawn(|| panic!("a deliberate panic of an engine thread"))
+            .unwrap();
+        assert!(t.join().is_err());
+        let after = panics();
+        assert!(after > before, "panic not counted: {before} -> {after}");
+        let t = std::thread::Builder::new()
+            .name("someone-else".into())
+            .spawn(|| panic!("a deliberate panic of another thread"))
+            .unwrap();
+        assert!(t.join().is_err());
+        // Other tests may run riffle threads meanwhile, but none of them panics.
+        assert_eq!(panics(), after);
+    }
+}

@@ -108,6 +108,9 @@ pub(super) struct Stats {
     pub(super) streams_shared: u64,
     pub(super) streams_own: u64,
     pub(super) errors: HashMap<String, u64>,
+    /// Panics of riffle threads counted before this daemon started (`errors.panic` counts
+    /// those since).
+    pub(super) panics_before: u64,
     /// Per batch: from the connection thread asking the engine for it to its notification
     /// written, or to the batch reaching the connection thread when the engine's thread
     /// announced it (us).
@@ -147,6 +150,12 @@ impl Shared {
                 "max": h.max(),
             })
         };
+        // Panics of the engine's threads are counted where they happen (a hook).
+        let mut errors = s.errors.clone();
+        let panics = super::server::panics().saturating_sub(s.panics_before);
+        if panics > 0 {
+            errors.insert("panic".into(), panics);
+        }
         json!({
             "uptime_s": secs,
             "clients": self.conns.lock().unwrap_or_else(|p| p.into_inner()).len(),
@@ -179,7 +188,7 @@ impl Shared {
             "memory_limit": self.budget.total(),
             "scratch_planned": self.scratch_budget.as_ref().map(|b| b.used()),
             "scratch_limit": self.scratch_budget.as_ref().map(|b| b.total()),
-            "errors": s.errors,
+            "errors": errors,
             "datasets": self.cfg.datasets.iter().map(|(n, d)| {
                 let mut v = json!({"name": n, "records": d.len()});
                 // A mixture's composition: every epoch the same counts per source.

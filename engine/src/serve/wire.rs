@@ -41,9 +41,16 @@ impl Wire {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Writes `bytes` whole. A write that fails (the client gone, or not reading for the
+    /// socket's write timeout) may have left part of a frame: the connection is shut
+    /// down, so nothing more is written after it and its thread sees the end.
     pub(super) fn write(&self, bytes: &[u8]) -> std::io::Result<()> {
         let _w = self.lock();
-        (&self.sock).write_all(bytes)
+        let wrote = (&self.sock).write_all(bytes);
+        if wrote.is_err() {
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        }
+        wrote
     }
 }
 
@@ -87,8 +94,13 @@ pub(super) fn announce_ready(
     proto::frame_into(&mut out, Kind::Batch, BatchHeader::LEN);
     h.encode(&mut out);
     w.announced += 1;
-    // A failed write is the client gone: the connection thread sees it at its next read.
-    let _ = (&wire.sock).write_all(&out);
+    // A failed write is the client gone, or not reading for the write timeout (and part
+    // of the frame may be out): the connection is shut down, and its thread sees it at
+    // its next read.
+    if (&wire.sock).write_all(&out).is_err() {
+        let _ = wire.sock.shutdown(std::net::Shutdown::Both);
+        w.live = false;
+    }
     // The wait on the engine this batch ended, and the next one's start if the client
     // still has room.
     let waited = w.asked.take().map(|a| a.elapsed());

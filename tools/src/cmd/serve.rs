@@ -24,7 +24,7 @@ pub struct Args {
     /// most this divided by --max-clients) and every engine pass (tables, buffers,
     /// read-ahead, two-pass piles; one pass takes at most a quarter of it, or 512 MiB). An
     /// OPEN that does not fit waits --admit-wait seconds for room, then gets `busy` with
-    /// the numbers.
+    /// the numbers. Less than one stream of the datasets needs is refused at start.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub memory: u64,
     /// Connections served at once; more are refused with a "busy" error.
@@ -41,6 +41,8 @@ pub struct Args {
     /// if the location is missing, and removed again), removed when the run ends, also on
     /// error, Ctrl-C or SIGTERM. One left by a killed run (SIGKILL, a crash) is removed by
     /// the next riffle command that uses the location, which says how much it reclaimed.
+    /// A location that is not a writable directory (nor made in one), or is on /proc or
+    /// /sys, is refused at start.
     #[arg(long)]
     pub scratch: Option<PathBuf>,
     /// two-pass: the most scratch all streams' piles together may take; a pass is
@@ -52,9 +54,9 @@ pub struct Args {
     #[arg(long, default_value_t = 64)]
     pub queue_depth: usize,
     /// Seconds a client may leave the daemon waiting on it (connected with no stream
-    /// open, or with a stream stalled until it acknowledges a batch) before it is closed
-    /// with a `timeout` error and its slot freed; 0 for no limit. The handshake (HELLO)
-    /// always has 10 s in all.
+    /// open, with a stream stalled until it acknowledges a batch, or not reading what the
+    /// daemon writes to it) before it is closed with a `timeout` error and its slot freed;
+    /// 0 for no limit, at most a year. The handshake (HELLO) always has 10 s in all.
     #[arg(long, default_value_t = 600)]
     pub idle_timeout: u64,
     /// Milliseconds a new LIRS job (or a two-pass job led by LIRS) waits for the other
@@ -62,7 +64,7 @@ pub struct Args {
     /// (dataset, seed, epochs, batch size, grouping, world > 1, tail, resume point) share
     /// one pass, which reads only the batches of the ranks that joined; a rank that comes
     /// after the pass decided its first batch starts a new pass of the job (two-pass jobs
-    /// that are not led take ranks during the whole scatter).
+    /// that are not led take ranks during the whole scatter). At most a year.
     #[arg(long, default_value_t = 500)]
     pub join_window: u64,
     /// Two-pass streams do not lead with lirs: their first batch waits for the whole
@@ -71,7 +73,8 @@ pub struct Args {
     /// read --no-lead`.
     #[arg(long)]
     pub no_lead: bool,
-    /// Seconds an OPEN waits for room in --memory before it is refused with `busy`.
+    /// Seconds an OPEN waits for room in --memory before it is refused with `busy` (at
+    /// most a year).
     #[arg(long, default_value_t = 10)]
     pub admit_wait: u64,
     /// Every SECONDS, one JSON line on stderr: streams, batches, records/s, memory, and the
@@ -170,12 +173,30 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("'{s}': expected octal permission bits like 600 or 660"))
 }
 
+/// Whether `sig` was ignored when the process started (`nohup` ignores SIGHUP): the
+/// `SigIgn` mask of /proc/self/status, bit `sig - 1`. Unknown (no /proc): not ignored.
+fn ignored_at_start(sig: Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig as i32 - 1)) != 0)
+}
+
 pub fn run(a: Args, throttled: bool) -> Result<()> {
     // Block the stop signals in this thread before any other starts, so every thread
-    // inherits the mask and only the waiter below ever takes them.
+    // inherits the mask and only the waiter below ever takes them. SIGHUP (the terminal
+    // went away) stops the daemon like SIGTERM, unless it was ignored when the daemon
+    // started (`nohup`, a service manager): then it stays ignored, as asked.
     let mut signals = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+    for s in [Signal::SIGTERM, Signal::SIGINT] {
         signals.add(s);
+    }
+    if !ignored_at_start(Signal::SIGHUP) {
+        signals.add(Signal::SIGHUP);
     }
     signals.thread_block().context("blocking SIGTERM")?;
 
