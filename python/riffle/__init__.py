@@ -18,6 +18,7 @@ from .client import (
     RiffleError,
     RiffleExhausted,
     RiffleShutdown,
+    RiffleTimeout,
     Stream,
 )
 from .formats import mds_sample, tar_members
@@ -32,6 +33,7 @@ __all__ = [
     "RiffleError",
     "RiffleExhausted",
     "RiffleShutdown",
+    "RiffleTimeout",
     "Stream",
     "mds_sample",
     "tar_members",
