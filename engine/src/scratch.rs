@@ -128,12 +128,7 @@ pub fn remove_live() -> (usize, u64) {
             }
             EntryKind::Dir => {
                 let size = tree_bytes(&path);
-                // Once more if it failed: a writer that checked `stopping` just before it
-                // was set may have added one last entry behind the first pass.
-                std::fs::remove_dir_all(&path)
-                    .or_else(|_| std::fs::remove_dir_all(&path))
-                    .ok()
-                    .map(|()| size)
+                remove_tree_racing(&path).then_some(size)
             }
             EntryKind::CreatedParent => std::fs::remove_dir(&path).ok().map(|()| 0),
         };
@@ -143,6 +138,21 @@ pub fn remove_live() -> (usize, u64) {
         }
     }
     (count, bytes)
+}
+
+/// Removes the tree at `path` while the run's other threads may still be adding to it (a
+/// writer that checked `stopping` just before it was set, a pile writer opening its group
+/// files): a removal that finds the tree grew behind it is tried again, for up to about
+/// 200 ms. True when the tree is gone.
+fn remove_tree_racing(path: &Path) -> bool {
+    for _ in 0..40 {
+        match std::fs::remove_dir_all(path) {
+            Ok(()) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+        }
+    }
+    false
 }
 
 /// This process's start time in clock ticks since boot (field 22 of /proc/self/stat): with
