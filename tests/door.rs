@@ -74,6 +74,33 @@ fn mkfifo(p: &Path) {
     nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
 }
 
+/// A FIFO made at `p`, opened for reading without blocking: a writer's open does not wait,
+/// and what riffle writes (less than a pipe's buffer) waits in it until [`drain`]. If riffle
+/// replaced the FIFO, the test sees nothing rather than hanging on a reader.
+fn fifo_with_reader(p: &Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    mkfifo(p);
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(p)
+        .unwrap()
+}
+
+/// What is waiting in a FIFO opened by [`fifo_with_reader`], once its writer is gone.
+fn drain(mut f: std::fs::File) -> Vec<u8> {
+    let mut v = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match f.read(&mut buf) {
+            Ok(0) => return v,
+            Ok(n) => v.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return v,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 fn lines(n: u64) -> Vec<u8> {
     (0..n)
         .map(|i| format!("{i}\n"))
@@ -252,18 +279,14 @@ fn d3_cat_output_goes_through_the_door() {
 
     // A FIFO output is written into and stays a FIFO.
     let fifo = dir.join("pipe");
-    mkfifo(&fifo);
-    let reader = {
-        let fifo = fifo.clone();
-        std::thread::spawn(move || std::fs::read(fifo).unwrap())
-    };
+    let reader = fifo_with_reader(&fifo);
     let mut c = sb.cmd();
     c.arg("cat")
         .arg(&c_txt)
         .args(["--ids", "5", "--newline", "-o"])
         .arg(&fifo);
     assert_ok(&run_for(c, None, 30));
-    assert_eq!(reader.join().unwrap(), b"5\n");
+    assert_eq!(drain(reader), b"5\n");
     assert!(std::fs::symlink_metadata(&fifo)
         .unwrap()
         .file_type()
@@ -317,11 +340,7 @@ fn d5_streams_at_the_output_are_written_into_never_replaced() {
     std::fs::write(&input, lines(50)).unwrap();
     for (i, what) in ["gen", "shuffle"].into_iter().enumerate() {
         let fifo = dir.join(format!("fifo{i}"));
-        mkfifo(&fifo);
-        let reader = {
-            let fifo = fifo.clone();
-            std::thread::spawn(move || std::fs::read(fifo).unwrap())
-        };
+        let reader = fifo_with_reader(&fifo);
         let mut c = sb.cmd();
         match what {
             "gen" => c.arg("gen").arg(&fifo).args([
@@ -336,7 +355,7 @@ fn d5_streams_at_the_output_are_written_into_never_replaced() {
         };
         let out = run_for(c, None, 30);
         assert_ok(&out);
-        let got = reader.join().unwrap();
+        let got = drain(reader);
         assert!(!got.is_empty(), "{what}: nothing reached the FIFO");
         assert!(
             std::fs::symlink_metadata(&fifo)
