@@ -661,7 +661,7 @@ mod tests {
         drop(t);
         // Plant a link at the very name it used, then make files until one collides.
         std::os::unix::fs::symlink(&target, &name).unwrap();
-        let e = OpenOptions::new()
+        let e = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&name)
