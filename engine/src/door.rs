@@ -276,7 +276,7 @@ mod tests {
         assert!(output_target(d.path()).is_err());
         let hard = d.path().join("hard");
         std::fs::hard_link(&f, &hard).unwrap();
-        let e = refuse_inputs(std::slice::from_ref(&hard), &[f.clone()]).unwrap_err();
+        let e = refuse_inputs(std::slice::from_ref(&hard), std::slice::from_ref(&f)).unwrap_err();
         assert!(e.to_string().contains("is the input"), "{e}");
         refuse_inputs(&[d.path().join("other")], &[f]).unwrap();
     }

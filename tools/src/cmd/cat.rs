@@ -31,7 +31,7 @@ pub struct Args {
 /// records costs no more memory than one window.
 fn parse_ids(specs: &[String], n: u64) -> Result<Vec<std::ops::Range<u64>>> {
     if specs.is_empty() {
-        return Ok(vec![0..n]);
+        return Ok(std::iter::once(0..n).collect());
     }
     let mut ranges = Vec::with_capacity(specs.len());
     for s in specs {
