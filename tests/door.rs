@@ -492,3 +492,54 @@ fn d27_split_parts_that_are_inputs_are_refused_and_d26_long_names_work() {
     assert_ok(&out);
     assert_eq!(sorted(&std::fs::read(&long).unwrap()), sorted(&lines(100)));
 }
+
+/// D3: SIGINT during `cat -o` leaves nothing at the output's name (it left a partial file)
+/// and no temporary file.
+#[test]
+fn d3_interrupted_cat_leaves_no_partial_output() {
+    let sb = Sandbox::new();
+    let dir = sb.data();
+    let big = dir.join("big.txt");
+    std::fs::write(&big, lines(3_000_000)).unwrap();
+    let out = dir.join("big.out");
+    let mut child = sb
+        .cmd()
+        .arg("cat")
+        .arg(&big)
+        .args(["--newline", "-o"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Signalled once the output exists under any name (final or temporary).
+    let started = Instant::now();
+    let writing = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().contains("big.out"))
+    };
+    while !writing() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "cat finished before it could be stopped: make the input bigger"
+        );
+        assert!(started.elapsed() < Duration::from_secs(300), "no output");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o.stderr));
+    let left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "big.txt" && n != "big.txt.ridx")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
