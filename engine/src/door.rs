@@ -154,6 +154,16 @@ pub fn output_target(dest: &Path) -> Result<OutputTarget> {
     };
     let t = meta.file_type();
     if t.is_file() {
+        // /dev/stdout or /proc/self/fd/1 when stdout is a file: renaming over the name
+        // would replace the link (in /dev), not write the descriptor's file.
+        let via_fd = |p: &Path| p.starts_with("/proc") || p.starts_with("/dev/fd");
+        if via_fd(dest) || std::fs::read_link(dest).is_ok_and(|l| via_fd(&l)) {
+            return Err(refused_output(
+                dest,
+                "a link to an open file descriptor on a file (for standard output, leave \
+                 the output out)",
+            ));
+        }
         return Ok(OutputTarget::Replace);
     }
     if !(t.is_fifo() || t.is_char_device()) {
@@ -274,6 +284,14 @@ mod tests {
             OutputTarget::Stream(_)
         ));
         assert!(output_target(d.path()).is_err());
+        // A descriptor's link to a file (/dev/stdout redirected to one) is not replaced.
+        let open = File::open(&f).unwrap();
+        let via = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&open)
+        ));
+        let e = output_target(&via).unwrap_err().to_string();
+        assert!(e.contains("open file descriptor"), "{e}");
         let hard = d.path().join("hard");
         std::fs::hard_link(&f, &hard).unwrap();
         let e = refuse_inputs(std::slice::from_ref(&hard), std::slice::from_ref(&f)).unwrap_err();

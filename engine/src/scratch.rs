@@ -1,7 +1,7 @@
 //! Files and directories riffle creates, and their whole lifecycle.
 //!
-//! Every file riffle writes is first created here, never by opening a path it chose with
-//! `O_TRUNC`:
+//! Every file riffle writes is first created here (opened by [`crate::door`], the one place
+//! that opens paths), never by opening a path it chose with `O_TRUNC`:
 //!
 //! - [`TempFile`]: a private file (`O_CREAT | O_EXCL`, mode 0600, so a symlink or file
 //!   planted at the name is never followed or reused: another name is drawn) under an
@@ -9,6 +9,9 @@
 //!   (fsync, rename over the destination, fsync of the directory) or, for a set of
 //!   outputs that must appear together, [`commit_all`]. Dropped uncommitted, it is
 //!   removed.
+//! - [`OutFile`]: an output written through a buffer (`cat -o`, `--ids-out`): a
+//!   [`TempFile`] committed by [`OutFile::finish`], or a FIFO or character device written
+//!   into ([`crate::door::output_target`]); refused if it is one of the inputs.
 //! - [`ScratchDir`]: a private directory (`mkdtemp`, mode 0700) for piles and other
 //!   scratch, with an `owner` file (pid and start time), removed with everything in it
 //!   when dropped.
