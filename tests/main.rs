@@ -10,6 +10,7 @@ pub(crate) use riffle::testing::{skip, skip_needed_in_ci};
 
 mod budgets;
 mod datasets;
+mod door;
 mod emulate;
 mod plan;
 mod read;

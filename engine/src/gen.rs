@@ -327,6 +327,37 @@ fn generate_tree(
     })
 }
 
+/// Writes the dataset into an open FIFO or character device, in order, through a buffer.
+fn generate_stream(
+    f: std::fs::File,
+    out: &Path,
+    spec: &GenSpec,
+    total: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let put = |w: &mut std::io::BufWriter<std::fs::File>, b: &[u8]| {
+        w.write_all(b).map_err(|e| Error::io(out, "write", None, e))
+    };
+    put(&mut w, &spec.header())?;
+    let mut written = 0u64;
+    let mut frame = Vec::new();
+    for id in 0..spec.records {
+        frame.clear();
+        spec.frame(id, &mut frame);
+        put(&mut w, &frame)?;
+        written += frame.len() as u64;
+        if id % 4096 == 0 {
+            progress(written, total);
+        }
+    }
+    put(&mut w, &spec.trailer())?;
+    w.flush().map_err(|e| Error::io(out, "write", None, e))?;
+    progress(total, total);
+    Ok(())
+}
+
 /// Writes the dataset to `out` (through a temporary name, renamed when complete).
 pub fn generate(
     out: &Path,
@@ -382,6 +413,15 @@ pub fn generate(
     let total = header.len() as u64
         + (0..spec.records).map(|i| spec.frame_len(i)).sum::<u64>()
         + trailer.len() as u64;
+    // Through the door: a FIFO or character device (/dev/null) is written into, never
+    // replaced by a file; a block device or directory is refused.
+    if let crate::door::OutputTarget::Stream(f) = crate::door::output_target(out)? {
+        generate_stream(f, out, spec, total, progress)?;
+        return Ok(GenReport {
+            bytes: total,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
     let mut next_id = 0u64;
     let mut frame: Vec<u8> = header;
     let mut pos = 0usize;

@@ -33,6 +33,7 @@
 
 pub mod dataset;
 pub mod device;
+pub mod door;
 pub mod emulate;
 mod error;
 pub mod format;

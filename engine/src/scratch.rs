@@ -1,7 +1,7 @@
 //! Files and directories riffle creates, and their whole lifecycle.
 //!
-//! Every file riffle writes is first created here, never by opening a path it chose with
-//! `O_TRUNC`:
+//! Every file riffle writes is first created here (opened by [`crate::door`], the one place
+//! that opens paths), never by opening a path it chose with `O_TRUNC`:
 //!
 //! - [`TempFile`]: a private file (`O_CREAT | O_EXCL`, mode 0600, so a symlink or file
 //!   planted at the name is never followed or reused: another name is drawn) under an
@@ -9,6 +9,9 @@
 //!   (fsync, rename over the destination, fsync of the directory) or, for a set of
 //!   outputs that must appear together, [`commit_all`]. Dropped uncommitted, it is
 //!   removed.
+//! - [`OutFile`]: an output written through a buffer (`cat -o`, `--ids-out`): a
+//!   [`TempFile`] committed by [`OutFile::finish`], or a FIFO or character device written
+//!   into ([`crate::door::output_target`]); refused if it is one of the inputs.
 //! - [`ScratchDir`]: a private directory (`mkdtemp`, mode 0700) for piles and other
 //!   scratch, with an `owner` file (pid and start time), removed with everything in it
 //!   when dropped.
@@ -23,16 +26,16 @@
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use rand::RngExt;
 
-use crate::{notice, Error, Result};
+use crate::{door, notice, Error, Result};
 
 /// Names of scratch directories start with this.
 pub const DIR_PREFIX: &str = ".riffle-scratch-";
@@ -238,21 +241,15 @@ impl TempFile {
         // (every later attempt is random, as without it).
         let mut first = std::env::var("RIFFLE_TEST_TEMP_SUFFIX").ok();
         loop {
-            let mut name = prefix.clone();
-            match first.take() {
-                Some(s) => name.push(format!("{FILE_MARK}{s}")),
-                None => name.push(format!("{FILE_MARK}{pid}-{}", random_suffix())),
-            }
+            let suffix = match first.take() {
+                Some(s) => format!("{FILE_MARK}{s}"),
+                None => format!("{FILE_MARK}{pid}-{}", random_suffix()),
+            };
+            let mut name = within_name_max(&prefix, suffix.len());
+            name.push(suffix);
             let path = dir.join(&name);
             let live = Live::add(&path, EntryKind::File)?;
-            match OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(&path)
-            {
+            match door::create_private(&path) {
                 Ok(file) => {
                     // Taken at once, and never contended: the name is new and only a
                     // reclaim (which tries without blocking and then checks the pid in the
@@ -311,6 +308,20 @@ impl Drop for TempFile {
 /// then each directory synced once. A failure leaves the rest uncommitted (and removed).
 pub fn commit_all(files: Vec<(TempFile, PathBuf)>) -> Result<()> {
     let created = 0o666 & !umask();
+    for (_, dest) in &files {
+        // Only a regular file, a link (the link is replaced, not its target) or nothing
+        // is renamed over: a FIFO, a device or a directory at the name stays what it is.
+        if let Ok(m) = std::fs::symlink_metadata(dest) {
+            let t = m.file_type();
+            if !(t.is_file() || t.is_symlink()) {
+                return Err(Error::Invalid(format!(
+                    "{}: is {}: not replaced by a file",
+                    dest.display(),
+                    door::file_type_name(&t)
+                )));
+            }
+        }
+    }
     for (t, dest) in &files {
         // Private while written; once complete, the mode a plain create would have given
         // (or the mode of the file it replaces).
@@ -349,6 +360,73 @@ pub fn commit_all(files: Vec<(TempFile, PathBuf)>) -> Result<()> {
     Ok(())
 }
 
+/// An output written through a buffer (`riffle cat -o`, `--ids-out`): a FIFO or character
+/// device is written into, anything else is a private temporary file beside the
+/// destination, renamed over it by [`OutFile::finish`] (dropped unfinished, on an error or
+/// a signal, it is removed and the destination is untouched).
+pub struct OutFile {
+    dest: PathBuf,
+    writer: std::io::BufWriter<File>,
+    temp: Option<TempFile>,
+}
+
+impl OutFile {
+    /// Opens `dest` as an output, refused if it is one of `inputs` (same device and inode)
+    /// or a block device, directory or socket ([`door::output_target`]).
+    pub fn create(dest: &Path, inputs: &[PathBuf]) -> Result<OutFile> {
+        door::refuse_inputs(&[dest.to_path_buf()], inputs)?;
+        let (file, temp) = match door::output_target(dest)? {
+            door::OutputTarget::Stream(f) => (f, None),
+            door::OutputTarget::Replace => {
+                let t = TempFile::beside(dest)?;
+                (t.handle()?, Some(t))
+            }
+        };
+        Ok(OutFile {
+            dest: dest.to_path_buf(),
+            writer: std::io::BufWriter::with_capacity(1 << 20, file),
+            temp,
+        })
+    }
+
+    /// Where it goes.
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    /// Flushes, and commits a temporary file over the destination.
+    pub fn finish(mut self) -> Result<()> {
+        self.writer
+            .flush()
+            .map_err(|e| Error::io(&self.dest, "write", None, e))?;
+        match self.temp.take() {
+            Some(t) => t.commit(&self.dest),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Writes through the buffer; errors name the destination (and keep their kind).
+impl Write for OutFile {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.writer.write(bytes).map_err(|e| self.named(e))
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.writer.write_all(bytes).map_err(|e| self.named(e))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.writer.flush().map_err(|e| self.named(e))
+    }
+}
+
+impl OutFile {
+    fn named(&self, e: std::io::Error) -> std::io::Error {
+        std::io::Error::new(e.kind(), format!("{}: write: {e}", self.dest.display()))
+    }
+}
+
 /// Writes `bytes` as the new content of `dest`: a private temporary file beside it, synced
 /// and renamed over it, then the directory synced. Readers see the old file or the new one.
 pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
@@ -357,6 +435,16 @@ pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
         .write_all(bytes)
         .map_err(|e| Error::io(temp.path(), "write", None, e))?;
     temp.commit(dest)
+}
+
+/// `prefix`, cut (at a byte) so that it and `suffix_len` more bytes fit in NAME_MAX (255
+/// bytes): a temporary name for a destination named with 230 bytes must still be valid.
+/// The suffix (mark, pid, random part) is what [`reclaim`] reads, so it is kept whole.
+fn within_name_max(prefix: &OsString, suffix_len: usize) -> OsString {
+    const NAME_MAX: usize = 255;
+    let bytes = prefix.as_bytes();
+    let keep = bytes.len().min(NAME_MAX.saturating_sub(suffix_len));
+    OsString::from(std::ffi::OsStr::from_bytes(&bytes[..keep]))
 }
 
 /// The process's umask, read without changing it (/proc/self/status; 022 if unknown).
@@ -446,7 +534,7 @@ impl ScratchDir {
             _live: live,
             _parent: created,
         };
-        File::create_new(out.path.join("owner"))
+        door::create_private(&out.path.join("owner"))
             .and_then(|mut f| f.write_all(owner.as_bytes()))
             .map_err(|e| Error::io(out.path.join("owner"), "write", None, e))?;
         Ok(out)
@@ -536,24 +624,24 @@ pub fn reclaim(dir: &Path) -> (usize, u64) {
         if (is_dir && !meta.is_dir()) || (!is_dir && !meta.file_type().is_file()) {
             continue;
         }
+        // The owner file is read through the door: a FIFO, a device or a link planted
+        // there (anyone may write a 1777 TMPDIR) is refused, never read or waited on, and
+        // the entry is then left alone.
         let start = if is_dir {
-            std::fs::read_to_string(path.join("owner"))
-                .ok()
-                .and_then(|o| {
-                    o.lines()
-                        .find_map(|l| l.strip_prefix("start ").and_then(|s| s.parse().ok()))
-                })
+            match door::read_meta(&path.join("owner"), door::cap::OWNER, door::Follow::No) {
+                Ok(Some(o)) => String::from_utf8_lossy(&o)
+                    .lines()
+                    .find_map(|l| l.strip_prefix("start ").and_then(|s| s.parse().ok())),
+                Ok(None) => None,
+                Err(_) => continue,
+            }
         } else {
             None
         };
         if alive(pid, start) {
             continue;
         }
-        let Ok(handle) = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(&path)
-        else {
+        let Ok(handle) = door::open_entry(&path) else {
             continue;
         };
         if handle.try_lock().is_err() {
@@ -603,7 +691,7 @@ mod tests {
         drop(t);
         // Plant a link at the very name it used, then make files until one collides.
         std::os::unix::fs::symlink(&target, &name).unwrap();
-        let e = OpenOptions::new()
+        let e = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&name)

@@ -126,6 +126,7 @@ pub fn shuffle(
     // Every input is classified before any is read, so a missing file or a directory late
     // in the list fails at once rather than after the others were read.
     let sources = classify(&inputs)?;
+    output::refuse_inputs(output, opts.split, &inputs)?;
     let tmpdir = opts
         .tmpdir
         .clone()

@@ -63,13 +63,19 @@ pub(crate) fn list(path: &Path) -> Result<Listing> {
         let (beside, cached) = super::index::sidecar_paths(path);
         let mut stale = None;
         for candidate in [&beside, &cached] {
-            match std::fs::read(candidate) {
-                Ok(bytes) => match decode(&bytes, path) {
+            // Through the door: a FIFO, device or link planted at the sidecar's name is
+            // refused (and the tree walked again), never waited on or read without end.
+            match crate::door::read_meta(
+                candidate,
+                crate::door::cap::LISTING,
+                crate::door::Follow::No,
+            ) {
+                Ok(Some(bytes)) => match decode(&bytes, path) {
                     Ok(listing) => return Ok(listing),
                     Err(why) => stale = Some(format!("{}: {why}", candidate.display())),
                 },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => stale = Some(format!("{}: cannot read: {e}", candidate.display())),
+                Ok(None) => {}
+                Err(e) => stale = Some(format!("cannot read: {e}")),
             }
         }
         let (listing, dirs) = walk(path)?;
@@ -422,7 +428,9 @@ fn decode(all: &[u8], root: &Path) -> std::result::Result<Listing, String> {
 
 fn manifest(path: &Path) -> Result<Listing> {
     use std::os::unix::ffi::OsStrExt;
-    let text = std::fs::read(path).map_err(|e| Error::io(path, "read", None, e))?;
+    // A manifest the user named: a link is followed, but it must be a regular file.
+    let text = crate::door::read_meta(path, crate::door::cap::LISTING, crate::door::Follow::Yes)?
+        .ok_or_else(|| Error::io(path, "read", None, std::io::ErrorKind::NotFound.into()))?;
     let base = path.parent().unwrap_or(Path::new("."));
     let bad = |offset: usize, what: String| Error::BadInput {
         path: path.into(),

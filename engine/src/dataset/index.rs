@@ -224,14 +224,19 @@ pub fn load_or_build(
     let source = Source::from_meta(&meta);
     let (beside, cached) = sidecar_paths(path);
     let mut stale = None;
+    // No index of this file is larger than its header, an offset for each byte (and
+    // the end) and its checksum: a larger sidecar is not this file's.
+    let cap = (HEADER as u64).saturating_add(source.size.saturating_add(4).saturating_mul(8));
     for candidate in [&beside, &cached] {
-        match std::fs::read(candidate) {
-            Ok(bytes) => match decode(&bytes, format, &source) {
+        // Through the door: a FIFO, device or link planted at the name is refused (and
+        // the index rebuilt), never waited on or read without end.
+        match crate::door::read_meta(candidate, cap, crate::door::Follow::No) {
+            Ok(Some(bytes)) => match decode(&bytes, format, &source) {
                 Ok(index) => return Ok((index, IndexOrigin::Loaded(candidate.clone()))),
                 Err(why) => stale = Some(format!("{}: {why}", candidate.display())),
             },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => stale = Some(format!("{}: cannot read: {e}", candidate.display())),
+            Ok(None) => {}
+            Err(e) => stale = Some(format!("cannot read: {e}")),
         }
     }
     if let (Some(why), StalePolicy::Refuse) = (&stale, policy) {

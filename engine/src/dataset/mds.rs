@@ -62,7 +62,9 @@ pub(crate) fn open(index: &Path) -> Result<(Vec<Shard>, Vec<MdsColumn>)> {
     if meta.len() > 256 << 20 {
         return Err(bad(format!("{} bytes: too large for an index", meta.len())));
     }
-    let text = std::fs::read(index).map_err(|e| Error::io(index, "read", None, e))?;
+    // Through the door: not waited on if a FIFO, refused unless a regular file.
+    let text = crate::door::read_meta(index, 256 << 20, crate::door::Follow::Yes)?
+        .ok_or_else(|| Error::io(index, "read", None, std::io::ErrorKind::NotFound.into()))?;
     let json: Value = serde_json::from_slice(&text).map_err(|e| Error::BadInput {
         path: index.into(),
         offset: Some(

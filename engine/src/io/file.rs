@@ -1,13 +1,12 @@
 //! Opening data files for direct I/O, with the buffered fallback.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::fs::File;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use std::path::{Path, PathBuf};
 
 use super::align::{self, Alignment};
-use crate::{device, notice, Error, Result};
+use crate::{device, door, notice, Error, Result};
 
 /// An open file the engine reads or writes, with how it is accessed.
 #[derive(Debug)]
@@ -40,18 +39,6 @@ impl DataFile {
     /// where allowed (again without it where refused), and refuses anything but a regular
     /// file: random access needs one.
     pub fn open(path: &Path, access: Access, want_direct: bool) -> Result<DataFile> {
-        let mut o = OpenOptions::new();
-        match access {
-            Access::Read => o
-                .read(true)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK),
-            Access::Write => o
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW),
-        };
         // Reads do not update access times (no inode written back for a read-only pass
         // over 100,000 files): O_NOATIME where the kernel allows it (the file's owner, or
         // CAP_FOWNER), a plain open otherwise.
@@ -61,17 +48,16 @@ impl DataFile {
             std::sync::atomic::AtomicBool::new(false);
         let file = match access {
             Access::Read if !NOATIME_REFUSED.load(std::sync::atomic::Ordering::Relaxed) => {
-                let mut na = o.clone();
-                na.custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOATIME);
-                match na.open(path) {
+                match door::open_data(path, true) {
                     Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
                         NOATIME_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
-                        o.open(path)
+                        door::open_data(path, false)
                     }
                     r => r,
                 }
             }
-            _ => o.open(path),
+            Access::Read => door::open_data(path, false),
+            Access::Write => door::create_private(path),
         }
         .map_err(|e| Error::io(path, "open", None, e))?;
         if access == Access::Read {
@@ -223,21 +209,6 @@ impl DataFile {
     }
 }
 
-/// "a directory", "a FIFO (a pipe)", ...: what a path is, for errors.
-pub fn file_type_name(t: &std::fs::FileType) -> &'static str {
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO (a pipe)"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_symlink() {
-        "a symbolic link"
-    } else {
-        "a regular file"
-    }
-}
+/// "a directory", "a FIFO (a pipe)", ...: what a path is, for errors (kept in the door,
+/// which has no other dependency).
+pub use crate::door::file_type_name;

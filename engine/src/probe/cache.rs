@@ -46,8 +46,10 @@ pub fn load_cached(
     let kinds: &[bool] = if quick { &[true, false] } else { &[false] };
     kinds.iter().find_map(|&q| {
         let p = cache_path(dev, q, emulated);
-        let text = std::fs::read_to_string(&p).ok()?;
-        let prof: Profile = serde_json::from_str(&text).ok()?;
+        // Through the door: a FIFO or device at the name is passed over, never waited on.
+        let text = crate::door::read_meta(&p, crate::door::cap::PROFILE, crate::door::Follow::No)
+            .ok()??;
+        let prof: Profile = serde_json::from_slice(&text).ok()?;
         (prof.version == PROFILE_VERSION && &prof.device == dev && prof.emulated == emulated)
             .then_some((prof, p))
     })

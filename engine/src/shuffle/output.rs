@@ -11,7 +11,8 @@ use std::io::{BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::{Output, SplitBy};
+use super::{Input, Output, SplitBy};
+use crate::door;
 use crate::io::{IoConfig, StreamWriter};
 use crate::scratch::{self, TempFile};
 use crate::{notice, Error, Result};
@@ -82,34 +83,34 @@ impl OutputWriter {
                     Box::new(std::io::stdout()),
                 )),
             ),
-            Some(path) if is_stream(&path) => {
-                // Not a file to replace: write into it, as a shell redirection would.
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| Error::io(&path, "open for writing", None, e))?;
-                (
+            // Through the door: a FIFO or character device is written into, as a shell
+            // redirection would; a block device, directory or socket is refused; a file
+            // (or nothing) is replaced by a temporary file when the output is complete.
+            Some(path) => match door::output_target(&path)? {
+                door::OutputTarget::Stream(f) => (
                     path,
                     Sink::Stream(BufWriter::with_capacity(1 << 20, Box::new(f))),
-                )
-            }
-            Some(final_path) => {
-                let temp = TempFile::beside(&final_path)?;
-                let cfg = IoConfig {
-                    depth: 4,
-                    slot_size: 1 << 20,
-                    throttled: self.throttled,
-                    ..IoConfig::default()
-                };
-                let w = StreamWriter::for_temp(&temp, &cfg)?;
-                (final_path, Sink::File(w, temp))
-            }
+                ),
+                door::OutputTarget::Replace => self.temp_sink(path)?,
+            },
         };
         self.current = Some(open);
         self.index += 1;
         self.records = 0;
         self.bytes = 0;
         Ok(())
+    }
+
+    fn temp_sink(&self, final_path: PathBuf) -> Result<(PathBuf, Sink)> {
+        let temp = TempFile::beside(&final_path)?;
+        let cfg = IoConfig {
+            depth: 4,
+            slot_size: 1 << 20,
+            throttled: self.throttled,
+            ..IoConfig::default()
+        };
+        let w = StreamWriter::for_temp(&temp, &cfg)?;
+        Ok((final_path, Sink::File(w, temp)))
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
@@ -187,6 +188,31 @@ pub(super) fn is_stream(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo() || m.file_type().is_char_device())
 }
 
+/// Refuses an output that is one of the inputs (same device and inode, through any link):
+/// the file named, or for a split output every part `OUT.NNN` already there, since any of
+/// them may be replaced. Checked before anything is read or written.
+pub(super) fn refuse_inputs(
+    target: &Output,
+    split: Option<SplitBy>,
+    inputs: &[Input],
+) -> Result<()> {
+    let Output::File(base) = target else {
+        return Ok(());
+    };
+    let inputs: Vec<PathBuf> = inputs
+        .iter()
+        .filter_map(|i| match i {
+            Input::File(p) => Some(p.clone()),
+            Input::Stdin => None,
+        })
+        .collect();
+    let outputs = match split {
+        None => vec![base.clone()],
+        Some(_) => existing_parts(base)?.into_iter().map(|(_, p)| p).collect(),
+    };
+    door::refuse_inputs(&outputs, &inputs)
+}
+
 /// `OUT.000`, `OUT.001`, ... (three digits, more past 999).
 fn part_name(base: &Path, index: usize) -> PathBuf {
     let mut s = base.as_os_str().to_owned();
@@ -194,17 +220,21 @@ fn part_name(base: &Path, index: usize) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Removes `BASE.NNN` parts numbered `count` and up (left by an earlier run that made
-/// more parts), with a notice naming how many; then syncs the directory.
-fn remove_stale_parts(base: &Path, count: usize) -> Result<()> {
+/// The parts `BASE.NNN` in `base`'s directory, with their numbers: only names this writer
+/// would make (`OUT.007`, not `OUT.0007`).
+fn existing_parts(base: &Path) -> Result<Vec<(usize, PathBuf)>> {
     let dir = scratch::parent_dir(base);
     let Some(stem) = base.file_name() else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let mut prefix = OsString::from(stem);
     prefix.push(".");
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "list", None, e))?;
-    let mut stale = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(dir, "list", None, e)),
+    };
+    let mut parts = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(digits) = name.as_bytes().strip_prefix(prefix.as_bytes()) else {
@@ -217,11 +247,22 @@ fn remove_stale_parts(base: &Path, count: usize) -> Result<()> {
         else {
             continue;
         };
-        // Only names this writer would make: OUT.007, not OUT.0007.
-        if n >= count && part_name(base, n).file_name() == Some(name.as_os_str()) {
-            stale.push(entry.path());
+        if part_name(base, n).file_name() == Some(name.as_os_str()) {
+            parts.push((n, entry.path()));
         }
     }
+    Ok(parts)
+}
+
+/// Removes `BASE.NNN` parts numbered `count` and up (left by an earlier run that made
+/// more parts), with a notice naming how many; then syncs the directory.
+fn remove_stale_parts(base: &Path, count: usize) -> Result<()> {
+    let dir = scratch::parent_dir(base);
+    let mut stale: Vec<PathBuf> = existing_parts(base)?
+        .into_iter()
+        .filter(|(n, _)| *n >= count)
+        .map(|(_, p)| p)
+        .collect();
     if stale.is_empty() {
         return Ok(());
     }

@@ -216,10 +216,14 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
              of class directories)"
         );
     }
+    // Through the door: refused if it is one of the dataset's files; written under a
+    // temporary name and renamed over the path when the run completes (a FIFO or device
+    // is written into).
     let mut ids_out = match &a.ids_out {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("{}: cannot create", p.display()))?,
-        )),
+        Some(p) => Some(riffle::scratch::OutFile::create(
+            p,
+            &super::cat::input_paths(&a.data.dataset, src.dataset()),
+        )?),
         None => None,
     };
     choose_mode(&mut job, a.json)?;
@@ -228,8 +232,8 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     }
     let stream = job.read(&src)?;
     let done = deliver(stream, &job, ids_out.as_mut(), a.labels, a.json)?;
-    if let Some(mut out) = ids_out {
-        out.flush()?;
+    if let Some(out) = ids_out {
+        out.finish()?;
     }
     let forms = cursor_forms(&job, done.next)?;
     if a.json {

@@ -1,0 +1,301 @@
+//! The one door through which riffle opens a path: every `open(2)` of a file it reads or
+//! writes is made here, with the flags its kind of file needs.
+//!
+//! - Metadata riffle reads (scratch `owner` files, index and listing sidecars, cached
+//!   profiles, manifests): [`read_meta`]. Opened without blocking (a FIFO planted at the
+//!   name is never waited on), checked with `fstat` to be a regular file (never a device
+//!   such as /dev/zero or /dev/stdin), and read up to a size cap. A name riffle derived
+//!   itself (a sidecar, an `owner`) is opened with `O_NOFOLLOW`: a link planted there,
+//!   by anyone who can write the directory, is refused rather than read.
+//! - Data files: [`open_data`] (non-blocking, optionally `O_NOATIME`; the caller checks the
+//!   type, [`crate::io::DataFile::open`] does).
+//! - New private files: [`create_private`] (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600),
+//!   the only way riffle creates a file; [`crate::scratch::TempFile`] commits them.
+//! - Outputs: [`output_target`] says what a destination is. A regular file (or a name that
+//!   does not exist) is replaced by a committed temporary file, never truncated; a FIFO or
+//!   character device is written into, never replaced; a block device, a directory or a
+//!   socket is refused. [`refuse_inputs`] refuses an output that is one of the inputs.
+//!
+//! Nothing here depends on the rest of the engine but its errors, so every module may
+//! use it.
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// Caps for [`read_meta`]: no metadata file riffle writes comes near them.
+pub mod cap {
+    /// A scratch directory's `owner` file (three short lines).
+    pub const OWNER: u64 = 64 << 10;
+    /// A cached device profile (JSON, a few KiB).
+    pub const PROFILE: u64 = 16 << 20;
+    /// A listing sidecar or a manifest of paths (a path per file, for millions of files).
+    pub const LISTING: u64 = 4 << 30;
+}
+
+/// Whether [`read_meta`] follows a symbolic link at the path's last component.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Follow {
+    /// A name riffle derived itself (a sidecar, an `owner`): a link there was planted.
+    No,
+    /// A path the user named (a manifest): followed, as any tool would.
+    Yes,
+}
+
+/// Reads a metadata file whole: opened without blocking (and, with [`Follow::No`], without
+/// following a link), refused unless `fstat` says it is a regular file of at most `cap`
+/// bytes, then read up to `cap` bytes. `Ok(None)` when nothing is at the path. Errors name
+/// the path and what it is.
+pub fn read_meta(path: &Path, cap: u64, follow: Follow) -> Result<Option<Vec<u8>>> {
+    let mut flags = libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
+    if follow == Follow::No {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let file = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        // O_NOFOLLOW on a link: ELOOP.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) && follow == Follow::No => {
+            return Err(not_regular(path, "a symbolic link"))
+        }
+        Err(e) => return Err(Error::io(path, "open", None, e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", None, e))?;
+    if !meta.file_type().is_file() {
+        return Err(not_regular(path, file_type_name(&meta.file_type())));
+    }
+    if meta.len() > cap {
+        return Err(too_big(path, meta.len(), cap));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // The file may grow between the stat and the read: read one byte past the cap at most.
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, "read", Some(bytes.len() as u64), e))?;
+    if bytes.len() as u64 > cap {
+        return Err(too_big(path, bytes.len() as u64, cap));
+    }
+    Ok(Some(bytes))
+}
+
+fn not_regular(path: &Path, what: &str) -> Error {
+    Error::BadInput {
+        path: path.into(),
+        offset: None,
+        what: format!("is {what}, not a regular file: refused as riffle metadata"),
+    }
+}
+
+fn too_big(path: &Path, size: u64, cap: u64) -> Error {
+    Error::BadInput {
+        path: path.into(),
+        offset: None,
+        what: format!("is {size} bytes, more than the {cap} riffle metadata may hold"),
+    }
+}
+
+/// Opens a data file for reading without blocking (a FIFO is not waited on), with
+/// `O_NOATIME` when `noatime`. The caller checks what it opened.
+pub fn open_data(path: &Path, noatime: bool) -> std::io::Result<File> {
+    let mut flags = libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
+    if noatime {
+        flags |= libc::O_NOATIME;
+    }
+    OpenOptions::new().read(true).custom_flags(flags).open(path)
+}
+
+/// Opens what is at `path` for reading without following a link or blocking: for taking
+/// the lock of a scratch entry (a directory or a temporary file).
+pub fn open_entry(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// Creates a new file, read-write, mode 0600: `O_CREAT | O_EXCL | O_NOFOLLOW`, so a file
+/// or link already at the name is an `AlreadyExists` error, never opened.
+pub fn create_private(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// What an output destination is, as [`output_target`] found it.
+#[derive(Debug)]
+pub enum OutputTarget {
+    /// Nothing, or a regular file (a link to one included: the link is replaced, never
+    /// its target): written under a temporary name and renamed over it when complete.
+    Replace,
+    /// A FIFO or a character device (`>(cmd)`, /dev/null, a terminal), opened for
+    /// writing: written into as a shell redirection would, never replaced.
+    Stream(File),
+}
+
+/// Looks at `dest` (following links: /dev/stdout on a pipe is a link to one) and, for a
+/// FIFO or character device, opens it for writing (blocking, as a shell redirection does,
+/// until a FIFO has a reader). Refuses a block device, a directory and a socket.
+pub fn output_target(dest: &Path) -> Result<OutputTarget> {
+    let meta = match std::fs::metadata(dest) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(OutputTarget::Replace),
+        // A dangling link: renaming over it replaces the link.
+        Err(_) if std::fs::symlink_metadata(dest).is_ok() => return Ok(OutputTarget::Replace),
+        Err(e) => return Err(Error::io(dest, "stat", None, e)),
+    };
+    let t = meta.file_type();
+    if t.is_file() {
+        // /dev/stdout or /proc/self/fd/1 when stdout is a file: renaming over the name
+        // would replace the link (in /dev), not write the descriptor's file.
+        let via_fd = |p: &Path| p.starts_with("/proc") || p.starts_with("/dev/fd");
+        if via_fd(dest) || std::fs::read_link(dest).is_ok_and(|l| via_fd(&l)) {
+            return Err(refused_output(
+                dest,
+                "a link to an open file descriptor on a file (for standard output, leave \
+                 the output out)",
+            ));
+        }
+        return Ok(OutputTarget::Replace);
+    }
+    if !(t.is_fifo() || t.is_char_device()) {
+        return Err(refused_output(dest, file_type_name(&t)));
+    }
+    let f = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(dest)
+        .map_err(|e| Error::io(dest, "open for writing", None, e))?;
+    // The same kind of thing as looked at (not swapped for a file between the two).
+    let now = f
+        .metadata()
+        .map_err(|e| Error::io(dest, "stat", None, e))?
+        .file_type();
+    if !(now.is_fifo() || now.is_char_device()) {
+        return Err(refused_output(dest, "changed while being opened"));
+    }
+    Ok(OutputTarget::Stream(f))
+}
+
+fn refused_output(dest: &Path, what: &str) -> Error {
+    Error::Invalid(format!(
+        "{}: is {what}: an output is a file (written under a temporary name and renamed \
+         into place when complete), a FIFO or a character device (written into)",
+        dest.display()
+    ))
+}
+
+/// The (device, inode) of what `path` names, following links; `None` if nothing is there.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Refuses each of `outputs` that is the same file (device and inode, through any link or
+/// hard link) as one of `inputs`: checked before anything is written.
+pub fn refuse_inputs(outputs: &[PathBuf], inputs: &[PathBuf]) -> Result<()> {
+    let ins: Vec<(u64, u64, &Path)> = inputs
+        .iter()
+        .filter_map(|p| identity(p).map(|(d, i)| (d, i, p.as_path())))
+        .collect();
+    for out in outputs {
+        let Ok(meta) = std::fs::metadata(out) else {
+            continue;
+        };
+        // Written into, never replaced or truncated: a device may be read and written.
+        if !meta.file_type().is_file() {
+            continue;
+        }
+        if let Some((_, _, input)) = ins
+            .iter()
+            .find(|(d, i, _)| (*d, *i) == (meta.dev(), meta.ino()))
+        {
+            return Err(Error::Invalid(format!(
+                "{}: the output is the input {}: refused before anything is written \
+                 (write to another name)",
+                out.display(),
+                input.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// "a directory", "a FIFO (a pipe)", ...: what a path is, for errors.
+pub fn file_type_name(t: &std::fs::FileType) -> &'static str {
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO (a pipe)"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else {
+        "a regular file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_is_a_regular_file_within_its_cap() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m");
+        assert!(read_meta(&p, 10, Follow::No).unwrap().is_none());
+        std::fs::write(&p, b"hello").unwrap();
+        assert_eq!(read_meta(&p, 10, Follow::No).unwrap().unwrap(), b"hello");
+        let e = read_meta(&p, 4, Follow::No).unwrap_err().to_string();
+        assert!(e.contains("more than the 4"), "{e}");
+        let fifo = d.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let e = read_meta(&fifo, 10, Follow::Yes).unwrap_err().to_string();
+        assert!(e.contains("FIFO") && e.contains("fifo"), "{e}");
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        let e = read_meta(&link, 10, Follow::No).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        let e = read_meta(&link, 10, Follow::Yes).unwrap_err().to_string();
+        assert!(e.contains("character device"), "{e}");
+    }
+
+    #[test]
+    fn outputs_are_classified_and_inputs_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        assert!(matches!(output_target(&f).unwrap(), OutputTarget::Replace));
+        std::fs::write(&f, b"x").unwrap();
+        assert!(matches!(output_target(&f).unwrap(), OutputTarget::Replace));
+        assert!(matches!(
+            output_target(Path::new("/dev/null")).unwrap(),
+            OutputTarget::Stream(_)
+        ));
+        assert!(output_target(d.path()).is_err());
+        // A descriptor's link to a file (/dev/stdout redirected to one) is not replaced.
+        let open = File::open(&f).unwrap();
+        let via = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&open)
+        ));
+        let e = output_target(&via).unwrap_err().to_string();
+        assert!(e.contains("open file descriptor"), "{e}");
+        let hard = d.path().join("hard");
+        std::fs::hard_link(&f, &hard).unwrap();
+        let e = refuse_inputs(std::slice::from_ref(&hard), std::slice::from_ref(&f)).unwrap_err();
+        assert!(e.to_string().contains("is the input"), "{e}");
+        refuse_inputs(&[d.path().join("other")], &[f]).unwrap();
+    }
+}
