@@ -189,7 +189,7 @@ impl EpochRead<'_> {
             if !opts.wanted(epoch, j) {
                 // A shared pass skips the batches of ranks that never joined, up to a
                 // million ranks' worth in a row: a stop is heard among them too.
-                if j % 4096 == 0 && self.stop.is_set() {
+                if j.is_multiple_of(4096) && self.stop.is_set() {
                     st.stopped = true;
                     return None;
                 }
