@@ -926,3 +926,63 @@ fn a_tree_of_class_directories_points_at_format_files() {
     assert_eq!(recs.len(), 30);
     assert!(recs.iter().enumerate().all(|(i, r)| id_of(r) == i as u64));
 }
+
+/// Regression (issue 30 D21): after a read of `many/`, `riffle index many/*` (the shell's
+/// expansion names the `.ridx` sidecars too) took the sidecars as data (6,557 records
+/// instead of 3,000) and wrote sidecars of sidecars. Named sidecars are left out, with a
+/// notice; a user's own file that only ends in `.ridx` stays data.
+#[test]
+fn sidecars_named_by_a_shell_glob_are_not_data() {
+    let sb = Sandbox::new();
+    let dir = sb.data().join("many");
+    std::fs::create_dir(&dir).unwrap();
+    for (name, n) in [("a.jsonl", 400), ("b.jsonl", 300)] {
+        gen(
+            &sb,
+            &dir.join(name),
+            "lines",
+            n,
+            40,
+            &["--size-jitter", "0.5"],
+        );
+    }
+    let whole = index_json(&sb, &[dir.as_os_str()]);
+    assert_eq!(whole["records"], 700);
+    assert!(
+        dir.join("a.jsonl.ridx").is_file(),
+        "the first read writes sidecars"
+    );
+    let mut named: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    named.sort();
+    assert!(named.len() >= 4, "data and sidecars: {named:?}");
+    let args: Vec<&std::ffi::OsStr> = named.iter().map(|p| p.as_os_str()).collect();
+    let ix = index_json(&sb, &args);
+    assert_eq!(ix["records"], 700, "{ix}");
+    assert_eq!(ix["files"], 2, "{ix}");
+    let twice = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".ridx.ridx")
+        })
+        .count();
+    assert_eq!(twice, 0, "sidecars of sidecars were written");
+    // A user's file whose name only ends in .ridx is data.
+    let own = sb.data().join("mine.ridx");
+    std::fs::write(&own, b"one\ntwo\n").unwrap();
+    let ix = index_json(
+        &sb,
+        &[
+            own.as_os_str(),
+            std::ffi::OsStr::new("--format"),
+            std::ffi::OsStr::new("lines"),
+        ],
+    );
+    assert_eq!(ix["records"], 2, "{ix}");
+}

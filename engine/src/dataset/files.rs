@@ -297,6 +297,11 @@ fn walk(root: &Path) -> Result<(Listing, Vec<DirId>)> {
 }
 
 const MAGIC: &[u8; 8] = b"RIFFLFLS";
+
+/// Whether `head` starts a listing sidecar.
+pub(crate) fn is_magic(head: &[u8; 8]) -> bool {
+    head == MAGIC
+}
 const VERSION: u32 = 1;
 
 fn encode(l: &Listing, dirs: &[DirId], root: &Path) -> Vec<u8> {

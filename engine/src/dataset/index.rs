@@ -50,6 +50,11 @@ use crate::io::{self, DataFile, IoConfig, ScanReport};
 use crate::{notice, Error, Result};
 
 const MAGIC: &[u8; 8] = b"RIFFLIDX";
+
+/// Whether `head` starts an index sidecar.
+pub(crate) fn is_magic(head: &[u8; 8]) -> bool {
+    head == MAGIC
+}
 const VERSION: u32 = 2;
 const HEADER: usize = 96;
 /// A TFRecord frame's bytes around its data: length, length CRC, data CRC.

@@ -600,12 +600,46 @@ pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
             entries.sort();
             out.extend(entries);
         } else if meta.is_file() {
+            if is_own_sidecar(p) {
+                // `riffle read many/*` after a read of `many/`: the shell hands over the
+                // index sidecars too; they are never data.
+                crate::notice::once(
+                    "sidecars-named",
+                    &format!(
+                        "{}: riffle's own index sidecar, left out of the dataset (so are any \
+                         others named)",
+                        p.display()
+                    ),
+                );
+                continue;
+            }
             out.push(p.to_path_buf());
         } else {
             return Err(not_regular(p, &meta.file_type()));
         }
     }
+    if out.is_empty() {
+        return Err(Error::Invalid(
+            "the paths given are riffle's index sidecars only: no data files".into(),
+        ));
+    }
     Ok(out)
+}
+
+/// Whether a file named on its own is one of riffle's index or listing sidecars: a `.ridx`
+/// name and a sidecar's magic at its start (a user's own file of that name stays data).
+fn is_own_sidecar(path: &Path) -> bool {
+    use std::io::Read;
+    if !path
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().ends_with(".ridx"))
+    {
+        return false;
+    }
+    let mut head = [0u8; 8];
+    crate::door::open_data(path, false)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| index::is_magic(&head) || files::is_magic(&head))
 }
 
 /// The error for a path named on its own that is not a regular file. It is found by `stat`
