@@ -973,6 +973,23 @@ fn sidecars_named_by_a_shell_glob_are_not_data() {
         })
         .count();
     assert_eq!(twice, 0, "sidecars of sidecars were written");
+    // `riffle shuffle many/*` likewise shuffles the records only.
+    let out = sb.data().join("shuffled.jsonl");
+    let o = sb
+        .cmd()
+        .arg("shuffle")
+        .args(&args)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let lines = std::fs::read(&out)
+        .unwrap()
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count();
+    assert_eq!(lines, 700, "{}", text(&o.stderr));
     // A user's file whose name only ends in .ridx is data.
     let own = sb.data().join("mine.ridx");
     std::fs::write(&own, b"one\ntwo\n").unwrap();

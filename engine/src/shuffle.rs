@@ -103,6 +103,35 @@ pub struct ShuffleReport {
 /// Bytes per record of the epoch table an in-memory shuffle builds at the end.
 const TABLE_PER_RECORD: u64 = 4;
 
+/// `inputs` without riffle's own index sidecars named among them (a shell's `many/*` after
+/// a read of `many/`): they are never records.
+fn without_sidecars(inputs: &[Input]) -> Result<Vec<Input>> {
+    let kept: Vec<Input> = inputs
+        .iter()
+        .filter(|i| match i {
+            Input::File(p) if crate::dataset::is_own_sidecar(p) => {
+                crate::notice::once(
+                    "shuffle-sidecars-named",
+                    &format!(
+                        "{}: riffle's own index sidecar, left out of the input (so are any \
+                         others named)",
+                        p.display()
+                    ),
+                );
+                false
+            }
+            _ => true,
+        })
+        .cloned()
+        .collect();
+    if kept.is_empty() && !inputs.is_empty() {
+        return Err(Error::Invalid(
+            "the inputs given are riffle's index sidecars only: no records".into(),
+        ));
+    }
+    Ok(kept)
+}
+
 /// Shuffles `inputs` into `output`.
 pub fn shuffle(
     inputs: &[Input],
@@ -115,7 +144,8 @@ pub fn shuffle(
         return Err(Error::Invalid("--memory must be at least 1 MiB".into()));
     }
     check_format(&opts.format)?;
-    let named = with_member_names(inputs, &opts.format)?;
+    let inputs = without_sidecars(inputs)?;
+    let named = with_member_names(&inputs, &opts.format)?;
     // Empty files are skipped with a notice, as `read` and `index` skip them; the first
     // input left gives the header.
     let named = crate::dataset::skip_empty(named, |(i, _)| match i {

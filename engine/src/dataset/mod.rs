@@ -628,12 +628,12 @@ pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
 
 /// Whether a file named on its own is one of riffle's index or listing sidecars: a `.ridx`
 /// name and a sidecar's magic at its start (a user's own file of that name stays data).
-fn is_own_sidecar(path: &Path) -> bool {
+pub(crate) fn is_own_sidecar(path: &Path) -> bool {
     use std::io::Read;
-    if !path
+    let named = path
         .file_name()
-        .is_some_and(|n| n.to_string_lossy().ends_with(".ridx"))
-    {
+        .is_some_and(|n| n.to_string_lossy().ends_with(".ridx"));
+    if !named || !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return false;
     }
     let mut head = [0u8; 8];
