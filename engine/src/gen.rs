@@ -381,8 +381,10 @@ pub fn generate(
             resource,
             asked,
             limit,
-        }) if resource.starts_with("scratch") => {
-            let (what, has) = if resource.contains("inodes") {
+        }) if resource == crate::resources::SCRATCH_SPACE
+            || resource == crate::resources::SCRATCH_INODES =>
+        {
+            let (what, has) = if resource == crate::resources::SCRATCH_INODES {
                 (
                     format!("{asked} files"),
                     format!("room for {limit} more files"),

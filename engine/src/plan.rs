@@ -554,7 +554,7 @@ impl Job<'_> {
             }
             Err(crate::Error::Exhausted {
                 resource, asked, ..
-            }) if resource.starts_with("scratch space") => {
+            }) if resource == crate::resources::SCRATCH_SPACE => {
                 let why = format!(
                     "needs {} of scratch space, {} free",
                     crate::size::human_bytes(asked as f64),

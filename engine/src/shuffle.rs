@@ -108,20 +108,7 @@ const TABLE_PER_RECORD: u64 = 4;
 fn without_sidecars(inputs: &[Input]) -> Result<Vec<Input>> {
     let kept: Vec<Input> = inputs
         .iter()
-        .filter(|i| match i {
-            Input::File(p) if crate::dataset::is_own_sidecar(p) => {
-                crate::notice::once(
-                    "shuffle-sidecars-named",
-                    &format!(
-                        "{}: riffle's own index sidecar, left out of the input (so are any \
-                         others named)",
-                        p.display()
-                    ),
-                );
-                false
-            }
-            _ => true,
-        })
+        .filter(|i| !matches!(i, Input::File(p) if crate::dataset::left_out_as_sidecar(p)))
         .cloned()
         .collect();
     if kept.is_empty() && !inputs.is_empty() {

@@ -600,17 +600,7 @@ pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
             entries.sort();
             out.extend(entries);
         } else if meta.is_file() {
-            if is_own_sidecar(p) {
-                // `riffle read many/*` after a read of `many/`: the shell hands over the
-                // index sidecars too; they are never data.
-                crate::notice::once(
-                    "sidecars-named",
-                    &format!(
-                        "{}: riffle's own index sidecar, left out of the dataset (so are any \
-                         others named)",
-                        p.display()
-                    ),
-                );
+            if left_out_as_sidecar(p) {
                 continue;
             }
             out.push(p.to_path_buf());
@@ -626,9 +616,26 @@ pub fn resolve<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// Whether a file named on its own is one of riffle's index or listing sidecars: a `.ridx`
-/// name and a sidecar's magic at its start (a user's own file of that name stays data).
-pub(crate) fn is_own_sidecar(path: &Path) -> bool {
+/// Whether a path named on its own is left out as one of riffle's index or listing
+/// sidecars (`riffle read many/*` after a read of `many/`: the shell hands over the
+/// sidecars too; they are never data), said once.
+pub(crate) fn left_out_as_sidecar(path: &Path) -> bool {
+    let own = is_own_sidecar(path);
+    if own {
+        crate::notice::once(
+            "sidecars-named",
+            &format!(
+                "{}: riffle's own index sidecar, left out (so are any others named)",
+                path.display()
+            ),
+        );
+    }
+    own
+}
+
+/// Whether a file is one of riffle's index or listing sidecars: a `.ridx` name and a
+/// sidecar's magic at its start (a user's own file of that name stays data).
+fn is_own_sidecar(path: &Path) -> bool {
     use std::io::Read;
     let named = path
         .file_name()

@@ -69,13 +69,19 @@ pub fn check_scratch(ds: &Dataset, opts: &ReadOptions, scratch: &Path) -> Result
             resource,
             asked,
             limit,
-        }) if resource.starts_with("scratch") => Err(Error::OverBudget(format!(
+        }) if resource == crate::resources::SCRATCH_SPACE => Err(Error::OverBudget(format!(
             "{}: two-pass needs {} of scratch space for its piles and {} is free (No space \
              left on the scratch disk); give --scratch a larger disk, or --mode lirs",
             scratch.display(),
             crate::size::human_bytes(asked as f64),
             crate::size::human_bytes(limit as f64),
         ))),
+        // Too few inodes is said as the plan says it (a count, not bytes).
+        Err(e @ Error::Exhausted { resource, .. })
+            if resource == crate::resources::SCRATCH_INODES =>
+        {
+            Err(e)
+        }
         _ => Ok(()),
     }
 }

@@ -54,7 +54,7 @@ impl BufferPlan {
         };
         let slab_bytes = footprint(scan_size * SCAN_DEPTH) as u64;
         let pad_bytes = (pad_records as f64 * (mean + SLOT_OVERHEAD as f64)).ceil() as u64;
-        let batch_bytes = ((d.batch as f64 * mean) as u64).saturating_add((d.batch + 1) * 16);
+        let batch_bytes = d.batch_bytes();
         let fixed = d
             .index_bytes
             .saturating_add(slab_bytes)
@@ -131,16 +131,7 @@ impl BufferPlan {
             self.pad_bytes,
             "records kept to pad the last round of batches (--pad)".into(),
         );
-        f.push(
-            "batches",
-            Kind::Memory,
-            (self.prefetch as u64 + 1).saturating_mul(self.batch_bytes),
-            format!(
-                "{} batch(es) read ahead and one being filled, {} each",
-                self.prefetch,
-                human_bytes(self.batch_bytes as f64)
-            ),
-        );
+        f.read_ahead(self.prefetch, self.batch_bytes);
         f.push(
             "queue_depth",
             Kind::Count,

@@ -34,7 +34,6 @@ impl LirsPlan {
         if d.records == 0 {
             return Err(Error::Invalid("the dataset has no records".into()));
         }
-        let mean = d.bytes as f64 / d.records as f64;
         // The largest single read: a record, or the records starting in one block (which
         // may run into the next block); longer reads are split by the reader.
         let piece = match (d.runs, d.grouping) {
@@ -52,7 +51,7 @@ impl LirsPlan {
             .clamp(ALIGN_SLACK, 1 << 20) as usize;
         let table_width = if d.units <= u64::from(u32::MAX) { 4 } else { 8 };
         let table_bytes = entries.saturating_mul(table_width);
-        let batch_bytes = ((d.batch as f64 * mean) as u64).saturating_add((d.batch + 1) * 16);
+        let batch_bytes = d.batch_bytes();
         let depth = d.depth.max(1) as u64;
         // Enough batches under assembly to keep `depth` reads in flight: a batch needs about
         // batch / records-per-unit reads (page grouping reads a unit at once; a baseline's

@@ -67,6 +67,15 @@ pub struct Demand {
     pub runs: bool,
 }
 
+impl Demand {
+    /// Bytes one batch takes: its records at the mean size, and 16 bytes a record (its id
+    /// and offset) and one more offset.
+    pub fn batch_bytes(&self) -> u64 {
+        let payload = self.batch as f64 * self.bytes as f64 / self.records.max(1) as f64;
+        (payload as u64).saturating_add((self.batch + 1) * 16)
+    }
+}
+
 /// What the machine gives: asked once at the edge ([`Limits::here`]), or built by tests.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Limits {
@@ -111,6 +120,14 @@ impl Limits {
         }
     }
 }
+
+/// The resource an [`Error::Exhausted`] names when a plan's scratch bytes do not fit the
+/// free space: callers match it to say where, in their own words.
+pub const SCRATCH_SPACE: &str = "scratch space (bytes)";
+
+/// The resource an [`Error::Exhausted`] names when a plan's scratch files do not fit the
+/// free inodes.
+pub const SCRATCH_INODES: &str = "scratch inodes";
 
 /// Whether a figure counts bytes of memory, bytes of scratch, or things.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -220,13 +237,13 @@ impl ResourcePlan {
         }
         if let Some(free) = limits.scratch_free {
             if self.scratch_bytes > free {
-                return refuse("scratch space (bytes)", self.scratch_bytes, free);
+                return refuse(SCRATCH_SPACE, self.scratch_bytes, free);
             }
         }
         if let Some(inodes) = limits.scratch_inodes {
             let files = count("scratch_files");
             if files > inodes {
-                return refuse("scratch inodes", files, inodes);
+                return refuse(SCRATCH_INODES, files, inodes);
             }
         }
         if let Some(m) = d.memory {
@@ -258,6 +275,19 @@ impl Figures {
             Kind::Memory,
             d.index_bytes,
             "one u64 per record of variable-length files (0 for fixed-size records)".into(),
+        );
+    }
+
+    /// The batches read ahead and the one being filled.
+    fn read_ahead(&mut self, prefetch: usize, batch_bytes: u64) {
+        self.push(
+            "batches",
+            Kind::Memory,
+            (prefetch as u64 + 1).saturating_mul(batch_bytes),
+            format!(
+                "{prefetch} batch(es) read ahead and one being filled, {} each",
+                human_bytes(batch_bytes as f64)
+            ),
         );
     }
 

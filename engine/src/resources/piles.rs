@@ -66,8 +66,7 @@ impl PilePlan {
             .saturating_add(d.units.saturating_mul(FRAME_HEAD))
             .saturating_add(d.records.saturating_mul(4));
         let mean = frames as f64 / d.units.max(1) as f64;
-        let batch_bytes = ((d.batch as f64 * d.bytes as f64 / d.records as f64) as u64)
-            .saturating_add((d.batch + 1) * 16);
+        let batch_bytes = d.batch_bytes();
         let scan_size = scan_size(d.memory);
         let fixed = d
             .units_bytes
@@ -287,16 +286,7 @@ impl PilePlan {
                 human_bytes(self.largest_load() as f64)
             ),
         );
-        f.push(
-            "batches",
-            Kind::Memory,
-            (d.prefetch as u64 + 1).saturating_mul(self.batch_bytes),
-            format!(
-                "{} batch(es) read ahead and one being filled, {} each",
-                d.prefetch,
-                human_bytes(self.batch_bytes as f64)
-            ),
-        );
+        f.read_ahead(d.prefetch, self.batch_bytes);
         self.layout_figures(&mut f, limits);
         f
     }
