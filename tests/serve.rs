@@ -587,6 +587,94 @@ fn stall_telemetry_per_stream_and_job_and_every_few_seconds() {
     );
 }
 
+/// Issue 29 (deliverables 4 and 8): in a world-2 job, rank 1 (inline) stops reading. The
+/// daemon's write to it has a deadline (`--idle-timeout`), so rank 1 is cut and leaves
+/// the job, and rank 0 gets every one of its batches. The stall shows while it lasts
+/// (rank 0's wait on the engine grows in the stats as it happens) and stays in the stats
+/// after the job ended (`job_waits`, `live: false`, with its largest wait).
+#[test]
+fn a_rank_that_stops_reading_is_cut_its_job_goes_on_and_the_stall_shows() {
+    use proto::Transport;
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 4096);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &["--idle-timeout", "3"]);
+    let req = |rank, transport| {
+        let mut r = OpenRequest::new("train", 50);
+        r.rank = rank;
+        r.world = 2;
+        r.transport = transport;
+        r
+    };
+    let mut stuck = UnixStream::connect(&sock).unwrap();
+    stuck.write_all(&hello()).unwrap();
+    stuck
+        .write_all(&proto::json_frame(Kind::Open, &req(1, Transport::Inline)))
+        .unwrap();
+    let mut reader = d.client();
+    let mut s0 = reader.open(req(0, Transport::Shm)).unwrap();
+    let id0 = s0.opened.stream.unwrap();
+    let job = s0.opened.job.unwrap();
+    let want = s0.opened.batches_per_epoch;
+    let mut got = 0u64;
+    let mut stalled_seen = 0.0f64;
+    std::thread::scope(|sc| {
+        let reading = sc.spawn(|| {
+            while s0.next_batch().unwrap().is_some() {
+                got += 1;
+            }
+        });
+        // While rank 0 starves (the pass waits on rank 1 until its cut), its wait grows
+        // in the stats as it happens.
+        while !reading.is_finished() {
+            let st = d.stats();
+            if let Some(w) = st["stream_waits"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|w| w["stream"] == id0)
+            {
+                stalled_seen = stalled_seen.max(w["engine_wait_now_s"].as_f64().unwrap());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    assert_eq!(got, want, "rank 0 got {got} of its {want} batches");
+    assert!(
+        stalled_seen >= 0.5,
+        "a stall of rank 0 (its pass waited on rank 1 until its cut) was never shown while \
+         it lasted: the largest wait in progress seen was {stalled_seen} s"
+    );
+    // Rank 1 was cut: its connection ends (part of a frame may be out when its write's
+    // deadline passed, so there is no ERROR frame to expect).
+    stuck
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut rest = Vec::new();
+    use std::io::Read;
+    let _ = stuck.read_to_end(&mut rest);
+    let st = d.wait_stats("the job ended", |s| {
+        s["job_waits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["job"] == job && w["live"] == false)
+    });
+    let jw = st["job_waits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["job"] == job)
+        .unwrap()
+        .clone();
+    assert!(
+        jw["engine_wait_us"]["max"].as_u64().unwrap() >= 500_000
+            && jw["engine_wait_s"].as_f64().unwrap() >= 0.5,
+        "the job's stall left the stats with it: {jw}"
+    );
+    assert_eq!(st["errors"]["panic"], Value::Null, "{st}");
+}
+
 #[test]
 fn a_soak_of_honest_clients_among_attackers_loses_nothing_and_stays_flat() {
     // 20 s here (RIFFLE_SOAK_SECS to change it); `riffle bench node` runs it for 5 minutes.

@@ -317,6 +317,8 @@ impl Conn {
             }
             if st.pending.is_none() {
                 let asked = *self.wire.lock().asked.get_or_insert_with(Instant::now);
+                // A stall shows in the stats while it lasts.
+                record(&st.waits, |t| t.engine_waiting(Some(asked)));
                 if !st.batches.ready_within(ENGINE_WAIT) {
                     // Nothing yet: take what the client sent (a CLOSE stops the stream
                     // where it is, scatter included) and look again.
@@ -366,6 +368,9 @@ impl Conn {
         // Waiting on the client now, not on the engine.
         self.wire.lock().asked = None;
         let t = Instant::now();
+        if let Some(st) = &self.stream {
+            record(&st.waits, |w| w.client_waiting(t));
+        }
         let (k, body) = self.frame(true)?.expect("blocking");
         if let Some(st) = &self.stream {
             record(&st.waits, |w| w.client_wait(t.elapsed()));

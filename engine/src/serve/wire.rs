@@ -107,8 +107,12 @@ pub(super) fn announce_ready(
     if ring.slots().outstanding() < credits as usize {
         w.asked = Some(Instant::now());
     }
+    let next = w.asked;
     drop(w);
-    record(waits, |t| t.announced(waited));
+    record(waits, |t| {
+        t.announced(waited);
+        t.engine_waiting(next);
+    });
     let mut s = shared.stats();
     s.count_batch(&h, true);
     s.batches_announced_early += 1;
