@@ -89,12 +89,23 @@ impl Daemon {
     }
 
     fn start_with(socket: &Path, data: &Path, mode: &str, extra: &[&str]) -> Result<Daemon> {
+        Self::start_serving(socket, &[format!("train={}", data.display())], mode, extra)
+    }
+
+    /// A daemon serving `datasets` (`NAME=SPEC` each).
+    fn start_serving(
+        socket: &Path,
+        datasets: &[String],
+        mode: &str,
+        extra: &[&str],
+    ) -> Result<Daemon> {
         let _ = std::fs::remove_file(socket);
-        let child = Command::new(riffle_bin()?)
-            .args(["serve", "--socket"])
-            .arg(socket)
-            .arg("--dataset")
-            .arg(format!("train={}", data.display()))
+        let mut cmd = Command::new(riffle_bin()?);
+        cmd.args(["serve", "--socket"]).arg(socket);
+        for d in datasets {
+            cmd.arg("--dataset").arg(d);
+        }
+        let child = cmd
             .args(["--mode", mode])
             .args(extra)
             .stdout(Stdio::null())
@@ -314,30 +325,63 @@ fn many_jobs(socket: &Path, data_dir: &Path, quick: bool) -> Result<Row> {
     })
 }
 
-/// The soak (see [`crate::soak`]) against a daemon of 40,000 records of 512 B: honest
-/// batches checked, RSS and fds over the last 80% of the run.
+/// The soak (see [`crate::soak`]) against two daemons, one lirs and one two-pass, each
+/// serving a `.npy` file (40,000 records of 512 B), a tree of 4,000 files and a mixture of
+/// the file and a second one (20,000 draws an epoch): honest batches checked, RSS and fds over the last 80%.
 fn soak(
     socket: &Path,
     data_dir: &Path,
     seconds: f64,
 ) -> Result<(Vec<Row>, crate::soak::SoakReport)> {
-    let records = 40_000u64;
+    let (records, files, draws) = (40_000u64, 4_000u64, 20_000u64);
     let data = data_dir.join(format!("node-soak-{records}.npy"));
     gen(&data, "npy", records, "512", &[])?;
-    let d = Daemon::start_with(
-        socket,
-        &data,
-        "lirs",
-        &["--max-clients", "80", "--idle-timeout", "5"],
-    )?;
-    let r = crate::soak::run(d.child.id(), socket, records, seconds);
-    drop(d);
+    let tree = data_dir.join(format!("node-soak-tree-{files}"));
+    gen(&tree, "files", files, "512", &[])?;
+    // A mixture's sources share one format: the file and a second, smaller one.
+    let other = data_dir.join("node-soak-other-10000.npy");
+    gen(&other, "npy", 10_000, "300", &[])?;
+    let specs = [
+        format!("train={}", data.display()),
+        format!("tree={}:files", tree.display()),
+        format!(
+            "mix=mix:a={}*0.7,b={}*0.3;size={draws}",
+            data.display(),
+            other.display()
+        ),
+    ];
+    let extra = ["--max-clients", "80", "--idle-timeout", "5"];
+    let socket2 = socket.with_extension("two-pass");
+    let lirs = Daemon::start_serving(socket, &specs, "lirs", &extra)?;
+    let two = Daemon::start_serving(&socket2, &specs, "two-pass", &extra)?;
+    let mut targets = Vec::new();
+    for (d, mode) in [(&lirs, "lirs"), (&two, "two-pass")] {
+        for (name, n, mixture) in [
+            ("train", records, None),
+            ("tree", files, None),
+            ("mix", draws, Some(vec![0, records])),
+        ] {
+            targets.push(crate::soak::Target {
+                pid: d.child.id(),
+                socket: d.socket.clone(),
+                dataset: name.into(),
+                label: format!("{mode} {name}"),
+                records: n,
+                mixture,
+            });
+        }
+    }
+    let r = crate::soak::run_targets(&targets, seconds);
+    drop((lirs, two));
     let _ = std::fs::remove_file(&data);
+    let _ = std::fs::remove_file(&other);
+    let _ = std::fs::remove_dir_all(&tree);
     let attacks: Vec<String> = r.attacks.iter().map(|(k, n)| format!("{n} {k}")).collect();
     let rows = vec![
         Row {
             case: format!(
-                "soak {:.0} s, 64 connections: honest records lost, repeated or corrupted",
+                "soak {:.0} s, 64 connections to a lirs and a two-pass daemon (a file, a tree \
+                 and a mixture each): honest records lost, repeated or corrupted",
                 r.seconds
             ),
             value: r.violations.len() as f64,

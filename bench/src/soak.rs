@@ -1,12 +1,14 @@
 //! A soak of `riffle serve`: for a bounded time, 64 connections at once, honest clients of
 //! several jobs beside clients that vanish mid-stream, never read, trickle their
-//! handshake, send garbage or ask for impossible splits. Every honest batch is checked
-//! (each epoch's ids exactly once, every record's bytes carrying its id), and the daemon's
-//! RSS and open fds are sampled each second.
+//! handshake, send garbage, ask for impossible splits or absurd worlds, or stall a rank of
+//! a shared job. Every honest batch is checked (each epoch's ids exactly once, or for a
+//! mixture the epoch's count of draws; every record's bytes carrying its id), and each
+//! daemon's RSS and open fds are sampled each second.
 //!
-//! The daemon must serve a `.npy` of `records` records made by `riffle gen` (a record's
-//! first 8 bytes are its id) as dataset `train`, with `--max-clients` above 64 (honest
-//! clients retry while the daemon says `busy`).
+//! The daemons serve datasets made by `riffle gen` (a record's first 8 bytes are its id
+//! within its source), with `--max-clients` above 64 (honest clients retry while a daemon
+//! says `busy`); [`run_targets`] takes any number of (daemon, dataset) targets, so one soak
+//! covers files, trees and mixtures under lirs and two-pass at once.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -41,6 +43,24 @@ pub struct SoakReport {
     pub fd_growth: i64,
 }
 
+/// A dataset a daemon serves, for the soak's honest clients.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The daemon's pid (its RSS and fds are sampled).
+    pub pid: u32,
+    /// Its socket.
+    pub socket: PathBuf,
+    /// The dataset's name there.
+    pub dataset: String,
+    /// What it is, in violations (e.g. "two-pass tree").
+    pub label: String,
+    /// Records per epoch.
+    pub records: u64,
+    /// A mixture: where each source's ids start. An epoch then draws `records` records
+    /// (checked for its count and each record's bytes, not as a permutation).
+    pub mixture: Option<Vec<u64>>,
+}
+
 fn connect(socket: &Path, until: Instant) -> Result<Client, String> {
     loop {
         match Client::connect(socket) {
@@ -53,24 +73,37 @@ fn connect(socket: &Path, until: Instant) -> Result<Client, String> {
     }
 }
 
-/// Reads one epoch of `req` on a fresh client; the ids it got, after checking each
+/// Reads one epoch of `req` from `t` on a fresh client; the ids it got, after checking each
 /// record's bytes.
-fn read_epoch(socket: &Path, req: OpenRequest, until: Instant) -> Result<(Vec<u64>, u64), String> {
-    let mut c = connect(socket, until)?;
-    let tag = format!("seed {} rank {}/{}", req.seed, req.rank, req.world);
+fn read_epoch(t: &Target, req: OpenRequest, until: Instant) -> Result<(Vec<u64>, u64), String> {
+    let mut c = connect(&t.socket, until)?;
+    let tag = format!(
+        "{} seed {} rank {}/{}",
+        t.label, req.seed, req.rank, req.world
+    );
     let mut s = c.open(req).map_err(|e| format!("{tag}: open: {e}"))?;
     let mut ids = Vec::new();
     let mut batches = 0;
     while let Some(b) = s.next_batch().map_err(|e| format!("{tag}: {e}"))? {
         batches += 1;
         for (i, &id) in b.ids().iter().enumerate() {
+            let local = match &t.mixture {
+                Some(starts) => {
+                    let src = b.sources().get(i).copied().unwrap_or(u32::MAX) as usize;
+                    match starts.get(src) {
+                        Some(&first) if first <= id => id - first,
+                        _ => return Err(format!("{tag}: record {id} has no source ({src})")),
+                    }
+                }
+                None => id,
+            };
             let rec = b.record(i);
             let got = rec
                 .get(..8)
                 .map(|h| u64::from_le_bytes(h.try_into().expect("8 bytes")));
-            if got != Some(id) {
+            if got != Some(local) {
                 return Err(format!(
-                    "{tag}: batch {} record {i} should carry id {id}, carries {got:?}",
+                    "{tag}: batch {} record {i} (id {id}) should carry {local}, carries {got:?}",
                     b.header.index
                 ));
             }
@@ -78,6 +111,19 @@ fn read_epoch(socket: &Path, req: OpenRequest, until: Instant) -> Result<(Vec<u6
         ids.extend_from_slice(b.ids());
     }
     Ok((ids, batches))
+}
+
+/// Whether `ids` are one whole epoch of `t`.
+fn whole_epoch(t: &Target, ids: Vec<u64>, what: &str) -> Option<String> {
+    match t.mixture {
+        None => exactly_once(ids, t.records, what),
+        Some(_) if ids.len() as u64 == t.records => None,
+        Some(_) => Some(format!(
+            "{what}: {} draws for an epoch of {}",
+            ids.len(),
+            t.records
+        )),
+    }
 }
 
 fn exactly_once(mut ids: Vec<u64>, records: u64, what: &str) -> Option<String> {
@@ -108,65 +154,89 @@ fn proc_rss_fds(pid: u32) -> (u64, u64) {
 /// Runs the soak for `seconds` against the daemon `pid` listening on `socket`, whose
 /// dataset `train` has `records` records (a multiple of 4 x 100).
 pub fn run(pid: u32, socket: &Path, records: u64, seconds: f64) -> SoakReport {
+    let t = Target {
+        pid,
+        socket: socket.to_path_buf(),
+        dataset: "train".into(),
+        label: "train".into(),
+        records,
+        mixture: None,
+    };
+    run_targets(&[t], seconds)
+}
+
+/// The kinds of attack, by index.
+const KINDS: [&str; 7] = [
+    "vanish",
+    "never-read",
+    "trickle",
+    "garbage",
+    "hostile-open",
+    "stalled-rank",
+    "huge-world",
+];
+
+/// Runs the soak for `seconds` against `targets` (at least one; their records a multiple
+/// of 2 x 100): per target an honest client of a job of its own and an honest job of 2
+/// ranks, epoch after epoch; attackers take the rest of 64 connections, spread over the
+/// targets' daemons.
+pub fn run_targets(targets: &[Target], seconds: f64) -> SoakReport {
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(seconds);
-    let socket: PathBuf = socket.to_path_buf();
     let violations = Arc::new(Mutex::new(Vec::<String>::new()));
     let epochs = Arc::new(AtomicU64::new(0));
     let batches = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
-    let kinds = ["vanish", "never-read", "trickle", "garbage", "hostile-open"];
-    let counts: Vec<Arc<AtomicU64>> = kinds.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let counts: Vec<Arc<AtomicU64>> = KINDS.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let samples = Arc::new(Mutex::new(Vec::new()));
+    let mut pids: Vec<u32> = targets.iter().map(|t| t.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let bad = |v: &Mutex<Vec<String>>, m: String| {
+        let mut v = v.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < 100 {
+            v.push(m);
+        }
+    };
+    let honest = targets.len() * 3;
     std::thread::scope(|s| {
-        let bad = |v: &Arc<Mutex<Vec<String>>>, m: String| {
-            let mut v = v.lock().unwrap_or_else(|p| p.into_inner());
-            if v.len() < 100 {
-                v.push(m);
-            }
-        };
-        // 8 honest clients, each a job of its own (world 1), epoch after epoch.
-        for c in 0..8u64 {
-            let (socket, violations, epochs, batches) =
-                (&socket, violations.clone(), epochs.clone(), batches.clone());
+        for (ti, t) in targets.iter().enumerate() {
+            // A job of its own (world 1), epoch after epoch.
+            let (violations, epochs, batches) = (&violations, &epochs, &batches);
             s.spawn(move || {
-                let mut seed = c * 1000;
+                let mut seed = ti as u64 * 10_000;
                 while Instant::now() < until {
                     seed += 1;
-                    let mut req = OpenRequest::new("train", 100);
+                    let mut req = OpenRequest::new(&t.dataset, 100);
                     req.seed = seed;
-                    match read_epoch(socket, req, until + Duration::from_secs(30)) {
+                    match read_epoch(t, req, until + Duration::from_secs(30)) {
                         Ok((ids, n)) => {
                             batches.fetch_add(n, Ordering::Relaxed);
-                            match exactly_once(ids, records, &format!("seed {seed}")) {
-                                Some(m) => bad(&violations, m),
+                            match whole_epoch(t, ids, &format!("{} seed {seed}", t.label)) {
+                                Some(m) => bad(violations, m),
                                 None => {
                                     epochs.fetch_add(1, Ordering::Relaxed);
                                 }
                             }
                         }
-                        Err(m) => bad(&violations, m),
+                        Err(m) => bad(violations, m),
                     }
                 }
             });
-        }
-        // 2 honest jobs of 4 ranks each (world 4: one shared pass per job), job after job.
-        for j in 0..2u64 {
-            let (socket, violations, epochs, batches) =
-                (&socket, violations.clone(), epochs.clone(), batches.clone());
+            // A job of 2 ranks (one shared pass), job after job.
             s.spawn(move || {
-                let mut seed = 500_000 + j * 1000;
+                let mut seed = 500_000 + ti as u64 * 10_000;
                 while Instant::now() < until {
                     seed += 1;
                     let got: Vec<Result<(Vec<u64>, u64), String>> = std::thread::scope(|s2| {
-                        let hs: Vec<_> = (0..4u64)
+                        let hs: Vec<_> = (0..2u64)
                             .map(|rank| {
                                 s2.spawn(move || {
-                                    let mut req = OpenRequest::new("train", 100);
+                                    let mut req = OpenRequest::new(&t.dataset, 100);
                                     req.seed = seed;
                                     req.rank = rank;
-                                    req.world = 4;
-                                    read_epoch(socket, req, until + Duration::from_secs(30))
+                                    req.world = 2;
+                                    read_epoch(t, req, until + Duration::from_secs(30))
                                 })
                             })
                             .collect();
@@ -184,13 +254,13 @@ pub fn run(pid: u32, socket: &Path, records: u64, seconds: f64) -> SoakReport {
                             }
                             Err(m) => {
                                 ok = false;
-                                bad(&violations, m);
+                                bad(violations, m);
                             }
                         }
                     }
                     if ok {
-                        match exactly_once(all, records, &format!("job seed {seed}")) {
-                            Some(m) => bad(&violations, m),
+                        match whole_epoch(t, all, &format!("{} job seed {seed}", t.label)) {
+                            Some(m) => bad(violations, m),
                             None => {
                                 epochs.fetch_add(1, Ordering::Relaxed);
                             }
@@ -199,25 +269,33 @@ pub fn run(pid: u32, socket: &Path, records: u64, seconds: f64) -> SoakReport {
                 }
             });
         }
-        // 48 attackers: the rest of the 64 connections.
-        for a in 0..48usize {
-            let kind = a % kinds.len();
-            let (socket, count) = (&socket, counts[kind].clone());
+        // Attackers: the rest of the 64 connections, over the targets in turn.
+        for a in 0..64usize.saturating_sub(honest).max(KINDS.len()) {
+            let kind = a % KINDS.len();
+            let t = &targets[(a / KINDS.len()) % targets.len()];
+            let (count, violations) = (counts[kind].clone(), &violations);
             s.spawn(move || {
                 let mut i = 0u64;
                 while Instant::now() < until {
                     i += 1;
                     count.fetch_add(1, Ordering::Relaxed);
-                    attack(kind, socket, a as u64 * 1_000_000 + i, until);
+                    if let Err(m) = attack(kind, t, a as u64 * 1_000_000 + i, until) {
+                        bad(violations, m);
+                    }
                 }
             });
         }
-        // The daemon's RSS and fds, each second.
+        // The daemons' RSS and fds together, each second.
         {
-            let (samples, done) = (samples.clone(), done.clone());
+            let (samples, done, pids) = (samples.clone(), done.clone(), &pids);
             s.spawn(move || {
                 while !done.load(Ordering::Relaxed) {
-                    let (rss, fds) = proc_rss_fds(pid);
+                    let (mut rss, mut fds) = (0, 0);
+                    for &pid in pids {
+                        let (r, f) = proc_rss_fds(pid);
+                        rss += r;
+                        fds += f;
+                    }
                     samples.lock().unwrap_or_else(|p| p.into_inner()).push((
                         started.elapsed().as_secs_f64(),
                         rss,
@@ -256,7 +334,7 @@ pub fn run(pid: u32, socket: &Path, records: u64, seconds: f64) -> SoakReport {
         honest_epochs: epochs.load(Ordering::Relaxed),
         honest_batches: batches.load(Ordering::Relaxed),
         violations,
-        attacks: kinds
+        attacks: KINDS
             .iter()
             .zip(&counts)
             .map(|(k, c)| (k.to_string(), c.load(Ordering::Relaxed)))
@@ -267,15 +345,18 @@ pub fn run(pid: u32, socket: &Path, records: u64, seconds: f64) -> SoakReport {
     }
 }
 
-/// One attack of kind `kind` (an index into the soak's kinds).
-fn attack(kind: usize, socket: &Path, n: u64, until: Instant) {
+/// One attack of kind `kind` (an index into [`KINDS`]) on target `t`; an error when an
+/// honest part of it (the reading rank beside a stalled one) did not get its batches.
+fn attack(kind: usize, t: &Target, n: u64, until: Instant) -> Result<(), String> {
     let hello = proto::json_frame(Kind::Hello, &serde_json::json!({"version": proto::VERSION}));
+    let socket = t.socket.as_path();
+    let dataset = t.dataset.as_str();
     match kind {
         // Opens a stream, takes some of what the daemon sends, and is gone without a word.
         0 => {
             if let Ok(mut sock) = UnixStream::connect(socket) {
                 let _ = sock.set_read_timeout(Some(Duration::from_millis(500)));
-                let mut req = OpenRequest::new("train", 100);
+                let mut req = OpenRequest::new(dataset, 100);
                 req.seed = n;
                 let _ = sock.write_all(&hello);
                 let _ = sock.write_all(&proto::json_frame(Kind::Open, &req));
@@ -289,7 +370,7 @@ fn attack(kind: usize, socket: &Path, n: u64, until: Instant) {
         // Opens a stream and never reads or acknowledges, for a few seconds.
         1 => {
             if let Ok(mut c) = Client::connect(socket) {
-                let mut req = OpenRequest::new("train", 100);
+                let mut req = OpenRequest::new(dataset, 100);
                 req.seed = n;
                 req.epochs = 3;
                 let _ = c.send(&proto::json_frame(Kind::Open, &req));
@@ -336,9 +417,9 @@ fn attack(kind: usize, socket: &Path, n: u64, until: Instant) {
             }
         }
         // Impossible splits and overflowing arithmetic.
-        _ => {
+        4 => {
             if let Ok(mut c) = Client::connect(socket) {
-                let mut req = OpenRequest::new("train", 32);
+                let mut req = OpenRequest::new(dataset, 32);
                 match n % 3 {
                     0 => {
                         req.world = (1 << 63) - 1;
@@ -357,5 +438,62 @@ fn attack(kind: usize, socket: &Path, n: u64, until: Instant) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        // A job of 2 ranks whose rank 1 (inline) never reads: the daemon cuts it at its
+        // --idle-timeout and rank 0 must still get every one of its batches.
+        5 => {
+            let mut req = OpenRequest::new(dataset, 100);
+            req.seed = 900_000_000 + n;
+            req.world = 2;
+            let Ok(mut stuck) = UnixStream::connect(socket) else {
+                std::thread::sleep(Duration::from_millis(50));
+                return Ok(());
+            };
+            let mut r1 = req.clone();
+            r1.rank = 1;
+            r1.transport = riffle::serve::Transport::Inline;
+            let _ = stuck.write_all(&hello);
+            let _ = stuck.write_all(&proto::json_frame(Kind::Open, &r1));
+            let mut c = match connect(socket, until) {
+                Ok(c) => c,
+                // Busy past the soak's end: nothing was promised.
+                Err(_) if Instant::now() >= until => return Ok(()),
+                Err(e) => return Err(format!("stalled-rank: rank 0: {e}")),
+            };
+            let tag = format!("stalled-rank {} seed {}: rank 0", t.label, req.seed);
+            let mut st = c.open(req).map_err(|e| format!("{tag}: open: {e}"))?;
+            let want = st.opened.batches_per_epoch;
+            let mut got = 0;
+            while st
+                .next_batch()
+                .map_err(|e| format!("{tag}: {e}"))?
+                .is_some()
+            {
+                got += 1;
+            }
+            drop(stuck);
+            if got != want {
+                return Err(format!("{tag} got {got} of its {want} batches"));
+            }
+        }
+        // Absurd worlds: batch 1 over 2^64-1, 10^9 or 2^53 x 256 ranks, padded; refused
+        // at OPEN (a pass that pads such an epoch would run on with no member).
+        _ => {
+            if let Ok(mut c) = Client::connect(socket) {
+                let mut req = OpenRequest::new(dataset, 1);
+                req.world = [u64::MAX, 1_000_000_000, (1 << 53) * 256][(n % 3) as usize];
+                req.rank = n % 7;
+                req.tail = "pad".into();
+                let world = req.world;
+                if c.open(req).is_ok() {
+                    return Err(format!(
+                        "{}: an OPEN of a world of {world} was admitted",
+                        t.label
+                    ));
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
+    Ok(())
 }
