@@ -177,8 +177,8 @@ const KINDS: [&str; 7] = [
 ];
 
 /// Runs the soak for `seconds` against `targets` (at least one; their records a multiple
-/// of 2 x 100): per target an honest client of a job of its own and an honest job of 2
-/// ranks, epoch after epoch; attackers take the rest of 64 connections, spread over the
+/// of 2 x 100): per target honest clients of a job of their own (8 over all targets, at
+/// least one each) and an honest job of 2 ranks, epoch after epoch; attackers take the rest of 64 connections, spread over the
 /// targets' daemons.
 pub fn run_targets(targets: &[Target], seconds: f64) -> SoakReport {
     let started = Instant::now();
@@ -198,31 +198,35 @@ pub fn run_targets(targets: &[Target], seconds: f64) -> SoakReport {
             v.push(m);
         }
     };
-    let honest = targets.len() * 3;
+    // Honest clients of a job of their own per target (8 in all, at least 1 each).
+    let solo = (8 / targets.len().max(1)).max(1);
+    let honest = targets.len() * (solo + 2);
     std::thread::scope(|s| {
         for (ti, t) in targets.iter().enumerate() {
-            // A job of its own (world 1), epoch after epoch.
             let (violations, epochs, batches) = (&violations, &epochs, &batches);
-            s.spawn(move || {
-                let mut seed = ti as u64 * 10_000;
-                while Instant::now() < until {
-                    seed += 1;
-                    let mut req = OpenRequest::new(&t.dataset, 100);
-                    req.seed = seed;
-                    match read_epoch(t, req, until + Duration::from_secs(30)) {
-                        Ok((ids, n)) => {
-                            batches.fetch_add(n, Ordering::Relaxed);
-                            match whole_epoch(t, ids, &format!("{} seed {seed}", t.label)) {
-                                Some(m) => bad(violations, m),
-                                None => {
-                                    epochs.fetch_add(1, Ordering::Relaxed);
+            // Jobs of their own (world 1), epoch after epoch.
+            for c in 0..solo {
+                s.spawn(move || {
+                    let mut seed = (ti * solo + c) as u64 * 10_000;
+                    while Instant::now() < until {
+                        seed += 1;
+                        let mut req = OpenRequest::new(&t.dataset, 100);
+                        req.seed = seed;
+                        match read_epoch(t, req, until + Duration::from_secs(30)) {
+                            Ok((ids, n)) => {
+                                batches.fetch_add(n, Ordering::Relaxed);
+                                match whole_epoch(t, ids, &format!("{} seed {seed}", t.label)) {
+                                    Some(m) => bad(violations, m),
+                                    None => {
+                                        epochs.fetch_add(1, Ordering::Relaxed);
+                                    }
                                 }
                             }
+                            Err(m) => bad(violations, m),
                         }
-                        Err(m) => bad(violations, m),
                     }
-                }
-            });
+                });
+            }
             // A job of 2 ranks (one shared pass), job after job.
             s.spawn(move || {
                 let mut seed = 500_000 + ti as u64 * 10_000;
