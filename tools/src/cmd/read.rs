@@ -179,7 +179,8 @@ impl Args {
         // Worker K of rank R is stream K * world + R of world x workers (as riffle.torch
         // numbers a DataLoader's workers).
         let world = self.world.checked_mul(self.workers);
-        let rank = world.and(self.worker.checked_mul(self.world))
+        let rank = world
+            .and(self.worker.checked_mul(self.world))
             .and_then(|k| k.checked_add(self.rank));
         let (Some(world), Some(rank)) = (world, rank) else {
             anyhow::bail!(
