@@ -449,6 +449,7 @@ def test_the_readme_checkpoint_example_runs_and_resumes_exactly(served, tmp_path
     assert len(rest) == 6000 - 11 * 256 and len(np.unique(rest)) == len(rest)
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_workers_of_one_process_read_every_record_exactly_once(tmp_path):
     """Regression (issue 29 deliverable 2): the DataLoader workers of one process split
     that process's batches. 4,010 records in batches of 200 with 2 workers used to be a
@@ -485,6 +486,22 @@ def test_workers_of_one_process_read_every_record_exactly_once(tmp_path):
             assert all(np.array_equal(a, b) for a, b in zip(got, alone)), name
             assert cursor == {"epoch": 0, "records": n}, (name, cursor)
         assert loaders["loader"].state_dict()["global"] == {"epoch": 1, "records": 0}
+        # A checkpoint of 2 workers after 5 batches resumes under 3 workers: before and
+        # after together are the epoch exactly once, the rest in the same batches.
+        it = riffle.torch.loader(d.socket, "train", size, num_workers=2, seed=3)
+        before = []
+        for b in it:
+            before.append(b["ids"].numpy().copy())
+            if len(before) == 5:
+                break
+        state = it.state_dict()
+        assert state["global"] == {"epoch": 0, "records": 5 * size}, state
+        del it
+        rest = riffle.torch.loader(d.socket, "train", size, num_workers=3, seed=3)
+        rest.load_state_dict(state)
+        after = [b["ids"].numpy().copy() for b in rest]
+        assert all(np.array_equal(a, b) for a, b in zip(before + after, alone))
+        assert len(before + after) == len(alone)
     finally:
         d.stop()
 
