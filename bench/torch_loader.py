@@ -2,12 +2,14 @@
 """riffle through PyTorch against riffle in process (issue 19): one epoch of label-sorted
 records read by `riffle read` (in process), and by `riffle.torch.RiffleDataset` over
 `riffle serve` in a DataLoader with num_workers=0 (tensors viewing the shared ring) and
-num_workers=2 (workers as ranks of one shared pass, batches handed over in shared memory),
+num_workers=2 (the process's workers splitting its batches in one shared pass, batches handed
+over in shared memory),
 alternated run by run, cold cache (root) or warm.
 
 Reports per side: samples/s (median), the ratio to in-process `riffle read`, the time to
 the first batch (from asking to holding it), distinct labels per batch (10 = shuffled),
-and checks every record arrives exactly once. Targets: ratio >= 0.9 for both DataLoader
+and checks every record arrives exactly once: as many ids as records, all distinct, no
+padding (issue 29: a process's workers once padded the epoch as if they were ranks). Targets: ratio >= 0.9 for both DataLoader
 settings.
 
 Needs torch in the interpreter that runs it (it is not installed for you: `python3 -m
@@ -68,15 +70,15 @@ def through_torch(a, sock, how, n):
         it = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
     else:
         it = riffle.torch.loader(sock, "bench", a.batch_size, num_workers=workers, seed=1)
-    kept, labels, sampled, batches, records = [], 0, 0, 0, 0
+    kept, labels, sampled, batches, records, padding = [], 0, 0, 0, 0, 0
     t = time.monotonic()
     first = None
     for b in it:
         if first is None:
             first = time.monotonic() - t
         ids = b["ids"].numpy()
-        real = len(ids) - int(b["padding"])
-        kept.append(ids[:real].copy())
+        padding += int(b["padding"])
+        kept.append(ids.copy())
         if batches % 8 == 0:
             # Each generated record carries its label in bytes 8..12 (every 8th batch).
             offs = b["offsets"].numpy()[:-1]
@@ -90,7 +92,8 @@ def through_torch(a, sock, how, n):
     seen = np.bincount(np.concatenate(kept).astype(np.int64), minlength=n)
     return {"samples_per_s": records / secs, "first_batch_s": first, "records": records,
             "labels_per_batch": labels / max(sampled, 1),
-            "exactly_once": bool(len(seen) == n and (seen == 1).all())}
+            "padding": padding,
+            "exactly_once": bool(records == n and len(seen) == n and (seen == 1).all())}
 
 
 def main():

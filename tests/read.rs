@@ -1118,3 +1118,34 @@ fn a_mixture_reads_the_same_in_both_modes_with_exact_counts() {
     assert_eq!(v["mixture"]["sources"][1]["per_epoch"], 200, "{v}");
     assert_eq!(v["records"], 800);
 }
+
+/// Regression (issue 29 deliverable 2): `--workers N --worker K` reads as DataLoader worker
+/// K of the rank, which splits the rank's batches: over one rank, tail partial, worker K
+/// gets the batches I with I % N == K of the read without workers, so the workers' batches
+/// taken in turn are that read's, every record once, the last batch short. A worker
+/// outside --workers is refused.
+#[test]
+fn workers_of_one_rank_split_its_batches_exactly_once() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.bin");
+    make(&sb, &data, "fixed", 1003, 32);
+    let base = ["--format", "fixed:32", "--batch-size", "10", "--seed", "4"];
+    let alone = read_ids(&sb, &data, &base, &[]);
+    assert_eq!(alone.len(), 101);
+    let workers: Vec<Vec<Vec<u64>>> = (0..2)
+        .map(|k| {
+            let k = k.to_string();
+            let args = [&base[..], &["--workers", "2", "--worker", &k]].concat();
+            read_ids(&sb, &data, &args, &[])
+        })
+        .collect();
+    assert_eq!((workers[0].len(), workers[1].len()), (51, 50));
+    let in_turn: Vec<Vec<u64>> = (0..101).map(|i| workers[i % 2][i / 2].clone()).collect();
+    assert_eq!(in_turn, alone);
+    assert_eq!(in_turn.last().unwrap().len(), 3);
+    let mut ids = in_turn.concat();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..1003).collect::<Vec<u64>>());
+    let args = [&base[..], &["--workers", "2", "--worker", "2"]].concat();
+    read_refused(&sb, &data, &args, &["--worker 2", "--workers 2"]);
+}

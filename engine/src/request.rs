@@ -33,10 +33,12 @@ pub struct ReadRequest {
     pub epochs: u64,
     /// Seed of the order.
     pub seed: u64,
-    /// This rank.
+    /// This stream: a rank, or one of a rank's workers (see [`ReadOptions::workers`]).
     pub rank: u64,
-    /// Ranks in all.
+    /// Streams in all: ranks x workers.
     pub world: u64,
+    /// Streams (DataLoader workers) of each rank, which split the rank's batches.
+    pub workers: u64,
     /// What becomes of the records that do not fill a last round of batches.
     pub tail: Tail,
     /// How records are grouped into shuffling units.
@@ -72,6 +74,7 @@ impl ReadRequest {
             seed: o.seed,
             rank: o.rank,
             world: o.world,
+            workers: o.workers,
             tail: o.tail,
             grouping: o.grouping,
             resume: None,
@@ -129,7 +132,15 @@ impl ReadRequest {
         // A mixture's epoch is a view of its draws: the first one sizes the read.
         let first = src.epoch_view(self.seed, self.first_epoch)?;
         // The job's batches: a cursor given is resolved against them.
-        let split = Split::new(first.len(), self.batch, self.rank, self.world, self.tail)?;
+        let split = Split::streams(
+            first.len(),
+            self.batch,
+            self.rank,
+            self.world,
+            self.workers,
+            self.tail,
+            0,
+        )?;
         let (resume, start) = match self.resume {
             Some(r) => {
                 let (c, start) = r.resolve_anywhere(&split)?;
@@ -145,6 +156,7 @@ impl ReadRequest {
             memory: self.memory,
             baseline: self.mode.baseline(self.buffer, self.block),
             lead: self.lead,
+            workers: self.workers,
             ..ReadOptions::new(self.batch)
         }
         .with_epochs(self.first_epoch, self.epochs)

@@ -184,8 +184,16 @@ class Client:
         state=None,
         auto_release=True,
         ring_bytes=None,
+        workers=1,
     ):
         """A stream of batches of `dataset`; it opens when iteration starts.
+
+        `rank` of `world` are this stream's place among the job's streams. With
+        `workers` > 1 the streams are DataLoader workers of ranks: `world` counts
+        ranks x workers, stream `rank` is worker `rank // (world // workers)` of rank
+        `rank % (world // workers)`, the workers of a rank split its batches (worker k
+        takes the rank's batches i with i % workers == k), and the tail rule applies to
+        the ranks only (one rank read by any number of workers may end partial).
 
         `state` (from `Stream.state_dict()`) resumes where that stream left off.
         `transport="inline"` carries batches in the socket (copies) for clients that
@@ -203,6 +211,7 @@ class Client:
                 epochs=int(epochs),
                 rank=int(rank),
                 world=int(world),
+                workers=int(workers),
                 tail=tail,
                 grouping=grouping,
             ),
@@ -465,7 +474,8 @@ class Batch:
         return f"<riffle.Batch epoch={self.epoch} index={self.index} records={len(self.ids)} bytes={len(self.data)}>"
 
 
-_PARAMS = ("dataset", "batch_size", "seed", "epoch", "epochs", "rank", "world", "tail", "grouping")
+_PARAMS = ("dataset", "batch_size", "seed", "epoch", "epochs", "rank", "world", "workers", "tail",
+           "grouping")
 
 
 class Stream:
@@ -529,7 +539,7 @@ class Stream:
                     f"the state is for {k}={state[k]!r}, this stream has {k}={self.params[k]!r}"
                 )
         same = all(state.get(k, self.params[k]) == self.params[k]
-                   for k in ("batch_size", "rank", "world", "tail"))
+                   for k in ("batch_size", "rank", "world", "workers", "tail"))
         if self._open:
             self._drop()
         self._ended = False

@@ -1,15 +1,20 @@
 """PyTorch over `riffle serve` (needs torch).
 
-Two ways to feed a training loop, both reading every record of the epoch once:
+Two ways to feed a training loop, both reading every record of the epoch once (a process
+of a one-rank job gets every record exactly once, the last batch partial; under torchrun
+every rank takes as many steps, the last round padded by default):
 
 - `loader(...)`, or `DataLoader(RiffleDataset(...), batch_size=None, num_workers=0)`: no
   worker processes. The daemon already reads in parallel; its batches arrive in shared
   memory and are handed over as tensors that *view* that memory (no copy). A batch is
   valid until the next one is asked for: copy (`.clone()`) what you keep longer, or let
   `pin_memory=True` copy it into pinned memory. This is the fast path.
-- `DataLoader(RiffleDataset(...), batch_size=None, num_workers=N)`: each worker streams
-  as one rank of a job of `world * N` ranks, so the daemon reads the epoch once for all
-  of them (one shared pass). A worker copies each batch once, into a shared ring of its
+- `DataLoader(RiffleDataset(...), batch_size=None, num_workers=N)`: the N workers of a
+  process split that process's (rank's) batches, taking them in turn (worker k the
+  rank's batches i with i % N == k), so the DataLoader, taking its workers' batches in
+  turn, yields the rank's batches in order; the daemon reads the epoch once for every
+  worker of every rank (one shared pass). Only ranks get padding or drop-last. A worker
+  copies each batch once, into a shared ring of its
   own that the training process maps once; the DataLoader carries only where the batch
   lies, and the batch's place in the ring is reused when the last tensor viewing it is
   gone (a batch kept for good only makes the worker fall back to a fresh shared block
@@ -45,12 +50,15 @@ __all__ = ["RiffleDataset", "loader", "split", "fixed"]
 
 
 def split(rank, world, worker_id, num_workers):
-    """The (rank, world) a worker streams as: workers of a rank are ranks of their own,
-    numbered so that the job's processes, taking their workers' batches in turn as a
-    DataLoader does, consume the epoch's global batches in order: a process's step `s` is
-    global batch `s * world + rank`, so after `m` steps of every process (ranks step
-    together) the job has consumed exactly the epoch's first `m * world` batches, which a
-    global cursor (`state_dict()`) records."""
+    """The (rank, world) of streams a worker opens as (with `workers=num_workers`): stream
+    `worker_id * world + rank` of `world * num_workers`, which the daemon reads as worker
+    `worker_id` of rank `rank`. The workers of a rank split its batches, numbered so that
+    the job's processes, taking their workers' batches in turn as a DataLoader does,
+    consume the epoch's global batches in order: a process's step `s` is global batch
+    `s * world + rank`, so after `m` steps of every process (ranks step together) the job
+    has consumed exactly the epoch's first `m * world` batches, which a global cursor
+    (`state_dict()`) records. The tail rule is the ranks': a process's workers together
+    get its batches, their counts differing by at most one."""
     return worker_id * world + rank, world * num_workers
 
 
@@ -400,11 +408,13 @@ def fixed(record_size):
 class RiffleDataset(IterableDataset):
     """Batches of `dataset` from the daemon at `socket`, split by rank and worker.
 
-    `rank`/`world` default to torch.distributed's when it is initialised, else 0/1. With
-    more than one reader in all (ranks times workers) the tail must be `pad` (the default
-    then, as DistributedSampler's: the last round of batches is filled from the epoch's
-    start, and `batch["padding"]` says how many of a batch's last records are such
-    repeats) or `drop_last`.
+    `rank`/`world` default to torch.distributed's when it is initialised, else 0/1. A
+    DataLoader's workers split their process's batches. With one rank the last batch may
+    be partial (the default then): every record exactly once. With more than one rank the
+    tail must be `pad` (the default then, as DistributedSampler's: the last round of
+    batches is filled from the epoch's start, and `batch["padding"]` says how many of a
+    batch's last records are such repeats) or `drop_last`, so that every rank takes as
+    many steps.
     Batches are dicts: `ids` and `offsets` (int64 tensors), `data` (uint8 tensor: record
     i is `data[offsets[i]:offsets[i+1]]`), `epoch`, `index`, `padding`, and `labels`
     (int64 tensor) when the dataset has labels (`files` over class directories).
@@ -507,10 +517,12 @@ class RiffleDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        rank, world = split(*self._rank_world(), wid, nw)
+        ranks = self._rank_world()
+        rank, world = split(*ranks, wid, nw)
         # Like DistributedSampler: the last round is padded from the epoch's start (the
-        # padding records are the batch's last `padding`), so no record is left out.
-        tail = self.tail or ("partial" if world == 1 else "pad")
+        # padding records are the batch's last `padding`), so no record is left out. The
+        # rule is the ranks': this process's workers split its batches.
+        tail = self.tail or ("partial" if ranks[1] == 1 else "pad")
         in_worker = info is not None
         tickets = in_worker and self.tickets and self.transform is None and self.transport == "shm"
         # A global cursor to resume from (load_state_dict), for the epoch it is in.
@@ -522,8 +534,9 @@ class RiffleDataset(IterableDataset):
         elif self._resume_state is not None:
             # A worker's own state (StatefulDataLoader): the same world and workers.
             st, self._resume_state = self._resume_state, None
-            for k, v in (("rank", rank), ("world", world), ("batch_size", self.batch_size)):
-                if st.get(k) != v:
+            for k, v in (("rank", rank), ("world", world), ("workers", nw),
+                         ("batch_size", self.batch_size)):
+                if st.get(k, 1 if k == "workers" else None) != v:
                     raise ValueError(
                         f"riffle.torch: this worker's saved state has {k}={st.get(k)}, the "
                         f"worker now has {k}={v}: a StatefulDataLoader resumes under the same "
@@ -532,7 +545,8 @@ class RiffleDataset(IterableDataset):
             state = st
         with Client(self.socket) as client:
             stream = client.stream(self.dataset, self.batch_size, seed=self.seed,
-                                   epoch=self.epoch, rank=rank, world=world, tail=tail,
+                                   epoch=self.epoch, rank=rank, world=world, workers=nw,
+                                   tail=tail,
                                    grouping=self.grouping, transport=self.transport,
                                    auto_release=not tickets, ring_bytes=self.ring_bytes,
                                    state=state)
@@ -783,7 +797,8 @@ def loader(socket, dataset, batch_size, num_workers=0, collate=None, pin_memory=
     either, a background thread takes each batch from the ring, runs `collate(batch)`
     (default: a copy of the batch's tensors) and pins the result, `depth` batches ahead.
 
-    `num_workers=N`: a DataLoader of N workers, ranks of one shared pass in the daemon.
+    `num_workers=N`: a DataLoader of N workers, which split this process's batches (one
+    shared pass in the daemon for every worker of every rank).
     A worker hands each batch over without copying it (`tickets`): the training process
     maps the worker's ring and views the batch there, and the batch goes back to the
     daemon when the next one is asked for. `dataloader` holds more DataLoader arguments

@@ -447,3 +447,106 @@ def test_the_readme_checkpoint_example_runs_and_resumes_exactly(served, tmp_path
     assert state["global"] == {"epoch": 0, "records": 11 * 256}, state
     rest = torch.cat(ns["rest"]).numpy()
     assert len(rest) == 6000 - 11 * 256 and len(np.unique(rest)) == len(rest)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_workers_of_one_process_read_every_record_exactly_once(tmp_path):
+    """Regression (issue 29 deliverable 2): the DataLoader workers of one process split
+    that process's batches. 4,010 records in batches of 200 with 2 workers used to be a
+    world of 2 streams, padded to 22 batches (4,400 ids, 390 repeats); now both a plain
+    DataLoader over RiffleDataset and `loader(num_workers=2)` give the one process every
+    record exactly once, in the batches (and the order) it gets without workers, the last
+    one partial, and a global cursor at the epoch's end."""
+    data = tmp_path / "d.npy"
+    n, size = 4010, 200
+    run("gen", data, "--format", "npy", "--records", n, "--record-size", 64)
+    d = Daemon({"train": data})
+    try:
+        ds = riffle.torch.RiffleDataset(d.socket, "train", size, seed=3)
+        alone = [b["ids"].numpy().copy()
+                 for b in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)]
+        assert [len(x) for x in alone] == [size] * 20 + [10]
+        loaders = {
+            "DataLoader": torch.utils.data.DataLoader(
+                riffle.torch.RiffleDataset(d.socket, "train", size, seed=3), batch_size=None,
+                num_workers=2),
+            "loader": riffle.torch.loader(d.socket, "train", size, num_workers=2, seed=3),
+        }
+        for name, it in loaders.items():
+            got, padding, cursor = [], 0, None
+            for b in it:
+                got.append(b["ids"].numpy().copy())
+                padding += int(b["padding"])
+                cursor = b.get("cursor", cursor)
+            ids = np.concatenate(got)
+            assert len(ids) == n and padding == 0, (name, len(ids), padding)
+            assert np.array_equal(np.sort(ids), np.arange(n)), name
+            assert [len(x) for x in got] == [size] * 20 + [10], name
+            # The process's batches in order: the same as without workers.
+            assert all(np.array_equal(a, b) for a, b in zip(got, alone)), name
+            assert cursor == {"epoch": 0, "records": n}, (name, cursor)
+        assert loaders["loader"].state_dict()["global"] == {"epoch": 1, "records": 0}
+        # A checkpoint of 2 workers after 5 batches resumes under 3 workers: before and
+        # after together are the epoch exactly once, the rest in the same batches.
+        it = riffle.torch.loader(d.socket, "train", size, num_workers=2, seed=3)
+        before = []
+        for b in it:
+            before.append(b["ids"].numpy().copy())
+            if len(before) == 5:
+                break
+        state = it.state_dict()
+        assert state["global"] == {"epoch": 0, "records": 5 * size}, state
+        del it
+        rest = riffle.torch.loader(d.socket, "train", size, num_workers=3, seed=3)
+        rest.load_state_dict(state)
+        after = [b["ids"].numpy().copy() for b in rest]
+        assert all(np.array_equal(a, b) for a, b in zip(before + after, alone))
+        assert len(before + after) == len(alone)
+    finally:
+        d.stop()
+
+
+def test_two_ranks_of_two_workers_under_torchrun_take_equal_steps(tmp_path):
+    """Regression (issue 29 deliverable 2): under torchrun (one node, 2 ranks) each rank's
+    2 DataLoader workers split its batches, and only the ranks pad: 4,010 records in
+    batches of 50 are 81 batches, padded to 82 over 2 ranks, 41 steps each, 4,100 ids in
+    all (every record, the 90 repeats being the epoch's first records). Workers counted
+    as ranks padded over 4 streams: 84 batches, 42 steps, 4,200 ids. Both a plain
+    DataLoader over RiffleDataset and `loader(num_workers=2)`."""
+    import json
+    import shutil
+    import socket
+    import subprocess
+
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not on PATH: the job cannot be started")
+    n = 4010
+    data = tmp_path / "d.npy"
+    run("gen", data, "--format", "npy", "--records", n, "--record-size", 64)
+    d = Daemon({"train": data})
+    script = pathlib.Path(__file__).parent / "torchrun_job.py"
+    try:
+        for plain in (False, True):
+            out = tmp_path / f"out{int(plain)}.json"
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            p = subprocess.run(
+                [torchrun, "--nnodes", "1", "--nproc_per_node", "2", "--master_addr",
+                 "127.0.0.1", "--master_port", str(port), str(script), "--sockets", d.socket,
+                 "--out", str(out), "--num-workers", "2", "--with-padding",
+                 *(["--plain"] if plain else [])],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=240)
+            assert p.returncode == 0, p.stdout.decode()[-3000:]
+            ranks = json.loads(out.read_text())
+            assert [r["steps"] for r in ranks] == [41, 41], (plain, [r["steps"] for r in ranks])
+            seen = np.zeros(n, int)
+            for r in ranks:
+                np.add.at(seen, np.asarray(r["ids"], dtype=np.int64), 1)
+            assert seen.sum() == 82 * 50, (plain, seen.sum())
+            assert (seen >= 1).all() and (seen <= 2).all(), plain
+            padded = sum(r["padding"] for r in ranks)
+            assert padded == 82 * 50 - n, (plain, padded)
+    finally:
+        d.stop()

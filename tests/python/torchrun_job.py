@@ -3,7 +3,9 @@ reads from the daemon of its node (`--sockets A,B`: node n's daemon is the n-th)
 rank of the whole job (torch.distributed, gloo), and writes what it read to `--out`.
 
 With `--stop K` it reads K batches and saves the loader's state (every rank's is the same
-global cursor; rank 0's is written); with `--state FILE` it resumes from one."""
+global cursor; rank 0's is written); with `--state FILE` it resumes from one. `--num-workers N` reads through N DataLoader
+workers (`--plain`: a plain DataLoader over RiffleDataset instead of `riffle.torch.loader`);
+`--with-padding` keeps the padding records among the ids written (and counts them)."""
 
 import argparse
 import json
@@ -20,25 +22,36 @@ p.add_argument("--out", required=True)
 p.add_argument("--batch-size", type=int, default=50)
 p.add_argument("--stop", type=int)
 p.add_argument("--state")
+p.add_argument("--num-workers", type=int, default=0)
+p.add_argument("--plain", action="store_true")
+p.add_argument("--with-padding", action="store_true")
 a = p.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 node = int(os.environ["GROUP_RANK"])
 sock = a.sockets.split(",")[node]
-loader = riffle.torch.loader(sock, "train", a.batch_size, seed=21)
+if a.plain:
+    import torch.utils.data
+
+    loader = torch.utils.data.DataLoader(riffle.torch.RiffleDataset(sock, "train", a.batch_size, seed=21),
+                                         batch_size=None, num_workers=a.num_workers)
+else:
+    loader = riffle.torch.loader(sock, "train", a.batch_size, seed=21, num_workers=a.num_workers)
 if a.state:
     loader.load_state_dict(json.load(open(a.state)))
-ids, steps = [], 0
+ids, steps, padding = [], 0, 0
 for b in loader:
     real = len(b["ids"]) - int(b["padding"])
-    ids.extend(b["ids"][:real].tolist())
+    padding += int(b["padding"])
+    ids.extend(b["ids"][: len(b["ids"]) if a.with_padding else real].tolist())
     steps += 1
     if a.stop is not None and steps == a.stop:
         break
-state = loader.state_dict()
+state = loader.state_dict() if hasattr(loader, "state_dict") else None
 got = [None] * world
-dist.all_gather_object(got, {"rank": rank, "node": node, "ids": ids, "steps": steps, "state": state})
+dist.all_gather_object(got, {"rank": rank, "node": node, "ids": ids, "steps": steps, "padding": padding,
+                         "state": state})
 if rank == 0:
     json.dump(got, open(a.out, "w"))
 dist.barrier()

@@ -378,6 +378,17 @@ fn describe(split: &Split) -> String {
         ),
         _ => format!("its {} records", thousands(split.records)),
     };
+    if split.workers > 1 {
+        return format!(
+            "this stream has {} batches of {} in it under world {} ({} ranks of {} workers; \
+             {records})",
+            split.batches(),
+            split.batch,
+            split.world,
+            split.ranks(),
+            split.workers,
+        );
+    }
     format!(
         "each rank has {} batches of {} in it under world {} ({records})",
         split.batches(),

@@ -66,10 +66,14 @@ pub struct ReadOptions {
     pub epochs: u64,
     /// Records per batch.
     pub batch: u64,
-    /// This rank.
+    /// This stream: a rank, or one of a rank's DataLoader workers (see `workers`).
     pub rank: u64,
-    /// Ranks in all.
+    /// Streams in all: ranks x workers.
     pub world: u64,
+    /// Streams of each rank (DataLoader workers that split the rank's batches): stream
+    /// `s` is worker `s / (world / workers)` of rank `s % (world / workers)`, and the tail
+    /// rule is applied over the ranks only (see [`Split`]).
+    pub workers: u64,
     /// Tail policy.
     pub tail: Tail,
     /// Grouping.
@@ -143,8 +147,15 @@ impl ReadOptions {
     pub fn split_for(&self, epoch: u64, records: u64) -> crate::Result<Split> {
         match (self.resume, self.resume_start) {
             (Some(c), Some(start)) if c.epoch == epoch && start > 0 => {
-                let split =
-                    Split::resumed(records, self.batch, self.rank, self.world, self.tail, start)?;
+                let split = Split::streams(
+                    records,
+                    self.batch,
+                    self.rank,
+                    self.world,
+                    self.workers,
+                    self.tail,
+                    start,
+                )?;
                 Ok(match self.ranks {
                     Some(_) => split.all_ranks(),
                     None => split,
@@ -157,7 +168,15 @@ impl ReadOptions {
     /// The batches of an epoch of `records` this read delivers: its rank's, or with
     /// [`ReadOptions::ranks`] every rank's (a view with one rank of the same global batches).
     pub(crate) fn split(&self, records: u64) -> crate::Result<Split> {
-        let split = Split::new(records, self.batch, self.rank, self.world, self.tail)?;
+        let split = Split::streams(
+            records,
+            self.batch,
+            self.rank,
+            self.world,
+            self.workers,
+            self.tail,
+            0,
+        )?;
         Ok(match self.ranks {
             Some(_) => split.all_ranks(),
             None => split,
@@ -179,6 +198,7 @@ impl ReadOptions {
             batch,
             rank: 0,
             world: 1,
+            workers: 1,
             tail: Tail::Partial,
             grouping: Grouping::Record,
             resume: None,

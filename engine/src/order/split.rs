@@ -11,6 +11,15 @@
 //! from a global cursor (R positions consumed by all ranks, under any world and batch
 //! size) cuts what remains, positions R onward, into batches in the same way, its tail
 //! rule applied to what remains; padding still repeats the epoch's first records.
+//!
+//! A rank may be read by several streams, its DataLoader workers (`workers` of them, the
+//! world then counting streams: ranks x workers). Stream `s` of the world is worker
+//! `s / ranks` of rank `s % ranks`, and takes global batches `s, s + world, ...`: worker
+//! k of n of rank r takes the rank's batches `i` with `i % n == k` (global batch
+//! `i * ranks + r`), so a DataLoader taking its workers' batches in turn yields the
+//! rank's batches in order. The tail rule is applied over the ranks only: every rank gets
+//! the same number of batches, its workers' counts may differ by one, and a single rank
+//! read by any number of workers may end on a partial batch.
 
 use crate::{Error, Result};
 
@@ -32,10 +41,12 @@ pub struct Split {
     pub records: u64,
     /// Records per batch.
     pub batch: u64,
-    /// This rank.
+    /// This stream (a rank, or one of a rank's workers: see the module docs).
     pub rank: u64,
-    /// Ranks in all.
+    /// Streams in all: ranks x workers.
     pub world: u64,
+    /// Streams (DataLoader workers) of each rank: `world / workers` ranks.
+    pub workers: u64,
     /// The tail policy.
     pub tail: Tail,
     /// Global batches in the epoch (all ranks), after `start`.
@@ -62,6 +73,22 @@ impl Split {
         tail: Tail,
         start: u64,
     ) -> Result<Split> {
+        Split::streams(records, batch, rank, world, 1, tail, start)
+    }
+
+    /// [`Split::resumed`] for stream `rank` of a world of `world` streams that are
+    /// `workers` workers of each rank (see the module docs): the tail rule is applied over
+    /// the `world / workers` ranks, and each stream gets its rank's batches in turn with
+    /// the rank's other workers.
+    pub fn streams(
+        records: u64,
+        batch: u64,
+        rank: u64,
+        world: u64,
+        workers: u64,
+        tail: Tail,
+        start: u64,
+    ) -> Result<Split> {
         if start >= records && start > 0 {
             return Err(Error::Invalid(format!(
                 "a resume point at record {start} of an epoch of {records} leaves nothing to read"
@@ -77,6 +104,15 @@ impl Split {
                 "rank {rank} is not in a world of {world}"
             )));
         }
+        if workers == 0 || !world.is_multiple_of(workers) {
+            return Err(Error::Invalid(format!(
+                "a world of {world} streams is not {workers} workers of each rank (workers \
+                 must be at least 1 and divide the world, which counts ranks x workers)"
+            )));
+        }
+        // The tail rule is the ranks': a rank's workers share its batches.
+        let streams = world;
+        let world = world / workers;
         let full = records / batch;
         let all = records.div_ceil(batch);
         let too_long = || {
@@ -111,6 +147,8 @@ impl Split {
             .checked_mul(batch)
             .and_then(|n| n.checked_add(start))
             .ok_or_else(too_long)?;
+        // A round of batches of every stream (`round`) fits too.
+        batch.checked_mul(streams).ok_or_else(too_long)?;
         if global_batches == 0 {
             return Err(Error::Invalid(format!(
                 "{records} records give no batch of {batch} for {world} rank(s) with --drop-last"
@@ -120,7 +158,8 @@ impl Split {
             records: all_records,
             batch,
             rank,
-            world,
+            world: streams,
+            workers,
             tail,
             global_batches,
             start,
@@ -138,13 +177,24 @@ impl Split {
         Split {
             rank: 0,
             world: 1,
+            workers: 1,
             ..self
         }
     }
 
-    /// Batches this rank gets.
+    /// Ranks in all (streams over workers).
+    pub fn ranks(&self) -> u64 {
+        self.world / self.workers
+    }
+
+    /// Batches this stream gets: the global batches `rank, rank + world, ...` below
+    /// [`Split::global_batches`]. Every rank gets the same number; with workers, a rank's
+    /// workers' counts differ by at most one.
     pub fn batches(&self) -> u64 {
-        self.global_batches / self.world
+        match self.global_batches.checked_sub(self.rank) {
+            Some(n) if n > 0 => (n - 1) / self.world + 1,
+            _ => 0,
+        }
     }
 
     /// The global batch of this rank's batch `j`.
@@ -170,9 +220,10 @@ impl Split {
         self.end().min(self.records)
     }
 
-    /// Records per round of batches: one batch for every rank.
+    /// Records per round of batches: one batch for every stream (every rank's, with one
+    /// worker each).
     pub fn round(&self) -> u64 {
-        // At most `global_batches * batch`, which `new` checked fits.
+        // `streams` checked it fits.
         self.batch * self.world
     }
 
@@ -319,6 +370,88 @@ mod tests {
                 proptest::prop_assert!(covered(records, batch, world, Tail::Partial).iter().all(|&c| c == 1));
             }
         }
+    }
+
+    proptest::proptest! {
+        /// Regression (issue 29 deliverable 2): streams that are DataLoader workers of a
+        /// rank split that rank's batches, and the tail rule is the ranks'. For any sizes
+        /// and tail: worker k of n of rank r gets exactly the rank's batches i with
+        /// i % n == k, in order (so taking the workers' batches in turn yields the rank's
+        /// batches in order); the workers' counts differ by at most one; every rank gets
+        /// as many batches as without workers. One rank with any workers and tail partial
+        /// covers every record exactly once, only its last batch short. Resumed from a
+        /// position the same holds of what remains.
+        #[test]
+        fn workers_split_their_ranks_batches(
+            records in 1u64..2000,
+            batch in 1u64..40,
+            ranks in 1u64..5,
+            workers in 1u64..5,
+            resume in 0u64..4,
+        ) {
+            let world = ranks * workers;
+            let start = (records * resume / 4) / batch * batch;
+            for tail in [Tail::DropLast, Tail::Pad, Tail::Partial] {
+                let Ok(alone) = Split::resumed(records, batch, 0, ranks, tail, start) else {
+                    proptest::prop_assert!(
+                        Split::streams(records, batch, 0, world, workers, tail, start).is_err()
+                    );
+                    continue;
+                };
+                for r in 0..ranks {
+                    let rank = Split::resumed(records, batch, r, ranks, tail, start).unwrap();
+                    proptest::prop_assert_eq!(rank.batches(), alone.batches());
+                    let mut counts = Vec::new();
+                    for k in 0..workers {
+                        let s = Split::streams(
+                            records, batch, k * ranks + r, world, workers, tail, start,
+                        )
+                        .unwrap();
+                        proptest::prop_assert_eq!(s.ranks(), ranks);
+                        counts.push(s.batches());
+                        for j in 0..s.batches() {
+                            let i = j * workers + k;
+                            proptest::prop_assert!(i < rank.batches());
+                            proptest::prop_assert_eq!(s.positions(j), rank.positions(i));
+                        }
+                    }
+                    proptest::prop_assert_eq!(counts.iter().sum::<u64>(), rank.batches());
+                    let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+                    proptest::prop_assert!(hi - lo <= 1);
+                }
+            }
+            // One rank, any workers, tail partial: every record once, in batches of
+            // `batch` but the last.
+            let mut seen = vec![0u32; records as usize];
+            let mut short = 0;
+            for k in 0..workers {
+                let s = Split::streams(records, batch, k, workers, workers, Tail::Partial, 0)
+                    .unwrap();
+                for j in 0..s.batches() {
+                    let p = s.positions(j);
+                    short += u32::from(p.end - p.start < batch);
+                    for pos in p {
+                        seen[pos as usize] += 1;
+                    }
+                }
+            }
+            proptest::prop_assert!(seen.iter().all(|&c| c == 1));
+            proptest::prop_assert_eq!(short, u32::from(records % batch != 0));
+        }
+    }
+
+    #[test]
+    fn workers_must_divide_the_world() {
+        for (world, workers) in [(3, 2), (4, 0)] {
+            let e = Split::streams(100, 10, 0, world, workers, Tail::Pad, 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("workers"), "{e}");
+        }
+        // 103 records over one rank of two workers: partial is fine (it is one rank).
+        let s = Split::streams(103, 10, 1, 2, 2, Tail::Partial, 0).unwrap();
+        assert_eq!((s.global_batches, s.batches(), s.ranks()), (11, 5, 1));
+        assert_eq!(s.positions(4), 90..100);
     }
 
     /// A split resumed at any position, under any world, batch size and tail: what the

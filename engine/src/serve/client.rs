@@ -583,6 +583,7 @@ impl OpenRequest {
             epochs: 1,
             rank: 0,
             world: 1,
+            workers: 1,
             tail: "partial".into(),
             grouping: "record".into(),
             resume: None,

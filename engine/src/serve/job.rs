@@ -30,6 +30,8 @@ pub(super) struct JobKey {
     pub(super) epochs: u64,
     pub(super) batch: u64,
     pub(super) world: u64,
+    /// Streams of each rank (DataLoader workers): the tail rule is the ranks'.
+    pub(super) workers: u64,
     pub(super) tail: Tail,
     pub(super) grouping: Grouping,
     /// Where the job starts again: (epoch, batch).
@@ -175,6 +177,7 @@ impl Jobs {
                     "seed": k.seed,
                     "batch_size": k.batch,
                     "world": k.world,
+                    "workers": k.workers,
                     "mode": k.mode.name(),
                     "ranks_joined": pass.ranks().joined(),
                 }))

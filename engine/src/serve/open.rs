@@ -79,6 +79,7 @@ fn request(req: &OpenRequest, cfg: &ServeConfig) -> Result<ReadRequest, String> 
         seed: req.seed,
         rank: req.rank,
         world: req.world,
+        workers: req.workers,
         tail: req.parse_tail()?,
         grouping: req.parse_grouping()?,
         resume: req.parse_resume()?,
@@ -167,7 +168,9 @@ pub(super) fn sane_padding(split: &crate::order::Split) -> Result<(), Refusal> {
                 "batches of {} over {} ranks pad an epoch of {} records with {padding} repeated \
              records (at most {allowed}: {PAD_RATIO} times the records, or {PAD_FLOOR}): \
              choose a smaller batch size or world, or tail partial or drop_last",
-                split.batch, split.world, split.records
+                split.batch,
+                split.ranks(),
+                split.records
             ),
         ));
     }
@@ -246,6 +249,7 @@ pub(super) fn job_key(req: &OpenRequest, job: &ReadJob) -> JobKey {
         epochs: o.epochs,
         batch: o.batch,
         world: o.world,
+        workers: o.workers,
         tail: o.tail,
         grouping: o.grouping,
         resume: o.resume.map(|c| (c.epoch, c.batch)),

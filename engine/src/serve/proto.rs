@@ -132,9 +132,14 @@ pub struct OpenRequest {
     /// This rank.
     #[serde(default)]
     pub rank: u64,
-    /// Ranks in all.
+    /// Streams in all: ranks x `workers`.
     #[serde(default = "one")]
     pub world: u64,
+    /// Streams of each rank (DataLoader workers), which split the rank's batches: stream
+    /// `rank` is worker `rank / (world / workers)` of rank `rank % (world / workers)`, and
+    /// the tail rule (`partial`, padding, drop-last) is applied over the ranks only.
+    #[serde(default = "one")]
+    pub workers: u64,
     /// `partial`, `drop_last` or `pad`.
     #[serde(default = "partial")]
     pub tail: String,
@@ -699,6 +704,7 @@ mod tests {
                                 epochs: n[3],
                                 rank: n[4],
                                 world: n[5],
+                                workers: n[5] % 3,
                                 tail,
                                 grouping,
                                 resume,

@@ -89,6 +89,15 @@ pub struct Args {
     /// Number of ranks sharing each epoch.
     #[arg(long, default_value_t = 1)]
     pub world: u64,
+    /// Read as one of --workers DataLoader workers of this rank (0-based): the workers of
+    /// a rank split its batches, worker K taking the rank's batches I with I % N == K,
+    /// and the tail rule (partial, --pad, --drop-last) is the ranks'. Printed cursors
+    /// count the batches of a world of --world x --workers streams.
+    #[arg(long, default_value_t = 0, requires = "workers")]
+    pub worker: u64,
+    /// DataLoader workers of each rank (see --worker).
+    #[arg(long, default_value_t = 1)]
+    pub workers: u64,
     /// Drop the records that do not fill a last round of batches.
     #[arg(long, conflicts_with = "pad")]
     pub drop_last: bool,
@@ -153,12 +162,40 @@ impl Args {
     /// error, exit code 1, like every refusal of what the flags ask).
     fn request(&self, throttled: bool) -> Result<ReadRequest> {
         let job = self.job.request()?;
+        if self.workers > 1 && self.rank >= self.world {
+            anyhow::bail!(
+                "--rank {} is not in a world of {} (ranks are numbered from 0)",
+                self.rank,
+                self.world
+            );
+        }
+        if self.workers == 0 || self.worker >= self.workers {
+            anyhow::bail!(
+                "--worker {} is not one of --workers {} (workers are numbered from 0)",
+                self.worker,
+                self.workers
+            );
+        }
+        // Worker K of rank R is stream K * world + R of world x workers (as riffle.torch
+        // numbers a DataLoader's workers).
+        let world = self.world.checked_mul(self.workers);
+        let rank = world
+            .and(self.worker.checked_mul(self.world))
+            .and_then(|k| k.checked_add(self.rank));
+        let (Some(world), Some(rank)) = (world, rank) else {
+            anyhow::bail!(
+                "--world {} x --workers {} streams is more than a job can have",
+                self.world,
+                self.workers
+            );
+        };
         Ok(ReadRequest {
             mode: self.mode.parse().map_err(anyhow::Error::msg)?,
             first_epoch: self.epoch,
             seed: self.seed,
-            rank: self.rank,
-            world: self.world,
+            rank,
+            world,
+            workers: self.workers,
             tail: match (self.drop_last, self.pad) {
                 (true, _) => Tail::DropLast,
                 (_, true) => Tail::Pad,
@@ -394,7 +431,7 @@ fn json_report(
     v["cursor"] = json!({
         "epoch": next.epoch,
         "batch": next.batch,
-        "world": a.world,
+        "world": job.opts.world,
         "batch_size": a.job.batch_size,
         "resume": rank_form,
         "resume_global": global_form,
