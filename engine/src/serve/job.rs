@@ -160,6 +160,13 @@ impl Jobs {
         // decides only after its scatter, unless LIRS leads it (then as LIRS does), and
         // waits for the streams the job says at its first decision.
         let lirs_like = !key.two_pass() || opts.lead;
+        // A late stream's pass waits as without `streams`: the streams its node said are
+        // served by the pass it missed.
+        let streams = if first == Some(Refused::Late) {
+            None
+        } else {
+            streams
+        };
         let joining = Joining {
             window: if lirs_like && streams.is_none() {
                 new_pass.window
