@@ -151,8 +151,9 @@ impl Ranks {
         &'a self,
         mut s: MutexGuard<'a, RanksState>,
     ) -> MutexGuard<'a, RanksState> {
-        let target = s.expected.min(self.world);
         loop {
+            // A stream that joins meanwhile may say more.
+            let target = s.expected.min(self.world);
             let now = Instant::now();
             if (s.seen.len() as u64) >= target
                 || (s.ever && s.joined.is_empty())

@@ -75,7 +75,9 @@ pub struct Args {
     /// the deadline it goes on with the streams present. A stream of the job that comes
     /// after the pass began emitting (late) gets a pass of its own, which reads the dataset
     /// again; stats count it (`late_streams`) and the log says so. Jobs whose clients do
-    /// not say `streams` wait as --join-window says. At most a year.
+    /// not say `streams` wait as --join-window says. Keep it below the clients' receive
+    /// timeout (600 s in the Python client): the first stream waits this long at most for
+    /// its first batch. At most a year.
     #[arg(long, default_value_t = 60)]
     pub join_deadline: u64,
     /// Two-pass streams do not lead with lirs: their first batch waits for the whole
