@@ -6,8 +6,9 @@ dropped before every run (root), for:
 
 - `together`: 8 ranks (world 8) opening at the same moment (the baseline);
 - `apart`: the same 8 ranks opening at random moments within `--spread` seconds (each
-  rank's start uniform in [0, spread], in random rank order), each saying
-  `streams=8` (the node opens 8 streams of the job), `--runs` runs;
+  rank's start uniform in [0, spread], in random rank order; with `--gaps`, each rank
+  opens uniform [0, spread] after the one before), each saying `streams=8` (the node
+  opens 8 streams of the job), `--runs` runs;
 - `apart-no-streams` (with `--before`): the same, without `streams`: what the daemon did
   before deliverable 1 (a pass per rank that comes after the first batch).
 
@@ -90,6 +91,10 @@ def one_run(a, data, size, kind, rng):
             drop_caches()
         if kind == "together":
             starts = [0.0] * a.world
+        elif a.gaps:
+            gaps = [0.0] + [rng.uniform(0, a.spread) for _ in range(a.world - 1)]
+            starts = [sum(gaps[: i + 1]) for i in range(a.world)]
+            rng.shuffle(starts)
         else:
             starts = sorted(rng.uniform(0, a.spread) for _ in range(a.world))
             rng.shuffle(starts)
@@ -138,6 +143,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--spread", type=float, default=10.0, help="seconds within which the ranks open")
+    p.add_argument("--gaps", action="store_true",
+                   help="each rank opens 0..spread s after the one before (up to 7 x spread in all)")
     p.add_argument("--before", action="store_true", help="also one run without `streams`")
     p.add_argument("--no-drop", dest="drop", action="store_false", help="keep the page cache")
     p.add_argument("--seed", type=int, default=29)
@@ -162,7 +169,7 @@ def main():
         print(json.dumps(r), file=sys.stderr, flush=True)
     base = rows[0]["read_bytes"]
     print(f"dataset {data} ({size / 2**20:.0f} MiB), world {a.world}, two-pass, batch {a.batch_size}, "
-          f"ranks opening within {a.spread:g} s, caches {'dropped' if a.drop else 'kept'}\n")
+          f"ranks opening {'0-' + format(a.spread, 'g') + ' s after each other' if a.gaps else 'within ' + format(a.spread, 'g') + ' s'}, caches {'dropped' if a.drop else 'kept'}\n")
     print("| run | rank starts (s) | daemon read_bytes | x dataset | x together | jobs | late | records |")
     print("|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows):
