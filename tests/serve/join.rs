@@ -185,6 +185,17 @@ fn at_the_join_deadline_the_pass_goes_on_with_the_streams_present() {
         same_batches(&zero, &in_process(&data, &req(0, 4, None)));
         same_batches(&one, &in_process(&data, &req(1, 4, None)));
         assert_eq!(d.stats()["jobs_total"], 1, "{mode}");
+        // Once the pass is over, rank 2 (which never joined it) is late; rank 0 again is
+        // the job started again, not late. Both get their exact batches.
+        d.wait_stats("the pass ended", |s| s["jobs_now"] == 0);
+        let two = read_around(&d, req(2, 4, Some(4)), 0, || {});
+        same_batches(&two, &in_process(&data, &req(2, 4, None)));
+        let s = d.stats();
+        assert_eq!(s["late_streams"], 1, "{mode}: {s}");
+        d.wait_stats("the late pass ended", |s| s["jobs_now"] == 0);
+        let again = read_around(&d, req(0, 4, Some(4)), 0, || {});
+        same_batches(&again, &in_process(&data, &req(0, 4, None)));
+        assert_eq!(d.stats()["late_streams"], 1, "{mode}");
     }
 }
 

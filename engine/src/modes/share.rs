@@ -187,6 +187,11 @@ impl Ranks {
         self.lock().joined.len() as u64
     }
 
+    /// Whether `rank` has joined the job at some point.
+    pub fn has_seen(&self, rank: u64) -> bool {
+        self.lock().seen.contains(&rank)
+    }
+
     /// The streams the job expects (0: none said), and the ranks that have joined it at
     /// some point.
     pub fn streams(&self) -> (u64, u64) {
@@ -381,6 +386,11 @@ impl SharedPass {
     /// The ranks in the job now.
     pub fn ranks(&self) -> &Ranks {
         &self.ranks
+    }
+
+    /// The job's ranks, kept after the pass has gone (who joined it).
+    pub fn ranks_handle(&self) -> Arc<Ranks> {
+        self.ranks.clone()
     }
 
     fn run(&self, all: ReadOptions, before: Before, start: StartPass, ended: PassEnded) {

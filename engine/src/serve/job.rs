@@ -13,11 +13,14 @@
 //! job's pass then waits for them before its first decision, up to `--join-deadline`
 //! from its start (see [`crate::modes::Joining`]), so ranks that arrive seconds apart
 //! share one read of the dataset. A stream that still comes after its job's pass began
-//! emitting (a *late* stream) is served by the rule above: a new pass of the job, which
-//! reads the dataset again. It is counted (`late_streams`, per job and in all) and
-//! logged.
+//! emitting, or after it ended without that rank ever joining any of its passes (the last
+//! [`ENDED_KEPT`] ended passes are remembered), is *late*: served by the rule above, a
+//! new pass of the job, which reads the dataset again and does not wait for `streams`.
+//! It is counted (`late_streams`, in all, and on the missed job while it is live) and
+//! logged. A rank that comes back after the job's passes ended, having joined one of them, is
+//! the job started again, not late.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
@@ -26,7 +29,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::modes::{
-    self, BatchStream, Joining, Mode, PayloadLender, ReadOptions, Refused, SharedPass,
+    self, BatchStream, Joining, Mode, PayloadLender, Ranks, ReadOptions, Refused, SharedPass,
 };
 use crate::order::{Grouping, Tail};
 use crate::source::Source;
@@ -78,6 +81,8 @@ pub(super) struct NewPass<'a> {
 /// A live job: its pass, and what stats say about it.
 struct Job {
     pass: Weak<SharedPass>,
+    /// Its ranks, which outlive the pass (who joined it).
+    ranks: Arc<Ranks>,
     id: u64,
     /// Streams that came after this pass began emitting (each served by a newer pass).
     late: u64,
@@ -85,11 +90,75 @@ struct Job {
     late_for: Option<u64>,
 }
 
-/// The daemon's live jobs: per key, its live passes, the newest (the one ranks join)
-/// last.
+/// A job's pass that has ended: who joined it.
+struct Ended {
+    key: JobKey,
+    id: u64,
+    ranks: Arc<Ranks>,
+}
+
+/// Ended passes remembered, to tell a late rank (it never joined the job's last pass)
+/// from the job started again (its ranks come back).
+const ENDED_KEPT: usize = 256;
+
+/// The daemon's jobs: per key, its live passes, the newest (the one ranks join) last; and
+/// the passes that ended most recently, oldest first.
+#[derive(Default)]
+struct Table {
+    live: HashMap<JobKey, Vec<Job>>,
+    ended: VecDeque<Ended>,
+}
+
+impl Table {
+    /// Moves the passes that have ended from `live` to `ended`.
+    fn prune(&mut self) {
+        let ended = &mut self.ended;
+        self.live.retain(|key, passes| {
+            passes.retain(|j| {
+                if j.pass.strong_count() > 0 {
+                    return true;
+                }
+                if ended.len() >= ENDED_KEPT {
+                    ended.pop_front();
+                }
+                ended.push_back(Ended {
+                    key: key.clone(),
+                    id: j.id,
+                    ranks: j.ranks.clone(),
+                });
+                false
+            });
+            !passes.is_empty()
+        });
+    }
+
+    /// The pass of job `key` a stream of `rank` came late for, refused by the job's live
+    /// pass for `why` (`None`: the job has no live pass), and whether that pass is live: a
+    /// live pass that had begun emitting, or, when the job's passes have ended, the last
+    /// one, if `rank` joined none of them (a rank that did is the job started again).
+    fn late_for(&self, key: &JobKey, rank: u64, why: Option<Refused>) -> Option<(u64, bool)> {
+        match why {
+            Some(Refused::Late) => Some((self.live.get(key)?.last()?.id, true)),
+            Some(Refused::Taken) => None,
+            Some(Refused::Ended) | None => {
+                let live = self.live.get(key).into_iter().flatten();
+                let ended = self.ended.iter().filter(|e| &e.key == key);
+                let passes: Vec<(u64, &Arc<Ranks>)> = (ended.map(|e| (e.id, &e.ranks)))
+                    .chain(live.map(|j| (j.id, &j.ranks)))
+                    .collect();
+                if passes.iter().any(|(_, r)| r.has_seen(rank)) {
+                    return None;
+                }
+                passes.iter().map(|p| p.0).max().map(|id| (id, false))
+            }
+        }
+    }
+}
+
+/// The daemon's live jobs, and those that ended lately.
 #[derive(Default)]
 pub(super) struct Jobs {
-    map: Mutex<HashMap<JobKey, Vec<Job>>>,
+    table: Mutex<Table>,
     next_id: std::sync::atomic::AtomicU64,
 }
 
@@ -107,8 +176,8 @@ pub(super) struct Opened {
 const PER_RANK: usize = 2;
 
 impl Jobs {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobKey, Vec<Job>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Rank `rank`'s stream from job `key`'s newest live pass, if it can join it; else
@@ -120,9 +189,7 @@ impl Jobs {
         lender: &Option<PayloadLender>,
         streams: Option<u64>,
     ) -> Result<Opened, Option<Refused>> {
-        let passes = jobs.get_mut(key).ok_or(None)?;
-        passes.retain(|j| j.pass.strong_count() > 0);
-        let j = passes.last_mut().ok_or(None)?;
+        let j = jobs.get_mut(key).and_then(|p| p.last_mut()).ok_or(None)?;
         let pass = j.pass.upgrade().ok_or(None)?;
         let stream = pass.join(rank, lender.clone(), streams).map_err(Some)?;
         Ok(Opened {
@@ -147,12 +214,12 @@ impl Jobs {
         new_pass: NewPass<'_>,
     ) -> std::result::Result<Opened, (&'static str, String)> {
         let streams = new_pass.streams;
-        let first = {
+        let late = {
             let mut jobs = self.lock();
-            jobs.retain(|_, passes| passes.iter().any(|j| j.pass.strong_count() > 0));
-            match Self::join_in(&mut jobs, &key, opts.rank, &lender, streams) {
+            jobs.prune();
+            match Self::join_in(&mut jobs.live, &key, opts.rank, &lender, streams) {
                 Ok(joined) => return Ok(joined),
-                Err(why) => why,
+                Err(why) => jobs.late_for(&key, opts.rank, why).is_some(),
             }
         };
         // LIRS decides each batch as it plans it, so the pass waits a moment for the
@@ -162,11 +229,7 @@ impl Jobs {
         let lirs_like = !key.two_pass() || opts.lead;
         // A late stream's pass waits as without `streams`: the streams its node said are
         // served by the pass it missed.
-        let streams = if first == Some(Refused::Late) {
-            None
-        } else {
-            streams
-        };
+        let streams = if late { None } else { streams };
         let joining = Joining {
             window: if lirs_like && streams.is_none() {
                 new_pass.window
@@ -182,10 +245,11 @@ impl Jobs {
         let mut opts = opts.clone();
         let held = (new_pass.admit)(&mut opts).map_err(|m| ("busy", m))?;
         let mut jobs = self.lock();
+        jobs.prune();
         // Another rank of the job may have started its pass meanwhile: join that one.
-        let why = match Self::join_in(&mut jobs, &key, opts.rank, &lender, streams) {
+        let late_for = match Self::join_in(&mut jobs.live, &key, opts.rank, &lender, streams) {
             Ok(joined) => return Ok(joined),
-            Err(why) => why.or(first),
+            Err(why) => jobs.late_for(&key, opts.rank, why),
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (src, two_pass) = (src.clone(), key.two_pass());
@@ -203,27 +267,26 @@ impl Jobs {
                 format!("a new pass of the job refused its first rank ({why:?})"),
             )
         })?;
-        let passes = jobs.entry(key).or_default();
-        let missed = match why {
-            Some(Refused::Late) => passes.last_mut(),
-            _ => None,
-        };
-        let late_for = missed.map(|m| {
-            m.late += 1;
-            m.id
-        });
-        if let Some(m) = late_for {
+        let passes = jobs.live.entry(key).or_default();
+        if let Some((m, live)) = late_for {
+            if live {
+                if let Some(j) = passes.iter_mut().find(|j| j.id == m) {
+                    j.late += 1;
+                }
+            }
+            let when = if live { "began emitting" } else { "ended" };
             eprintln!(
-                "riffle serve: job {m}: rank {} came after its pass began emitting; a new \
-                 pass (job {id}) reads the dataset again for it",
+                "riffle serve: job {m}: rank {} came after its pass {when}; a new pass (job \
+                 {id}) reads the dataset again for it",
                 opts.rank
             );
         }
         passes.push(Job {
             pass: Arc::downgrade(&pass),
+            ranks: pass.ranks_handle(),
             id,
             late: 0,
-            late_for,
+            late_for: late_for.map(|l| l.0),
         });
         Ok(Opened {
             stream,
@@ -237,6 +300,7 @@ impl Jobs {
     pub(super) fn json(&self) -> Vec<serde_json::Value> {
         let jobs = self.lock();
         let mut out: Vec<_> = jobs
+            .live
             .iter()
             .flat_map(|(k, passes)| passes.iter().map(move |j| (k, j)))
             .filter_map(|(k, j)| {
