@@ -1876,3 +1876,5 @@ fn a_resume_past_the_end_of_a_ranks_epoch_is_a_bad_request_at_open() {
     let b = s.next_batch().unwrap().unwrap();
     assert_eq!(b.header.index, 5);
 }
+
+mod join;

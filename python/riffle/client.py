@@ -185,6 +185,7 @@ class Client:
         auto_release=True,
         ring_bytes=None,
         workers=1,
+        streams=None,
     ):
         """A stream of batches of `dataset`; it opens when iteration starts.
 
@@ -200,7 +201,15 @@ class Client:
         cannot map shared memory. With `auto_release=False`, call `batch.release()`
         yourself; the daemon sends nothing more once the ring is full of unreleased
         batches.
+
+        `streams` (world > 1): how many streams of this job this node will open (its
+        ranks here, times their DataLoader workers). The job's shared pass then waits for
+        that many before its first batch, up to the daemon's `--join-deadline`, so ranks
+        that start seconds apart still share one read of the dataset. Left out, a pass
+        waits only its `--join-window` (LIRS) or its scatter (two-pass).
         """
+        if streams is not None and (isinstance(streams, bool) or int(streams) < 1):
+            raise ValueError(f"streams={streams!r}: expected a count of at least 1")
         s = Stream(
             self,
             dict(
@@ -219,6 +228,7 @@ class Client:
             auto_release,
             ring_bytes,
         )
+        s.streams = None if streams is None else int(streams)
         if state is not None:
             s.load_state_dict(state)
         return s
@@ -495,6 +505,7 @@ class Stream:
         self.transport = transport
         self.auto_release = auto_release
         self.ring_bytes = ring_bytes
+        self.streams = None  # streams of the job this node opens (OPEN's `streams`)
         self.cursor = {"epoch": params["epoch"], "batch": 0}
         # Records of the cursor's epoch consumed by all ranks together (the global cursor).
         self.global_cursor = {"epoch": params["epoch"], "records": 0}
@@ -684,6 +695,8 @@ class Stream:
             req["resume_global"] = self._resume_global
         if self.ring_bytes is not None:
             req["ring_bytes"] = int(self.ring_bytes)
+        if self.streams is not None:
+            req["streams"] = self.streams
         c._send_json(OPEN, req)
         kind, body = c._frame()
         if kind == ERROR:

@@ -49,6 +49,25 @@ from .client import Client
 __all__ = ["RiffleDataset", "loader", "split", "fixed"]
 
 
+def node_streams(world, num_workers):
+    """How many streams of a job this node opens (OPEN's `streams`): torchrun's
+    LOCAL_WORLD_SIZE (its ranks on this node) times `num_workers` (each worker streams);
+    `None` (the daemon waits as it would without) when the job is one stream, or when
+    LOCAL_WORLD_SIZE is not set and the world has several ranks: launched some other way,
+    nothing says how many of them run on this node, and guessing too many would hold the
+    job's pass until the daemon's --join-deadline."""
+    if world <= 1:
+        return None
+    local = _os.environ.get("LOCAL_WORLD_SIZE")
+    if local is None:
+        return num_workers if world == num_workers else None
+    try:
+        local = int(local)
+    except ValueError:
+        return None
+    return local * num_workers if local >= 1 else None
+
+
 def split(rank, world, worker_id, num_workers):
     """The (rank, world) of streams a worker opens as (with `workers=num_workers`): stream
     `worker_id * world + rank` of `world * num_workers`, which the daemon reads as worker
@@ -549,7 +568,7 @@ class RiffleDataset(IterableDataset):
                                    tail=tail,
                                    grouping=self.grouping, transport=self.transport,
                                    auto_release=not tickets, ring_bytes=self.ring_bytes,
-                                   state=state)
+                                   state=state, streams=node_streams(world, nw))
             self._stream = stream
             if tickets:
                 yield from self._iter_tickets(stream, wid, nw)

@@ -599,3 +599,60 @@ def test_a_stopped_daemon_gives_a_receive_timeout_not_a_hang(daemon):
     # The daemon, running again, serves a client with no timeout at all.
     with riffle.Client(daemon.socket, receive_timeout=None) as c2:
         assert sum(len(b.ids) for b in c2.stream("train", batch_size=100)) == 3000
+
+
+def test_ranks_opening_apart_share_the_pass_their_node_says(tmp_path):
+    """Issue 29 D1: four two-pass ranks opening apart (a second each), each saying its node
+    opens 4 streams, share one pass (one job, no late stream), each getting its share of
+    the epoch; a fifth stream of the job coming after the pass began is late: served
+    exactly by a pass of its own, counted in the stats and logged."""
+    data = tmp_path / "d.npy"
+    run("gen", data, "--format", "npy", "--records", 8000, "--record-size", 512)
+    d = Daemon({"train": data}, "--mode", "two-pass", "--scratch", str(tmp_path / "scratch"))
+    try:
+        out = {}
+        late = {}
+
+        def reader(rank, world, streams):
+            with riffle.Client(d.socket) as c:
+                got = []
+                for b in c.stream("train", 100, seed=3, rank=rank, world=world, streams=streams):
+                    got.append(b.ids.copy())
+                out[(rank, world)] = got
+
+        threads = []
+        for r in range(4):
+            t = threading.Thread(target=reader, args=(r, 4, 4))
+            t.start()
+            threads.append(t)
+            time.sleep(1.0)
+        for t in threads:
+            t.join()
+        s = d.stats()
+        assert s["jobs_total"] == 1, s
+        assert s["late_streams"] == 0, s
+        ids = np.concatenate([np.concatenate(out[(r, 4)]) for r in range(4)])
+        assert np.array_equal(np.sort(ids), np.arange(8000))
+
+        # A world of 2 whose node says 1 stream: rank 0 starts the pass alone; rank 1,
+        # opened once rank 0 holds its second batch (global batch 2: rank 1's first was
+        # decided), is late.
+        with riffle.Client(d.socket) as c0:
+            s0 = iter(c0.stream("train", 100, seed=3, rank=0, world=2, streams=1))
+            first = [next(s0).ids.copy(), next(s0).ids.copy()]
+            with riffle.Client(d.socket) as c1:
+                late[1] = [b.ids.copy() for b in c1.stream("train", 100, seed=3, rank=1, world=2,
+                                                           streams=1)]
+            st = d.stats()
+            rest = [b.ids.copy() for b in s0]
+        ids = np.concatenate(first + rest + late[1])
+        assert np.array_equal(np.sort(ids), np.arange(8000)), "both ranks exact"
+        assert st["late_streams"] == 1, st
+        missed = [j for j in st["jobs"] if j["late_streams"] == 1]
+        assert len(missed) == 1 and missed[0]["streams_expected"] == 1, st
+        with riffle.Client(d.socket) as c, pytest.raises(ValueError):
+            c.stream("train", 100, world=2, streams=0)
+    finally:
+        d.stop()
+    log = d.proc.stderr.read().decode()
+    assert "came after its pass began emitting" in log, log

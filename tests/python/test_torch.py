@@ -548,5 +548,49 @@ def test_two_ranks_of_two_workers_under_torchrun_take_equal_steps(tmp_path):
             assert (seen >= 1).all() and (seen <= 2).all(), plain
             padded = sum(r["padding"] for r in ranks)
             assert padded == 82 * 50 - n, (plain, padded)
+
+
+def test_node_streams_come_from_local_world_size_and_workers(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    # 4 ranks here, 2 workers each: a world of 8 ranks x 2 workers streams as 16.
+    assert riffle.torch.node_streams(16, 2) == 8
+    assert riffle.torch.node_streams(4, 1) == 4
+    assert riffle.torch.node_streams(1, 1) is None
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    # One process (no torchrun): its workers are the job's streams.
+    assert riffle.torch.node_streams(2, 2) == 2
+    # Several ranks, no torchrun: nothing says how many run here.
+    assert riffle.torch.node_streams(4, 2) is None
+
+
+def test_ranks_of_a_torchrun_node_opening_apart_share_one_pass(tmp_path, monkeypatch):
+    """Under torchrun (LOCAL_WORLD_SIZE) the ranks of a node say how many streams the node
+    opens, so two ranks starting a second apart share one two-pass pass."""
+    import threading
+
+    data = tmp_path / "d.npy"
+    run("gen", data, "--format", "npy", "--records", 4000, "--record-size", 256)
+    d = Daemon({"train": data}, "--mode", "two-pass", "--scratch", str(tmp_path / "scratch"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    try:
+        seen = {}
+
+        def rank(r):
+            ds = riffle.torch.RiffleDataset(d.socket, "train", 50, seed=2, rank=r, world=2)
+            seen[r] = [b["ids"].numpy().copy() for b in torch.utils.data.DataLoader(ds, batch_size=None)]
+
+        threads = []
+        for r in range(2):
+            t = threading.Thread(target=rank, args=(r,))
+            t.start()
+            threads.append(t)
+            time.sleep(1.0)
+        for t in threads:
+            t.join()
+        ids = np.sort(np.concatenate(seen[0] + seen[1]))
+        assert np.array_equal(ids, np.arange(4000))
+        st = d.stats()
+        assert st["jobs_total"] == 1, st
+        assert st["late_streams"] == 0, st
     finally:
         d.stop()

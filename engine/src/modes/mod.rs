@@ -19,7 +19,7 @@ pub use cursor::{Cursor, Resume};
 pub use lirs::{read, BatchStream};
 pub use mode::Mode;
 pub use payload::{Lender, Lent, Payload, PayloadLender};
-pub use share::{PassEnded, Ranks, SharedPass, StartPass};
+pub use share::{Joining, PassEnded, Ranks, Refused, SharedPass, StartPass};
 pub use twopass::read_two_pass;
 
 use crate::dataset::Dataset;

@@ -13,6 +13,13 @@
 //! first epoch's scatter. A rank that comes later, or twice, is refused by
 //! [`SharedPass::join`]; the caller then runs a pass of its own for it.
 //!
+//! A job may say how many of its streams to expect ([`Joining::streams`]: those one node
+//! will open). Then the pass holds its first decision until that many ranks have joined,
+//! or the whole world, or every rank that joined has left, or [`Joining::deadline`] from
+//! the pass's start: LIRS before it starts, two-pass (and a two-pass led by LIRS) at its
+//! first batch, its scatter running meanwhile. The wait is on the ranks' own condition
+//! variable, so joins and leaves (and the stop when every stream has gone) end it at once.
+//!
 //! Back-pressure: each rank's stream holds at most a few batches; the pass waits on the
 //! slowest stream that is still there. A stream that goes away (dropped) leaves the job at
 //! once: its batches are no longer read, and when every rank has left the pass stops.
@@ -31,6 +38,8 @@ use crate::{Error, Result};
 pub struct Ranks {
     world: u64,
     first_epoch: u64,
+    /// Where the wait for the expected streams ends at the latest.
+    until: Instant,
     /// The first epoch's global batch where the job starts (a resume point's batch times
     /// the world).
     start: u64,
@@ -47,15 +56,48 @@ struct RanksState {
     closed: bool,
     /// Some rank joined at some point.
     ever: bool,
+    /// Every rank that has joined at some point (the streams that came).
+    seen: BTreeSet<u64>,
+    /// Streams the job expects (the most any of its OPENs said; 0: none said).
+    expected: u64,
+    /// The first decision's wait for the expected streams is over (or was never needed).
+    waited: bool,
+}
+
+/// Why a rank cannot join a shared pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The pass has decided the rank's first batch: the stream came after emission began.
+    Late,
+    /// The rank is in the pass already (the job was started again), or outside the world.
+    Taken,
+    /// The pass is over.
+    Ended,
+}
+
+/// How a shared pass waits for its streams (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct Joining {
+    /// A LIRS pass without [`Joining::streams`] waits this long for the whole world
+    /// before it starts (zero: it starts at once).
+    pub window: Duration,
+    /// The streams the job expects on this node, if its OPEN said.
+    pub streams: Option<u64>,
+    /// With [`Joining::streams`]: the longest the pass waits for them, from its start.
+    pub deadline: Duration,
+    /// With [`Joining::streams`]: the wait is before the pass starts (LIRS), not at its
+    /// first decision (two-pass, whose scatter runs meanwhile).
+    pub before_start: bool,
 }
 
 impl Ranks {
     /// The ranks of a world of `world`, none joined, for a pass that starts at global
-    /// batch `start` of `first_epoch`.
-    pub fn new(world: u64, first_epoch: u64, start: u64) -> Ranks {
+    /// batch `start` of `first_epoch`; expected streams are waited for until `until`.
+    pub fn new(world: u64, first_epoch: u64, start: u64, until: Instant) -> Ranks {
         Ranks {
             world,
             first_epoch,
+            until,
             start,
             state: Mutex::new(RanksState::default()),
             changed: Condvar::new(),
@@ -70,6 +112,10 @@ impl Ranks {
     /// and sent). Called by the engine in batch order, once per batch.
     pub(crate) fn wanted(&self, epoch: u64, g: u64) -> bool {
         let mut s = self.lock();
+        if !s.waited {
+            // The first decision: the expected streams first (see the module docs).
+            s = self.wait_expected(s);
+        }
         if epoch == self.first_epoch {
             s.decided = s.decided.max(g.saturating_add(1));
         } else {
@@ -78,18 +124,50 @@ impl Ranks {
         s.joined.contains(&(g % self.world))
     }
 
-    /// Adds `rank` to the job: false when it is already in, outside the world, or the
+    /// Adds `rank` to the job, and raises the streams the job expects to `streams` if
+    /// it says more; refused when the rank is already in or outside the world, or the
     /// pass has already decided its first batch.
-    fn join(&self, rank: u64) -> bool {
+    fn join(&self, rank: u64, streams: Option<u64>) -> std::result::Result<(), Refused> {
         let mut s = self.lock();
         let first = self.start.saturating_add(rank);
-        if rank >= self.world || s.closed || s.decided > first || s.joined.contains(&rank) {
-            return false;
+        if rank >= self.world || s.joined.contains(&rank) {
+            return Err(Refused::Taken);
+        }
+        if s.closed || s.decided > first {
+            return Err(Refused::Late);
         }
         s.joined.insert(rank);
+        s.seen.insert(rank);
         s.ever = true;
+        s.expected = s.expected.max(streams.unwrap_or(0));
         self.changed.notify_all();
-        true
+        Ok(())
+    }
+
+    /// Waits (in `s`'s lock, released while waiting) until the streams the job expects
+    /// have joined (at most the world), every rank that joined has left, or the deadline;
+    /// at once when the job expects none. Once per pass.
+    fn wait_expected<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, RanksState>,
+    ) -> MutexGuard<'a, RanksState> {
+        loop {
+            // A stream that joins meanwhile may say more.
+            let target = s.expected.min(self.world);
+            let now = Instant::now();
+            if (s.seen.len() as u64) >= target
+                || (s.ever && s.joined.is_empty())
+                || now >= self.until
+            {
+                s.waited = true;
+                return s;
+            }
+            s = self
+                .changed
+                .wait_timeout(s, self.until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     fn leave(&self, rank: u64) {
@@ -107,6 +185,18 @@ impl Ranks {
     /// Ranks in the job now.
     pub fn joined(&self) -> u64 {
         self.lock().joined.len() as u64
+    }
+
+    /// Whether `rank` has joined the job at some point.
+    pub fn has_seen(&self, rank: u64) -> bool {
+        self.lock().seen.contains(&rank)
+    }
+
+    /// The streams the job expects (0: none said), and the ranks that have joined it at
+    /// some point.
+    pub fn streams(&self) -> (u64, u64) {
+        let s = self.lock();
+        (s.expected, s.seen.len() as u64)
     }
 
     /// Waits until every rank of the world has joined, every rank that joined has left,
@@ -193,12 +283,12 @@ const SEND_WAIT: Duration = Duration::from_millis(20);
 
 impl SharedPass {
     /// Starts the pass of the job `opts` (the options of any one of its ranks; `resume` in
-    /// that rank's batches): a thread waits up to `window` for every rank of the world to
-    /// join, then runs `start` with options for every rank's batches and hands each batch
-    /// to its rank's stream (`capacity` batches each). `ended` gets the pass's report.
+    /// that rank's batches): a thread waits for the job's streams as `joining` says, then
+    /// runs `start` with options for every rank's batches and hands each batch to its
+    /// rank's stream (`capacity` batches each). `ended` gets the pass's report.
     pub fn spawn(
         opts: &ReadOptions,
-        window: Duration,
+        joining: Joining,
         capacity: usize,
         start: StartPass,
         ended: PassEnded,
@@ -219,7 +309,10 @@ impl SharedPass {
             None => None,
         };
         let start_at = all.resume.map_or(0, |c| c.batch);
-        let ranks = Arc::new(Ranks::new(world, first_epoch, start_at));
+        let now = Instant::now();
+        let until = now.checked_add(joining.deadline).unwrap_or(now);
+        let ranks = Arc::new(Ranks::new(world, first_epoch, start_at, until));
+        ranks.lock().expected = joining.streams.unwrap_or(0);
         all.ranks = Some(ranks.clone());
         let routing = Arc::new(Routing {
             world,
@@ -233,10 +326,18 @@ impl SharedPass {
             capacity: capacity.max(1),
         });
         let me = pass.clone();
-        let until = Instant::now() + window;
+        let window = now.checked_add(joining.window).unwrap_or(now);
+        let expected = joining.streams.is_some();
+        // Before it starts, a pass waits for the world (a LIRS window) or, when the job
+        // said its streams, for those (LIRS); two-pass waits at its first decision.
+        let before = match (expected, joining.before_start) {
+            (false, _) => Before::World(window),
+            (true, true) => Before::Streams,
+            (true, false) => Before::Nothing,
+        };
         std::thread::Builder::new()
             .name("riffle-job".into())
-            .spawn(move || me.run(all, until, start, ended))
+            .spawn(move || me.run(all, before, start, ended))
             .map_err(|e| Error::os("cannot start a job's thread", e))?;
         Ok(pass)
     }
@@ -245,32 +346,41 @@ impl SharedPass {
         self.subs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The batches of `rank`, as a stream of its own, or `None` when the rank cannot join
-    /// (already in, or the pass has gone past its first batch). Its batches are assembled
-    /// in memory `lender` lends, when it can (as [`ReadOptions::lender`]: a batch its
-    /// `ready` takes over as it completes never comes out of the stream).
-    pub fn join(self: &Arc<Self>, rank: u64, lender: Option<PayloadLender>) -> Option<BatchStream> {
+    /// The batches of `rank`, as a stream of its own, or why the rank cannot join
+    /// (already in, the pass has gone past its first batch, or is over). Its batches are
+    /// assembled in memory `lender` lends, when it can (as [`ReadOptions::lender`]: a
+    /// batch its `ready` takes over as it completes never comes out of the stream).
+    /// `streams`: how many streams of the job its node says it will open.
+    pub fn join(
+        self: &Arc<Self>,
+        rank: u64,
+        lender: Option<PayloadLender>,
+        streams: Option<u64>,
+    ) -> std::result::Result<BatchStream, Refused> {
         let (tx, rx) = crossbeam_channel::bounded(self.capacity);
         let mut subs = self.subs();
-        if subs.ended || subs.streams.contains_key(&rank) {
-            return None;
+        if subs.ended {
+            return Err(Refused::Ended);
+        }
+        if subs.streams.contains_key(&rank) {
+            return Err(Refused::Taken);
         }
         // The sender is in place before the rank is: a batch decided for it finds it.
         subs.streams.insert(rank, tx);
         if let Some(l) = lender {
             self.routing.lock().insert(rank, l);
         }
-        if !self.ranks.join(rank) {
+        if let Err(why) = self.ranks.join(rank, streams) {
             subs.streams.remove(&rank);
             self.routing.lock().remove(&rank);
-            return None;
+            return Err(why);
         }
         drop(subs);
         let leave = Leave {
             pass: self.clone(),
             rank,
         };
-        Some(BatchStream::fed(rx, Box::new(leave)))
+        Ok(BatchStream::fed(rx, Box::new(leave)))
     }
 
     /// The ranks in the job now.
@@ -278,8 +388,17 @@ impl SharedPass {
         &self.ranks
     }
 
-    fn run(&self, all: ReadOptions, until: Instant, start: StartPass, ended: PassEnded) {
-        self.ranks.wait_for_world(until);
+    /// The job's ranks, kept after the pass has gone (who joined it).
+    pub fn ranks_handle(&self) -> Arc<Ranks> {
+        self.ranks.clone()
+    }
+
+    fn run(&self, all: ReadOptions, before: Before, start: StartPass, ended: PassEnded) {
+        match before {
+            Before::World(until) => self.ranks.wait_for_world(until),
+            Before::Streams => drop(self.ranks.wait_expected(self.ranks.lock())),
+            Before::Nothing => {}
+        }
         let report = if self.ranks.deserted() {
             ReadReport::default()
         } else {
@@ -346,6 +465,16 @@ impl SharedPass {
         }
         stream.finish()
     }
+}
+
+/// What a pass waits for before it starts.
+enum Before {
+    /// The whole world, until then.
+    World(Instant),
+    /// The streams the job expects, until the deadline.
+    Streams,
+    /// Nothing: it waits at its first decision, if at all.
+    Nothing,
 }
 
 /// Takes a rank out of its job when its stream is dropped.

@@ -590,7 +590,15 @@ impl OpenRequest {
             resume_global: None,
             transport: Transport::Shm,
             ring_bytes: None,
+            streams: None,
         }
+    }
+
+    /// The same request saying that this node will open `streams` streams of its job
+    /// (see [`OpenRequest::streams`]): their shared pass waits for all of them.
+    pub fn with_streams(mut self, streams: u64) -> OpenRequest {
+        self.streams = Some(streams);
+        self
     }
 }
 

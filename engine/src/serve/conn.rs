@@ -696,6 +696,8 @@ impl Conn {
         let sh = self.shared.clone();
         let new_pass = NewPass {
             window: self.shared.cfg.join_window,
+            deadline: self.shared.cfg.join_deadline,
+            streams: req.streams,
             admit: &admit,
             ended: Box::new(move |r| {
                 let mut s = sh.stats();
@@ -704,14 +706,14 @@ impl Conn {
             }),
         };
         let scratch = job.scratch.clone();
-        let (stream, id, new) =
-            (self.shared.jobs).open(key, &job.opts, src, scratch, lender, new_pass)?;
-        if new {
+        let got = (self.shared.jobs).open(key, &job.opts, src, scratch, lender, new_pass)?;
+        if got.new {
             let mut s = self.shared.stats();
             s.jobs_total += 1;
             s.jobs_now += 1;
+            s.late_streams += got.late as u64;
         }
-        Ok((stream, id))
+        Ok((got.stream, got.id))
     }
 
     /// A pass of the stream's own (a world of one), admitted to the daemon's budgets.

@@ -130,6 +130,13 @@ pub(super) fn prepare(
             req.world
         )));
     }
+    if req.streams == Some(0) {
+        return Err(bad(
+            "streams 0: a node that opens a stream of the job opens at least 1 (leave \
+             streams out when it is not known)"
+                .into(),
+        ));
+    }
     let mut job = (request(req, cfg).map_err(bad)?)
         .prepare(src)
         .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;

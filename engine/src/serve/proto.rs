@@ -159,6 +159,13 @@ pub struct OpenRequest {
     /// Ring bytes wanted (capped by the daemon's per-client share).
     #[serde(default)]
     pub ring_bytes: Option<u64>,
+    /// How many streams of this job this node will open (its ranks here, or their
+    /// workers' sub-streams): the job's shared pass waits for that many before it
+    /// decides its first batch, up to the daemon's `--join-deadline`. At least 1; more
+    /// than the world counts as the world. Left out: the pass waits as before (a LIRS
+    /// `--join-window`, two-pass its scatter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<u64>,
 }
 
 impl OpenRequest {
@@ -716,6 +723,7 @@ mod tests {
                                     Transport::Shm
                                 },
                                 ring_bytes,
+                                streams: ring_bytes.map(|b| b % 17),
                             },
                         )
                     },

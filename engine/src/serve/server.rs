@@ -135,6 +135,7 @@ impl Server {
                     jobs_now: 0,
                     streams_shared: 0,
                     streams_own: 0,
+                    late_streams: 0,
                     errors: HashMap::new(),
                     panics_before: panics(),
                     batch_us: hist(),
@@ -342,9 +343,9 @@ impl Server {
     }
 }
 
-/// The longest wait the daemon takes (`--idle-timeout`, `--admit-wait`, `--join-window`):
-/// a deadline is the moment now plus one of them, which must be a time the clock can
-/// say. Longer ones were taken at start and then overflowed in every connection.
+/// The longest wait the daemon takes (`--idle-timeout`, `--admit-wait`, `--join-window`,
+/// `--join-deadline`): a deadline is the moment now plus one of them, which must be a time
+/// the clock can say. Longer ones were taken at start and then overflowed in every connection.
 pub const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Refuses waits no deadline can hold (see [`LONGEST_WAIT`]).
@@ -353,6 +354,7 @@ fn check_durations(cfg: &ServeConfig) -> Result<()> {
         ("--idle-timeout", cfg.idle_timeout.unwrap_or_default()),
         ("--admit-wait", cfg.admit_wait),
         ("--join-window", cfg.join_window),
+        ("--join-deadline", cfg.join_deadline),
     ];
     for (flag, d) in waits {
         if d > LONGEST_WAIT {

@@ -61,6 +61,9 @@ pub struct ServeConfig {
     /// How long a new LIRS job's pass waits for the other ranks of its world before it
     /// starts (ranks that come later start a pass of their own).
     pub join_window: Duration,
+    /// How long a job's shared pass waits, from its start, for the streams its OPENs say
+    /// this node will open (`streams`) before it decides its first batch.
+    pub join_deadline: Duration,
     /// Whether two-pass streams lead with LIRS (see [`crate::modes::ReadOptions::lead`]);
     /// a device that seeks is never led.
     pub lead: bool,
@@ -107,6 +110,8 @@ pub(super) struct Stats {
     /// Streams served by a shared pass, and by a pass of their own.
     pub(super) streams_shared: u64,
     pub(super) streams_own: u64,
+    /// Streams that came after their job's pass began emitting (served by a new pass).
+    pub(super) late_streams: u64,
     pub(super) errors: HashMap<String, u64>,
     /// Panics of riffle threads counted before this daemon started (`errors.panic` counts
     /// those since).
@@ -173,6 +178,7 @@ impl Shared {
             "jobs_now": s.jobs_now,
             "streams_shared": s.streams_shared,
             "streams_own": s.streams_own,
+            "late_streams": s.late_streams,
             "jobs": self.jobs.json(),
             "stream_waits": streams,
             "job_waits": job_waits,

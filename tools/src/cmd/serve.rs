@@ -67,6 +67,19 @@ pub struct Args {
     /// that are not led take ranks during the whole scatter). At most a year.
     #[arg(long, default_value_t = 500)]
     pub join_window: u64,
+    /// Seconds a job's shared pass waits, from its start, for the streams its clients say
+    /// this node will open (the OPEN field `streams`; riffle.torch sends torchrun's
+    /// LOCAL_WORLD_SIZE times the DataLoader's workers) before it decides its first batch:
+    /// LIRS before it starts, two-pass while its scatter runs. It goes on earlier once that
+    /// many have joined, or the whole world, or when every stream that joined has left; at
+    /// the deadline it goes on with the streams present. A stream of the job that comes
+    /// after the pass began emitting (late) gets a pass of its own, which reads the dataset
+    /// again; stats count it (`late_streams`) and the log says so. Jobs whose clients do
+    /// not say `streams` wait as --join-window says. Keep it below the clients' receive
+    /// timeout (600 s in the Python client): the first stream waits this long at most for
+    /// its first batch. At most a year.
+    #[arg(long, default_value_t = 60)]
+    pub join_deadline: u64,
     /// Two-pass streams do not lead with lirs: their first batch waits for the whole
     /// scatter. By default a two-pass stream's first batches are read at random while
     /// its scatter runs (not on a device that seeks, per its probe profile); see `riffle
@@ -218,6 +231,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         scratch_limit: a.scratch_limit,
         queue_depth: a.queue_depth,
         join_window: std::time::Duration::from_millis(a.join_window),
+        join_deadline: std::time::Duration::from_secs(a.join_deadline),
         lead: !a.no_lead,
         admit_wait: std::time::Duration::from_secs(a.admit_wait),
         idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
@@ -235,6 +249,9 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
                     "clients": s["clients"],
                     "streams_now": s["streams_now"],
                     "jobs_now": s["jobs_now"],
+                    "late_streams": s["late_streams"],
+                    // Per job: the streams it expects, those that joined, the late ones.
+                    "jobs": s["jobs"],
                     "batches": s["batches"],
                     "records_per_s": s["records_per_s"],
                     "memory_used": s["memory_used"],
