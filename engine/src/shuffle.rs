@@ -206,10 +206,15 @@ fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Op
         } else {
             crate::scratch::parent_dir(root).to_path_buf()
         };
-        for (path, _) in crate::dataset::files::list(root)?.files {
-            let rel = path.strip_prefix(&base).unwrap_or(&path);
+        for f in crate::dataset::files::list(root)?.files {
+            let rel = f.path.strip_prefix(&base).unwrap_or(&f.path);
             let member = rel.to_string_lossy().trim_start_matches('/').to_owned();
-            v.push((Input::File(path), Some(member)));
+            // A link inside the tree is read where it resolved (no link on the way).
+            let at = f
+                .under
+                .as_ref()
+                .map_or_else(|| f.path.clone(), |u| root.join(u));
+            v.push((Input::File(at), Some(member)));
         }
     }
     Ok(v)

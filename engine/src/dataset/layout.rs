@@ -87,6 +87,8 @@ pub(super) fn open_file(
         records,
         layout,
         index_origin: origin,
+        beneath: None,
+        identity: None,
     })
 }
 
