@@ -150,3 +150,59 @@ fn links_and_swapped_files_in_a_served_tree_are_refused_never_served() {
         "{err}"
     );
 }
+
+/// Issue 30's acceptance, kept: no `File::create`, `File::open` or `OpenOptions` in the
+/// engine or the CLI outside the one door (`engine/src/door.rs`), tests apart (test
+/// files, and each file's `#[cfg(test)]` module and what follows it).
+#[test]
+fn every_path_is_opened_through_the_one_door() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut stack = vec![repo.join("engine/src"), repo.join("tools/src")];
+    let mut found = Vec::new();
+    let mut scanned = 0;
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                if name != "tests" {
+                    stack.push(p);
+                }
+                continue;
+            }
+            if !name.ends_with(".rs") || name == "tests.rs" || p.ends_with("engine/src/door.rs") {
+                continue;
+            }
+            scanned += 1;
+            let text = std::fs::read_to_string(&p).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap();
+            for (n, line) in code.lines().enumerate() {
+                let line = line.trim_start();
+                if line.starts_with("//") {
+                    continue;
+                }
+                // `File::create`, not `TempFile::create`.
+                let named = |bad: &str| {
+                    line.match_indices(bad).any(|(at, _)| {
+                        !line[..at]
+                            .chars()
+                            .next_back()
+                            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    })
+                };
+                if ["File::create", "File::open(", "OpenOptions::new"]
+                    .into_iter()
+                    .any(named)
+                {
+                    found.push(format!("{}:{}: {line}", p.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(scanned > 50, "scanned only {scanned} files");
+    assert!(
+        found.is_empty(),
+        "opened outside the door:\n{}",
+        found.join("\n")
+    );
+}

@@ -9,6 +9,9 @@
 //!   by anyone who can write the directory, is refused rather than read.
 //! - Data files: [`open_data`] (non-blocking, optionally `O_NOATIME`; the caller checks the
 //!   type, [`crate::io::DataFile::open`] does).
+//! - Streams read in order: [`open_stream`]; directories for `fsync`: [`open_dir`]; files of
+//!   a tree riffle generates: [`create_new`]; logs appended to: [`open_append`].
+//! - A tree's files: [`Root::open_beneath`], beneath the tree's root with no link.
 //! - New private files: [`create_private`] (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600),
 //!   the only way riffle creates a file; [`crate::scratch::TempFile`] commits them.
 //! - Outputs: [`output_target`] says what a destination is. A regular file (or a name that
@@ -107,6 +110,54 @@ pub fn open_data(path: &Path, noatime: bool) -> std::io::Result<File> {
         flags |= libc::O_NOATIME;
     }
     OpenOptions::new().read(true).custom_flags(flags).open(path)
+}
+
+/// Opens a stream for reading in order (a FIFO, a character device, or a descriptor's
+/// link such as /dev/stdin or /proc/self/fd/N), blocking as a shell redirection does: a
+/// FIFO waits for a writer, as `cat` does.
+pub fn open_stream(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// Opens a directory (a link the user named followed), for `fsync` of its entries.
+pub fn open_dir(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_DIRECTORY)
+        .open(path)
+}
+
+/// Opens a log for appending whole lines (created if missing, mode 0666 less the umask):
+/// each `write` of a line lands whole at the end, whoever else appends.
+pub fn open_append(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// Creates a new file for writing inside a directory riffle made for the purpose (a
+/// generated tree, before it is renamed into place): `O_CREAT | O_EXCL | O_NOFOLLOW`, mode
+/// 0666 less the umask (the files of a dataset, not private).
+pub fn create_new(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o666)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Writes `bytes` to a new file at `path` ([`create_new`]).
+pub fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    create_new(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| Error::io(path, "write", None, e))
 }
 
 /// Opens what is at `path` for reading without following a link or blocking: for taking

@@ -309,7 +309,7 @@ fn generate_tree(
             let p = tree
                 .join(format!("{:0cw$}", spec.label(id)))
                 .join(format!("{id:0iw$}.bin"));
-            std::fs::write(&p, &frame).map_err(|e| Error::io(&p, "write", None, e))?;
+            crate::door::write_new(&p, &frame)?;
             done += frame.len() as u64;
             if id % 1024 == 0 || id + 1 == spec.records {
                 progress(done, total);

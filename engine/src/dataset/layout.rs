@@ -165,7 +165,7 @@ fn read_npy_header(path: &Path, size: u64) -> Result<npy::NpyHeader> {
         offset: Some(e.offset),
         what: e.what,
     };
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", None, e))?;
+    let f = crate::door::open_data(path, false).map_err(|e| Error::io(path, "open", None, e))?;
     let mut prefix = vec![0u8; (npy::PREFIX as u64).min(size) as usize];
     f.read_exact_at(&mut prefix, 0)
         .map_err(|e| Error::io(path, "read", Some(0), e))?;
