@@ -103,7 +103,7 @@ fn fixed_records(path: &Path, size: u64, rsize: u64, header: u64) -> Result<(Lay
     if size < header {
         return Err(bad(
             Some(size),
-            format!("the file ends before its {header}-byte header does"),
+            crate::format::short_of_header(header, size),
         ));
     }
     let body = size - header;

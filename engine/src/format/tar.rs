@@ -2,8 +2,11 @@
 //! regular members whose names share a key (the path up to the first dot of its last
 //! component: `d/000123.jpg` and `d/000123.cls` are the members `jpg` and `cls` of sample
 //! `d/000123`), as WebDataset groups them. A member whose last component has no dot before
-//! any other character is no sample's and is skipped, as WebDataset skips it; so are
-//! directories, links and other non-regular members.
+//! any other character is no sample's and is skipped, as WebDataset skips it. Directories,
+//! links and other non-regular members before the first sample or after the last are
+//! skipped too; one between samples, whose bytes would ride in a sample's record (and
+//! come out of `riffle cat` or a shuffled tar as a link to extract), is refused at its
+//! offset.
 //!
 //! A sample's record is its bytes in the archive, headers included, from the first header
 //! of its first member (a GNU long-name or PAX header before it counts) to the end of its
@@ -109,6 +112,19 @@ fn header(b: &[u8], at: u64) -> Result<Option<Header>, ScanError> {
 /// Whether a member of this type flag holds a regular file.
 fn regular(kind: u8) -> bool {
     matches!(kind, b'0' | 0 | b'7')
+}
+
+/// What a non-regular member of this type flag is, for errors.
+fn member_kind(kind: u8) -> &'static str {
+    match kind {
+        b'1' => "a hard link",
+        b'2' => "a symbolic link",
+        b'3' => "a character device",
+        b'4' => "a block device",
+        b'5' => "a directory",
+        b'6' => "a FIFO",
+        _ => "a non-regular",
+    }
 }
 
 /// The name a PAX header's records give (`path=`), if any.
@@ -220,6 +236,9 @@ pub struct TarScanner {
     /// The current sample's key and its members' suffixes.
     key: Option<String>,
     suffixes: Vec<String>,
+    /// A non-regular member met after a sample began (its header's offset, what it is,
+    /// its name): refused if a sample's member follows it, whose record would carry it.
+    stray: Option<(u64, &'static str, String)>,
     /// Whether the archive was finished, and whether [`Scanner::drain_offsets`] reported
     /// the last sample's end.
     finished: bool,
@@ -247,6 +266,7 @@ impl TarScanner {
             pending: None,
             key: None,
             suffixes: Vec::new(),
+            stray: None,
             finished: false,
             end_reported: false,
         }
@@ -303,6 +323,16 @@ impl TarScanner {
                 let name = self.pending.take().unwrap_or(h.name);
                 self.chain = None;
                 if let Some((key, suffix)) = key_suffix(&name) {
+                    if let Some((at, what, stray)) = self.stray.take() {
+                        return Err(ScanError {
+                            offset: at,
+                            what: format!(
+                                "{what} member {stray} among the samples: a sample's record \
+                                 would carry it (riffle reads samples of regular members); \
+                                 refused: rebuild the shard without it"
+                            ),
+                        });
+                    }
                     if self.key.as_deref() == Some(key) {
                         if self.suffixes.iter().any(|s| s == suffix) {
                             return Err(ScanError {
@@ -320,7 +350,13 @@ impl TarScanner {
                 }
                 None
             }
-            _ => {
+            k => {
+                // Before the first sample (a leading directory entry) or after the last,
+                // no record holds it; between samples, one would.
+                if self.key.is_some() && self.stray.is_none() {
+                    let name = self.pending.take().unwrap_or(h.name);
+                    self.stray = Some((chain, member_kind(k), name));
+                }
                 self.chain = None;
                 self.pending = None;
                 None
@@ -700,6 +736,59 @@ mod tests {
             let m = members(&a[offs[0] as usize..offs[1] as usize]).unwrap();
             assert_eq!(m.len(), 1, "{}", kind as char);
             assert_eq!(m[0].suffix, "jpg");
+        }
+    }
+
+    /// One header block of `kind` and no data (a link, a directory...), named `name`.
+    fn special(name: &str, kind: u8) -> Vec<u8> {
+        let mut b = Vec::new();
+        append(&mut b, name, b"");
+        b[156] = kind;
+        b[148..156].copy_from_slice(b"        ");
+        let sum: u64 = b.iter().map(|&x| x as u64).sum();
+        b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        b
+    }
+
+    /// Issue 30 D30: a link, directory or device member between samples was glued into
+    /// the sample before it; now refused at its offset. Before the first sample and after
+    /// the last, no record holds it: skipped as before.
+    #[test]
+    fn non_regular_members_between_samples_are_refused() {
+        for (kind, what) in [
+            (b'2', "a symbolic link"),
+            (b'1', "a hard link"),
+            (b'5', "a directory"),
+            (b'3', "a character device"),
+        ] {
+            let mut a = special("d/", b'5');
+            append(&mut a, "d/0.jpg", b"x");
+            let at = a.len() as u64;
+            a.extend_from_slice(&special("d/evil", kind));
+            append(&mut a, "d/1.jpg", b"y");
+            a.extend_from_slice(&special("d/tail/", b'5'));
+            a.extend_from_slice(&[0u8; 1024]);
+            let e = scan(&a, 4096).unwrap_err();
+            assert_eq!(e.offset, at, "{what}");
+            assert!(
+                e.what.contains(what) && e.what.contains("d/evil"),
+                "{}",
+                e.what
+            );
+            // The same member after the last sample, or before the first: no record's.
+            let mut ok = special("d/", b'5');
+            append(&mut ok, "d/0.jpg", b"x");
+            append(&mut ok, "d/1.jpg", b"y");
+            ok.extend_from_slice(&special("d/evil", kind));
+            ok.extend_from_slice(&[0u8; 1024]);
+            let offs = scan(&ok, 4096).unwrap();
+            assert_eq!(offs.len(), 3, "two samples");
+            assert_eq!(offs[0], 512, "the leading directory is in no record");
+            assert_eq!(
+                offs[2],
+                512 + 2 * 1024,
+                "the trailing member is in no record"
+            );
         }
     }
 
