@@ -12,6 +12,7 @@ mod beneath;
 mod budgets;
 mod datasets;
 mod door;
+mod edges;
 mod emulate;
 mod plan;
 mod read;

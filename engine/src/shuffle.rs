@@ -217,6 +217,18 @@ fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Op
             v.push((Input::File(at), Some(member)));
         }
     }
+    // Two files of one key (a/1.jpg, a/1.png) would be two samples of one key.
+    let mut keys = std::collections::HashMap::new();
+    for m in v.iter().filter_map(|(_, m)| m.as_deref()) {
+        if let Some((key, _)) = crate::format::tar::key_suffix(m) {
+            if let Some(first) = keys.insert(key, m) {
+                return Err(Error::Invalid(format!(
+                    "{first} and {m}: {}",
+                    key_twice(key)
+                )));
+            }
+        }
+    }
     Ok(v)
 }
 
@@ -256,6 +268,38 @@ struct Intake<'a> {
     /// The next record's id (its position among all inputs' records).
     id: u64,
     last_progress: u64,
+    /// A tar's sample keys so far (see [`SampleKeys`]).
+    keys: Option<SampleKeys>,
+}
+
+/// The keys of the samples a tar shuffle has read, as 128-bit hashes (16 bytes a sample):
+/// two samples of one key may land side by side in the shuffled tar, where a reader
+/// (riffle, WebDataset) takes them for one sample, so a key met twice is refused before
+/// anything is written (issue 30 D8).
+#[derive(Default)]
+struct SampleKeys(std::collections::HashSet<u128>);
+
+impl SampleKeys {
+    /// Whether `key` is new (and notes it).
+    fn first(&mut self, key: &str) -> bool {
+        use std::hash::{Hash, Hasher};
+        let half = |salt: u8| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (salt, key).hash(&mut h);
+            h.finish() as u128
+        };
+        self.0.insert(half(0) << 64 | half(1))
+    }
+}
+
+/// The error for a sample key met twice.
+fn key_twice(key: &str) -> Error {
+    Error::Invalid(format!(
+        "sample {key}: an earlier sample has the same key (the member name up to its first \
+         dot); in the shuffled tar the two could land side by side, where readers take \
+         them for one sample: refused before anything is written (give one input's \
+         samples other keys, such as a prefix)"
+    ))
 }
 
 impl<'a> Intake<'a> {
@@ -279,6 +323,7 @@ impl<'a> Intake<'a> {
             piles: None,
             id: 0,
             last_progress: 0,
+            keys: matches!(opts.format, Format::Tar).then(SampleKeys::default),
         }
     }
 
@@ -325,6 +370,20 @@ impl<'a> Intake<'a> {
                     return Ok(());
                 }
                 keep_header = false;
+                if let Some(keys) = &mut self.keys {
+                    let key = crate::format::tar::sample_key(rec).map_err(|e| Error::BadInput {
+                        path: name.clone().into(),
+                        offset: Some(offset + e.offset),
+                        what: e.what,
+                    })?;
+                    if let Some(k) = key.filter(|k| !keys.first(k)) {
+                        return Err(Error::BadInput {
+                            path: name.clone().into(),
+                            offset: Some(offset),
+                            what: key_twice(&k).to_string(),
+                        });
+                    }
+                }
                 self.add(rec).map_err(|e| match e {
                     Error::Io { .. } | Error::Os { .. } | Error::Cancelled { .. } => e,
                     other => Error::BadInput {

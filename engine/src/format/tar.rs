@@ -171,6 +171,35 @@ pub struct Member {
 /// the byte offset in the record.
 pub fn members(record: &[u8]) -> Result<Vec<Member>, ScanError> {
     let mut out = Vec::new();
+    each_member(record, |name, offset, len| {
+        if let Some((_, suffix)) = key_suffix(name) {
+            out.push(Member {
+                suffix: suffix.to_owned(),
+                offset,
+                len,
+            });
+        }
+        true
+    })?;
+    Ok(out)
+}
+
+/// The key of one sample's record: its first keyed member's.
+pub fn sample_key(record: &[u8]) -> Result<Option<String>, ScanError> {
+    let mut key = None;
+    each_member(record, |name, _, _| {
+        key = key_suffix(name).map(|(k, _)| k.to_owned());
+        key.is_none()
+    })?;
+    Ok(key)
+}
+
+/// Calls `f(name, data offset, data length)` for each regular member of a record, in
+/// order, while it returns true.
+fn each_member(
+    record: &[u8],
+    mut f: impl FnMut(&str, usize, usize) -> bool,
+) -> Result<(), ScanError> {
     let mut at = 0usize;
     let mut long: Option<String> = None;
     while at + BLOCK as usize <= record.len() {
@@ -192,19 +221,15 @@ pub fn members(record: &[u8]) -> Result<Vec<Member>, ScanError> {
             b'g' | b'K' => {}
             k if regular(k) => {
                 let name = long.take().unwrap_or(h.name);
-                if let Some((_, suffix)) = key_suffix(&name) {
-                    out.push(Member {
-                        suffix: suffix.to_owned(),
-                        offset: data,
-                        len: h.size as usize,
-                    });
+                if !f(&name, data, h.size as usize) {
+                    return Ok(());
                 }
             }
             _ => long = None,
         }
         at = data.saturating_add(padded(h.size) as usize);
     }
-    Ok(out)
+    Ok(())
 }
 
 enum State {
