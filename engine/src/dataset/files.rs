@@ -213,6 +213,36 @@ fn follow(link: &Path, real_root: &Path) -> Link {
     }
 }
 
+/// What a directory entry at `path` is, and its path under ROOT with no link (`under` is
+/// its directory's): `None` for a dangling link, or a link out of the tree (noted in
+/// `out`, with where it leads).
+fn resolve(
+    entry: &std::fs::DirEntry,
+    path: &Path,
+    under: &Path,
+    real_root: &Path,
+    out: &mut Vec<(PathBuf, PathBuf)>,
+) -> Result<Option<(std::fs::Metadata, PathBuf)>> {
+    // d_type says most; a link (or an unknown type) is resolved.
+    let ft = entry
+        .file_type()
+        .map_err(|e| Error::io(path, "stat", None, e))?;
+    if !ft.is_symlink() {
+        let m = entry
+            .metadata()
+            .map_err(|e| Error::io(path, "stat", None, e))?;
+        return Ok(Some((m, under.join(entry.file_name()))));
+    }
+    Ok(match follow(path, real_root) {
+        Link::In(m, under) => Some((m, under)),
+        Link::Dangling => None, // no file to read
+        Link::Out(to) => {
+            out.push((path.to_path_buf(), to));
+            None
+        }
+    })
+}
+
 /// Walks the tree at `root`. A symbolic link is followed where it leads inside the tree
 /// (a directory reached again by another path is walked again, as ImageFolder's
 /// `os.walk(followlinks=True)` does; a link back up to a directory above it is not), and
@@ -256,24 +286,9 @@ fn walk_tree(root: &Path) -> Result<Walked> {
                 continue;
             }
             let path = entry.path();
-            // d_type says most; a link (or an unknown type) is resolved.
-            let ft = entry
-                .file_type()
-                .map_err(|e| Error::io(&path, "stat", None, e))?;
-            let (meta, under) = if ft.is_symlink() {
-                match follow(&path, &real_root) {
-                    Link::In(m, under) => (m, under),
-                    Link::Dangling => continue, // no file to read
-                    Link::Out(to) => {
-                        out.push((path, to));
-                        continue;
-                    }
-                }
-            } else {
-                let m = entry
-                    .metadata()
-                    .map_err(|e| Error::io(&path, "stat", None, e))?;
-                (m, w.under.join(&name))
+            let Some((meta, under)) = resolve(&entry, &path, &w.under, &real_root, &mut out)?
+            else {
+                continue;
             };
             if meta.is_dir() {
                 let id = (meta.dev(), meta.ino());
