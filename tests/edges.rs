@@ -112,3 +112,82 @@ fn d31_a_header_larger_than_the_file_is_one_error_everywhere() {
     }
     assert!(!out.exists());
 }
+
+/// D17: a files tree's names that are not UTF-8 went into the tar as U+FFFD, so two files
+/// got one member name and extraction kept one. Now GNU tar and Python's `tarfile` read
+/// every name back byte for byte, each with its own bytes.
+#[test]
+fn d17_names_that_are_not_utf8_reach_the_tar_byte_for_byte() {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let sb = Sandbox::new();
+    let tree = sb.data().join("tree");
+    let c = tree.join("c");
+    std::fs::create_dir_all(&c).unwrap();
+    let names: [&[u8]; 3] = [b"\xff.bin", b"\xfe.bin", b"ok.bin"];
+    for (i, n) in names.iter().enumerate() {
+        std::fs::write(c.join(std::ffi::OsStr::from_bytes(n)), format!("file {i}")).unwrap();
+    }
+    let out = sb.data().join("out.tar");
+    assert_ok(&run(
+        &sb,
+        &[
+            os("shuffle"),
+            tree.as_os_str(),
+            os("--format"),
+            os("files"),
+            os("-o"),
+            out.as_os_str(),
+        ],
+    ));
+    let x = sb.path().join("x");
+    std::fs::create_dir(&x).unwrap();
+    let tar = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&out)
+        .arg("-C")
+        .arg(&x)
+        .output();
+    match tar {
+        Ok(o) => {
+            assert_ok(&o);
+            let mut got: Vec<Vec<u8>> = std::fs::read_dir(x.join("c"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_vec())
+                .collect();
+            got.sort();
+            let mut want: Vec<Vec<u8>> = names.iter().map(|n| n.to_vec()).collect();
+            want.sort();
+            assert_eq!(got, want, "GNU tar extracts every name");
+            for (i, n) in names.iter().enumerate() {
+                let p = x.join("c").join(std::ffi::OsStr::from_bytes(n));
+                assert_eq!(std::fs::read(p).unwrap(), format!("file {i}").as_bytes());
+            }
+        }
+        Err(e) => crate::skip_needed_in_ci(&format!("GNU tar cannot run: {e}")),
+    }
+    let py = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import os, sys, tarfile\n\
+             with tarfile.open(sys.argv[1]) as t:\n\
+             \x20   print(sorted(os.fsencode(m.name).hex() for m in t.getmembers()))",
+        )
+        .arg(&out)
+        .output();
+    match py {
+        Ok(o) => {
+            assert_ok(&o);
+            let mut want: Vec<String> = names
+                .iter()
+                .map(|n| [b"c/".as_slice(), n].concat())
+                .map(|n| n.iter().map(|b| format!("{b:02x}")).collect())
+                .collect();
+            want.sort();
+            assert_eq!(
+                text(&o.stdout).trim(),
+                format!("{want:?}").replace('"', "'")
+            );
+        }
+        Err(e) => crate::skip_needed_in_ci(&format!("python3 cannot run: {e}")),
+    }
+}

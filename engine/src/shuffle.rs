@@ -139,7 +139,7 @@ pub fn shuffle(
         Input::File(p) => Some(p.as_path()),
         Input::Stdin => None,
     })?;
-    let (inputs, members): (Vec<Input>, Vec<Option<String>>) = named.into_iter().unzip();
+    let (inputs, members): (Vec<Input>, Vec<Option<Vec<u8>>>) = named.into_iter().unzip();
     // Every input is classified before any is read, so a missing file or a directory late
     // in the list fails at once rather than after the others were read.
     let sources = classify(&inputs)?;
@@ -190,7 +190,7 @@ fn writes_tar(format: &Format) -> bool {
 /// The inputs, each with the tar member name its record gets: for a files dataset, the
 /// listing's files are the inputs, each one record, written as a tar member named by its
 /// path under the tree (or manifest) it came from; other inputs get none.
-fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Option<String>)>> {
+fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Option<Vec<u8>>)>> {
     if !matches!(format, Format::Files) {
         return Ok(inputs.iter().map(|i| (i.clone(), None)).collect());
     }
@@ -208,7 +208,9 @@ fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Op
         };
         for f in crate::dataset::files::list(root)?.files {
             let rel = f.path.strip_prefix(&base).unwrap_or(&f.path);
-            let member = rel.to_string_lossy().trim_start_matches('/').to_owned();
+            // Its bytes, not text: a name that is not UTF-8 reaches the tar as it is.
+            let member = std::os::unix::ffi::OsStrExt::as_bytes(rel.as_os_str());
+            let member = member.strip_prefix(b"/").unwrap_or(member).to_vec();
             // A link inside the tree is read where it resolved (no link on the way).
             let at = f
                 .under
@@ -223,7 +225,9 @@ fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Op
         if let Some((key, _)) = crate::format::tar::key_suffix(m) {
             if let Some(first) = keys.insert(key, m) {
                 return Err(Error::Invalid(format!(
-                    "{first} and {m}: {}",
+                    "{} and {}: {}",
+                    String::from_utf8_lossy(first),
+                    String::from_utf8_lossy(m),
                     key_twice(key)
                 )));
             }
@@ -281,7 +285,7 @@ struct SampleKeys(std::collections::HashSet<u128>);
 
 impl SampleKeys {
     /// Whether `key` is new (and notes it).
-    fn first(&mut self, key: &str) -> bool {
+    fn first(&mut self, key: &[u8]) -> bool {
         use std::hash::{Hash, Hasher};
         let half = |salt: u8| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -293,12 +297,13 @@ impl SampleKeys {
 }
 
 /// The error for a sample key met twice.
-fn key_twice(key: &str) -> Error {
+fn key_twice(key: &[u8]) -> Error {
     Error::Invalid(format!(
-        "sample {key}: an earlier sample has the same key (the member name up to its first \
+        "sample {}: an earlier sample has the same key (the member name up to its first \
          dot); in the shuffled tar the two could land side by side, where readers take \
          them for one sample: refused before anything is written (give one input's \
-         samples other keys, such as a prefix)"
+         samples other keys, such as a prefix)",
+        String::from_utf8_lossy(key)
     ))
 }
 
@@ -332,7 +337,7 @@ impl<'a> Intake<'a> {
         &mut self,
         n: usize,
         source: &Source,
-        member: Option<&str>,
+        member: Option<&[u8]>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         let name = source.name();

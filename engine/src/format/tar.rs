@@ -34,7 +34,7 @@ fn padded(size: u64) -> u64 {
 /// One parsed header.
 #[derive(Debug)]
 struct Header {
-    name: String,
+    name: Vec<u8>,
     size: u64,
     kind: u8,
 }
@@ -103,7 +103,7 @@ fn header(b: &[u8], at: u64) -> Result<Option<Header>, ScanError> {
     }
     name.extend_from_slice(cstr(&b[..100]));
     Ok(Some(Header {
-        name: String::from_utf8_lossy(&name).into_owned(),
+        name,
         size,
         kind: b[156],
     }))
@@ -112,6 +112,21 @@ fn header(b: &[u8], at: u64) -> Result<Option<Header>, ScanError> {
 /// Whether a member of this type flag holds a regular file.
 fn regular(kind: u8) -> bool {
     matches!(kind, b'0' | 0 | b'7')
+}
+
+/// One PAX record: `LEN KEY=VALUE\n`, LEN counting the whole record, its own digits too.
+fn pax_record(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let body = key.len() + value.len() + 3; // ' ', '=', '\n'
+    let mut len = body + 1;
+    while body + len.to_string().len() != len {
+        len = body + len.to_string().len();
+    }
+    let mut r = format!("{len} ").into_bytes();
+    r.extend_from_slice(key);
+    r.push(b'=');
+    r.extend_from_slice(value);
+    r.push(b'\n');
+    r
 }
 
 /// What a non-regular member of this type flag is, for errors.
@@ -128,7 +143,7 @@ fn member_kind(kind: u8) -> &'static str {
 }
 
 /// The name a PAX header's records give (`path=`), if any.
-fn pax_path(data: &[u8]) -> Option<String> {
+fn pax_path(data: &[u8]) -> Option<Vec<u8>> {
     let mut rest = data;
     while !rest.is_empty() {
         let sp = rest.iter().position(|&b| b == b' ')?;
@@ -139,7 +154,7 @@ fn pax_path(data: &[u8]) -> Option<String> {
         let rec = &rest[sp + 1..len];
         let rec = rec.strip_suffix(b"\n").unwrap_or(rec);
         if let Some(v) = rec.strip_prefix(b"path=") {
-            return Some(String::from_utf8_lossy(v).into_owned());
+            return Some(v.to_vec());
         }
         rest = &rest[len..];
     }
@@ -147,13 +162,19 @@ fn pax_path(data: &[u8]) -> Option<String> {
 }
 
 /// WebDataset's key and suffix of a member name: `dir/abc.x.jpg` -> (`dir/abc`, `x.jpg`).
-pub fn key_suffix(name: &str) -> Option<(&str, &str)> {
-    let base = name.rfind('/').map_or(0, |i| i + 1);
-    let dot = name[base..].find('.')?;
+/// Bytes, not text: a name that is not UTF-8 keeps its own key.
+pub fn key_suffix(name: &[u8]) -> Option<(&[u8], &[u8])> {
+    let base = name.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    let dot = name[base..].iter().position(|&b| b == b'.')?;
     if dot == 0 {
         return None;
     }
     Some((&name[..base + dot], &name[base + dot + 1..]))
+}
+
+/// A name as errors show it.
+fn shown(name: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(name)
 }
 
 /// A member of a sample: its suffix (`jpg`), and where its data is in the record.
@@ -174,7 +195,7 @@ pub fn members(record: &[u8]) -> Result<Vec<Member>, ScanError> {
     each_member(record, |name, offset, len| {
         if let Some((_, suffix)) = key_suffix(name) {
             out.push(Member {
-                suffix: suffix.to_owned(),
+                suffix: shown(suffix).into_owned(),
                 offset,
                 len,
             });
@@ -185,10 +206,10 @@ pub fn members(record: &[u8]) -> Result<Vec<Member>, ScanError> {
 }
 
 /// The key of one sample's record: its first keyed member's.
-pub fn sample_key(record: &[u8]) -> Result<Option<String>, ScanError> {
+pub fn sample_key(record: &[u8]) -> Result<Option<Vec<u8>>, ScanError> {
     let mut key = None;
     each_member(record, |name, _, _| {
-        key = key_suffix(name).map(|(k, _)| k.to_owned());
+        key = key_suffix(name).map(|(k, _)| k.to_vec());
         key.is_none()
     })?;
     Ok(key)
@@ -198,10 +219,10 @@ pub fn sample_key(record: &[u8]) -> Result<Option<String>, ScanError> {
 /// order, while it returns true.
 fn each_member(
     record: &[u8],
-    mut f: impl FnMut(&str, usize, usize) -> bool,
+    mut f: impl FnMut(&[u8], usize, usize) -> bool,
 ) -> Result<(), ScanError> {
     let mut at = 0usize;
-    let mut long: Option<String> = None;
+    let mut long: Option<Vec<u8>> = None;
     while at + BLOCK as usize <= record.len() {
         let Some(h) = header(&record[at..at + BLOCK as usize], at as u64)? else {
             break;
@@ -215,7 +236,7 @@ fn each_member(
                 what: format!("a member of {} bytes runs past the sample's end", h.size),
             })?;
         match h.kind {
-            b'L' => long = Some(String::from_utf8_lossy(cstr(&record[data..end])).into_owned()),
+            b'L' => long = Some(cstr(&record[data..end]).to_vec()),
             b'x' => long = pax_path(&record[data..end]).or(long),
             // As the scanner: a link name or global header leaves a long name pending.
             b'g' | b'K' => {}
@@ -257,13 +278,13 @@ pub struct TarScanner {
     /// Where the current member's header chain (long name, PAX) began.
     chain: Option<u64>,
     /// The name a long-name or PAX header gave the next member.
-    pending: Option<String>,
+    pending: Option<Vec<u8>>,
     /// The current sample's key and its members' suffixes.
-    key: Option<String>,
-    suffixes: Vec<String>,
+    key: Option<Vec<u8>>,
+    suffixes: Vec<Vec<u8>>,
     /// A non-regular member met after a sample began (its header's offset, what it is,
     /// its name): refused if a sample's member follows it, whose record would carry it.
-    stray: Option<(u64, &'static str, String)>,
+    stray: Option<(u64, &'static str, Vec<u8>)>,
     /// Whether the archive was finished, and whether [`Scanner::drain_offsets`] reported
     /// the last sample's end.
     finished: bool,
@@ -352,9 +373,10 @@ impl TarScanner {
                         return Err(ScanError {
                             offset: at,
                             what: format!(
-                                "{what} member {stray} among the samples: a sample's record \
+                                "{what} member {} among the samples: a sample's record \
                                  would carry it (riffle reads samples of regular members); \
-                                 refused: rebuild the shard without it"
+                                 refused: rebuild the shard without it",
+                                shown(&stray)
                             ),
                         });
                     }
@@ -362,15 +384,19 @@ impl TarScanner {
                         if self.suffixes.iter().any(|s| s == suffix) {
                             return Err(ScanError {
                                 offset: start,
-                                what: format!("sample {key} has two members named {name}"),
+                                what: format!(
+                                    "sample {} has two members named {}",
+                                    shown(key),
+                                    shown(&name)
+                                ),
                             });
                         }
                     } else {
                         self.starts.push(chain);
-                        self.key = Some(key.to_owned());
+                        self.key = Some(key.to_vec());
                         self.suffixes.clear();
                     }
-                    self.suffixes.push(suffix.to_owned());
+                    self.suffixes.push(suffix.to_vec());
                     self.end = after.saturating_add(padded(h.size));
                 }
                 None
@@ -438,7 +464,7 @@ impl Scanner for TarScanner {
                     if *left == 0 {
                         if let Some((kind, _, data)) = keep.take() {
                             self.pending = match kind {
-                                b'L' => Some(String::from_utf8_lossy(cstr(&data)).into_owned()),
+                                b'L' => Some(cstr(&data).to_vec()),
                                 _ => pax_path(&data).or(self.pending.take()),
                             };
                         }
@@ -498,8 +524,12 @@ impl Scanner for TarScanner {
 }
 
 /// Appends one member (a ustar header, then its data padded) to `out`; names longer than
-/// 100 bytes get a GNU long-name header first. For `riffle gen` and tests.
-pub fn append(out: &mut Vec<u8>, name: &str, data: &[u8]) {
+/// 100 bytes get a GNU long-name header first, and names that are not UTF-8 a PAX header
+/// (`hdrcharset=BINARY`, `path=` the name's bytes, as GNU tar writes them), so they reach
+/// the archive byte for byte. For `riffle gen`, `riffle shuffle` of a files tree, and
+/// tests.
+pub fn append(out: &mut Vec<u8>, name: impl AsRef<[u8]>, data: &[u8]) {
+    let name = name.as_ref();
     fn block(name: &[u8], size: u64, kind: u8) -> [u8; 512] {
         let mut b = [0u8; 512];
         let n = name.len().min(100);
@@ -518,14 +548,20 @@ pub fn append(out: &mut Vec<u8>, name: &str, data: &[u8]) {
         b
     }
     let pad = |out: &mut Vec<u8>| out.resize(out.len().div_ceil(512) * 512, 0);
-    if name.len() > 100 {
-        let mut long = name.as_bytes().to_vec();
+    if std::str::from_utf8(name).is_err() {
+        let mut pax = pax_record(b"hdrcharset", b"BINARY");
+        pax.extend_from_slice(&pax_record(b"path", name));
+        out.extend_from_slice(&block(b"././@PaxHeader", pax.len() as u64, b'x'));
+        out.extend_from_slice(&pax);
+        pad(out);
+    } else if name.len() > 100 {
+        let mut long = name.to_vec();
         long.push(0);
         out.extend_from_slice(&block(b"././@LongLink", long.len() as u64, b'L'));
         out.extend_from_slice(&long);
         pad(out);
     }
-    out.extend_from_slice(&block(name.as_bytes(), data.len() as u64, b'0'));
+    out.extend_from_slice(&block(name, data.len() as u64, b'0'));
     out.extend_from_slice(data);
     pad(out);
 }
@@ -762,6 +798,35 @@ mod tests {
             assert_eq!(m.len(), 1, "{}", kind as char);
             assert_eq!(m[0].suffix, "jpg");
         }
+    }
+
+    /// Issue 30 D17: names that are not UTF-8 were written as U+FFFD, so two files got
+    /// one member name. Now a PAX `path` record carries the bytes, and the scanner keys
+    /// samples by bytes: two such names stay two samples, each name exact.
+    #[test]
+    fn names_that_are_not_utf8_reach_the_archive_byte_for_byte() {
+        let (a, b) = (b"d/\xff.jpg".as_slice(), b"d/\xfe.jpg".as_slice());
+        let mut t = Vec::new();
+        append(&mut t, a, b"one");
+        append(&mut t, b, b"two");
+        t.extend_from_slice(&[0u8; 1024]);
+        let offs = scan(&t, 4096).unwrap();
+        assert_eq!(offs.len(), 3, "two samples");
+        let first = &t[offs[0] as usize..offs[1] as usize];
+        assert_eq!(sample_key(first).unwrap().unwrap(), b"d/\xff");
+        let mut names = Vec::new();
+        each_member(first, |n, at, len| {
+            names.push((n.to_vec(), first[at..at + len].to_vec()));
+            true
+        })
+        .unwrap();
+        assert_eq!(names, [(a.to_vec(), b"one".to_vec())]);
+        assert_eq!(pax_record(b"path", b"abc"), b"12 path=abc\n");
+        assert_eq!(
+            pax_record(b"k", &[b'v'; 95]).len(),
+            102,
+            "the length counts its digits"
+        );
     }
 
     /// One header block of `kind` and no data (a link, a directory...), named `name`.
