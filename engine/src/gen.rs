@@ -162,9 +162,9 @@ impl GenSpec {
                 payload.extend_from_slice(&self.label(id).to_le_bytes());
                 fill(&mut payload, len);
                 let (cls, json) = self.tar_meta(id);
-                tar::append(out, &format!("{id:010}.bin"), &payload);
-                tar::append(out, &format!("{id:010}.cls"), cls.as_bytes());
-                tar::append(out, &format!("{id:010}.json"), json.as_bytes());
+                tar::append(out, format!("{id:010}.bin"), &payload);
+                tar::append(out, format!("{id:010}.cls"), cls.as_bytes());
+                tar::append(out, format!("{id:010}.json"), json.as_bytes());
             }
         }
     }

@@ -670,10 +670,10 @@ mod tests {
             };
             tar::append(
                 &mut a,
-                &format!("{key}.jpg"),
+                format!("{key}.jpg"),
                 &vec![i as u8; 300 + 97 * i as usize],
             );
-            tar::append(&mut a, &format!("{key}.cls"), i.to_string().as_bytes());
+            tar::append(&mut a, format!("{key}.cls"), i.to_string().as_bytes());
         }
         a.extend_from_slice(&[0u8; 1024]);
         let mut sc = tar::TarScanner::new();

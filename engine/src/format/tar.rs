@@ -695,11 +695,11 @@ mod tests {
                         continue; // Two members of one suffix are refused (tested below).
                     }
                     seen.push(*suffix);
-                    append(&mut a, &format!("{dir}/{i:06}.{suffix}"), data);
+                    append(&mut a, format!("{dir}/{i:06}.{suffix}"), data);
                     want.push((i, suffix.to_string(), data.clone()));
                 }
                 if *junk {
-                    append(&mut a, &format!("{dir}/README{i}"), b"not a sample");
+                    append(&mut a, format!("{dir}/README{i}"), b"not a sample");
                 }
             }
             a.extend_from_slice(&[0u8; 1024]);
@@ -730,7 +730,7 @@ mod tests {
             let mut a = Vec::new();
             for (i, (ms, _, _)) in written.iter().enumerate() {
                 for (suffix, data) in ms {
-                    append(&mut a, &format!("{i}.{suffix}"), data);
+                    append(&mut a, format!("{i}.{suffix}"), data);
                 }
             }
             if a.is_empty() {
