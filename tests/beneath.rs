@@ -20,7 +20,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(sb: &Sandbox, datasets: &[(&str, &Path)]) -> Daemon {
+    fn start(sb: &Sandbox, datasets: &[(&str, &Path)], mode: &str) -> Daemon {
         let socket = sb.path().join("s.sock");
         let log = sb.path().join("serve.log");
         let mut c = sb.cmd();
@@ -29,7 +29,11 @@ impl Daemon {
             c.arg("--dataset")
                 .arg(format!("{name}={}:files", path.display()));
         }
-        c.args(["--mode", "lirs"])
+        let scratch = sb.path().join("scratch");
+        std::fs::create_dir_all(&scratch).unwrap();
+        c.args(["--mode", mode])
+            .arg("--scratch")
+            .arg(&scratch)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         let mut d = Daemon {
@@ -93,9 +97,16 @@ fn tree(root: &Path) {
 /// A symbolic link in a served tree to a root-only file, placed before the daemon starts,
 /// is left out of the listing (named in the log); a listed file swapped after start for a
 /// link to it, or for a regular file of the same size (a hard link to it), is refused with
-/// its path. The secret's bytes are never served.
+/// its path. The secret's bytes are never served: by random reads (lirs) or by the
+/// two-pass scatter.
 #[test]
 fn links_and_swapped_files_in_a_served_tree_are_refused_never_served() {
+    for mode in ["lirs", "two-pass"] {
+        served_tree_never_leaves_its_root(mode);
+    }
+}
+
+fn served_tree_never_leaves_its_root(mode: &str) {
     let sb = Sandbox::new();
     let secret = sb.path().join("secret");
     std::fs::write(&secret, [b'S'; 64]).unwrap();
@@ -105,7 +116,7 @@ fn links_and_swapped_files_in_a_served_tree_are_refused_never_served() {
     tree(&u);
     let planted = t.join("c0/zz");
     std::os::unix::fs::symlink(&secret, &planted).unwrap();
-    let d = Daemon::start(&sb, &[("t", &t), ("u", &u)]);
+    let d = Daemon::start(&sb, &[("t", &t), ("u", &u)], mode);
     let never_secret = |records: &[Vec<u8>]| {
         assert!(
             records.iter().all(|r| !r.contains(&b'S')),
@@ -116,8 +127,12 @@ fn links_and_swapped_files_in_a_served_tree_are_refused_never_served() {
     // Before any swap: every listed file, the planted link left out and named.
     for name in ["t", "u"] {
         let (records, err) = d.read(name, 1);
-        assert_eq!(err, None, "{name}");
-        assert_eq!(records.len(), 24, "{name}: the 24 files, not the link");
+        assert_eq!(err, None, "{mode} {name}");
+        assert_eq!(
+            records.len(),
+            24,
+            "{mode} {name}: the 24 files, not the link"
+        );
         never_secret(&records);
     }
     let log = d.log();
@@ -132,7 +147,7 @@ fn links_and_swapped_files_in_a_served_tree_are_refused_never_served() {
     std::os::unix::fs::symlink(&secret, &victim).unwrap();
     let (records, err) = d.read("t", 2);
     never_secret(&records);
-    let err = err.expect("the swapped link is refused");
+    let err = err.unwrap_or_else(|| panic!("{mode}: the swapped link is refused"));
     assert!(
         err.contains(&victim.display().to_string()) && err.contains("symbolic link"),
         "{err}"
@@ -144,7 +159,7 @@ fn links_and_swapped_files_in_a_served_tree_are_refused_never_served() {
     std::fs::hard_link(&secret, &victim).unwrap();
     let (records, err) = d.read("u", 3);
     never_secret(&records);
-    let err = err.expect("the swapped file is refused");
+    let err = err.unwrap_or_else(|| panic!("{mode}: the swapped file is refused"));
     assert!(
         err.contains(&victim.display().to_string()) && err.contains("another file"),
         "{err}"
