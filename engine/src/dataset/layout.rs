@@ -88,6 +88,7 @@ pub(super) fn open_file(
         layout,
         index_origin: origin,
         beneath: None,
+        under: None,
         identity: None,
     })
 }

@@ -58,9 +58,11 @@ pub struct DatasetFile {
     layout: Layout,
     /// How its index was obtained (variable-length formats only).
     pub index_origin: Option<IndexOrigin>,
-    /// A file of a tree: the tree's root, held open, and its path under it with no link,
-    /// by which it is opened (see [`files`]).
-    beneath: Option<(Arc<crate::door::Root>, PathBuf)>,
+    /// A file of a tree: the tree's root, held open, beneath which it is opened (see
+    /// [`files`]).
+    beneath: Option<Arc<crate::door::Root>>,
+    /// Its path under the root when a link led elsewhere (`None`: `path` less the root's).
+    under: Option<PathBuf>,
     /// Its (device, inode) when listed (a `files` dataset's): another file at its name is
     /// refused.
     identity: Option<(u64, u64)>,
@@ -92,6 +94,7 @@ impl DatasetFile {
             path: self.path.clone(),
             size: self.size,
             beneath: self.beneath.clone(),
+            under: self.under.clone(),
             identity: self.identity,
         }
     }
@@ -189,6 +192,7 @@ impl Dataset {
                 layout: Layout::Indexed(s.index),
                 index_origin: None,
                 beneath: None,
+                under: None,
                 identity: None,
             })
             .collect();
@@ -247,7 +251,11 @@ impl Dataset {
             .files
             .into_iter()
             .map(|f| DatasetFile {
-                beneath: root.clone().zip(f.under),
+                beneath: root.clone(),
+                // Kept only where a link led elsewhere: most files are their listed path.
+                under: f
+                    .under
+                    .filter(|u| f.path.strip_prefix(path).ok() != Some(u.as_path())),
                 identity: Some(f.identity),
                 path: f.path,
                 size: f.size,

@@ -55,7 +55,14 @@ impl DataFile {
     pub fn open_listed(spec: &super::LazyFile, want_direct: bool) -> Result<DataFile> {
         let path = spec.path.as_path();
         let file = match &spec.beneath {
-            Some((root, rel)) => open_read(path, true, |noatime| root.open_beneath(rel, noatime))?,
+            Some(root) => {
+                // An absolute path (not under the root) is refused by the open itself.
+                let rel = match &spec.under {
+                    Some(u) => u.as_path(),
+                    None => path.strip_prefix(root.path()).unwrap_or(path),
+                };
+                open_read(path, true, |noatime| root.open_beneath(rel, noatime))?
+            }
             None => open_read(path, false, |noatime| door::open_data(path, noatime))?,
         };
         let changed = |what: String| Error::BadInput {

@@ -64,10 +64,13 @@ pub struct LazyFile {
     pub path: PathBuf,
     /// The size it had when the dataset was opened (a file found another size is refused).
     pub size: u64,
-    /// For a file of a directory tree: the tree's root, held open, and the file's path
-    /// under it with no link on the way; the file is opened beneath the root
-    /// ([`crate::door::Root::open_beneath`]), never by `path`.
-    pub beneath: Option<(Arc<crate::door::Root>, PathBuf)>,
+    /// For a file of a directory tree: the tree's root, held open; the file is opened
+    /// beneath it ([`crate::door::Root::open_beneath`]) with no link on the way, never by
+    /// `path`.
+    pub beneath: Option<Arc<crate::door::Root>>,
+    /// Its path under the root when a link in the tree led elsewhere (`None`: `path` less
+    /// the root's path).
+    pub under: Option<PathBuf>,
     /// The (device, inode) it had when listed: another file at its name is refused.
     pub identity: Option<(u64, u64)>,
 }
