@@ -13,7 +13,7 @@
 //!   a tree riffle generates: [`create_new`]; logs appended to: [`open_append`].
 //! - A tree's files: [`Root::open_beneath`], beneath the tree's root with no link.
 //! - New private files: [`create_private`] (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600),
-//!   the only way riffle creates a file; [`crate::scratch::TempFile`] commits them.
+//!   the way riffle creates a file of its own; [`crate::scratch::TempFile`] commits them.
 //! - Outputs: [`output_target`] says what a destination is. A regular file (or a name that
 //!   does not exist) is replaced by a committed temporary file, never truncated; a FIFO or
 //!   character device is written into, never replaced; a block device, a directory or a
@@ -243,14 +243,19 @@ impl Root {
         if noatime {
             flags |= OFlag::O_NOATIME;
         }
-        if how == Resolve::Openat2 {
+        // Once the kernel said it has no openat2, it is not asked again.
+        static NO_OPENAT2: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        if how == Resolve::Openat2 && !NO_OPENAT2.load(std::sync::atomic::Ordering::Relaxed) {
             let how = OpenHow::new().flags(flags).resolve(
                 ResolveFlag::RESOLVE_BENEATH
                     | ResolveFlag::RESOLVE_NO_SYMLINKS
                     | ResolveFlag::RESOLVE_NO_MAGICLINKS,
             );
             match nix::fcntl::openat2(&self.dir, rel, how) {
-                Err(nix::errno::Errno::ENOSYS) => {}
+                Err(nix::errno::Errno::ENOSYS) => {
+                    NO_OPENAT2.store(true, std::sync::atomic::Ordering::Relaxed)
+                }
                 r => return r.map(File::from).map_err(std::io::Error::from),
             }
         }
