@@ -40,7 +40,7 @@ impl DataFile {
     /// file: random access needs one.
     pub fn open(path: &Path, access: Access, want_direct: bool) -> Result<DataFile> {
         let file = match access {
-            Access::Read => open_read(path, false, |noatime| door::open_data(path, noatime))?,
+            Access::Read => open_read(path, false, |noatime| door::open_data(path, noatime))?.0,
             Access::Write => {
                 door::create_private(path).map_err(|e| Error::io(path, "open", None, e))?
             }
@@ -54,7 +54,7 @@ impl DataFile {
     /// size, or another file (device and inode) at its name, is refused, naming the path.
     pub fn open_listed(spec: &super::LazyFile, want_direct: bool) -> Result<DataFile> {
         let path = spec.path.as_path();
-        let file = match &spec.beneath {
+        let (file, meta) = match &spec.beneath {
             Some(root) => {
                 // An absolute path (not under the root) is refused by the open itself.
                 let rel = match &spec.under {
@@ -70,9 +70,6 @@ impl DataFile {
             offset: None,
             what: format!("{what}: refused, not read"),
         };
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::io(path, "stat", None, e))?;
         if let Some((dev, ino)) = spec.identity {
             use std::os::unix::fs::MetadataExt;
             if (meta.dev(), meta.ino()) != (dev, ino) {
@@ -216,7 +213,7 @@ fn open_read(
     path: &Path,
     beneath: bool,
     open: impl Fn(bool) -> std::io::Result<File>,
-) -> Result<File> {
+) -> Result<(File, std::fs::Metadata)> {
     use std::sync::atomic::{AtomicBool, Ordering};
     static NOATIME_REFUSED: AtomicBool = AtomicBool::new(false);
     let file = if NOATIME_REFUSED.load(Ordering::Relaxed) {
@@ -252,7 +249,7 @@ fn open_read(
             ),
         });
     }
-    Ok(file)
+    Ok((file, meta))
 }
 
 /// "a directory", "a FIFO (a pipe)", ...: what a path is, for errors (kept in the door,
