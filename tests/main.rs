@@ -8,9 +8,11 @@ use serde_json::Value;
 
 pub(crate) use riffle::testing::{skip, skip_needed_in_ci};
 
+mod beneath;
 mod budgets;
 mod datasets;
 mod door;
+mod edges;
 mod emulate;
 mod plan;
 mod read;

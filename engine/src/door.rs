@@ -9,8 +9,11 @@
 //!   by anyone who can write the directory, is refused rather than read.
 //! - Data files: [`open_data`] (non-blocking, optionally `O_NOATIME`; the caller checks the
 //!   type, [`crate::io::DataFile::open`] does).
+//! - Streams read in order: [`open_stream`]; directories for `fsync`: [`open_dir`]; files of
+//!   a tree riffle generates: [`create_new`]; logs appended to: [`open_append`].
+//! - A tree's files: [`Root::open_beneath`], beneath the tree's root with no link.
 //! - New private files: [`create_private`] (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600),
-//!   the only way riffle creates a file; [`crate::scratch::TempFile`] commits them.
+//!   the way riffle creates a file of its own; [`crate::scratch::TempFile`] commits them.
 //! - Outputs: [`output_target`] says what a destination is. A regular file (or a name that
 //!   does not exist) is replaced by a committed temporary file, never truncated; a FIFO or
 //!   character device is written into, never replaced; a block device, a directory or a
@@ -109,6 +112,54 @@ pub fn open_data(path: &Path, noatime: bool) -> std::io::Result<File> {
     OpenOptions::new().read(true).custom_flags(flags).open(path)
 }
 
+/// Opens a stream for reading in order (a FIFO, a character device, or a descriptor's
+/// link such as /dev/stdin or /proc/self/fd/N), blocking as a shell redirection does: a
+/// FIFO waits for a writer, as `cat` does.
+pub fn open_stream(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// Opens a directory (a link the user named followed), for `fsync` of its entries.
+pub fn open_dir(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_DIRECTORY)
+        .open(path)
+}
+
+/// Opens a log for appending whole lines (created if missing, mode 0666 less the umask):
+/// each `write` of a line lands whole at the end, whoever else appends.
+pub fn open_append(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// Creates a new file for writing inside a directory riffle made for the purpose (a
+/// generated tree, before it is renamed into place): `O_CREAT | O_EXCL | O_NOFOLLOW`, mode
+/// 0666 less the umask (the files of a dataset, not private).
+pub fn create_new(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o666)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Writes `bytes` to a new file at `path` ([`create_new`]).
+pub fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    create_new(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| Error::io(path, "write", None, e))
+}
+
 /// Opens what is at `path` for reading without following a link or blocking: for taking
 /// the lock of a scratch entry (a directory or a temporary file).
 pub fn open_entry(path: &Path) -> std::io::Result<File> {
@@ -128,6 +179,143 @@ pub fn create_private(path: &Path) -> std::io::Result<File> {
         .mode(0o600)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(path)
+}
+
+/// A directory tree's root, held open: the files listed in it are opened beneath it
+/// ([`Root::open_beneath`]), never by a path the kernel resolves from scratch, so a link
+/// or a `..` planted in the tree after it was listed cannot lead a read out of it.
+#[derive(Debug)]
+pub struct Root {
+    dir: std::os::fd::OwnedFd,
+    path: PathBuf,
+}
+
+/// How [`Root::open_beneath`] resolved a path (for tests of the fallback).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolve {
+    /// `openat2(2)` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (Linux 5.6 and later).
+    Openat2,
+    /// One `openat(2)` per component with `O_NOFOLLOW`, where `openat2` is `ENOSYS`.
+    PerComponent,
+}
+
+impl Root {
+    /// Opens the directory at `path` (a link the user named is followed: the tree is what
+    /// it names) and holds it.
+    pub fn open(path: &Path) -> Result<Root> {
+        use nix::fcntl::OFlag;
+        let dir = nix::fcntl::open(
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| Error::io(path, "open directory", None, e.into()))?;
+        Ok(Root {
+            dir,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The path it was opened by.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens `rel`, a path relative to the root, for reading as [`open_data`] does
+    /// (non-blocking, `O_NOATIME` when `noatime`), resolved beneath the root with no
+    /// symbolic link on the way: an absolute path, a `..` that leaves the tree and a link
+    /// at any component (even one to a file inside the tree) are refused. `ELOOP` says a
+    /// link was met, `EXDEV` that the path leads out of the tree.
+    pub fn open_beneath(&self, rel: &Path, noatime: bool) -> std::io::Result<File> {
+        self.open_beneath_by(rel, noatime, Resolve::Openat2)
+    }
+
+    /// [`Root::open_beneath`] by the given means (`Openat2` falls back to
+    /// `PerComponent` where the kernel has no `openat2`).
+    pub fn open_beneath_by(
+        &self,
+        rel: &Path,
+        noatime: bool,
+        how: Resolve,
+    ) -> std::io::Result<File> {
+        use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+        let mut flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+        if noatime {
+            flags |= OFlag::O_NOATIME;
+        }
+        // Once the kernel said it has no openat2, it is not asked again.
+        static NO_OPENAT2: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        if how == Resolve::Openat2 && !NO_OPENAT2.load(std::sync::atomic::Ordering::Relaxed) {
+            let how = OpenHow::new().flags(flags).resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            );
+            match nix::fcntl::openat2(&self.dir, rel, how) {
+                Err(nix::errno::Errno::ENOSYS) => {
+                    NO_OPENAT2.store(true, std::sync::atomic::Ordering::Relaxed)
+                }
+                r => return r.map(File::from).map_err(std::io::Error::from),
+            }
+        }
+        self.open_per_component(rel, flags)
+    }
+
+    /// The fallback: each directory of `rel` opened from the last with `O_NOFOLLOW` (and
+    /// checked to be a directory), the file too; `..`, `/` and links refused.
+    fn open_per_component(&self, rel: &Path, flags: nix::fcntl::OFlag) -> std::io::Result<File> {
+        use nix::fcntl::OFlag;
+        use std::path::Component;
+        let out = || std::io::Error::from_raw_os_error(libc::EXDEV);
+        let names: Vec<&std::ffi::OsStr> = rel
+            .components()
+            .filter(|c| *c != Component::CurDir)
+            .map(|c| match c {
+                Component::Normal(n) => Ok(n),
+                _ => Err(out()),
+            })
+            .collect::<std::io::Result<_>>()?;
+        let Some((last, dirs)) = names.split_last() else {
+            return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
+        };
+        let mode = nix::sys::stat::Mode::empty();
+        let mut held: Option<std::os::fd::OwnedFd> = None;
+        for name in dirs {
+            let at = held.as_ref().unwrap_or(&self.dir);
+            // O_PATH with O_NOFOLLOW would open a link itself: fstat says what it is.
+            let fd = nix::fcntl::openat(
+                at,
+                *name,
+                OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                mode,
+            )?;
+            let st = nix::sys::stat::fstat(&fd)?;
+            match st.st_mode & libc::S_IFMT {
+                libc::S_IFDIR => held = Some(fd),
+                libc::S_IFLNK => return Err(std::io::Error::from_raw_os_error(libc::ELOOP)),
+                _ => return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR)),
+            }
+        }
+        let at = held.as_ref().unwrap_or(&self.dir);
+        let fd = nix::fcntl::openat(at, *last, flags | OFlag::O_NOFOLLOW, mode)?;
+        Ok(File::from(fd))
+    }
+}
+
+/// Why [`Root::open_beneath`] refused a path, for errors: `None` when the error is not one
+/// of its refusals.
+pub fn beneath_refusal(e: &std::io::Error) -> Option<&'static str> {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => Some(
+            "is a symbolic link, or is reached through one: a tree's files are opened \
+             beneath its root with no link on the way",
+        ),
+        Some(libc::EXDEV) => {
+            Some("leads out of the tree: a tree's files are opened beneath its root")
+        }
+        _ => None,
+    }
 }
 
 /// What an output destination is, as [`output_target`] found it.
@@ -270,6 +458,64 @@ mod tests {
         assert!(e.contains("symbolic link"), "{e}");
         let e = read_meta(&link, 10, Follow::Yes).unwrap_err().to_string();
         assert!(e.contains("character device"), "{e}");
+    }
+
+    /// Beneath a root, by openat2 and by the per-component fallback alike: a file is
+    /// opened, a `..` out of the tree, an absolute path, an absolute link and even a link
+    /// to a file inside the tree (at the last component or on the way) are refused.
+    #[test]
+    fn files_are_opened_beneath_the_root_with_no_link() {
+        let d = tempfile::tempdir().unwrap();
+        let tree = d.path().join("tree");
+        std::fs::create_dir_all(tree.join("a/b")).unwrap();
+        std::fs::write(tree.join("a/b/f"), b"inside").unwrap();
+        std::fs::write(d.path().join("secret"), b"outside").unwrap();
+        let link = |to: &Path, at: &str| std::os::unix::fs::symlink(to, tree.join(at)).unwrap();
+        link(&d.path().join("secret"), "abs");
+        link(Path::new("a/b/f"), "rel");
+        link(Path::new("a"), "dir");
+        link(Path::new("../secret"), "up");
+        let root = Root::open(&tree).unwrap();
+        for how in [Resolve::Openat2, Resolve::PerComponent] {
+            let read = |rel: &str| {
+                root.open_beneath_by(Path::new(rel), false, how)
+                    .map(|mut f| {
+                        let mut s = String::new();
+                        f.read_to_string(&mut s).unwrap();
+                        s
+                    })
+                    .map_err(|e| e.raw_os_error())
+            };
+            assert_eq!(read("a/b/f").unwrap(), "inside", "{how:?}");
+            assert_eq!(read("./a/b/f").unwrap(), "inside", "{how:?}");
+            assert_eq!(read("rel"), Err(Some(libc::ELOOP)), "{how:?}: link inside");
+            assert_eq!(
+                read("dir/b/f"),
+                Err(Some(libc::ELOOP)),
+                "{how:?}: link on the way"
+            );
+            assert_eq!(
+                read("abs"),
+                Err(Some(libc::ELOOP)),
+                "{how:?}: absolute link"
+            );
+            assert_eq!(read("up"), Err(Some(libc::ELOOP)), "{how:?}: link up");
+            assert_eq!(read("../secret"), Err(Some(libc::EXDEV)), "{how:?}: ..");
+            assert_eq!(
+                read("a/../../secret"),
+                Err(Some(libc::EXDEV)),
+                "{how:?}: a/../.."
+            );
+            let abs = d.path().join("secret");
+            assert_eq!(
+                read(abs.to_str().unwrap()),
+                Err(Some(libc::EXDEV)),
+                "{how:?}: absolute path"
+            );
+            assert!(read("a/b/none").is_err_and(|e| e == Some(libc::ENOENT)));
+        }
+        let e = root.open_beneath(Path::new("rel"), false).unwrap_err();
+        assert!(beneath_refusal(&e).unwrap().contains("symbolic link"));
     }
 
     #[test]

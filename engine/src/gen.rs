@@ -162,9 +162,9 @@ impl GenSpec {
                 payload.extend_from_slice(&self.label(id).to_le_bytes());
                 fill(&mut payload, len);
                 let (cls, json) = self.tar_meta(id);
-                tar::append(out, &format!("{id:010}.bin"), &payload);
-                tar::append(out, &format!("{id:010}.cls"), cls.as_bytes());
-                tar::append(out, &format!("{id:010}.json"), json.as_bytes());
+                tar::append(out, format!("{id:010}.bin"), &payload);
+                tar::append(out, format!("{id:010}.cls"), cls.as_bytes());
+                tar::append(out, format!("{id:010}.json"), json.as_bytes());
             }
         }
     }
@@ -309,7 +309,7 @@ fn generate_tree(
             let p = tree
                 .join(format!("{:0cw$}", spec.label(id)))
                 .join(format!("{id:0iw$}.bin"));
-            std::fs::write(&p, &frame).map_err(|e| Error::io(&p, "write", None, e))?;
+            crate::door::write_new(&p, &frame)?;
             done += frame.len() as u64;
             if id % 1024 == 0 || id + 1 == spec.records {
                 progress(done, total);

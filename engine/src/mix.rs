@@ -72,6 +72,15 @@ impl MixSpec {
                 if !(weight.is_finite() && weight > 0.0) {
                     return Err(format!("'{part}': a weight must be above 0"));
                 }
+                // One level: a source is a dataset. A spec nested in a source (5,000 deep
+                // overflowed the stack) is refused here, before any path is looked at.
+                if path.starts_with("mix:") {
+                    return Err(format!(
+                        "'{}...': a mixture's source is a dataset, not another mixture \
+                         (mixtures do not nest: list every source in one mix:)",
+                        part.chars().take(40).collect::<String>()
+                    ));
+                }
                 if name.is_empty() || sources.iter().any(|x: &MixSource| x.name == name) {
                     return Err(format!("'{part}': each source needs a name of its own"));
                 }
@@ -295,6 +304,24 @@ mod tests {
             "mix:a=x*1;size=q",
         ] {
             assert!(MixSpec::parse(bad).unwrap().is_err(), "{bad}");
+        }
+    }
+
+    /// Issue 30 D33: a mixture nested in a source, however deep, is refused at once with
+    /// a short message (not looked up as a path, nor echoed whole).
+    #[test]
+    fn nested_mixtures_are_refused() {
+        let mut spec = "x.npy".to_owned();
+        for i in 0..5000 {
+            spec = format!("mix:a{i}={spec}*1");
+        }
+        for s in [
+            spec.as_str(),
+            "mix:a=mix:b=x*1*1",
+            "mix:a=y*1,b=mix:c=x*1*2",
+        ] {
+            let e = MixSpec::parse(s).unwrap().unwrap_err();
+            assert!(e.contains("do not nest") && e.len() < 300, "{e}");
         }
     }
 

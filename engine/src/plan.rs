@@ -420,11 +420,11 @@ pub fn plan_within(
     limits: &Limits,
 ) -> Result<Plan> {
     let stats = ds.size_stats();
-    let align = ds
-        .files()
-        .first()
-        .and_then(|f| std::fs::File::open(&f.path).ok())
-        .map(|f| crate::io::align::detect(&f).io_unit() as u64)
+    // The first file, opened as its reader will open it (beneath its tree's root).
+    let align = (!ds.files().is_empty())
+        .then(|| ds.open_one(0, false).ok())
+        .flatten()
+        .map(|f| f.alignment().io_unit() as u64)
         .unwrap_or(4096);
     let w = Workload {
         records: ds.len(),

@@ -461,7 +461,7 @@ fn umask() -> u32 {
 
 /// fsyncs a directory, so renames and removals in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
+    crate::door::open_dir(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(dir, "fsync directory", None, e))
 }
@@ -517,7 +517,7 @@ impl ScratchDir {
         let live = Live::add(&dir, EntryKind::Dir).inspect_err(|_| {
             let _ = std::fs::remove_dir(&dir);
         })?;
-        let lock = File::open(&dir)
+        let lock = crate::door::open_entry(&dir)
             .and_then(|f| f.lock().map(|()| f))
             .map_err(|e| {
                 let _ = std::fs::remove_dir(&dir);

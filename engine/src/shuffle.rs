@@ -139,7 +139,7 @@ pub fn shuffle(
         Input::File(p) => Some(p.as_path()),
         Input::Stdin => None,
     })?;
-    let (inputs, members): (Vec<Input>, Vec<Option<String>>) = named.into_iter().unzip();
+    let (inputs, members): (Vec<Input>, Vec<Option<Vec<u8>>>) = named.into_iter().unzip();
     // Every input is classified before any is read, so a missing file or a directory late
     // in the list fails at once rather than after the others were read.
     let sources = classify(&inputs)?;
@@ -190,7 +190,7 @@ fn writes_tar(format: &Format) -> bool {
 /// The inputs, each with the tar member name its record gets: for a files dataset, the
 /// listing's files are the inputs, each one record, written as a tar member named by its
 /// path under the tree (or manifest) it came from; other inputs get none.
-fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Option<String>)>> {
+fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Option<Vec<u8>>)>> {
     if !matches!(format, Format::Files) {
         return Ok(inputs.iter().map(|i| (i.clone(), None)).collect());
     }
@@ -206,10 +206,31 @@ fn with_member_names(inputs: &[Input], format: &Format) -> Result<Vec<(Input, Op
         } else {
             crate::scratch::parent_dir(root).to_path_buf()
         };
-        for (path, _) in crate::dataset::files::list(root)?.files {
-            let rel = path.strip_prefix(&base).unwrap_or(&path);
-            let member = rel.to_string_lossy().trim_start_matches('/').to_owned();
-            v.push((Input::File(path), Some(member)));
+        for f in crate::dataset::files::list(root)?.files {
+            let rel = f.path.strip_prefix(&base).unwrap_or(&f.path);
+            // Its bytes, not text: a name that is not UTF-8 reaches the tar as it is.
+            let member = std::os::unix::ffi::OsStrExt::as_bytes(rel.as_os_str());
+            let member = member.strip_prefix(b"/").unwrap_or(member).to_vec();
+            // A link inside the tree is read where it resolved (no link on the way).
+            let at = f
+                .under
+                .as_ref()
+                .map_or_else(|| f.path.clone(), |u| root.join(u));
+            v.push((Input::File(at), Some(member)));
+        }
+    }
+    // Two files of one key (a/1.jpg, a/1.png) would be two samples of one key.
+    let mut keys = std::collections::HashMap::new();
+    for m in v.iter().filter_map(|(_, m)| m.as_deref()) {
+        if let Some((key, _)) = crate::format::tar::key_suffix(m) {
+            if let Some(first) = keys.insert(key, m) {
+                return Err(Error::Invalid(format!(
+                    "{} and {}: {}",
+                    String::from_utf8_lossy(first),
+                    String::from_utf8_lossy(m),
+                    key_twice(key)
+                )));
+            }
         }
     }
     Ok(v)
@@ -251,6 +272,39 @@ struct Intake<'a> {
     /// The next record's id (its position among all inputs' records).
     id: u64,
     last_progress: u64,
+    /// A tar's sample keys so far (see [`SampleKeys`]).
+    keys: Option<SampleKeys>,
+}
+
+/// The keys of the samples a tar shuffle has read, as 128-bit hashes (16 bytes a sample):
+/// two samples of one key may land side by side in the shuffled tar, where a reader
+/// (riffle, WebDataset) takes them for one sample, so a key met twice is refused before
+/// anything is written (issue 30 D8).
+#[derive(Default)]
+struct SampleKeys(std::collections::HashSet<u128>);
+
+impl SampleKeys {
+    /// Whether `key` is new (and notes it).
+    fn first(&mut self, key: &[u8]) -> bool {
+        use std::hash::{Hash, Hasher};
+        let half = |salt: u8| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (salt, key).hash(&mut h);
+            h.finish() as u128
+        };
+        self.0.insert(half(0) << 64 | half(1))
+    }
+}
+
+/// The error for a sample key met twice.
+fn key_twice(key: &[u8]) -> Error {
+    Error::Invalid(format!(
+        "sample {}: an earlier sample has the same key (the member name up to its first \
+         dot); in the shuffled tar the two could land side by side, where readers take \
+         them for one sample: refused before anything is written (give one input's \
+         samples other keys, such as a prefix)",
+        String::from_utf8_lossy(key)
+    ))
 }
 
 impl<'a> Intake<'a> {
@@ -274,6 +328,7 @@ impl<'a> Intake<'a> {
             piles: None,
             id: 0,
             last_progress: 0,
+            keys: matches!(opts.format, Format::Tar).then(SampleKeys::default),
         }
     }
 
@@ -282,7 +337,7 @@ impl<'a> Intake<'a> {
         &mut self,
         n: usize,
         source: &Source,
-        member: Option<&str>,
+        member: Option<&[u8]>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<()> {
         let name = source.name();
@@ -320,6 +375,20 @@ impl<'a> Intake<'a> {
                     return Ok(());
                 }
                 keep_header = false;
+                if let Some(keys) = &mut self.keys {
+                    let key = crate::format::tar::sample_key(rec).map_err(|e| Error::BadInput {
+                        path: name.clone().into(),
+                        offset: Some(offset + e.offset),
+                        what: e.what,
+                    })?;
+                    if let Some(k) = key.filter(|k| !keys.first(k)) {
+                        return Err(Error::BadInput {
+                            path: name.clone().into(),
+                            offset: Some(offset),
+                            what: key_twice(&k).to_string(),
+                        });
+                    }
+                }
                 self.add(rec).map_err(|e| match e {
                     Error::Io { .. } | Error::Os { .. } | Error::Cancelled { .. } => e,
                     other => Error::BadInput {
@@ -601,10 +670,10 @@ mod tests {
             };
             tar::append(
                 &mut a,
-                &format!("{key}.jpg"),
+                format!("{key}.jpg"),
                 &vec![i as u8; 300 + 97 * i as usize],
             );
-            tar::append(&mut a, &format!("{key}.cls"), i.to_string().as_bytes());
+            tar::append(&mut a, format!("{key}.cls"), i.to_string().as_bytes());
         }
         a.extend_from_slice(&[0u8; 1024]);
         let mut sc = tar::TarScanner::new();

@@ -18,10 +18,7 @@ pub fn skip(why: &str) {
     if let Some(log) = std::env::var_os("RIFFLE_SKIP_LOG") {
         // O_APPEND and one write per line: lines from concurrent tests and test binaries
         // do not interleave.
-        let appended = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
+        let appended = crate::door::open_append(std::path::Path::new(&log))
             .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
         if let Err(e) = appended {
             panic!("cannot record the skip in RIFFLE_SKIP_LOG={log:?}: {e}");

@@ -432,3 +432,32 @@ def test_mds_datasets_read_back_as_mosaic_streaming_reads_them(tmp_path):
     (out / "index.json").write_text(json.dumps(index))
     p = run("cat", out, check=False)
     assert p.returncode != 0 and b"zstd" in p.stderr and b"index.json" in p.stderr, p.stderr
+
+
+def test_symlinked_class_directories_list_as_imagefolder_lists_them(tmp_path):
+    """Issue 30 D18: class directories that are links to one directory were deduplicated (7
+    records where ImageFolder gives 10, later labels shifted). Links inside the tree are
+    followed as ImageFolder follows them; a link out of the tree is the one documented
+    difference (docs/trees.md): ImageFolder reads it, riffle leaves it out."""
+    root = tmp_path / "tree"
+    for c, n in [("a", 3), ("c", 4)]:
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            (root / c / f"{i}.bin").write_bytes(f"{c}{i}".encode())
+    (root / "b").symlink_to("a")
+    (root / "c" / "9.bin").symlink_to("../a/0.bin")
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"outside")
+    (root / "c" / "out.bin").symlink_to(secret)
+    want = [(p, label) for p, label in _imagefolder_reference(root)
+            if os.path.realpath(p).startswith(str(root.resolve()) + os.sep)]
+    assert len(want) == 11, want
+    assert [label for _, label in want] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2]
+    got = cat(root, "--format", "files")
+    assert got == [pathlib.Path(p).read_bytes() for p, _ in want]
+    ids_out = tmp_path / "ids.txt"
+    run("read", root, "--format", "files", "--batch-size", "4", "--ids-out", ids_out,
+        "--labels")
+    pairs = [tuple(map(int, t.split(":"))) for t in ids_out.read_text().split()]
+    assert sorted(i for i, _ in pairs) == list(range(len(want)))
+    assert all(label == want[i][1] for i, label in pairs)

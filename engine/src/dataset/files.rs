@@ -12,31 +12,45 @@
 //!   line, in the manifest's order. Labels by the same rule when every path is relative
 //!   and inside a directory (`CLASS/.../SAMPLE`); otherwise none.
 //!
-//! Hidden entries (a name starting with `.`) and riffle's own sidecars are skipped,
-//! directory links are followed once (a link cycle is not walked twice), FIFOs, sockets
-//! and devices are skipped with a notice, and empty files too (a record of no bytes).
+//! Hidden entries (a name starting with `.`) and riffle's own sidecars are skipped, FIFOs,
+//! sockets and devices are skipped with a notice, and empty files too (a record of no
+//! bytes).
+//!
+//! **A tree never leads out of its root.** A symbolic link in the tree is followed where
+//! it resolves inside the tree, file or directory, as ImageFolder follows links
+//! (`os.walk(followlinks=True)`): a directory reached by two links is walked twice, its
+//! files are records of both paths and labels (a link back up to a directory above it is
+//! not walked: a cycle). The record keeps the link's path (its name, order and label) and
+//! the path it resolved to under the root, with no link on the way; the reader opens that
+//! path beneath the root (`door::Root::open_beneath`: `openat2` with `RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS`) and checks the file is still the one listed (device, inode,
+//! size). A link that leads out of the tree is left out, with one notice naming the first
+//! (files kept elsewhere are listed in a manifest, whose paths are the user's own). A link
+//! or `..` planted in the tree after it was listed, or a file swapped at a listed name, is
+//! refused with its path when read, never served.
 //!
 //! A tree's listing (every file's path and size, the classes and labels) is saved as a
 //! sidecar, `ROOT.ridx` beside the tree (or in the cache directory when that is not
 //! writable), with the identity (mtime, ctime, inode, device) of every directory walked:
 //! a later run stats the directories only, not every file, and walks again when any
 //! directory changed (a file added, removed or renamed changes its directory). A file
-//! rewritten in place with another size is caught when it is read (the reader refuses a
-//! file of another size than listed). All integers little endian:
+//! rewritten in place with another size, or another file at a listed name, is caught when
+//! it is read (the reader refuses it). All integers little endian:
 //!
 //! ```text
 //!  0  8  magic "RIFFLFLS"
-//!  8  4  version (1)
+//!  8  4  version (2)
 //! 12  4  flags: bit 0 = labelled
 //! 16  8  directories D, then classes C, then files N (8 bytes each)
 //! 40  .. D x (u32 length, path relative to ROOT, mtime s, mtime ns, ctime s, ctime ns,
 //!          inode, device: 8 bytes each)
 //!     .. C x (u32 length, name)
-//!     .. N x (u32 length, path relative to ROOT, u64 size, u32 label)
+//!     .. N x (u32 length, path relative to ROOT as listed, u64 size, u32 label,
+//!             u32 length, its path under ROOT with no link when a link led elsewhere
+//!             (empty: the path as listed), inode, device: 8 bytes each)
 //!     4  CRC32C of every byte before it
 //! ```
 
-use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -46,13 +60,27 @@ use crate::{io, notice, Error, Result};
 /// What a `files` dataset lists.
 #[derive(Debug, Default)]
 pub(crate) struct Listing {
-    /// Each record's file and its size, in record order.
-    pub files: Vec<(PathBuf, u64)>,
+    /// Each record's file, in record order.
+    pub files: Vec<Listed>,
     /// Each record's label (the index of its class in `classes`), when the layout gives
     /// labels.
     pub labels: Option<Vec<u32>>,
     /// Class names in label order.
     pub classes: Vec<String>,
+}
+
+/// One file of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Listed {
+    /// Its path as listed (through the links the walk followed, as ImageFolder names it).
+    pub path: PathBuf,
+    /// Its size when listed.
+    pub size: u64,
+    /// For a file of a tree: its path under the root with no link on the way (what a link
+    /// inside the tree resolved to), by which it is opened beneath the root.
+    pub under: Option<PathBuf>,
+    /// Its (device, inode) when listed.
+    pub identity: (u64, u64),
 }
 
 /// Lists the dataset at `path`: a directory tree (from its sidecar when that is current),
@@ -116,13 +144,12 @@ pub(crate) fn list(path: &Path) -> Result<Listing> {
 }
 
 /// A file found by the walk: its first-level directory (None: directly in ROOT), its
-/// directory relative to ROOT, its name, and its size.
+/// directory relative to ROOT (as named, through links), its name, and the file.
 struct Found {
     class: Option<String>,
     dir: Vec<u8>,
     name: Vec<u8>,
-    path: PathBuf,
-    size: u64,
+    file: Listed,
 }
 
 /// A directory's identity: its path relative to ROOT, mtime and ctime (s, ns), inode,
@@ -148,58 +175,142 @@ struct Walked {
     empty: u64,
 }
 
-/// Walks the tree at `root`, following directory links once.
+/// A directory the walk has yet to list: its path as named (through links), its path
+/// relative to ROOT as named, its path under ROOT with no link, its class, and the
+/// (device, inode) of it and every directory above it (a link back up is not walked).
+struct ToWalk {
+    dir: PathBuf,
+    rel: PathBuf,
+    under: PathBuf,
+    class: Option<String>,
+    above: Vec<(u64, u64)>,
+}
+
+/// Directory visits a walk makes at most: links inside a tree may reach a directory by
+/// many paths (each walked, as ImageFolder does), and a lattice of them would multiply.
+const MAX_DIR_VISITS: usize = 1 << 22;
+
+/// Where a symbolic link in a tree leads.
+enum Link {
+    /// Nowhere (dangling, or a loop of links): no file to read.
+    Dangling,
+    /// Out of the tree (its resolved path).
+    Out(PathBuf),
+    /// Inside the tree: what it resolves to, and its path under ROOT with no link.
+    In(std::fs::Metadata, PathBuf),
+}
+
+fn follow(link: &Path, real_root: &Path) -> Link {
+    let Ok(real) = std::fs::canonicalize(link) else {
+        return Link::Dangling;
+    };
+    let Ok(under) = real.strip_prefix(real_root) else {
+        return Link::Out(real);
+    };
+    match std::fs::metadata(&real) {
+        Ok(m) => Link::In(m, under.to_path_buf()),
+        Err(_) => Link::Dangling,
+    }
+}
+
+/// What a directory entry at `path` is, and its path under ROOT with no link (`under` is
+/// its directory's): `None` for a dangling link, or a link out of the tree (noted in
+/// `out`, with where it leads).
+fn resolve(
+    entry: &std::fs::DirEntry,
+    path: &Path,
+    under: &Path,
+    real_root: &Path,
+    out: &mut Vec<(PathBuf, PathBuf)>,
+) -> Result<Option<(std::fs::Metadata, PathBuf)>> {
+    // d_type says most; a link (or an unknown type) is resolved.
+    let ft = entry
+        .file_type()
+        .map_err(|e| Error::io(path, "stat", None, e))?;
+    if !ft.is_symlink() {
+        let m = entry
+            .metadata()
+            .map_err(|e| Error::io(path, "stat", None, e))?;
+        return Ok(Some((m, under.join(entry.file_name()))));
+    }
+    Ok(match follow(path, real_root) {
+        Link::In(m, under) => Some((m, under)),
+        Link::Dangling => None, // no file to read
+        Link::Out(to) => {
+            out.push((path.to_path_buf(), to));
+            None
+        }
+    })
+}
+
+/// Walks the tree at `root`. A symbolic link is followed where it leads inside the tree
+/// (a directory reached again by another path is walked again, as ImageFolder's
+/// `os.walk(followlinks=True)` does; a link back up to a directory above it is not), and
+/// left out with a notice where it leads out of the tree: a tree's files are read beneath
+/// its root.
 fn walk_tree(root: &Path) -> Result<Walked> {
     use std::os::unix::ffi::OsStrExt;
     let mut found = Vec::new();
     let mut dirs = Vec::new();
     let mut classes = Vec::new();
-    let mut seen_dirs = HashSet::new();
     let root_meta = std::fs::metadata(root).map_err(|e| Error::io(root, "stat", None, e))?;
-    seen_dirs.insert((root_meta.dev(), root_meta.ino()));
+    let real_root = std::fs::canonicalize(root).map_err(|e| Error::io(root, "resolve", None, e))?;
     dirs.push(dir_id(Path::new(""), &root_meta));
-    // (directory, its path relative to ROOT, its class)
-    let mut stack = vec![(root.to_path_buf(), PathBuf::new(), None::<String>)];
-    let mut empty = 0u64;
-    while let Some((dir, rel, class)) = stack.pop() {
+    let mut stack = vec![ToWalk {
+        dir: root.to_path_buf(),
+        rel: PathBuf::new(),
+        under: PathBuf::new(),
+        class: None,
+        above: vec![(root_meta.dev(), root_meta.ino())],
+    }];
+    let (mut empty, mut visits) = (0u64, 0usize);
+    let mut out: Vec<(PathBuf, PathBuf)> = Vec::new();
+    while let Some(w) = stack.pop() {
+        visits += 1;
+        if visits > MAX_DIR_VISITS {
+            return Err(Error::BadInput {
+                path: root.into(),
+                offset: None,
+                what: format!(
+                    "its links reach more than {MAX_DIR_VISITS} directories: refused rather \
+                     than walked without end"
+                ),
+            });
+        }
         let entries =
-            std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, "list directory", None, e))?;
+            std::fs::read_dir(&w.dir).map_err(|e| Error::io(&w.dir, "list directory", None, e))?;
         for entry in entries {
-            let entry = entry.map_err(|e| Error::io(&dir, "list directory", None, e))?;
+            let entry = entry.map_err(|e| Error::io(&w.dir, "list directory", None, e))?;
             let name = entry.file_name();
             if skipped_name(&name) {
                 continue;
             }
             let path = entry.path();
-            // d_type says most; a link (or an unknown type) is stat'ed through.
-            let ft = entry
-                .file_type()
-                .map_err(|e| Error::io(&path, "stat", None, e))?;
-            let meta = if ft.is_symlink() {
-                match std::fs::metadata(&path) {
-                    Ok(m) => m,
-                    Err(_) => continue, // a dangling link: no file to read
-                }
-            } else {
-                entry
-                    .metadata()
-                    .map_err(|e| Error::io(&path, "stat", None, e))?
+            let Some((meta, under)) = resolve(&entry, &path, &w.under, &real_root, &mut out)?
+            else {
+                continue;
             };
             if meta.is_dir() {
-                if !seen_dirs.insert((meta.dev(), meta.ino())) {
-                    continue; // a link back into the tree
+                let id = (meta.dev(), meta.ino());
+                if w.above.contains(&id) {
+                    continue; // a link back up the tree: a cycle
                 }
-                let sub = rel.join(&name);
+                let sub = w.rel.join(&name);
                 dirs.push(dir_id(&sub, &meta));
-                let class = match &class {
-                    Some(c) => Some(c.clone()),
-                    None => {
-                        let c = name.to_string_lossy().into_owned();
-                        classes.push(c.clone());
-                        Some(c)
-                    }
-                };
-                stack.push((path, sub, class));
+                let class = w.class.clone().or_else(|| {
+                    let c = name.to_string_lossy().into_owned();
+                    classes.push(c.clone());
+                    Some(c)
+                });
+                let mut above = w.above.clone();
+                above.push(id);
+                stack.push(ToWalk {
+                    dir: path,
+                    rel: sub,
+                    under,
+                    class,
+                    above,
+                });
             } else if meta.is_file() {
                 if meta.len() == 0 {
                     empty += 1;
@@ -213,11 +324,15 @@ fn walk_tree(root: &Path) -> Result<Walked> {
                     continue;
                 }
                 found.push(Found {
-                    class: class.clone(),
-                    dir: rel.as_os_str().as_bytes().to_vec(),
+                    class: w.class.clone(),
+                    dir: w.rel.as_os_str().as_bytes().to_vec(),
                     name: name.as_bytes().to_vec(),
-                    path,
-                    size: meta.len(),
+                    file: Listed {
+                        path,
+                        size: meta.len(),
+                        under: Some(under),
+                        identity: (meta.dev(), meta.ino()),
+                    },
                 });
             } else {
                 notice::once(
@@ -230,6 +345,20 @@ fn walk_tree(root: &Path) -> Result<Walked> {
                 );
             }
         }
+    }
+    if let Some((first, to)) = out.first() {
+        notice::once(
+            &format!("links-out:{}", root.display()),
+            &format!(
+                "skipping {} symbolic link(s) in {} that lead out of the tree (the first: {} \
+                 -> {}): a tree's files are read beneath its root (list files kept elsewhere \
+                 in a manifest)",
+                out.len(),
+                root.display(),
+                first.display(),
+                to.display()
+            ),
+        );
     }
     Ok(Walked {
         found,
@@ -289,7 +418,7 @@ fn walk(root: &Path) -> Result<(Listing, Vec<DirId>)> {
             .collect()
     });
     let listing = Listing {
-        files: found.into_iter().map(|f| (f.path, f.size)).collect(),
+        files: found.into_iter().map(|f| f.file).collect(),
         labels,
         classes,
     };
@@ -302,7 +431,7 @@ const MAGIC: &[u8; 8] = b"RIFFLFLS";
 pub(crate) fn is_magic(head: &[u8; 8]) -> bool {
     head == MAGIC
 }
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 fn encode(l: &Listing, dirs: &[DirId], root: &Path) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
@@ -328,12 +457,21 @@ fn encode(l: &Listing, dirs: &[DirId], root: &Path) -> Vec<u8> {
     for c in &l.classes {
         bytes(&mut b, c.as_bytes());
     }
-    for (i, (path, size)) in l.files.iter().enumerate() {
-        let rel = path.strip_prefix(root).unwrap_or(path);
+    for (i, f) in l.files.iter().enumerate() {
+        let rel = f.path.strip_prefix(root).unwrap_or(&f.path);
         bytes(&mut b, rel.as_os_str().as_bytes());
-        b.extend_from_slice(&size.to_le_bytes());
+        b.extend_from_slice(&f.size.to_le_bytes());
         let label = l.labels.as_ref().map_or(0, |v| v[i]);
         b.extend_from_slice(&label.to_le_bytes());
+        // Where a link led: its path under ROOT (none when it is the path as listed).
+        let under = f
+            .under
+            .as_deref()
+            .filter(|u| *u != rel)
+            .unwrap_or(Path::new(""));
+        bytes(&mut b, under.as_os_str().as_bytes());
+        b.extend_from_slice(&f.identity.1.to_le_bytes());
+        b.extend_from_slice(&f.identity.0.to_le_bytes());
     }
     let crc = crc32c::crc32c(&b);
     b.extend_from_slice(&crc.to_le_bytes());
@@ -410,13 +548,25 @@ fn decode(all: &[u8], root: &Path) -> std::result::Result<Listing, String> {
     let mut files = Vec::with_capacity(nf as usize);
     let mut labels = Vec::with_capacity(if labelled { nf as usize } else { 0 });
     for _ in 0..nf {
-        let rel = std::ffi::OsStr::from_bytes(r.str()?);
+        let rel = Path::new(std::ffi::OsStr::from_bytes(r.str()?));
         let size = r.u64()?;
         let label = r.u32()?;
+        let under = Path::new(std::ffi::OsStr::from_bytes(r.str()?));
+        let (ino, dev) = (r.u64()?, r.u64()?);
         if size == 0 || (labelled && label as usize >= classes.len()) {
             return Err("an impossible entry (corrupt listing)".into());
         }
-        files.push((root.join(rel), size));
+        let under = if under.as_os_str().is_empty() {
+            rel
+        } else {
+            under
+        };
+        files.push(Listed {
+            path: root.join(rel),
+            size,
+            under: Some(under.to_path_buf()),
+            identity: (dev, ino),
+        });
         if labelled {
             labels.push(label);
         }
@@ -498,7 +648,12 @@ fn manifest(path: &Path) -> Result<Listing> {
             _ => None,
         };
         firsts.push(first);
-        files.push((full, meta.len()));
+        files.push(Listed {
+            path: full,
+            size: meta.len(),
+            under: None,
+            identity: (meta.dev(), meta.ino()),
+        });
     }
     if files.is_empty() {
         return Err(bad(0, "the manifest lists no files".into()));
@@ -535,7 +690,7 @@ mod tests {
     fn names(l: &Listing, root: &Path) -> Vec<String> {
         l.files
             .iter()
-            .map(|(p, _)| p.strip_prefix(root).unwrap().display().to_string())
+            .map(|f| f.path.strip_prefix(root).unwrap().display().to_string())
             .collect()
     }
 
@@ -561,13 +716,51 @@ mod tests {
         assert_eq!(names(&l, &root), ["a/9", "b/2", "b/x/1", "b/x-y/3"]);
         assert_eq!(l.labels, Some(vec![0, 1, 1, 1]));
         assert_eq!(
-            l.files.iter().map(|f| f.1).collect::<Vec<_>>(),
+            l.files.iter().map(|f| f.size).collect::<Vec<_>>(),
             [6, 4, 3, 5]
         );
         assert_eq!(dirs.len(), 6, "root, a, b, b/x, b/x-y, c");
         // A flat directory has no labels.
         let (flat, _) = walk(&root.join("b/x")).unwrap();
         assert_eq!(flat.labels, None);
+    }
+
+    /// Links inside the tree are followed as ImageFolder follows them (issue 30 D18: a
+    /// class directory linked to another is a class of its own, its files records of it),
+    /// each record keeping the path it resolved to under the root; a link out of the tree
+    /// is left out; the sidecar gives the same listing back.
+    #[test]
+    fn links_inside_the_tree_are_followed_and_links_out_left_out() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let root = dir.path().join("t");
+        for i in 0..3 {
+            file(&root.join(format!("a/{i}")), 10 + i);
+        }
+        for i in 0..4 {
+            file(&root.join(format!("c/{i}")), 20 + i);
+        }
+        file(&dir.path().join("secret/s"), 7);
+        let link = |to: &str, at: &str| std::os::unix::fs::symlink(to, root.join(at)).unwrap();
+        link("a", "b");
+        link("../a/0", "c/9");
+        link(dir.path().join("secret").to_str().unwrap(), "d");
+        link("../../secret/s", "c/out");
+        let (l, _) = walk(&root).unwrap();
+        assert_eq!(l.classes, ["a", "b", "c"]);
+        assert_eq!(
+            names(&l, &root),
+            ["a/0", "a/1", "a/2", "b/0", "b/1", "b/2", "c/0", "c/1", "c/2", "c/3", "c/9"]
+        );
+        assert_eq!(l.labels, Some(vec![0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2]));
+        let under: Vec<_> = l.files.iter().map(|f| f.under.clone().unwrap()).collect();
+        assert_eq!(under[3], Path::new("a/0"), "b/0 is read as a/0");
+        assert_eq!(under[10], Path::new("a/0"), "c/9 is read as a/0");
+        assert_eq!(l.files[10].identity, l.files[0].identity);
+        assert_eq!(l.files[10].size, 10);
+        // Written and read back: the same listing.
+        list(&root).unwrap();
+        let again = list(&root).unwrap();
+        assert_eq!(again.files, l.files);
     }
 
     /// The sidecar is used while no directory changed (a file rewritten in place with
@@ -595,7 +788,7 @@ mod tests {
         file(&root.join("c1/zz"), 5);
         let grown = list(&root).unwrap();
         assert_eq!(grown.files.len(), 21);
-        assert_eq!(grown.files[0].1, 99);
+        assert_eq!(grown.files[0].size, 99);
         // A corrupt sidecar (one bit) is not used.
         let mut bytes = std::fs::read(&side).unwrap();
         let mid = bytes.len() / 2;

@@ -10,7 +10,8 @@
 //!  8  4  version (2)
 //! 12  4  format: 1 lines, 2 tfrecord, 3 tar
 //! 16  8  format parameter: lines: separator byte | header lines << 8; tfrecord: 1 if
-//!        CRCs were checked
+//!        CRCs were checked; tar: 1 (the scanner's rules: 0 from before links between
+//!        samples were refused, rebuilt)
 //! 24  8  source size in bytes
 //! 32  8  source mtime, seconds (signed)
 //! 40  8  source mtime, nanoseconds
@@ -56,6 +57,8 @@ pub(crate) fn is_magic(head: &[u8; 8]) -> bool {
     head == MAGIC
 }
 const VERSION: u32 = 2;
+/// The tar scanner's rules an index was built with (the format parameter of a tar index).
+const TAR_SCAN: u64 = 1;
 const HEADER: usize = 96;
 /// A TFRecord frame's bytes around its data: length, length CRC, data CRC.
 const TFRECORD_FRAMING: u64 = 16;
@@ -188,7 +191,9 @@ fn format_tag(format: &Format) -> (u32, u64) {
         // Whether CRCs were checked is part of the index: an unchecked index must not pass
         // for a checked one.
         Format::TfRecord { verify } => (2, *verify as u64),
-        Format::Tar => (3, 0),
+        // 1: scanned with samples keyed by bytes and non-regular members between samples
+        // refused (issue 30 D17, D30); an index of 0 may hold a sample that carries a link.
+        Format::Tar => (3, TAR_SCAN),
         _ => unreachable!("only lines, tfrecord and tar are indexed"),
     }
 }
@@ -379,6 +384,8 @@ fn decode(bytes: &[u8], format: &Format, src: &Source) -> std::result::Result<Of
     if u32_at(12) != tag || !compatible {
         return Err(if tag == 2 {
             "built without CRC checks, and checks are wanted".into()
+        } else if tag == 3 && u32_at(12) == 3 {
+            "built by an earlier tar scanner (links between samples were not refused)".into()
         } else {
             "built for another format or separator".into()
         });
@@ -629,6 +636,19 @@ mod tests {
         assert_eq!(decode(&bytes, &tf, &source(16)), Ok(ix));
         let b = forged(&bytes, |b| put(b, 88, 1));
         assert!(decode(&b, &tf, &source(16)).unwrap_err().contains("flags"));
+    }
+
+    #[test]
+    fn a_tar_index_of_the_earlier_scanner_is_rebuilt() {
+        let tar = OffsetIndex {
+            offsets: vec![0, 1024, 2048],
+            last_unterminated: false,
+        };
+        let bytes = encode(&tar, &Format::Tar, &source(2048));
+        decode(&bytes, &Format::Tar, &source(2048)).unwrap();
+        let b = forged(&bytes, |b| b[16..24].copy_from_slice(&0u64.to_le_bytes()));
+        let why = decode(&b, &Format::Tar, &source(2048)).unwrap_err();
+        assert!(why.contains("earlier tar scanner"), "{why}");
     }
 
     #[test]

@@ -87,6 +87,9 @@ pub(super) fn open_file(
         records,
         layout,
         index_origin: origin,
+        beneath: None,
+        under: None,
+        identity: None,
     })
 }
 
@@ -101,7 +104,7 @@ fn fixed_records(path: &Path, size: u64, rsize: u64, header: u64) -> Result<(Lay
     if size < header {
         return Err(bad(
             Some(size),
-            format!("the file ends before its {header}-byte header does"),
+            crate::format::short_of_header(header, size),
         ));
     }
     let body = size - header;
@@ -163,7 +166,7 @@ fn read_npy_header(path: &Path, size: u64) -> Result<npy::NpyHeader> {
         offset: Some(e.offset),
         what: e.what,
     };
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", None, e))?;
+    let f = crate::door::open_data(path, false).map_err(|e| Error::io(path, "open", None, e))?;
     let mut prefix = vec![0u8; (npy::PREFIX as u64).min(size) as usize];
     f.read_exact_at(&mut prefix, 0)
         .map_err(|e| Error::io(path, "read", Some(0), e))?;

@@ -184,11 +184,18 @@ fn read_offsets(path: &Path, samples: u64) -> Result<(u64, OffsetIndex)> {
         offset: Some(offset),
         what,
     };
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, "open", None, e))?;
-    let size = f
-        .metadata()
-        .map_err(|e| Error::io(path, "stat", None, e))?
-        .len();
+    let f = crate::door::open_data(path, false).map_err(|e| Error::io(path, "open", None, e))?;
+    let meta = f.metadata().map_err(|e| Error::io(path, "stat", None, e))?;
+    if !meta.is_file() {
+        return Err(bad(
+            0,
+            format!(
+                "is {}, not a regular file: a shard is read in place",
+                crate::door::file_type_name(&meta.file_type())
+            ),
+        ));
+    }
+    let size = meta.len();
     // Counts from a hostile index.json must not overflow or allocate past the file.
     let head = samples
         .checked_add(1)
@@ -313,7 +320,7 @@ pub(crate) fn write(
             file.extend_from_slice(s);
         }
         let p = out.join(&name);
-        std::fs::write(&p, &file).map_err(|e| Error::io(&p, "write", None, e))?;
+        crate::door::write_new(&p, &file)?;
         total += file.len() as u64;
         let mut c = config(n);
         c["raw_data"] = serde_json::json!({"basename": name, "bytes": file.len(), "hashes": {}});
@@ -324,7 +331,7 @@ pub(crate) fn write(
     let index =
         serde_json::to_vec(&serde_json::json!({"shards": shards, "version": 2})).expect("JSON");
     let p = out.join("index.json");
-    std::fs::write(&p, &index).map_err(|e| Error::io(&p, "write", None, e))?;
+    crate::door::write_new(&p, &index)?;
     Ok(total + index.len() as u64)
 }
 

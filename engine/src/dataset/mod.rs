@@ -58,6 +58,14 @@ pub struct DatasetFile {
     layout: Layout,
     /// How its index was obtained (variable-length formats only).
     pub index_origin: Option<IndexOrigin>,
+    /// A file of a tree: the tree's root, held open, beneath which it is opened (see
+    /// [`files`]).
+    beneath: Option<Arc<crate::door::Root>>,
+    /// Its path under the root when a link led elsewhere (`None`: `path` less the root's).
+    under: Option<PathBuf>,
+    /// Its (device, inode) when listed (a `files` dataset's): another file at its name is
+    /// refused.
+    identity: Option<(u64, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -77,6 +85,17 @@ impl DatasetFile {
             Layout::Indexed(ix) => {
                 indexed_span(format, &ix.offsets, ix.last_unterminated, i as usize)
             }
+        }
+    }
+
+    /// What a reader opens it by, and what it must still be.
+    fn lazy(&self) -> io::LazyFile {
+        io::LazyFile {
+            path: self.path.clone(),
+            size: self.size,
+            beneath: self.beneath.clone(),
+            under: self.under.clone(),
+            identity: self.identity,
         }
     }
 
@@ -172,6 +191,9 @@ impl Dataset {
                 records: s.index.len(),
                 layout: Layout::Indexed(s.index),
                 index_origin: None,
+                beneath: None,
+                under: None,
+                identity: None,
             })
             .collect();
         let mut ds = Dataset::of_files(Format::Mds, files);
@@ -217,15 +239,31 @@ impl Dataset {
                 paths.len()
             )));
         };
-        let listing = files::list(path.as_ref())?;
+        let path = path.as_ref();
+        // A tree's root is held from before it is listed: its files are opened beneath it.
+        let root = if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+            Some(Arc::new(crate::door::Root::open(path)?))
+        } else {
+            None
+        };
+        let listing = files::list(path)?;
         let files: Vec<DatasetFile> = listing
             .files
             .into_iter()
-            .map(|(path, size)| DatasetFile {
-                path,
-                size,
+            .map(|f| DatasetFile {
+                beneath: root.clone(),
+                // Kept only where a link led elsewhere: most files are their listed path.
+                under: f
+                    .under
+                    .filter(|u| f.path.strip_prefix(path).ok() != Some(u.as_path())),
+                identity: Some(f.identity),
+                path: f.path,
+                size: f.size,
                 records: 1,
-                layout: Layout::Fixed { header: 0, size },
+                layout: Layout::Fixed {
+                    header: 0,
+                    size: f.size,
+                },
                 index_origin: None,
             })
             .collect();
@@ -417,22 +455,14 @@ impl Dataset {
     /// depth plus one): for a reader that goes through the files in order (the two-pass
     /// scatter), which needs few, beside one that reads at random.
     pub fn reader_capped(&self, cfg: &IoConfig, cap: usize) -> Result<RangeReader> {
-        let files = self
-            .files
-            .iter()
-            .map(|f| io::LazyFile {
-                path: f.path.clone(),
-                size: f.size,
-            })
-            .collect();
+        let files = self.files.iter().map(DatasetFile::lazy).collect();
         RangeReader::lazy(files, cfg, cap.max(cfg.depth + 1))
     }
 
     /// Opens file `i` (O_DIRECT when `direct` and the filesystem allows it), refusing it if
     /// its size changed since the dataset was opened.
     pub fn open_one(&self, i: usize, direct: bool) -> Result<Arc<DataFile>> {
-        let f = &self.files[i];
-        DataFile::open_listed(&f.path, direct, f.size).map(Arc::new)
+        DataFile::open_listed(&self.files[i].lazy(), direct).map(Arc::new)
     }
 
     /// Reads records `ids` and calls `done(position in ids, bytes)` in completion order.

@@ -303,6 +303,7 @@ impl<'a> Cuts<'a> {
 /// the input reaches it, each next one as its record completes.
 pub struct FixedScanner {
     size: u64,
+    header: u64,
     /// The next boundary to report, and the last one reported.
     next: u64,
     last: Option<u64>,
@@ -315,6 +316,7 @@ impl FixedScanner {
     pub fn new(size: u64, header: u64) -> Self {
         FixedScanner {
             size: size.max(1),
+            header,
             next: header,
             last: None,
             fed: 0,
@@ -341,6 +343,12 @@ impl Scanner for FixedScanner {
     }
 
     fn finish(&mut self, _size: u64) -> Result<(), ScanError> {
+        if self.fed < self.header {
+            return Err(ScanError {
+                offset: self.fed,
+                what: super::short_of_header(self.header, self.fed),
+            });
+        }
         match self.partial() {
             Some(at) => Err(ScanError {
                 offset: at,
@@ -584,7 +592,13 @@ mod tests {
             matches!(&e, CutError::Bad(e) if e.offset == 11 && e.what.contains("partial record of 2 bytes")),
             "{e:?}"
         );
-        assert_eq!(same_any_chunking(&fixed, 100, b"HD").unwrap(), vec![]);
+        // A header larger than the input: the error `read` gives (issue 30 D31).
+        let e = same_any_chunking(&fixed, 100, b"HD").unwrap_err();
+        assert!(
+            matches!(&e, CutError::Bad(e) if e.offset == 2 && e.what == super::super::short_of_header(3, 2)),
+            "{e:?}"
+        );
+        assert_eq!(same_any_chunking(&fixed, 100, b"HDR").unwrap(), vec![]);
         let e =
             same_any_chunking(&Format::Fixed { size: 8, header: 1 }, 4, b"h12345678").unwrap_err();
         assert_eq!(e, CutError::TooLong { offset: 1, len: 8 });

@@ -226,6 +226,15 @@ pub trait Scanner {
     }
 }
 
+/// The error for an input of `size` bytes shorter than its fixed `header`: one message for
+/// every command (`read` sees it in the file's size, `shuffle` when its input ends).
+pub fn short_of_header(header: u64, size: u64) -> String {
+    format!(
+        "the input ends at byte {size}, before its {header}-byte header does (a header \
+         larger than the file: check --format fixed:SIZE:HEADER)"
+    )
+}
+
 /// A decoding error at a byte offset.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScanError {

@@ -2,8 +2,11 @@
 //! regular members whose names share a key (the path up to the first dot of its last
 //! component: `d/000123.jpg` and `d/000123.cls` are the members `jpg` and `cls` of sample
 //! `d/000123`), as WebDataset groups them. A member whose last component has no dot before
-//! any other character is no sample's and is skipped, as WebDataset skips it; so are
-//! directories, links and other non-regular members.
+//! any other character is no sample's and is skipped, as WebDataset skips it. Directories,
+//! links and other non-regular members before the first sample or after the last are
+//! skipped too; one between samples, whose bytes would ride in a sample's record (and
+//! come out of `riffle cat` or a shuffled tar as a link to extract), is refused at its
+//! offset.
 //!
 //! A sample's record is its bytes in the archive, headers included, from the first header
 //! of its first member (a GNU long-name or PAX header before it counts) to the end of its
@@ -31,7 +34,7 @@ fn padded(size: u64) -> u64 {
 /// One parsed header.
 #[derive(Debug)]
 struct Header {
-    name: String,
+    name: Vec<u8>,
     size: u64,
     kind: u8,
 }
@@ -100,7 +103,7 @@ fn header(b: &[u8], at: u64) -> Result<Option<Header>, ScanError> {
     }
     name.extend_from_slice(cstr(&b[..100]));
     Ok(Some(Header {
-        name: String::from_utf8_lossy(&name).into_owned(),
+        name,
         size,
         kind: b[156],
     }))
@@ -111,8 +114,36 @@ fn regular(kind: u8) -> bool {
     matches!(kind, b'0' | 0 | b'7')
 }
 
+/// One PAX record: `LEN KEY=VALUE\n`, LEN counting the whole record, its own digits too.
+fn pax_record(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let body = key.len() + value.len() + 3; // ' ', '=', '\n'
+    let mut len = body + 1;
+    while body + len.to_string().len() != len {
+        len = body + len.to_string().len();
+    }
+    let mut r = format!("{len} ").into_bytes();
+    r.extend_from_slice(key);
+    r.push(b'=');
+    r.extend_from_slice(value);
+    r.push(b'\n');
+    r
+}
+
+/// What a non-regular member of this type flag is, for errors.
+fn member_kind(kind: u8) -> &'static str {
+    match kind {
+        b'1' => "a hard link",
+        b'2' => "a symbolic link",
+        b'3' => "a character device",
+        b'4' => "a block device",
+        b'5' => "a directory",
+        b'6' => "a FIFO",
+        _ => "a non-regular",
+    }
+}
+
 /// The name a PAX header's records give (`path=`), if any.
-fn pax_path(data: &[u8]) -> Option<String> {
+fn pax_path(data: &[u8]) -> Option<Vec<u8>> {
     let mut rest = data;
     while !rest.is_empty() {
         let sp = rest.iter().position(|&b| b == b' ')?;
@@ -123,7 +154,7 @@ fn pax_path(data: &[u8]) -> Option<String> {
         let rec = &rest[sp + 1..len];
         let rec = rec.strip_suffix(b"\n").unwrap_or(rec);
         if let Some(v) = rec.strip_prefix(b"path=") {
-            return Some(String::from_utf8_lossy(v).into_owned());
+            return Some(v.to_vec());
         }
         rest = &rest[len..];
     }
@@ -131,13 +162,19 @@ fn pax_path(data: &[u8]) -> Option<String> {
 }
 
 /// WebDataset's key and suffix of a member name: `dir/abc.x.jpg` -> (`dir/abc`, `x.jpg`).
-pub fn key_suffix(name: &str) -> Option<(&str, &str)> {
-    let base = name.rfind('/').map_or(0, |i| i + 1);
-    let dot = name[base..].find('.')?;
+/// Bytes, not text: a name that is not UTF-8 keeps its own key.
+pub fn key_suffix(name: &[u8]) -> Option<(&[u8], &[u8])> {
+    let base = name.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1);
+    let dot = name[base..].iter().position(|&b| b == b'.')?;
     if dot == 0 {
         return None;
     }
     Some((&name[..base + dot], &name[base + dot + 1..]))
+}
+
+/// A name as errors show it.
+fn shown(name: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(name)
 }
 
 /// A member of a sample: its suffix (`jpg`), and where its data is in the record.
@@ -155,8 +192,37 @@ pub struct Member {
 /// the byte offset in the record.
 pub fn members(record: &[u8]) -> Result<Vec<Member>, ScanError> {
     let mut out = Vec::new();
+    each_member(record, |name, offset, len| {
+        if let Some((_, suffix)) = key_suffix(name) {
+            out.push(Member {
+                suffix: shown(suffix).into_owned(),
+                offset,
+                len,
+            });
+        }
+        true
+    })?;
+    Ok(out)
+}
+
+/// The key of one sample's record: its first keyed member's.
+pub fn sample_key(record: &[u8]) -> Result<Option<Vec<u8>>, ScanError> {
+    let mut key = None;
+    each_member(record, |name, _, _| {
+        key = key_suffix(name).map(|(k, _)| k.to_vec());
+        key.is_none()
+    })?;
+    Ok(key)
+}
+
+/// Calls `f(name, data offset, data length)` for each regular member of a record, in
+/// order, while it returns true.
+fn each_member(
+    record: &[u8],
+    mut f: impl FnMut(&[u8], usize, usize) -> bool,
+) -> Result<(), ScanError> {
     let mut at = 0usize;
-    let mut long: Option<String> = None;
+    let mut long: Option<Vec<u8>> = None;
     while at + BLOCK as usize <= record.len() {
         let Some(h) = header(&record[at..at + BLOCK as usize], at as u64)? else {
             break;
@@ -170,25 +236,21 @@ pub fn members(record: &[u8]) -> Result<Vec<Member>, ScanError> {
                 what: format!("a member of {} bytes runs past the sample's end", h.size),
             })?;
         match h.kind {
-            b'L' => long = Some(String::from_utf8_lossy(cstr(&record[data..end])).into_owned()),
+            b'L' => long = Some(cstr(&record[data..end]).to_vec()),
             b'x' => long = pax_path(&record[data..end]).or(long),
             // As the scanner: a link name or global header leaves a long name pending.
             b'g' | b'K' => {}
             k if regular(k) => {
                 let name = long.take().unwrap_or(h.name);
-                if let Some((_, suffix)) = key_suffix(&name) {
-                    out.push(Member {
-                        suffix: suffix.to_owned(),
-                        offset: data,
-                        len: h.size as usize,
-                    });
+                if !f(&name, data, h.size as usize) {
+                    return Ok(());
                 }
             }
             _ => long = None,
         }
         at = data.saturating_add(padded(h.size) as usize);
     }
-    Ok(out)
+    Ok(())
 }
 
 enum State {
@@ -216,10 +278,13 @@ pub struct TarScanner {
     /// Where the current member's header chain (long name, PAX) began.
     chain: Option<u64>,
     /// The name a long-name or PAX header gave the next member.
-    pending: Option<String>,
+    pending: Option<Vec<u8>>,
     /// The current sample's key and its members' suffixes.
-    key: Option<String>,
-    suffixes: Vec<String>,
+    key: Option<Vec<u8>>,
+    suffixes: Vec<Vec<u8>>,
+    /// A non-regular member met after a sample began (its header's offset, what it is,
+    /// its name): refused if a sample's member follows it, whose record would carry it.
+    stray: Option<(u64, &'static str, Vec<u8>)>,
     /// Whether the archive was finished, and whether [`Scanner::drain_offsets`] reported
     /// the last sample's end.
     finished: bool,
@@ -247,6 +312,7 @@ impl TarScanner {
             pending: None,
             key: None,
             suffixes: Vec::new(),
+            stray: None,
             finished: false,
             end_reported: false,
         }
@@ -303,24 +369,45 @@ impl TarScanner {
                 let name = self.pending.take().unwrap_or(h.name);
                 self.chain = None;
                 if let Some((key, suffix)) = key_suffix(&name) {
+                    if let Some((at, what, stray)) = self.stray.take() {
+                        return Err(ScanError {
+                            offset: at,
+                            what: format!(
+                                "{what} member {} among the samples: a sample's record \
+                                 would carry it (riffle reads samples of regular members); \
+                                 refused: rebuild the shard without it",
+                                shown(&stray)
+                            ),
+                        });
+                    }
                     if self.key.as_deref() == Some(key) {
                         if self.suffixes.iter().any(|s| s == suffix) {
                             return Err(ScanError {
                                 offset: start,
-                                what: format!("sample {key} has two members named {name}"),
+                                what: format!(
+                                    "sample {} has two members named {}",
+                                    shown(key),
+                                    shown(&name)
+                                ),
                             });
                         }
                     } else {
                         self.starts.push(chain);
-                        self.key = Some(key.to_owned());
+                        self.key = Some(key.to_vec());
                         self.suffixes.clear();
                     }
-                    self.suffixes.push(suffix.to_owned());
+                    self.suffixes.push(suffix.to_vec());
                     self.end = after.saturating_add(padded(h.size));
                 }
                 None
             }
-            _ => {
+            k => {
+                // Before the first sample (a leading directory entry) or after the last,
+                // no record holds it; between samples, one would.
+                if self.key.is_some() && self.stray.is_none() {
+                    let name = self.pending.take().unwrap_or(h.name);
+                    self.stray = Some((chain, member_kind(k), name));
+                }
                 self.chain = None;
                 self.pending = None;
                 None
@@ -377,7 +464,7 @@ impl Scanner for TarScanner {
                     if *left == 0 {
                         if let Some((kind, _, data)) = keep.take() {
                             self.pending = match kind {
-                                b'L' => Some(String::from_utf8_lossy(cstr(&data)).into_owned()),
+                                b'L' => Some(cstr(&data).to_vec()),
                                 _ => pax_path(&data).or(self.pending.take()),
                             };
                         }
@@ -437,8 +524,12 @@ impl Scanner for TarScanner {
 }
 
 /// Appends one member (a ustar header, then its data padded) to `out`; names longer than
-/// 100 bytes get a GNU long-name header first. For `riffle gen` and tests.
-pub fn append(out: &mut Vec<u8>, name: &str, data: &[u8]) {
+/// 100 bytes get a GNU long-name header first, and names that are not UTF-8 a PAX header
+/// (`hdrcharset=BINARY`, `path=` the name's bytes, as GNU tar writes them), so they reach
+/// the archive byte for byte. For `riffle gen`, `riffle shuffle` of a files tree, and
+/// tests.
+pub fn append(out: &mut Vec<u8>, name: impl AsRef<[u8]>, data: &[u8]) {
+    let name = name.as_ref();
     fn block(name: &[u8], size: u64, kind: u8) -> [u8; 512] {
         let mut b = [0u8; 512];
         let n = name.len().min(100);
@@ -457,14 +548,20 @@ pub fn append(out: &mut Vec<u8>, name: &str, data: &[u8]) {
         b
     }
     let pad = |out: &mut Vec<u8>| out.resize(out.len().div_ceil(512) * 512, 0);
-    if name.len() > 100 {
-        let mut long = name.as_bytes().to_vec();
+    if std::str::from_utf8(name).is_err() {
+        let mut pax = pax_record(b"hdrcharset", b"BINARY");
+        pax.extend_from_slice(&pax_record(b"path", name));
+        out.extend_from_slice(&block(b"././@PaxHeader", pax.len() as u64, b'x'));
+        out.extend_from_slice(&pax);
+        pad(out);
+    } else if name.len() > 100 {
+        let mut long = name.to_vec();
         long.push(0);
         out.extend_from_slice(&block(b"././@LongLink", long.len() as u64, b'L'));
         out.extend_from_slice(&long);
         pad(out);
     }
-    out.extend_from_slice(&block(name.as_bytes(), data.len() as u64, b'0'));
+    out.extend_from_slice(&block(name, data.len() as u64, b'0'));
     out.extend_from_slice(data);
     pad(out);
 }
@@ -598,11 +695,11 @@ mod tests {
                         continue; // Two members of one suffix are refused (tested below).
                     }
                     seen.push(*suffix);
-                    append(&mut a, &format!("{dir}/{i:06}.{suffix}"), data);
+                    append(&mut a, format!("{dir}/{i:06}.{suffix}"), data);
                     want.push((i, suffix.to_string(), data.clone()));
                 }
                 if *junk {
-                    append(&mut a, &format!("{dir}/README{i}"), b"not a sample");
+                    append(&mut a, format!("{dir}/README{i}"), b"not a sample");
                 }
             }
             a.extend_from_slice(&[0u8; 1024]);
@@ -633,7 +730,7 @@ mod tests {
             let mut a = Vec::new();
             for (i, (ms, _, _)) in written.iter().enumerate() {
                 for (suffix, data) in ms {
-                    append(&mut a, &format!("{i}.{suffix}"), data);
+                    append(&mut a, format!("{i}.{suffix}"), data);
                 }
             }
             if a.is_empty() {
@@ -700,6 +797,88 @@ mod tests {
             let m = members(&a[offs[0] as usize..offs[1] as usize]).unwrap();
             assert_eq!(m.len(), 1, "{}", kind as char);
             assert_eq!(m[0].suffix, "jpg");
+        }
+    }
+
+    /// Issue 30 D17: names that are not UTF-8 were written as U+FFFD, so two files got
+    /// one member name. Now a PAX `path` record carries the bytes, and the scanner keys
+    /// samples by bytes: two such names stay two samples, each name exact.
+    #[test]
+    fn names_that_are_not_utf8_reach_the_archive_byte_for_byte() {
+        let (a, b) = (b"d/\xff.jpg".as_slice(), b"d/\xfe.jpg".as_slice());
+        let mut t = Vec::new();
+        append(&mut t, a, b"one");
+        append(&mut t, b, b"two");
+        t.extend_from_slice(&[0u8; 1024]);
+        let offs = scan(&t, 4096).unwrap();
+        assert_eq!(offs.len(), 3, "two samples");
+        let first = &t[offs[0] as usize..offs[1] as usize];
+        assert_eq!(sample_key(first).unwrap().unwrap(), b"d/\xff");
+        let mut names = Vec::new();
+        each_member(first, |n, at, len| {
+            names.push((n.to_vec(), first[at..at + len].to_vec()));
+            true
+        })
+        .unwrap();
+        assert_eq!(names, [(a.to_vec(), b"one".to_vec())]);
+        assert_eq!(pax_record(b"path", b"abc"), b"12 path=abc\n");
+        assert_eq!(
+            pax_record(b"k", &[b'v'; 95]).len(),
+            102,
+            "the length counts its digits"
+        );
+    }
+
+    /// One header block of `kind` and no data (a link, a directory...), named `name`.
+    fn special(name: &str, kind: u8) -> Vec<u8> {
+        let mut b = Vec::new();
+        append(&mut b, name, b"");
+        b[156] = kind;
+        b[148..156].copy_from_slice(b"        ");
+        let sum: u64 = b.iter().map(|&x| x as u64).sum();
+        b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        b
+    }
+
+    /// Issue 30 D30: a link, directory or device member between samples was glued into
+    /// the sample before it; now refused at its offset. Before the first sample and after
+    /// the last, no record holds it: skipped as before.
+    #[test]
+    fn non_regular_members_between_samples_are_refused() {
+        for (kind, what) in [
+            (b'2', "a symbolic link"),
+            (b'1', "a hard link"),
+            (b'5', "a directory"),
+            (b'3', "a character device"),
+        ] {
+            let mut a = special("d/", b'5');
+            append(&mut a, "d/0.jpg", b"x");
+            let at = a.len() as u64;
+            a.extend_from_slice(&special("d/evil", kind));
+            append(&mut a, "d/1.jpg", b"y");
+            a.extend_from_slice(&special("d/tail/", b'5'));
+            a.extend_from_slice(&[0u8; 1024]);
+            let e = scan(&a, 4096).unwrap_err();
+            assert_eq!(e.offset, at, "{what}");
+            assert!(
+                e.what.contains(what) && e.what.contains("d/evil"),
+                "{}",
+                e.what
+            );
+            // The same member after the last sample, or before the first: no record's.
+            let mut ok = special("d/", b'5');
+            append(&mut ok, "d/0.jpg", b"x");
+            append(&mut ok, "d/1.jpg", b"y");
+            ok.extend_from_slice(&special("d/evil", kind));
+            ok.extend_from_slice(&[0u8; 1024]);
+            let offs = scan(&ok, 4096).unwrap();
+            assert_eq!(offs.len(), 3, "two samples");
+            assert_eq!(offs[0], 512, "the leading directory is in no record");
+            assert_eq!(
+                offs[2],
+                512 + 2 * 1024,
+                "the trailing member is in no record"
+            );
         }
     }
 

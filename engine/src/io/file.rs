@@ -39,61 +39,55 @@ impl DataFile {
     /// where allowed (again without it where refused), and refuses anything but a regular
     /// file: random access needs one.
     pub fn open(path: &Path, access: Access, want_direct: bool) -> Result<DataFile> {
-        // Reads do not update access times (no inode written back for a read-only pass
-        // over 100,000 files): O_NOATIME where the kernel allows it (the file's owner, or
-        // CAP_FOWNER), a plain open otherwise.
-        // Once refused (files of another owner, without CAP_FOWNER), it is not asked for
-        // again: a dataset of 100,000 such files would pay a failed open for each.
-        static NOATIME_REFUSED: std::sync::atomic::AtomicBool =
-            std::sync::atomic::AtomicBool::new(false);
         let file = match access {
-            Access::Read if !NOATIME_REFUSED.load(std::sync::atomic::Ordering::Relaxed) => {
-                match door::open_data(path, true) {
-                    Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                        NOATIME_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
-                        door::open_data(path, false)
-                    }
-                    r => r,
-                }
+            Access::Read => open_read(path, false, |noatime| door::open_data(path, noatime))?.0,
+            Access::Write => {
+                door::create_private(path).map_err(|e| Error::io(path, "open", None, e))?
             }
-            Access::Read => door::open_data(path, false),
-            Access::Write => door::create_private(path),
-        }
-        .map_err(|e| Error::io(path, "open", None, e))?;
-        if access == Access::Read {
-            let meta = file
-                .metadata()
-                .map_err(|e| Error::io(path, "stat", None, e))?;
-            if !meta.file_type().is_file() {
-                return Err(Error::BadInput {
-                    path: path.into(),
-                    offset: None,
-                    what: format!(
-                        "is {}, not a regular file: random access needs a file (to shuffle \
-                         a stream, use `riffle shuffle`)",
-                        file_type_name(&meta.file_type())
-                    ),
-                });
-            }
-        }
+        };
         Self::create(file, path, want_direct)
     }
 
-    /// Opens `path` for reading as [`DataFile::open`] does, and refuses it unless it still
-    /// has the `size` it was listed with (a dataset's file changed since it was opened).
-    pub fn open_listed(path: &Path, want_direct: bool, size: u64) -> Result<DataFile> {
-        let file = Self::open(path, Access::Read, want_direct)?;
-        if file.size() != size {
-            return Err(Error::BadInput {
-                path: path.into(),
-                offset: None,
-                what: format!(
-                    "the file changed since the dataset was opened ({} bytes, was {size})",
-                    file.size()
-                ),
-            });
+    /// Opens a listed file for reading as [`DataFile::open`] does, and refuses it unless it
+    /// is still what was listed: a file of a tree is opened beneath the tree's root with no
+    /// link on the way (a link or `..` planted since is refused), and a file of another
+    /// size, or another file (device and inode) at its name, is refused, naming the path.
+    pub fn open_listed(spec: &super::LazyFile, want_direct: bool) -> Result<DataFile> {
+        let path = spec.path.as_path();
+        let (file, meta) = match &spec.beneath {
+            Some(root) => {
+                // An absolute path (not under the root) is refused by the open itself.
+                let rel = match &spec.under {
+                    Some(u) => u.as_path(),
+                    None => path.strip_prefix(root.path()).unwrap_or(path),
+                };
+                open_read(path, true, |noatime| root.open_beneath(rel, noatime))?
+            }
+            None => open_read(path, false, |noatime| door::open_data(path, noatime))?,
+        };
+        let changed = |what: String| Error::BadInput {
+            path: path.into(),
+            offset: None,
+            what: format!("{what}: refused, not read"),
+        };
+        if let Some((dev, ino)) = spec.identity {
+            use std::os::unix::fs::MetadataExt;
+            if (meta.dev(), meta.ino()) != (dev, ino) {
+                return Err(changed(format!(
+                    "another file is at this name since the dataset was opened (inode {}, \
+                     was {ino})",
+                    meta.ino()
+                )));
+            }
         }
-        Ok(file)
+        if meta.len() != spec.size {
+            return Err(changed(format!(
+                "the file changed since the dataset was opened ({} bytes, was {})",
+                meta.len(),
+                spec.size
+            )));
+        }
+        Self::create(file, path, want_direct)
     }
 
     /// Takes a file already open (read-write for writing, such as a
@@ -207,6 +201,55 @@ impl DataFile {
             .sync_data()
             .map_err(|e| Error::io(&self.path, "fdatasync", None, e))
     }
+}
+
+/// Opens a file for reading through `open(noatime)`: with `O_NOATIME` where the kernel
+/// allows it (the file's owner, or CAP_FOWNER: no inode written back for a read-only pass
+/// over 100,000 files), again without it where refused (once refused, not asked for
+/// again: a dataset of 100,000 files of another owner would pay a failed open for each).
+/// Anything but a regular file is refused: random access needs one; so is, `beneath` a
+/// tree's root, a path through a link or out of the tree.
+fn open_read(
+    path: &Path,
+    beneath: bool,
+    open: impl Fn(bool) -> std::io::Result<File>,
+) -> Result<(File, std::fs::Metadata)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static NOATIME_REFUSED: AtomicBool = AtomicBool::new(false);
+    let file = if NOATIME_REFUSED.load(Ordering::Relaxed) {
+        open(false)
+    } else {
+        match open(true) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                NOATIME_REFUSED.store(true, Ordering::Relaxed);
+                open(false)
+            }
+            r => r,
+        }
+    };
+    let file = file.map_err(|e| match door::beneath_refusal(&e).filter(|_| beneath) {
+        Some(why) => Error::BadInput {
+            path: path.into(),
+            offset: None,
+            what: format!("{why}: refused, not read"),
+        },
+        None => Error::io(path, "open", None, e),
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(path, "stat", None, e))?;
+    if !meta.file_type().is_file() {
+        return Err(Error::BadInput {
+            path: path.into(),
+            offset: None,
+            what: format!(
+                "is {}, not a regular file: random access needs a file (to shuffle a stream, \
+                 use `riffle shuffle`)",
+                file_type_name(&meta.file_type())
+            ),
+        });
+    }
+    Ok((file, meta))
 }
 
 /// "a directory", "a FIFO (a pipe)", ...: what a path is, for errors (kept in the door,

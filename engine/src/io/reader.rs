@@ -57,13 +57,22 @@ fn shared_budget() -> usize {
     usize::try_from(super::open_file_limit() / 2).unwrap_or(usize::MAX)
 }
 
-/// A file a reader opens when it first reads it.
-#[derive(Clone, Debug)]
+/// A file a reader opens when it first reads it, and what it must be to be read.
+#[derive(Clone, Debug, Default)]
 pub struct LazyFile {
-    /// Its path.
+    /// Its path (as errors name it).
     pub path: PathBuf,
     /// The size it had when the dataset was opened (a file found another size is refused).
     pub size: u64,
+    /// For a file of a directory tree: the tree's root, held open; the file is opened
+    /// beneath it ([`crate::door::Root::open_beneath`]) with no link on the way, never by
+    /// `path`.
+    pub beneath: Option<Arc<crate::door::Root>>,
+    /// Its path under the root when a link in the tree led elsewhere (`None`: `path` less
+    /// the root's path).
+    pub under: Option<PathBuf>,
+    /// The (device, inode) it had when listed: another file at its name is refused.
+    pub identity: Option<(u64, u64)>,
 }
 
 /// The bounded cache of open files: least recently used first out, never a file with a
@@ -114,7 +123,7 @@ impl Drop for Lazy {
 /// files pending count against the reader's open-file cap. Dropping it closes the job
 /// queue and joins the threads; files opened and never taken are closed then.
 struct Opener {
-    jobs: Option<crossbeam_channel::Sender<(usize, PathBuf, u64)>>,
+    jobs: Option<crossbeam_channel::Sender<(usize, LazyFile)>>,
     done: crossbeam_channel::Receiver<(usize, Result<DataFile>)>,
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Whether each file is asked for and not yet taken.
@@ -130,7 +139,7 @@ const OPENER_THREADS: usize = 2;
 
 impl Opener {
     fn start(files: usize, direct: bool) -> Result<Opener> {
-        let (jobs, rx) = crossbeam_channel::unbounded::<(usize, PathBuf, u64)>();
+        let (jobs, rx) = crossbeam_channel::unbounded::<(usize, LazyFile)>();
         let (tx, done) = crossbeam_channel::unbounded();
         let mut threads = Vec::with_capacity(OPENER_THREADS);
         for n in 0..OPENER_THREADS {
@@ -138,11 +147,8 @@ impl Opener {
             let t = std::thread::Builder::new()
                 .name(format!("riffle-open-{n}"))
                 .spawn(move || {
-                    for (i, path, size) in rx {
-                        if tx
-                            .send((i, DataFile::open_listed(&path, direct, size)))
-                            .is_err()
-                        {
+                    for (i, spec) in rx {
+                        if tx.send((i, DataFile::open_listed(&spec, direct))).is_err() {
                             return;
                         }
                     }
@@ -276,7 +282,7 @@ impl RangeReader {
             .ok_or_else(|| Error::Invalid("a reader needs at least one file".into()))?;
         // The alignment from the first file; a later one that needs more than the slots
         // give is refused when it is opened.
-        let probe = DataFile::open(&first.path, Access::Read, cfg.direct)?;
+        let probe = DataFile::open_listed(first, cfg.direct)?;
         let unit = probe.alignment().io_unit();
         drop(probe);
         let backend = open_backend(cfg, unit)?;
@@ -350,7 +356,7 @@ impl RangeReader {
                 lazy.opened_ahead += 1;
                 o.take(i)?
             }
-            _ => DataFile::open_listed(&spec.path, lazy.direct, spec.size)?,
+            _ => DataFile::open_listed(spec, lazy.direct)?,
         };
         let unit = file.alignment().io_unit();
         if !self.backend.slot_size().is_multiple_of(unit) {
@@ -421,7 +427,7 @@ impl RangeReader {
         let o = lazy.opener.as_mut().expect("started above");
         let spec = &lazy.files[file];
         if let Some(jobs) = &o.jobs {
-            if jobs.send((file, spec.path.clone(), spec.size)).is_ok() {
+            if jobs.send((file, spec.clone())).is_ok() {
                 o.pending[file] = true;
                 o.outstanding += 1;
             }

@@ -784,6 +784,7 @@ fn a_lazy_reader_keeps_its_cap_and_returns_the_same_bytes() {
             .map(|(p, d)| LazyFile {
                 path: p.clone(),
                 size: d.len() as u64,
+                ..LazyFile::default()
             })
             .collect();
         let cap = 8;
@@ -828,6 +829,7 @@ fn a_lazy_reader_names_a_file_gone_or_changed() {
         .map(|(p, s)| LazyFile {
             path: (*p).clone(),
             size: *s,
+            ..LazyFile::default()
         })
         .collect();
     let mut r = RangeReader::lazy(lazy, &IoConfig::default(), 16).unwrap();

@@ -560,7 +560,7 @@ impl Ring {
     /// memfd so, else the read-write one.
     fn client_fd(&self) -> Result<OwnedFd> {
         let path = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
-        match std::fs::File::open(path) {
+        match crate::door::open_stream(std::path::Path::new(&path)) {
             Ok(f) => Ok(f.into()),
             Err(_) => self
                 .fd

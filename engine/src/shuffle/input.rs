@@ -117,7 +117,7 @@ pub(super) fn for_each_record(
         // One small file, one record (a files dataset): a plain read, not a ring set up and
         // torn down for each of many thousands of files.
         Source::File { path: p, size } if matches!(format, Format::Files) && size <= 8 << 20 => {
-            let bytes = std::fs::read(p).map_err(|e| Error::io(p, "read", Some(0), e))?;
+            let bytes = read_small(p, size)?;
             feed(&mut cut, &bytes)?;
         }
         Source::File { path: p, .. } => {
@@ -137,9 +137,9 @@ pub(super) fn for_each_record(
         Source::Stream { path } => {
             let mut reader: Box<dyn Read> = match path {
                 None => Box::new(std::io::stdin().lock()),
-                Some(p) => {
-                    Box::new(std::fs::File::open(p).map_err(|e| Error::io(p, "open", None, e))?)
-                }
+                Some(p) => Box::new(
+                    crate::door::open_stream(p).map_err(|e| Error::io(p, "open", None, e))?,
+                ),
             };
             let mut buf = vec![0u8; 1 << 20];
             loop {
@@ -155,6 +155,25 @@ pub(super) fn for_each_record(
     }
     each(cut.finish(), &name, max, &mut f)?;
     Ok(cut.head().to_vec())
+}
+
+/// A small regular file's bytes, through the door (not waiting on a FIFO swapped in since it
+/// was classified), refused unless it is still a regular file of `size` bytes.
+fn read_small(p: &Path, size: u64) -> Result<Vec<u8>> {
+    let f = crate::door::open_data(p, false).map_err(|e| Error::io(p, "open", None, e))?;
+    let meta = f.metadata().map_err(|e| Error::io(p, "stat", None, e))?;
+    if !meta.is_file() || meta.len() != size {
+        return Err(Error::BadInput {
+            path: p.into(),
+            offset: None,
+            what: "changed since the inputs were listed: refused, not read".into(),
+        });
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    f.take(size)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(p, "read", Some(bytes.len() as u64), e))?;
+    Ok(bytes)
 }
 
 /// Hands each record of a batch to `f`; a cutting error names the input and byte offset.
