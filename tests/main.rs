@@ -12,6 +12,7 @@ mod budgets;
 mod datasets;
 mod door;
 mod emulate;
+mod limits;
 mod plan;
 mod read;
 mod scratch;

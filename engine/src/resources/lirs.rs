@@ -93,9 +93,10 @@ impl LirsPlan {
             let fit = (room / batch_bytes.max(1)).min(usize::MAX as u64) as usize;
             if fit == 0 {
                 return Err(Error::OverBudget(format!(
-                    "--memory {limit} is too small: the table ({table_bytes} B), offset index ({} B), \
+                    "{} is too small: the table ({table_bytes} B), offset index ({} B), \
                      unit table ({} B), I/O buffers ({buffers} B) and one batch in flight \
                      ({batch_bytes} B) need {} bytes",
+                    d.budget_words(),
                     d.index_bytes,
                     d.units_bytes,
                     fixed

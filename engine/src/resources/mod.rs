@@ -11,6 +11,7 @@
 
 mod buffer;
 mod lirs;
+pub mod memory;
 pub(crate) mod piles;
 #[cfg(test)]
 mod tests;
@@ -22,6 +23,7 @@ use serde::Serialize;
 pub use buffer::{BufferPlan, SCAN_DEPTH, SLOT_OVERHEAD};
 pub use lirs::LirsPlan;
 pub(crate) use lirs::MAX_MERGE;
+pub use memory::{MachineMemory, MemoryFrom};
 pub(crate) use piles::shuffle_layout;
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;
@@ -58,8 +60,10 @@ pub struct Demand {
     pub prefetch: usize,
     /// Random reads in flight, as asked.
     pub depth: usize,
-    /// The memory budget, if any.
+    /// The memory budget, if any (none: the machine's, [`Limits::memory`]).
     pub memory: Option<u64>,
+    /// What set `memory` (`--memory`, or the machine's default budget).
+    pub memory_from: MemoryFrom,
     /// How records group into units.
     #[serde(skip)]
     pub grouping: Grouping,
@@ -73,6 +77,27 @@ impl Demand {
     pub fn batch_bytes(&self) -> u64 {
         let payload = self.batch as f64 * self.bytes as f64 / self.records.max(1) as f64;
         (payload as u64).saturating_add((self.batch + 1) * 16)
+    }
+
+    /// This demand under the machine's default budget when it names none.
+    pub(crate) fn within(&self, limits: &Limits) -> Demand {
+        match (self.memory, limits.memory) {
+            (None, Some(m)) => Demand {
+                memory: Some(m.bytes),
+                memory_from: m.from,
+                ..self.clone()
+            },
+            _ => self.clone(),
+        }
+    }
+
+    /// The budget as an error that it is too small names it: `--memory 1000`, or the
+    /// machine's default budget, its size and what set it.
+    pub(crate) fn budget_words(&self) -> String {
+        match self.memory {
+            Some(m) => self.memory_from.words(m),
+            None => "the memory budget".into(),
+        }
     }
 }
 
@@ -93,6 +118,8 @@ pub struct Limits {
     pub scratch_free: Option<u64>,
     /// Free inodes there, if known.
     pub scratch_inodes: Option<u64>,
+    /// The memory a run given no `--memory` plans within ([`memory::here`]), if known.
+    pub memory: Option<MachineMemory>,
 }
 
 /// The nearest existing directory at or above `p` (scratch is made when a run starts).
@@ -117,6 +144,7 @@ impl Limits {
             open_files: crate::io::open_file_limit(),
             scratch_free: free,
             scratch_inodes: inodes,
+            memory: memory::here(),
         }
     }
 }
@@ -246,9 +274,14 @@ impl ResourcePlan {
                 return refuse(SCRATCH_INODES, files, inodes);
             }
         }
-        if let Some(m) = d.memory {
+        let budget = match (d.memory, limits.memory) {
+            (Some(m), _) => Some((m, d.memory_from)),
+            (None, Some(m)) => Some((m.bytes, m.from)),
+            (None, None) => None,
+        };
+        if let Some((m, from)) = budget {
             if self.memory_bytes > m {
-                return refuse("memory (--memory)", self.memory_bytes, m);
+                return refuse(from.resource(), self.memory_bytes, m);
             }
         }
         Ok(())
@@ -326,6 +359,7 @@ pub fn lirs(d: &Demand, limits: &Limits) -> Result<ResourcePlan> {
 
 /// A LIRS read's sizes and its resource plan, checked against `limits`.
 pub fn lirs_plan(d: &Demand, limits: &Limits) -> Result<(LirsPlan, ResourcePlan)> {
+    let d = &d.within(limits);
     let sizes = LirsPlan::new(d, d.units)?;
     let mut f = sizes.figures(d, limits);
     let (files, why) = open_files(d, limits, 0);
@@ -343,6 +377,7 @@ pub fn buffer_plan(
     pad_records: u64,
     limits: &Limits,
 ) -> Result<(BufferPlan, ResourcePlan)> {
+    let d = &d.within(limits);
     let sizes = BufferPlan::new(d, size, pad_records)?;
     let plan = ResourcePlan::new("buffer", sizes.figures(d).0);
     plan.check(d, limits)?;
@@ -412,6 +447,7 @@ pub fn gen(
         prefetch: 0,
         depth,
         memory: None,
+        memory_from: MemoryFrom::Flag,
         grouping: Grouping::Record,
         runs: false,
     };

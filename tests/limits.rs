@@ -1,0 +1,178 @@
+//! Limits are planned, not hit (issue 30 deliverable 4): a run with no `--memory` sizes
+//! itself within its memory cgroup and `ulimit -v`, a low `ulimit -n` is planned for, and
+//! scratch space is checked and reserved before a run starts. Every limit here is a real
+//! one set on a real `riffle` process: an rlimit set between fork and exec, a memory cgroup
+//! made for the test, a small tmpfs.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+use crate::{assert_ok, gen, skip_needed_in_ci, text, Sandbox};
+
+/// Sets `resource`'s soft and hard limit to `value` on `cmd`'s process before it runs.
+fn with_rlimit(cmd: &mut Command, resource: nix::sys::resource::Resource, value: u64) {
+    // SAFETY: the closure runs in the child between fork and exec and only calls
+    // setrlimit, which is async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::resource::setrlimit(resource, value, value).map_err(std::io::Error::from)
+        });
+    }
+}
+
+/// A `riffle read --json` report.
+fn report(o: &Output) -> Value {
+    assert_ok(o);
+    serde_json::from_slice(&o.stdout).expect("read --json prints one JSON object")
+}
+
+/// A dataset whose two-pass read sizes itself past 300 MB with no budget (2M lines of 150
+/// bytes: about 540 MiB of piles and buffers by default).
+fn lines_of_300_mb(sb: &Sandbox) -> PathBuf {
+    let data = sb.data().join("big.jsonl");
+    gen(sb, &data, "lines", 2_000_000, 150, &[]);
+    data
+}
+
+/// Under `ulimit -v` (about 286 MiB) a two-pass read given no `--memory` plans within what
+/// the address space leaves: it ran out of address space allocating its slots ("could not
+/// allocate 189136896 bytes of I/O slots") before.
+#[test]
+fn the_default_budget_fits_ulimit_v() {
+    let sb = Sandbox::new();
+    let data = lines_of_300_mb(&sb);
+    let limit = 300_000_000u64;
+    let mut cmd = sb.cmd();
+    cmd.arg("read")
+        .arg(&data)
+        .args(["--batch-size", "100", "--mode", "two-pass", "--json"]);
+    with_rlimit(&mut cmd, nix::sys::resource::Resource::RLIMIT_AS, limit);
+    let r = report(&cmd.output().unwrap());
+    assert_eq!(r["records"], 2_000_000, "{r}");
+    let memory = r["resources"]["memory_bytes"].as_u64().unwrap();
+    assert!(
+        memory < limit / 2,
+        "planned {memory} bytes under ulimit -v {limit}"
+    );
+}
+
+/// A memory cgroup this test makes (v1 `memory.limit_in_bytes` inside this process's
+/// group, or v2 `memory.max` where the controller is enabled), removed when dropped; `None`
+/// (skip counted) where that cannot be done here.
+struct MemoryCgroup {
+    dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    fn make(limit: u64) -> Option<MemoryCgroup> {
+        if !nix::unistd::geteuid().is_root() {
+            skip_needed_in_ci("making a memory cgroup needs root");
+            return None;
+        }
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let (parent, file) = if v1.join("memory.limit_in_bytes").exists() {
+            let path = own
+                .lines()
+                .find_map(|l| {
+                    let mut f = l.splitn(3, ':');
+                    let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+                    c.split(',').any(|c| c == "memory").then(|| p.to_owned())
+                })
+                .unwrap_or_default();
+            (
+                v1.join(path.trim_start_matches('/')),
+                "memory.limit_in_bytes",
+            )
+        } else {
+            let root = Path::new("/sys/fs/cgroup");
+            let controllers =
+                std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+            if !controllers.split_whitespace().any(|c| c == "memory") {
+                skip_needed_in_ci("no cgroup memory controller (v1 or v2) is available here");
+                return None;
+            }
+            (root.to_path_buf(), "memory.max")
+        };
+        let dir = parent.join(format!("riffle-test-limits-{}", std::process::id()));
+        if let Err(e) = std::fs::create_dir(&dir) {
+            skip_needed_in_ci(&format!("cannot make {}: {e}", dir.display()));
+            return None;
+        }
+        let group = MemoryCgroup { dir };
+        std::fs::write(group.dir.join(file), limit.to_string()).unwrap();
+        Some(group)
+    }
+
+    /// `riffle ARGS` run inside the group (the shell joins it, then execs riffle).
+    fn riffle(&self, sb: &Sandbox) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg("echo $$ > \"$0\" && exec \"$@\"")
+            .arg(self.dir.join("cgroup.procs"))
+            .arg(env!("CARGO_BIN_EXE_riffle"))
+            .env("XDG_CACHE_HOME", sb.cache());
+        c
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// In a 300 MB memory cgroup a read given no `--memory` plans within 3/4 of the limit and
+/// completes: it sized two-pass at 570 MB, was OOM-killed and left its scratch before.
+#[test]
+fn the_default_budget_fits_the_memory_cgroup() {
+    let limit = 300_000_000u64;
+    let Some(group) = MemoryCgroup::make(limit) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let data = lines_of_300_mb(&sb);
+    let o = group
+        .riffle(&sb)
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "100", "--mode", "two-pass", "--json"])
+        .output()
+        .unwrap();
+    let r = report(&o);
+    assert_eq!(r["records"], 2_000_000, "{r}");
+    let memory = r["resources"]["memory_bytes"].as_u64().unwrap();
+    assert!(
+        memory <= limit / 4 * 3,
+        "planned {memory} bytes in a {limit}-byte cgroup"
+    );
+}
+
+/// A mixture epoch of 10^9 draws (8 GB) with no `--memory` is refused naming the default
+/// budget it does not fit, instead of allocated (under `ulimit -v` 4 GB, so whatever the
+/// machine's RAM; it aborted on the allocation before).
+#[test]
+fn a_huge_mixture_epoch_is_refused_within_the_default_budget() {
+    let sb = Sandbox::new();
+    let (a, b) = (sb.data().join("a.jsonl"), sb.data().join("b.jsonl"));
+    gen(&sb, &a, "lines", 1000, 50, &[]);
+    gen(&sb, &b, "lines", 1000, 50, &[]);
+    let spec = format!(
+        "mix:a={}*0.5,b={}*0.5;size=1000000000",
+        a.display(),
+        b.display()
+    );
+    let mut cmd = sb.cmd();
+    cmd.args(["read", &spec, "--batch-size", "100", "--mode", "lirs"]);
+    with_rlimit(&mut cmd, nix::sys::resource::Resource::RLIMIT_AS, 4 << 30);
+    let o = cmd.output().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("draws take 7.5 GiB") && err.contains("ulimit -v"),
+        "{err}"
+    );
+}
