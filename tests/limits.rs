@@ -176,3 +176,52 @@ fn a_huge_mixture_epoch_is_refused_within_the_default_budget() {
         "{err}"
     );
 }
+
+/// Under `ulimit -n 64`, trees of 1,500 and 20,000 files read in lirs, two-pass, sequential
+/// and bmf (a reader keeps a quarter of the limit open, and the queue depth is planned
+/// below it): each failed with EMFILE before. Under `ulimit -n 20` the run is refused
+/// before it starts, saying to raise `ulimit -n`.
+#[test]
+fn trees_of_thousands_of_files_read_in_every_mode_under_ulimit_n_64() {
+    let sb = Sandbox::new();
+    for files in [1_500u64, 20_000] {
+        let tree = sb.data().join(format!("tree-{files}"));
+        gen(&sb, &tree, "files", files, 100, &[]);
+        for mode in ["lirs", "two-pass", "sequential", "bmf"] {
+            let mut cmd = sb.cmd();
+            cmd.arg("read").arg(&tree).args([
+                "--format",
+                "files",
+                "--batch-size",
+                "100",
+                "--epochs",
+                "2",
+                "--mode",
+                mode,
+                "--json",
+            ]);
+            with_rlimit(&mut cmd, nix::sys::resource::Resource::RLIMIT_NOFILE, 64);
+            let r = report(&cmd.output().unwrap());
+            assert_eq!(r["records"], 2 * files, "{mode}, {files} files: {r}");
+            let planned = r["resources"]["open_files"].as_u64().unwrap();
+            assert!(planned <= 64, "{mode}, {files} files: {planned} planned");
+        }
+        let mut cmd = sb.cmd();
+        cmd.arg("read").arg(&tree).args([
+            "--format",
+            "files",
+            "--batch-size",
+            "100",
+            "--mode",
+            "lirs",
+        ]);
+        with_rlimit(&mut cmd, nix::sys::resource::Resource::RLIMIT_NOFILE, 20);
+        let o = cmd.output().unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("raise ulimit -n") && !err.contains("Too many open files"),
+            "{err}"
+        );
+    }
+}

@@ -537,10 +537,10 @@ pub(crate) fn skipped_name(name: &std::ffi::OsStr) -> bool {
     name.starts_with('.') || name.ends_with(".ridx") || name.contains(".ridx.tmp")
 }
 
-/// Dataset files a reader keeps open at once: a quarter of the soft open-file limit, from 16
-/// to 1,024 (io_uring's registered-file table here, so every open file is a fixed one).
+/// Dataset files a reader keeps open at once: [`io::reader_cap`] of the soft open-file
+/// limit.
 pub fn open_file_cap() -> usize {
-    (crate::io::open_file_limit() / 4).clamp(16, 1024) as usize
+    io::reader_cap(io::open_file_limit())
 }
 
 /// Expands paths, directories and globs into the ordered list of files.

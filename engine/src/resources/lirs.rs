@@ -25,6 +25,8 @@ pub struct LirsPlan {
     pub batch_bytes: u64,
     /// Batches under assembly at once (reads of about depth / batch + 2 batches in flight).
     pub assembling: u64,
+    /// Random reads in flight (`d.depth`: as the plan has it, see `resources::read_depth`).
+    pub depth: usize,
 }
 
 impl LirsPlan {
@@ -112,6 +114,7 @@ impl LirsPlan {
             table_bytes,
             batch_bytes,
             assembling,
+            depth: d.depth.max(1),
         })
     }
 

@@ -261,7 +261,7 @@ impl ResourcePlan {
             }
         }
         if self.open_files > limits.open_files {
-            return refuse("open files (ulimit -n)", self.open_files, limits.open_files);
+            return refuse(OPEN_FILES, self.open_files, limits.open_files);
         }
         if let Some(free) = limits.scratch_free {
             if self.scratch_bytes > free {
@@ -337,17 +337,57 @@ impl Figures {
     }
 }
 
-/// Files a run may keep open at once: the lazy readers share half the soft open-file limit
-/// (`io::reader`), never more than the dataset's files, and a few for the run's own use.
-fn open_files(d: &Demand, limits: &Limits, extra: u64) -> (u64, String) {
-    let share = (limits.open_files / 2).clamp(16, 1 << 20);
-    let files = d.files.min(share);
+/// Descriptors a run keeps beside its dataset's files and piles: stdio, the ring and its
+/// eventfd, the scratch directory and its lock, `--ids-out`, the daemon's socket.
+pub const OWN_FILES: u64 = 16;
+
+/// The resource an [`Error::Exhausted`] names when a run's files do not fit `ulimit -n`.
+pub const OPEN_FILES: &str = "open files (raise ulimit -n)";
+
+/// Files a reader of `d` may keep open at once: each of its reads in flight holds its file,
+/// and it keeps at most [`crate::io::reader_cap`] of the dataset's files (a quarter of the
+/// open-file limit) open, never more than the dataset has.
+fn reader_files(d: &Demand, limits: &Limits) -> u64 {
+    let cap = crate::io::reader_cap(limits.open_files) as u64;
+    d.files.min(cap.max(d.depth as u64 + 1))
+}
+
+/// The random reads in flight a read of `d` plans: as asked, or, for a dataset of more
+/// files than a reader keeps open, one fewer than that cap (a dataset of 20,000 files at
+/// QD 64 under `ulimit -n 64` held 65 files open and failed with EMFILE). The queue depth
+/// never changes a batch. Returns the depth and, when lowered, why.
+pub fn read_depth(d: &Demand, limits: &Limits) -> (usize, Option<String>) {
+    let cap = crate::io::reader_cap(limits.open_files);
+    if d.files > cap as u64 && d.depth >= cap {
+        let why = format!(
+            "random reads in flight: {} asked, {} fit (each holds its file open, and a reader \
+             keeps at most {cap} of the dataset's {} files open: a quarter of ulimit -n {})",
+            d.depth,
+            cap - 1,
+            d.files,
+            limits.open_files
+        );
+        (cap - 1, Some(why))
+    } else {
+        (d.depth, None)
+    }
+}
+
+/// The open files of a run whose readers are `readers` (each `(files, why)`) and that
+/// holds `extra` files of its own (pile group files), with [`OWN_FILES`] beside.
+fn open_files(readers: &[(u64, &str)], limits: &Limits, extra: u64) -> (u64, String) {
+    let files: u64 = readers.iter().map(|r| r.0).sum();
+    let said: Vec<String> = readers
+        .iter()
+        .map(|(n, why)| format!("{n} {why}"))
+        .collect();
     (
-        files + extra,
+        files + extra + OWN_FILES,
         format!(
-            "{} of the dataset's {} file(s) at most (half the open-file limit of {}), and {extra} \
-             for the run's own files",
-            files, d.files, limits.open_files
+            "{} (a reader keeps a quarter of the open-file limit of {} at most), {extra} of the \
+             run's own files and {OWN_FILES} for stdio, rings and the like",
+            said.join(", "),
+            limits.open_files
         ),
     )
 }
@@ -359,10 +399,18 @@ pub fn lirs(d: &Demand, limits: &Limits) -> Result<ResourcePlan> {
 
 /// A LIRS read's sizes and its resource plan, checked against `limits`.
 pub fn lirs_plan(d: &Demand, limits: &Limits) -> Result<(LirsPlan, ResourcePlan)> {
-    let d = &d.within(limits);
+    let (depth, lowered) = read_depth(d, limits);
+    let d = &Demand {
+        depth,
+        ..d.within(limits)
+    };
     let sizes = LirsPlan::new(d, d.units)?;
     let mut f = sizes.figures(d, limits);
-    let (files, why) = open_files(d, limits, 0);
+    if let (Some(why), Some(q)) = (lowered, f.0.iter_mut().find(|f| f.name == "queue_depth")) {
+        q.reason = why;
+    }
+    let reader = reader_files(d, limits);
+    let (files, why) = open_files(&[(reader, "of the dataset's files")], limits, 0);
     f.push("open_files", Kind::Count, files, why);
     let plan = ResourcePlan::new(if d.runs { "baseline" } else { "lirs" }, f.0);
     plan.check(d, limits)?;
@@ -472,13 +520,25 @@ pub(crate) fn two_pass_plan(
         ..d.clone()
     };
     let mut f = sizes.figures(&d, limits);
-    // The scatter keeps at most 16 dataset files open; the piles' group files are the
-    // run's own (one set being read, the next being written).
-    let scatter = Demand {
-        files: d.files.min(16),
-        ..d.clone()
-    };
-    let (files, why) = open_files(&scatter, limits, 2 * sizes.layout.groups() as u64);
+    // The scatter keeps at most 16 dataset files open, a lead reading beside it its
+    // reader's; the piles' group files are the run's own (one set being read, the next
+    // being written).
+    let (lead_depth, _) = read_depth(&d, limits);
+    let lead = reader_files(
+        &Demand {
+            depth: lead_depth,
+            ..d.clone()
+        },
+        limits,
+    );
+    let (files, why) = open_files(
+        &[
+            (d.files.min(16), "files the scatter reads"),
+            (lead, "files a lead reads beside it"),
+        ],
+        limits,
+        2 * sizes.layout.groups() as u64,
+    );
     f.push("open_files", Kind::Count, files, why);
     let plan = ResourcePlan::new("two-pass", f.0);
     plan.check(&d, limits)?;
