@@ -225,3 +225,45 @@ fn trees_of_thousands_of_files_read_in_every_mode_under_ulimit_n_64() {
         );
     }
 }
+
+/// Three ranks of a job started at once with `auto` on one small scratch disk, where one
+/// rank's piles fit and two do not: each decides seeing what the others reserved, so at
+/// most one reads through piles and every rank completes. All three chose two-pass and
+/// failed with ENOSPC before (each checked the free space alone).
+#[test]
+fn ranks_sharing_a_small_scratch_reserve_it_and_all_complete() {
+    let sb = Sandbox::new();
+    let Some(disk) = crate::SmallDisk::mount(&sb, "100M") else {
+        return;
+    };
+    let data = sb.data().join("d.jsonl");
+    gen(&sb, &data, "lines", 210_000, 150, &[]);
+    sb.seed_probe(&sb.data());
+    let ranks: Vec<_> = (0..3)
+        .map(|rank| {
+            sb.cmd()
+                .arg("read")
+                .arg(&data)
+                .args(["--batch-size", "100", "--world", "3", "--json"])
+                .args(["--rank", &rank.to_string(), "--scratch"])
+                .arg(disk.path())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut piles = 0;
+    for child in ranks {
+        let r = report(&child.wait_with_output().unwrap());
+        if r["mode"] == "two-pass" {
+            piles += 1;
+        }
+    }
+    assert!(
+        piles <= 1,
+        "{piles} ranks read through piles on a disk that holds one's"
+    );
+    let left: Vec<_> = std::fs::read_dir(disk.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "scratch left: {left:?}");
+}

@@ -37,6 +37,9 @@ use rand::RngExt;
 
 use crate::{door, notice, Error, Result};
 
+mod reserve;
+pub use reserve::{reserve, reserved_by_others, Reservation};
+
 /// Names of scratch directories start with this.
 pub const DIR_PREFIX: &str = ".riffle-scratch-";
 /// Names of temporary files contain this (after a dot and the destination's name).

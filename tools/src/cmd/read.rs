@@ -226,10 +226,21 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         )?),
         None => None,
     };
-    choose_mode(&mut job, a.json)?;
-    if job.mode == Mode::TwoPass {
-        modes::twopass::check_scratch(&job.first, &job.opts, &job.scratch)?;
-    }
+    // The mode is chosen and the piles' scratch checked and reserved as one step among the
+    // runs sharing the scratch location (ranks of one job): each sees what the others
+    // reserved. The reservation is held until the run ends.
+    let model = match job.mode {
+        Mode::Auto => Some(device_model(&job.first, a.json)?),
+        _ => None,
+    };
+    let scratch = job.scratch.clone();
+    let _reserved = riffle::scratch::reserve(&scratch, |others| {
+        choose_mode(&mut job, model, others, a.json)?;
+        if job.mode != Mode::TwoPass {
+            return Ok(None);
+        }
+        modes::twopass::check_scratch(&job.first, &job.opts, &job.scratch, others).map(Some)
+    })?;
     let stream = job.read(&src)?;
     let done = deliver(stream, &job, ids_out.as_mut(), a.labels, a.json)?;
     if let Some(out) = ids_out {
@@ -245,14 +256,19 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     Ok(())
 }
 
-/// Resolves the job's mode: for `auto`, the planner's choice on the device's profile
-/// (probed now if none is cached), announced unless the output is JSON; a two-pass read
-/// on a device known to seek is not led (see `DeviceModel::leads`).
-fn choose_mode(job: &mut ReadJob, json: bool) -> Result<()> {
-    match job.mode {
-        Mode::Auto => {
-            let (dev, probed) = device_model(&job.first, json)?;
-            job.choose(Some(&dev))?;
+/// Resolves the job's mode: for `auto`, the planner's choice on the device's `model` (its
+/// profile, and whether it was just probed), with the scratch free space less what other
+/// runs there reserved (`others`), announced unless the output is JSON; a two-pass read on
+/// a device known to seek is not led (see `DeviceModel::leads`).
+fn choose_mode(
+    job: &mut ReadJob,
+    model: Option<(riffle::plan::DeviceModel, bool)>,
+    others: (u64, u64),
+    json: bool,
+) -> riffle::Result<()> {
+    match (job.mode, model) {
+        (Mode::Auto, Some((dev, probed))) => {
+            job.choose_beside(Some(&dev), others)?;
             if let (false, Some(p)) = (json, &job.plan) {
                 eprintln!(
                     "auto: {}{}: {}",
@@ -262,7 +278,7 @@ fn choose_mode(job: &mut ReadJob, json: bool) -> Result<()> {
                 );
             }
         }
-        Mode::TwoPass => {
+        (Mode::TwoPass, _) => {
             let dev = riffle::plan::cached_device_model(job.device_path());
             job.choose(dev.as_ref())?;
         }
