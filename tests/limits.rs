@@ -267,3 +267,58 @@ fn ranks_sharing_a_small_scratch_reserve_it_and_all_complete() {
     let left: Vec<_> = std::fs::read_dir(disk.path()).unwrap().flatten().collect();
     assert!(left.is_empty(), "scratch left: {left:?}");
 }
+
+/// On a read-only filesystem with no cached profile, `read` (auto) and `plan` plan with a
+/// default profile and say so: the probe could not write its region and both failed
+/// ("Read-only file system") before. The filesystem is a tmpfs this test mounts and
+/// remounts read-only.
+#[test]
+fn a_read_only_filesystem_plans_with_a_default_profile() {
+    let sb = Sandbox::new();
+    let Some(disk) = crate::SmallDisk::mount(&sb, "16M") else {
+        return;
+    };
+    // Written on the sandbox's disk and copied: a ring of riffle's writes may hold the
+    // file open for a moment after the process ends, and a remount waits for no one.
+    let made = sb.data().join("d.jsonl");
+    gen(&sb, &made, "lines", 1000, 50, &[]);
+    let data = disk.path().join("d.jsonl");
+    std::fs::copy(&made, &data).unwrap();
+    let ro = Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(disk.path())
+        .output()
+        .unwrap();
+    assert!(
+        ro.status.success(),
+        "remount read-only: {}",
+        text(&ro.stderr)
+    );
+    for args in [&["read", "--json"][..], &["plan", "--json"]] {
+        let o = sb
+            .cmd()
+            .arg(args[0])
+            .arg(&data)
+            .args(["--batch-size", "10"])
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("cannot be probed") && err.contains("default sata-ssd profile"),
+            "{}: {err}",
+            args[0]
+        );
+    }
+    let r: Value = serde_json::from_slice(
+        &sb.cmd()
+            .args(["read", "--json", "--batch-size", "10"])
+            .arg(&data)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(r["records"], 1000, "{r}");
+}

@@ -179,7 +179,9 @@ impl Args {
 }
 
 /// The planner's view of the device holding the dataset: its cached profile, or a quick
-/// probe now (announced, then cached for later runs).
+/// probe now (announced, then cached for later runs); where the probe cannot write its
+/// region (a read-only filesystem, a directory this user may not write), a default profile
+/// of the device's kind, with a notice.
 pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceModel, bool)> {
     let path = &ds.files()[0].path;
     if let Some(model) = riffle::plan::cached_device_model(path) {
@@ -188,6 +190,25 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
     let dir = riffle::probe::scratch_dir(path)?;
     let dev = riffle::device::identify(&dir)
         .with_context(|| format!("{}: cannot identify its device", dir.display()))?;
+    let fallback = |why: &dyn std::fmt::Display| {
+        let rotational = dev.rotational.unwrap_or(false);
+        eprintln!(
+            "riffle: notice: no profile of device {} ({}) is cached and it cannot be probed \
+             here ({why}): planning with a default {} profile; `riffle probe DIR` on a \
+             writable directory of that device measures it",
+            dev.name.as_deref().unwrap_or("?"),
+            dev.dev,
+            if rotational { "hdd" } else { "sata-ssd" },
+        );
+        (riffle::plan::DeviceModel::fallback(rotational), false)
+    };
+    if let Err(e) = nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK) {
+        return Ok(fallback(&format!(
+            "{}: {}",
+            dir.display(),
+            std::io::Error::from(e)
+        )));
+    }
     eprintln!(
         "riffle: no profile of device {} ({}) is cached yet: measuring it with a quick probe \
          (about 15 s, once; `riffle probe` shows or refreshes it)",
@@ -196,8 +217,24 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
     );
     // Nothing is cached (just looked): measure straight away.
     let opts = riffle::probe::ProbeOptions::new(true);
-    let (profile, _) = super::probe::cached_or_probe(&dir, &opts, true, json)?;
-    Ok((riffle::plan::DeviceModel::from_profile(&profile), true))
+    match super::probe::cached_or_probe(&dir, &opts, true, json) {
+        Ok((profile, _)) => Ok((riffle::plan::DeviceModel::from_profile(&profile), true)),
+        // Writable by its mode bits, refused all the same (a read-only bind mount, an
+        // immutable directory, a full disk).
+        Err(e) if cannot_write(&e) => Ok(fallback(&e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `e` says the probe could not create or write its region.
+fn cannot_write(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<riffle::Error>())
+        .filter_map(riffle::Error::raw_os_error)
+        .any(|n| {
+            use nix::errno::Errno;
+            [Errno::EROFS, Errno::EACCES, Errno::EPERM, Errno::ENOSPC].contains(&Errno::from_raw(n))
+        })
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
