@@ -322,3 +322,32 @@ fn a_read_only_filesystem_plans_with_a_default_profile() {
     .unwrap();
     assert_eq!(r["records"], 1000, "{r}");
 }
+
+/// A shuffle whose piles cannot fit its `--tmpdir` is refused before it reads anything,
+/// saying what it needs and what is free; it failed with ENOSPC after reading most of its
+/// input before.
+#[test]
+fn a_shuffle_too_big_for_its_scratch_is_refused_up_front() {
+    let sb = Sandbox::new();
+    let Some(disk) = crate::SmallDisk::mount(&sb, "20M") else {
+        return;
+    };
+    let input = sb.data().join("in.jsonl");
+    gen(&sb, &input, "lines", 210_000, 150, &[]);
+    let out = sb.data().join("out.jsonl");
+    let o = crate::shuffle::shuffle_to(
+        &sb,
+        &input,
+        &out,
+        &["--memory", "8M", "--tmpdir", disk.path().to_str().unwrap()],
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("shuffle needs at least 30.") && err.contains("20.0 MiB is free"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    let left: Vec<_> = std::fs::read_dir(disk.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "scratch left: {left:?}");
+}
