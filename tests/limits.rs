@@ -351,3 +351,60 @@ fn a_shuffle_too_big_for_its_scratch_is_refused_up_front() {
     let left: Vec<_> = std::fs::read_dir(disk.path()).unwrap().flatten().collect();
     assert!(left.is_empty(), "scratch left: {left:?}");
 }
+
+/// A two-pass run SIGKILLed mid-scatter and not yet reaped by its parent (a zombie, as a
+/// killed rank is until its launcher waits) leaves scratch that a run started at once
+/// reclaims: the dead pid still answered signal 0, and only a run started later took it.
+#[test]
+fn a_killed_run_not_yet_reaped_is_reclaimed_at_once() {
+    let sb = Sandbox::new();
+    let big = sb.data().join("big.npy");
+    gen(&sb, &big, "npy", 3_000_000, 100, &[]);
+    let small = sb.data().join("small.npy");
+    gen(&sb, &small, "npy", 1000, 100, &[]);
+    let scratch = sb.path().join("scratch");
+    let mut victim = sb
+        .cmd()
+        .arg("read")
+        .arg(&big)
+        .args(["--batch-size", "100", "--mode", "two-pass", "--scratch"])
+        .arg(&scratch)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let piles = |pid: u32| {
+        std::fs::read_dir(&scratch).ok().is_some_and(|rd| {
+            rd.flatten().any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with(&format!(".riffle-scratch-two-pass-{pid}-"))
+            })
+        })
+    };
+    // A deadline only catches a hang.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !piles(victim.id()) {
+        assert!(std::time::Instant::now() < deadline, "no piles appeared");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Not reaped: the victim is a zombie while the next run starts.
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&small)
+        .args(["--batch-size", "100", "--mode", "two-pass", "--scratch"])
+        .arg(&scratch)
+        .output()
+        .unwrap();
+    let pid = victim.id();
+    assert_ok(&o);
+    let err = text(&o.stderr);
+    assert!(!piles(pid), "the killed run's piles were left: {err}");
+    assert!(err.contains("reclaimed"), "{err}");
+    victim.wait().unwrap();
+}
