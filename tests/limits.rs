@@ -408,3 +408,56 @@ fn a_killed_run_not_yet_reaped_is_reclaimed_at_once() {
     assert!(err.contains("reclaimed"), "{err}");
     victim.wait().unwrap();
 }
+
+/// A dataset of 20,000 empty files beside two real ones, as a directory of lines files and
+/// as a files tree, says so in one notice per run, not one line per file (20,000 lines
+/// before); a few empty files are still named one by one.
+#[test]
+fn thousands_of_empty_files_get_one_summary_notice() {
+    let sb = Sandbox::new();
+    let lines = sb.data().join("lines");
+    let tree = sb.data().join("tree");
+    for d in [&lines, &tree.join("a"), &tree.join("b")] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    for i in 0..20_000 {
+        std::fs::File::create(lines.join(format!("e{i:05}.jsonl"))).unwrap();
+        std::fs::File::create(tree.join("b").join(format!("e{i:05}.bin"))).unwrap();
+    }
+    std::fs::write(lines.join("z.jsonl"), "{\"x\":1}\n{\"x\":2}\n").unwrap();
+    std::fs::write(tree.join("a/one.bin"), "x").unwrap();
+    for (dir, format) in [(&lines, "lines"), (&tree, "files")] {
+        let o = sb
+            .cmd()
+            .arg("read")
+            .arg(dir)
+            .args(["--format", format, "--batch-size", "1", "--mode", "lirs"])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let err = text(&o.stderr);
+        let empties = err.lines().filter(|l| l.contains("empty")).count();
+        assert_eq!(empties, 1, "{format}: {}", &err[..err.len().min(2000)]);
+        assert!(
+            err.contains("skipping 20000 empty files"),
+            "{format}: {err}"
+        );
+    }
+    let few = sb.data().join("few");
+    std::fs::create_dir(&few).unwrap();
+    std::fs::File::create(few.join("a.jsonl")).unwrap();
+    std::fs::write(few.join("b.jsonl"), "{}\n").unwrap();
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&few)
+        .args(["--batch-size", "1", "--mode", "lirs"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    assert!(
+        text(&o.stderr).contains("a.jsonl: it is empty"),
+        "{}",
+        text(&o.stderr)
+    );
+}

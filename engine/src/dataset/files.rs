@@ -160,7 +160,7 @@ fn walk_tree(root: &Path) -> Result<Walked> {
     dirs.push(dir_id(Path::new(""), &root_meta));
     // (directory, its path relative to ROOT, its class)
     let mut stack = vec![(root.to_path_buf(), PathBuf::new(), None::<String>)];
-    let mut empty = 0u64;
+    let mut empty = Vec::new();
     while let Some((dir, rel, class)) = stack.pop() {
         let entries =
             std::fs::read_dir(&dir).map_err(|e| Error::io(&dir, "list directory", None, e))?;
@@ -202,14 +202,7 @@ fn walk_tree(root: &Path) -> Result<Walked> {
                 stack.push((path, sub, class));
             } else if meta.is_file() {
                 if meta.len() == 0 {
-                    empty += 1;
-                    notice::once(
-                        &format!("empty:{}", path.display()),
-                        &format!(
-                            "skipping {}: it is empty (0 bytes, no record)",
-                            path.display()
-                        ),
-                    );
+                    empty.push(path);
                     continue;
                 }
                 found.push(Found {
@@ -231,11 +224,13 @@ fn walk_tree(root: &Path) -> Result<Walked> {
             }
         }
     }
+    empty.sort();
+    super::notice_empty(&empty.iter().map(PathBuf::as_path).collect::<Vec<_>>());
     Ok(Walked {
         found,
         dirs,
         classes,
-        empty,
+        empty: empty.len() as u64,
     })
 }
 
