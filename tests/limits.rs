@@ -461,3 +461,26 @@ fn thousands_of_empty_files_get_one_summary_notice() {
         text(&o.stderr)
     );
 }
+
+/// `--memory 0` is refused as a budget that holds nothing, a usage error, not blamed on
+/// the dataset's first record (issue 30 D36).
+#[test]
+fn a_memory_budget_of_zero_is_refused_as_such() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.jsonl");
+    gen(&sb, &data, "lines", 100, 150, &[]);
+    for cmd in ["read", "index"] {
+        let mut c = sb.cmd();
+        c.arg(cmd).arg(&data).args(["--memory", "0"]);
+        if cmd == "read" {
+            c.args(["--batch-size", "10"]);
+        }
+        let o = c.output().unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
+        assert!(
+            err.contains("0 bytes holds nothing") && !err.contains("record of"),
+            "{cmd}: {err}"
+        );
+    }
+}

@@ -59,6 +59,11 @@ impl MixSpec {
                 ),
                 None => (body, None),
             };
+            if list.contains(";size=") {
+                return Err(format!(
+                    "'{s}': size is given more than once (a mixture ends with one ';size=N')"
+                ));
+            }
             let mut sources = Vec::new();
             for part in list.split(',') {
                 let (name, rest) = part.split_once('=').ok_or_else(|| {
@@ -304,6 +309,11 @@ mod tests {
         ] {
             assert!(MixSpec::parse(bad).unwrap().is_err(), "{bad}");
         }
+        // Said as what it is, not as a weight that is not a number (issue 30 D36).
+        let twice = MixSpec::parse("mix:a=x*1;size=10;size=20")
+            .unwrap()
+            .unwrap_err();
+        assert!(twice.contains("size is given more than once"), "{twice}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub struct JobArgs {
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
     /// Hard ceiling on engine-owned memory (tables, indexes, buffers, read-ahead).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = riffle::size::parse_budget)]
     pub memory: Option<u64>,
     /// record (an exact uniform shuffle) or page (records starting in one aligned block
     /// move together: one read per block).
