@@ -85,7 +85,7 @@ pub struct Readings {
 const MAP_RESERVE: u64 = 64 << 20;
 
 /// The budget the readings leave: the least of a quarter of the available RAM, 3/4 of the smallest
-/// cgroup limit, and half of the address space left after [`MAP_RESERVE`]; `None` when
+/// cgroup limit, and half of the address space left after 64 MiB for mappings; `None` when
 /// nothing is known.
 pub fn budget(r: &Readings) -> Option<MachineMemory> {
     let cgroup = r.cgroup_limits.iter().flatten().min().copied();

@@ -75,13 +75,7 @@ impl PilePlan {
             .saturating_add(d.index_bytes)
             .saturating_add((d.prefetch as u64 + 1).saturating_mul(batch_bytes))
             .saturating_add(scan_bytes(scan_size)); // the scatter's reader
-                                                    // With no --memory, 512 MiB of piles, or what the machine's budget leaves (a
-                                                    // memory cgroup, ulimit -v) when that is less.
-        let budget = match (d.memory, limits.memory) {
-            (Some(m), _) => m.saturating_sub(fixed),
-            (None, Some(m)) => m.bytes.saturating_sub(fixed).min(512 << 20),
-            (None, None) => 512 << 20,
-        };
+        let budget = pile_budget(d, limits, fixed);
         // The pile store's I/O in flight scales with this (twice as much writing, three times
         // as much reading): as much as the scatter's reads, 4 MiB at most, and no more than
         // a sixteenth of the budget.
@@ -396,6 +390,17 @@ pub(crate) fn shuffle_layout(estimate: u64, memory: u64, open_files: u64) -> Lay
 /// (60-70k records/s at 128 MiB, 57k at 64 MiB, 48k at 32 MiB, against 131-133k, 83-88k and
 /// 64k with a sixty-fourth); at 16 MiB 48 KiB stays faster (28k against 22k: larger reads
 /// leave too little for the piles).
+/// What the piles may take once `fixed` bytes are held: the rest of `--memory`; with
+/// none, 512 MiB, or what the machine's budget leaves (a memory cgroup, ulimit -v) when
+/// that is less.
+fn pile_budget(d: &Demand, limits: &Limits, fixed: u64) -> u64 {
+    match (d.memory, limits.memory) {
+        (Some(m), _) => m.saturating_sub(fixed),
+        (None, Some(m)) => m.bytes.saturating_sub(fixed).min(512 << 20),
+        (None, None) => 512 << 20,
+    }
+}
+
 fn scan_size(memory: Option<u64>) -> u64 {
     match memory {
         Some(m) if m < (32 << 20) => 48 << 10,
