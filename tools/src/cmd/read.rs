@@ -27,6 +27,10 @@ pub struct JobArgs {
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
     /// Hard ceiling on engine-owned memory (tables, indexes, buffers, read-ahead).
+    ///
+    /// Without it the run plans within a default budget: the least of a quarter of the
+    /// available RAM, 3/4 of this process's memory cgroup limit (v1 or v2) and half of what
+    /// `ulimit -v` leaves; two-pass takes at most 512 MiB of piles within it.
     #[arg(long, value_parser = riffle::size::parse_budget)]
     pub memory: Option<u64>,
     /// record (an exact uniform shuffle) or page (records starting in one aligned block
