@@ -26,22 +26,28 @@ pub enum MemoryFrom {
 }
 
 impl MemoryFrom {
+    /// What sets the budget, in a few words.
+    pub fn source(self) -> &'static str {
+        match self {
+            MemoryFrom::Flag => "--memory",
+            MemoryFrom::Available => "a quarter of the available RAM",
+            MemoryFrom::Cgroup => "3/4 of this process's memory cgroup limit",
+            MemoryFrom::AddressSpace => "half of what ulimit -v leaves",
+        }
+    }
+
     /// The budget of `bytes` as a message names it: `--memory 1000`, or the default
     /// budget, its size, what set it and what to do.
     pub fn words(self, bytes: u64) -> String {
-        let why = match self {
+        let todo = match self {
             MemoryFrom::Flag => return format!("--memory {bytes}"),
-            MemoryFrom::Available => "a quarter of the available RAM; give --memory to set one",
-            MemoryFrom::Cgroup => {
-                "3/4 of this process's memory cgroup limit; give --memory to set one"
-            }
-            MemoryFrom::AddressSpace => {
-                "half of what ulimit -v leaves; give --memory to set one, or raise ulimit -v"
-            }
+            MemoryFrom::AddressSpace => "give --memory to set one, or raise ulimit -v",
+            _ => "give --memory to set one",
         };
         format!(
-            "the default memory budget of {} ({why})",
-            crate::size::human_bytes(bytes as f64)
+            "the default memory budget of {} ({}; {todo})",
+            crate::size::human_bytes(bytes as f64),
+            self.source()
         )
     }
 

@@ -67,7 +67,11 @@ pub fn run(a: Args) -> Result<()> {
         w.epochs,
         match (w.memory, riffle::resources::memory::here()) {
             (Some(m), _) => human_bytes(m as f64),
-            (None, Some(m)) => m.from.words(m.bytes),
+            (None, Some(m)) => format!(
+                "{} by default ({})",
+                human_bytes(m.bytes as f64),
+                m.from.source()
+            ),
             (None, None) => "unlimited".into(),
         },
         w.scratch_free
