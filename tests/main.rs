@@ -14,6 +14,7 @@ mod datasets;
 mod door;
 mod edges;
 mod emulate;
+mod limits;
 mod plan;
 mod read;
 mod scratch;

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use crate::dataset::{Dataset, OpenOptions};
 use crate::modes::{BatchStream, ReadOptions, ReadReport};
 use crate::order::{EpochKey, Grouping};
+use crate::resources::MemoryFrom;
 use crate::{Error, Result};
 
 /// One source of a mixture.
@@ -58,6 +59,11 @@ impl MixSpec {
                 ),
                 None => (body, None),
             };
+            if list.contains(";size=") {
+                return Err(format!(
+                    "'{s}': size is given more than once (a mixture ends with one ';size=N')"
+                ));
+            }
             let mut sources = Vec::new();
             for part in list.split(',') {
                 let (name, rest) = part.split_once('=').ok_or_else(|| {
@@ -128,12 +134,19 @@ pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
     // An epoch's draws are held in memory, 8 bytes a record (and a source's sample ranks
     // 16 bytes a record of it while it is drawn).
     let draws_bytes = total.saturating_mul(8);
-    if total > MAX_EPOCH || opts.max_record.is_some_and(|m| draws_bytes > m) {
+    // Within --memory, or the machine's budget without it (`size=1000000000` with no
+    // --memory allocated 8 GB).
+    let budget = match opts.max_record {
+        Some(m) => Some((m, MemoryFrom::Flag)),
+        None => crate::resources::memory::here().map(|m| (m.bytes, m.from)),
+    };
+    let over = budget.filter(|&(m, _)| draws_bytes > m);
+    if total > MAX_EPOCH || over.is_some() {
         return Err(Error::OverBudget(format!(
             "a mixture epoch of {total} records: its draws take {} in memory, more than {}",
             crate::size::human_bytes(draws_bytes as f64),
-            match opts.max_record {
-                Some(m) => format!("--memory ({})", crate::size::human_bytes(m as f64)),
+            match over {
+                Some((m, from)) => from.words(m),
                 None => format!("the {MAX_EPOCH} records a mixture epoch may hold"),
             }
         )));
@@ -305,6 +318,11 @@ mod tests {
         ] {
             assert!(MixSpec::parse(bad).unwrap().is_err(), "{bad}");
         }
+        // Said as what it is, not as a weight that is not a number (issue 30 D36).
+        let twice = MixSpec::parse("mix:a=x*1;size=10;size=20")
+            .unwrap()
+            .unwrap_err();
+        assert!(twice.contains("size is given more than once"), "{twice}");
     }
 
     /// Issue 30 D33: a mixture nested in a source, however deep, is refused at once with

@@ -81,6 +81,34 @@ pub struct DeviceModel {
 }
 
 impl DeviceModel {
+    /// A stand-in for a device riffle cannot probe (no profile is cached and the probe
+    /// cannot write its region: a read-only filesystem): the figures `--emulate` sets for
+    /// `hdd` on a disk the kernel calls rotational, for `sata-ssd` otherwise; a class below
+    /// most flash devices, so the planner's choice errs towards sequential I/O.
+    pub fn fallback(rotational: bool) -> DeviceModel {
+        let class = if rotational {
+            crate::emulate::DeviceClass::Hdd
+        } else {
+            crate::emulate::DeviceClass::SataSsd
+        };
+        let l = class.limits();
+        let iops = l.read_iops.unwrap_or(90_000) as f64;
+        let read = l.read_bps.unwrap_or(550_000_000) as f64;
+        // A flash device reaches its IOPS at a queue depth of 32 or so, a disk at any.
+        let random = if rotational {
+            vec![(4096, 1, iops), (4096, 64, iops)]
+        } else {
+            vec![(4096, 1, iops / 8.0), (4096, 32, iops), (4096, 128, iops)]
+        };
+        DeviceModel {
+            seq_read_bps: read,
+            seq_write_bps: l.write_bps.map_or(read, |w| w as f64),
+            random,
+            emulated: None,
+            shared_rw: true,
+        }
+    }
+
     /// The model of a probe profile.
     pub fn from_profile(p: &Profile) -> DeviceModel {
         DeviceModel {

@@ -206,13 +206,22 @@ impl ReadJob {
     /// and a two-pass read leads with LIRS as asked unless the device seeks. Fails only
     /// when the planner does, leaving the job as it was.
     pub fn choose(&mut self, model: Option<&DeviceModel>) -> Result<()> {
+        self.choose_beside(model, (0, 0))
+    }
+
+    /// [`ReadJob::choose`] beside other runs in the scratch location that reserved `others`
+    /// (bytes, files) of it and have not written them yet (`scratch::reserved_by_others`):
+    /// `auto` plans with the free space less those.
+    pub fn choose_beside(&mut self, model: Option<&DeviceModel>, others: (u64, u64)) -> Result<()> {
         match (self.mode, model) {
             (Mode::Auto, None) => {
                 self.mode = Mode::Lirs;
                 self.opts.lead = false;
             }
             (Mode::Auto, Some(model)) => {
-                let free = crate::probe::free_bytes(&self.scratch).ok();
+                let free = crate::probe::free_bytes(&self.scratch)
+                    .ok()
+                    .map(|f| f.saturating_sub(others.0));
                 let p = crate::plan::plan(&self.first, &self.opts, model, free)?;
                 self.mode = p.choice.into();
                 self.opts.lead = p.lead;

@@ -37,6 +37,9 @@ use rand::RngExt;
 
 use crate::{door, notice, Error, Result};
 
+mod reserve;
+pub use reserve::{reserve, reserved_by_others, Reservation};
+
 /// Names of scratch directories start with this.
 pub const DIR_PREFIX: &str = ".riffle-scratch-";
 /// Names of temporary files contain this (after a dot and the destination's name).
@@ -167,6 +170,10 @@ fn start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Whether process `pid` (started at `start`, when known) lives. A process that is exiting
+/// or a zombie does not: a SIGKILLed run whose parent has not reaped it yet, or whose
+/// io_uring workers are still being torn down, answers signal 0 for a while after its
+/// files and locks are gone (a run started at once left its scratch; one 2 s later took it).
 fn alive(pid: u32, start: Option<u64>) -> bool {
     let Ok(raw) = i32::try_from(pid) else {
         return false;
@@ -177,11 +184,31 @@ fn alive(pid: u32, start: Option<u64>) -> bool {
     match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None) {
         Err(nix::errno::Errno::ESRCH) => false,
         // EPERM: alive, owned by someone else.
-        _ => match start {
-            Some(s) => start_time(pid).is_none_or(|now| now == s),
-            None => true,
-        },
+        _ => {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+            if stat.as_deref().is_some_and(ending) {
+                return false;
+            }
+            match start {
+                Some(s) => start_time(pid).is_none_or(|now| now == s),
+                None => true,
+            }
+        }
     }
+}
+
+/// Whether a /proc/PID/stat line is a process that is ending: a zombie or dead (state Z, X
+/// or x), or exiting (PF_EXITING among its flags, field 9).
+fn ending(stat: &str) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Some(rest) = stat.rfind(')').map(|at| &stat[at + 1..]) else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let state = fields.next().unwrap_or("");
+    // After the state: ppid, pgrp, session, tty_nr, tpgid, then the flags.
+    let flags: u64 = fields.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
 }
 
 fn random_suffix() -> String {
@@ -766,6 +793,18 @@ mod tests {
         drop(s);
         assert!(!loc.exists());
         assert!(ScratchDir::new_in(&dir.path().join("a/b"), "t").is_err());
+    }
+
+    #[test]
+    fn zombies_and_exiting_processes_are_ending() {
+        let live = "1234 (riffle) S 1 1234 1234 0 -1 4194560 100 0 0 0";
+        assert!(!ending(live));
+        assert!(ending("1234 (riffle) Z 1 1234 1234 0 -1 4227332 100 0 0 0"));
+        // PF_EXITING (0x4) in the flags of a task still tearing down its rings.
+        assert!(ending("1234 (a) b) D 1 1234 1234 0 -1 4194564 100 0 0 0"));
+        assert!(!ending("garbage"));
+        let mine = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(!ending(&mine));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::io::IoConfig;
 use crate::order::EpochKey;
 use crate::piles::{frame, PileReader, PileWriter};
 use crate::pipeline::Stop;
+use crate::size::human_bytes;
 use crate::{Error, Result};
 
 mod input;
@@ -148,6 +149,7 @@ pub fn shuffle(
         .tmpdir
         .clone()
         .unwrap_or_else(|| scratch_beside(output, &sources));
+    let _reserved = reserve_piles(opts, &tmpdir, &sources)?;
     let mut intake = Intake::new(opts, tmpdir, &sources);
     for (n, (source, member)) in sources.iter().zip(&members).enumerate() {
         intake.read(n, source, member.as_deref(), progress)?;
@@ -155,6 +157,45 @@ pub fn shuffle(
     let mut rep = intake.write_out(output)?;
     rep.seconds = started.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+/// Checks, before anything is read, that inputs known to be larger than the memory budget
+/// (files tell their size) fit the free space of `tmpdir` as piles, less what other runs
+/// there reserved, and reserves it until the shuffle ends: it failed with ENOSPC after
+/// reading most of its input before. The piles take at least every record's bytes.
+fn reserve_piles(
+    opts: &ShuffleOptions,
+    tmpdir: &Path,
+    sources: &[Source],
+) -> Result<Option<crate::scratch::Reservation>> {
+    let estimate: u64 = sources.iter().map(Source::size).sum();
+    if estimate <= opts.memory / 2 {
+        return Ok(None);
+    }
+    crate::scratch::reserve(tmpdir, |others| {
+        let free = crate::resources::Limits::here(Some(tmpdir))
+            .scratch_free
+            .map(|f| f.saturating_sub(others.0));
+        match free {
+            Some(free) if estimate > free => Err(Error::OverBudget(format!(
+                "{}: shuffle needs at least {} of scratch space for its piles (the inputs' \
+                 size, more than --memory holds) and {} is free{} (No space left on the \
+                 scratch disk); give --tmpdir a larger disk, or raise --memory",
+                tmpdir.display(),
+                human_bytes(estimate as f64),
+                human_bytes(free as f64),
+                if others.0 > 0 {
+                    format!(
+                        ", after {} other runs there have reserved",
+                        human_bytes(others.0 as f64)
+                    )
+                } else {
+                    String::new()
+                }
+            ))),
+            _ => Ok(Some((estimate, 0))),
+        }
+    })
 }
 
 /// Refuses the formats `riffle shuffle` does not write.

@@ -31,6 +31,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
+/// Parses a memory budget (`--memory`): a size, not zero (a budget of nothing was blamed
+/// on the dataset's first record).
+pub fn parse_budget(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err(format!(
+            "'{text}': a memory budget of 0 bytes holds nothing; give one such as 256M"
+        )),
+        n => Ok(n),
+    }
+}
+
 /// Formats a byte count the way people read it: `4.0 KiB`, `1.5 GiB`.
 pub fn human_bytes(bytes: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

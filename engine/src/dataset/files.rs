@@ -263,7 +263,7 @@ fn walk_tree(root: &Path) -> Result<Walked> {
         class: None,
         above: vec![(root_meta.dev(), root_meta.ino())],
     }];
-    let (mut empty, mut visits) = (0u64, 0usize);
+    let (mut empty, mut visits) = (Vec::new(), 0usize);
     let mut out: Vec<(PathBuf, PathBuf)> = Vec::new();
     while let Some(w) = stack.pop() {
         visits += 1;
@@ -313,14 +313,7 @@ fn walk_tree(root: &Path) -> Result<Walked> {
                 });
             } else if meta.is_file() {
                 if meta.len() == 0 {
-                    empty += 1;
-                    notice::once(
-                        &format!("empty:{}", path.display()),
-                        &format!(
-                            "skipping {}: it is empty (0 bytes, no record)",
-                            path.display()
-                        ),
-                    );
+                    empty.push(path);
                     continue;
                 }
                 found.push(Found {
@@ -360,11 +353,13 @@ fn walk_tree(root: &Path) -> Result<Walked> {
             ),
         );
     }
+    empty.sort();
+    super::notice_empty(&empty.iter().map(PathBuf::as_path).collect::<Vec<_>>());
     Ok(Walked {
         found,
         dirs,
         classes,
-        empty,
+        empty: empty.len() as u64,
     })
 }
 

@@ -567,10 +567,10 @@ pub(crate) fn skipped_name(name: &std::ffi::OsStr) -> bool {
     name.starts_with('.') || name.ends_with(".ridx") || name.contains(".ridx.tmp")
 }
 
-/// Dataset files a reader keeps open at once: a quarter of the soft open-file limit, from 16
-/// to 1,024 (io_uring's registered-file table here, so every open file is a fixed one).
+/// Dataset files a reader keeps open at once: [`io::reader_cap`] of the soft open-file
+/// limit.
 pub fn open_file_cap() -> usize {
-    (crate::io::open_file_limit() / 4).clamp(16, 1024) as usize
+    io::reader_cap(io::open_file_limit())
 }
 
 /// Expands paths, directories and globs into the ordered list of files.
@@ -753,16 +753,43 @@ pub(crate) fn skip_empty<T>(items: Vec<T>, path: impl Fn(&T) -> Option<&Path>) -
             },
         });
     }
-    for p in empty.iter().filter_map(&path) {
-        notice::once(
-            &format!("empty:{}", p.display()),
-            &format!(
-                "skipping {}: it is empty (0 bytes, no records)",
-                p.display()
-            ),
-        );
-    }
+    let paths: Vec<&Path> = empty.iter().filter_map(&path).collect();
+    notice_empty(&paths);
     Ok(kept)
+}
+
+/// Empty files named one by one at most: more are summed up in one notice.
+const EMPTY_NAMED: usize = 3;
+
+/// Says which empty files a dataset leaves out: each by name when there are a few, else
+/// one notice with their count and the first few (a tree of 20,000 empty files printed
+/// 20,000 lines a run).
+pub(crate) fn notice_empty(paths: &[&Path]) {
+    if paths.len() <= EMPTY_NAMED {
+        for p in paths {
+            notice::once(
+                &format!("empty:{}", p.display()),
+                &format!(
+                    "skipping {}: it is empty (0 bytes, no records)",
+                    p.display()
+                ),
+            );
+        }
+        return;
+    }
+    let first: Vec<String> = paths[..EMPTY_NAMED]
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    notice::once(
+        &format!("empty:{}:{}", paths.len(), first[0]),
+        &format!(
+            "skipping {} empty files (0 bytes, no records): {} and {} more",
+            paths.len(),
+            first.join(", "),
+            paths.len() - EMPTY_NAMED
+        ),
+    );
 }
 
 fn decide_format(files: &[PathBuf], given: Option<&Format>) -> Result<Format> {

@@ -57,14 +57,14 @@ pub(super) struct Place {
 
 /// One mount from /proc/self/mountinfo.
 #[derive(Debug)]
-struct Mount {
+pub(crate) struct Mount {
     /// The mounted directory of the filesystem (a cgroup path for cgroupfs).
-    root: String,
+    pub(crate) root: String,
     /// Where it is mounted.
-    point: PathBuf,
-    fstype: String,
+    pub(crate) point: PathBuf,
+    pub(crate) fstype: String,
     /// Super options (for cgroup v1, the controllers).
-    options: Vec<String>,
+    pub(crate) options: Vec<String>,
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).
@@ -90,7 +90,7 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn parse_mountinfo(text: &str) -> Vec<Mount> {
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<Mount> {
     text.lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split(' ').collect();
@@ -106,7 +106,7 @@ fn parse_mountinfo(text: &str) -> Vec<Mount> {
 }
 
 /// /proc/self/cgroup as (hierarchy id, controllers, path).
-fn parse_proc_cgroup(text: &str) -> Vec<(String, String, String)> {
+pub(crate) fn parse_proc_cgroup(text: &str) -> Vec<(String, String, String)> {
     text.lines()
         .filter_map(|line| {
             let mut f = line.splitn(3, ':');
@@ -121,7 +121,7 @@ fn parse_proc_cgroup(text: &str) -> Vec<(String, String, String)> {
 
 /// The directory of cgroup `path` in the hierarchy mounted as `m` (whose mount may show
 /// only a subtree).
-fn member_dir(m: &Mount, path: &str) -> Option<PathBuf> {
+pub(crate) fn member_dir(m: &Mount, path: &str) -> Option<PathBuf> {
     let rel = Path::new(path).strip_prefix(&m.root).ok()?;
     Some(m.point.join(rel))
 }

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::device::{self, DeviceId, Disk};
 use crate::{Error, Result};
 
-mod cgroup;
+pub(crate) mod cgroup;
 
 use cgroup::{place, Controller, Group, Version};
 

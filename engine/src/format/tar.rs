@@ -260,10 +260,13 @@ enum State {
         have: usize,
         buf: Box<[u8; 512]>,
     },
-    /// Inside a member's padded data; `keep` collects a long name or PAX header.
+    /// Inside a member's padded data; `keep` collects a long name or PAX header. The
+    /// member's header is at `header` and says `size` bytes.
     Data {
         left: u64,
         keep: Option<(u8, u64, Vec<u8>)>,
+        header: u64,
+        size: u64,
     },
     /// Past the end-of-archive block.
     End,
@@ -431,6 +434,8 @@ impl TarScanner {
             State::Data {
                 left: padded(h.size),
                 keep,
+                header: start,
+                size: h.size,
             }
         };
         Ok(())
@@ -453,7 +458,7 @@ impl Scanner for TarScanner {
                         self.on_header(start, &buf[..])?;
                     }
                 }
-                State::Data { left, keep } => {
+                State::Data { left, keep, .. } => {
                     let n = (*left).min((chunk.len() - i) as u64) as usize;
                     if let Some((_, size, data)) = keep {
                         let want = (*size as usize).saturating_sub(data.len()).min(n);
@@ -490,9 +495,17 @@ impl Scanner for TarScanner {
                 offset: *start,
                 what: format!("the archive ends inside a header (at byte {size})"),
             }),
-            State::Data { .. } => Err(ScanError {
-                offset: size,
-                what: "the archive ends inside a member's data".into(),
+            // Said at the member's header, whose size field is the likely culprit, not
+            // at the end of the file (issue 30 D36).
+            State::Data {
+                header, size: len, ..
+            } => Err(ScanError {
+                offset: *header,
+                what: format!(
+                    "the archive ends inside a member's data: this header says {len} bytes \
+                     and the archive has {} after it",
+                    size.saturating_sub(header + BLOCK)
+                ),
             }),
         }
     }
@@ -587,6 +600,27 @@ mod tests {
         }
         s.finish(bytes.len() as u64)?;
         Ok(s.take_offsets())
+    }
+
+    /// A size field that says more than the archive holds is reported at its header, not
+    /// at the end of the file (issue 30 D36).
+    #[test]
+    fn an_oversized_size_field_is_reported_at_its_header() {
+        let mut a = Vec::new();
+        append(&mut a, "s/000.jpg", b"jpeg0");
+        let second = a.len() as u64;
+        append(&mut a, "s/001.jpg", &[7u8; 600]);
+        // The second header says 10 MB (octal), with its checksum fixed.
+        let h = second as usize;
+        a[h + 124..h + 136].copy_from_slice(format!("{:011o}\0", 10_000_000).as_bytes());
+        a[h + 148..h + 156].copy_from_slice(b"        ");
+        let sum: u64 = a[h..h + 512].iter().map(|&x| x as u64).sum();
+        a[h + 148..h + 156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        for chunk in [7, 512, 1 << 20] {
+            let e = scan(&a, chunk).unwrap_err();
+            assert_eq!(e.offset, second, "{}", e.what);
+            assert!(e.what.contains("says 10000000 bytes"), "{}", e.what);
+        }
     }
 
     #[test]

@@ -398,6 +398,14 @@ pub trait Backend: Send {
     fn in_flight(&self) -> usize;
 }
 
+/// Dataset files one reader keeps open at once under an open-file limit of `limit`: a
+/// quarter of it, from 16 to 1,024 (io_uring's registered-file table here, so every open
+/// file is a fixed one). The resource plan lowers the queue depth below it for datasets of
+/// more files (each read in flight holds its file open).
+pub fn reader_cap(limit: u64) -> usize {
+    (limit / 4).clamp(16, 1024) as usize
+}
+
 /// The process's soft limit on open files (`ulimit -n`); 2^20 when unlimited or unknown.
 /// The one place it is read: the lazy readers' shared budget, the datasets' file cap, the
 /// pile store's group files and the resource plan all size themselves from it.

@@ -236,8 +236,11 @@ fn run(
     r: &mut ReadReport,
 ) -> Result<()> {
     let started = Instant::now();
+    // The depth as planned: lower than asked for a dataset of more files than the reader
+    // keeps open (`resources::read_depth`).
     let io = IoConfig {
         slot_size: plan.slot_size,
+        depth: plan.depth,
         ..opts.io.clone()
     };
     let mut reader = ds.reader(&io)?;
@@ -246,7 +249,7 @@ fn run(
     r.grouping = opts.grouping.name().into();
     r.backend = reader.backend_kind().name().into();
     r.direct = reader.direct();
-    r.queue_depth = opts.io.depth;
+    r.queue_depth = plan.depth;
     r.table_bytes = plan.table_bytes;
     r.units_bytes = units.bytes();
     r.index_bytes = ds.index_bytes();
@@ -410,7 +413,10 @@ fn lead_plan(
         prefetch: opts.prefetch.min(4),
         ..opts.clone()
     };
-    let plan = LirsPlan::new(&super::demand(ds, units, &o), entries).ok()?;
+    let d = super::demand(ds, units, &o);
+    // Beside the scatter's reader: the depth the open-file limit allows.
+    let (depth, _) = crate::resources::read_depth(&d, &Limits::here(None));
+    let plan = LirsPlan::new(&crate::resources::Demand { depth, ..d }, entries).ok()?;
     // A prefix that cannot cover one batch is no lead.
     (entries as f64 * units.mean_records() >= opts.batch as f64).then_some((entries, plan))
 }
@@ -461,6 +467,7 @@ pub(crate) fn lead(
     };
     let io = IoConfig {
         slot_size: plan.slot_size,
+        depth: plan.depth,
         ..opts.io.clone()
     };
     let mut reader = ds.reader(&io)?;

@@ -460,6 +460,7 @@ pub fn demand(ds: &Dataset, units: &Units, opts: &ReadOptions) -> crate::resourc
         prefetch: opts.prefetch,
         depth: opts.io.depth,
         memory: opts.memory,
+        memory_from: crate::resources::MemoryFrom::Flag,
         grouping: opts.grouping,
         runs: opts.baseline.is_some(),
     }

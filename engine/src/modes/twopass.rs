@@ -57,21 +57,47 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
 }
 
 /// Refuses a two-pass read of `ds` with `opts` before any I/O when its piles would not fit
-/// the free space (bytes or inodes) of the filesystem holding `scratch`, naming it.
-pub fn check_scratch(ds: &Dataset, opts: &ReadOptions, scratch: &Path) -> Result<()> {
+/// the free space (bytes or inodes) of the filesystem holding `scratch`, less `others`
+/// (what live runs there reserved and have not written: `scratch::reserved_by_others`),
+/// naming it. Returns the scratch the run will write at its peak: (bytes, files), for its
+/// reservation (`scratch::reserve`).
+pub fn check_scratch(
+    ds: &Dataset,
+    opts: &ReadOptions,
+    scratch: &Path,
+    others: (u64, u64),
+) -> Result<(u64, u64)> {
     if ds.is_empty() {
-        return Ok(());
+        return Ok((0, 0));
     }
     let units = Units::new(&ds.layout(), opts.grouping);
     let d = super::demand(ds, &units, opts);
-    match crate::resources::two_pass(&d, &Limits::here(Some(scratch))) {
+    let here = Limits::here(Some(scratch));
+    let limits = Limits {
+        scratch_free: here.scratch_free.map(|f| f.saturating_sub(others.0)),
+        scratch_inodes: here.scratch_inodes.map(|i| i.saturating_sub(others.1)),
+        ..here
+    };
+    let reserved = if others.0 > 0 {
+        format!(
+            ", after {} other runs there have reserved",
+            crate::size::human_bytes(others.0 as f64)
+        )
+    } else {
+        String::new()
+    };
+    match crate::resources::two_pass(&d, &limits) {
+        Ok(plan) => Ok((
+            plan.scratch_bytes,
+            plan.figure("scratch_files").map_or(0, |f| f.value),
+        )),
         Err(Error::Exhausted {
             resource,
             asked,
             limit,
         }) if resource == crate::resources::SCRATCH_SPACE => Err(Error::OverBudget(format!(
-            "{}: two-pass needs {} of scratch space for its piles and {} is free (No space \
-             left on the scratch disk); give --scratch a larger disk, or --mode lirs",
+            "{}: two-pass needs {} of scratch space for its piles and {} is free{reserved} (No \
+             space left on the scratch disk); give --scratch a larger disk, or --mode lirs",
             scratch.display(),
             crate::size::human_bytes(asked as f64),
             crate::size::human_bytes(limit as f64),
@@ -82,7 +108,8 @@ pub fn check_scratch(ds: &Dataset, opts: &ReadOptions, scratch: &Path) -> Result
         {
             Err(e)
         }
-        _ => Ok(()),
+        // Anything else (memory, open files) is the run's to report as it starts.
+        Err(_) => Ok((0, 0)),
     }
 }
 

@@ -68,10 +68,11 @@ impl BufferPlan {
             let fit = (limit.saturating_sub(fixed) / batch_bytes.max(1)).saturating_sub(1);
             if fit == 0 {
                 return Err(Error::OverBudget(format!(
-                    "--memory {limit} is too small for a shuffle buffer of {held} records: the buffer \
+                    "{} is too small for a shuffle buffer of {held} records: the buffer \
                      ({record_bytes} B of records averaging {mean:.0} B, {} B of slots), the sequential \
                      reads ({slab_bytes} B), the offset index ({} B){} and two batches ({} B) need {} bytes; \
                      lower --buffer or raise --memory",
+                    d.budget_words(),
                     held * SLOT_OVERHEAD,
                     d.index_bytes,
                     if pad_bytes > 0 {

@@ -25,6 +25,8 @@ pub struct LirsPlan {
     pub batch_bytes: u64,
     /// Batches under assembly at once (reads of about depth / batch + 2 batches in flight).
     pub assembling: u64,
+    /// Random reads in flight (`d.depth`: as the plan has it, see `resources::read_depth`).
+    pub depth: usize,
 }
 
 impl LirsPlan {
@@ -93,9 +95,10 @@ impl LirsPlan {
             let fit = (room / batch_bytes.max(1)).min(usize::MAX as u64) as usize;
             if fit == 0 {
                 return Err(Error::OverBudget(format!(
-                    "--memory {limit} is too small: the table ({table_bytes} B), offset index ({} B), \
+                    "{} is too small: the table ({table_bytes} B), offset index ({} B), \
                      unit table ({} B), I/O buffers ({buffers} B) and one batch in flight \
                      ({batch_bytes} B) need {} bytes",
+                    d.budget_words(),
                     d.index_bytes,
                     d.units_bytes,
                     fixed
@@ -111,6 +114,7 @@ impl LirsPlan {
             table_bytes,
             batch_bytes,
             assembling,
+            depth: d.depth.max(1),
         })
     }
 

@@ -11,6 +11,7 @@
 
 mod buffer;
 mod lirs;
+pub mod memory;
 pub(crate) mod piles;
 #[cfg(test)]
 mod tests;
@@ -22,6 +23,7 @@ use serde::Serialize;
 pub use buffer::{BufferPlan, SCAN_DEPTH, SLOT_OVERHEAD};
 pub use lirs::LirsPlan;
 pub(crate) use lirs::MAX_MERGE;
+pub use memory::{MachineMemory, MemoryFrom};
 pub(crate) use piles::shuffle_layout;
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;
@@ -58,8 +60,10 @@ pub struct Demand {
     pub prefetch: usize,
     /// Random reads in flight, as asked.
     pub depth: usize,
-    /// The memory budget, if any.
+    /// The memory budget, if any (none: the machine's, [`Limits::memory`]).
     pub memory: Option<u64>,
+    /// What set `memory` (`--memory`, or the machine's default budget).
+    pub memory_from: MemoryFrom,
     /// How records group into units.
     #[serde(skip)]
     pub grouping: Grouping,
@@ -73,6 +77,27 @@ impl Demand {
     pub fn batch_bytes(&self) -> u64 {
         let payload = self.batch as f64 * self.bytes as f64 / self.records.max(1) as f64;
         (payload as u64).saturating_add((self.batch + 1) * 16)
+    }
+
+    /// This demand under the machine's default budget when it names none.
+    pub(crate) fn within(&self, limits: &Limits) -> Demand {
+        match (self.memory, limits.memory) {
+            (None, Some(m)) => Demand {
+                memory: Some(m.bytes),
+                memory_from: m.from,
+                ..self.clone()
+            },
+            _ => self.clone(),
+        }
+    }
+
+    /// The budget as an error that it is too small names it: `--memory 1000`, or the
+    /// machine's default budget, its size and what set it.
+    pub(crate) fn budget_words(&self) -> String {
+        match self.memory {
+            Some(m) => self.memory_from.words(m),
+            None => "the memory budget".into(),
+        }
     }
 }
 
@@ -93,6 +118,8 @@ pub struct Limits {
     pub scratch_free: Option<u64>,
     /// Free inodes there, if known.
     pub scratch_inodes: Option<u64>,
+    /// The memory a run given no `--memory` plans within ([`memory::here`]), if known.
+    pub memory: Option<MachineMemory>,
 }
 
 /// The nearest existing directory at or above `p` (scratch is made when a run starts).
@@ -117,6 +144,7 @@ impl Limits {
             open_files: crate::io::open_file_limit(),
             scratch_free: free,
             scratch_inodes: inodes,
+            memory: memory::here(),
         }
     }
 }
@@ -233,7 +261,7 @@ impl ResourcePlan {
             }
         }
         if self.open_files > limits.open_files {
-            return refuse("open files (ulimit -n)", self.open_files, limits.open_files);
+            return refuse(OPEN_FILES, self.open_files, limits.open_files);
         }
         if let Some(free) = limits.scratch_free {
             if self.scratch_bytes > free {
@@ -246,9 +274,14 @@ impl ResourcePlan {
                 return refuse(SCRATCH_INODES, files, inodes);
             }
         }
-        if let Some(m) = d.memory {
+        let budget = match (d.memory, limits.memory) {
+            (Some(m), _) => Some((m, d.memory_from)),
+            (None, Some(m)) => Some((m.bytes, m.from)),
+            (None, None) => None,
+        };
+        if let Some((m, from)) = budget {
             if self.memory_bytes > m {
-                return refuse("memory (--memory)", self.memory_bytes, m);
+                return refuse(from.resource(), self.memory_bytes, m);
             }
         }
         Ok(())
@@ -304,17 +337,57 @@ impl Figures {
     }
 }
 
-/// Files a run may keep open at once: the lazy readers share half the soft open-file limit
-/// (`io::reader`), never more than the dataset's files, and a few for the run's own use.
-fn open_files(d: &Demand, limits: &Limits, extra: u64) -> (u64, String) {
-    let share = (limits.open_files / 2).clamp(16, 1 << 20);
-    let files = d.files.min(share);
+/// Descriptors a run keeps beside its dataset's files and piles: stdio, the ring and its
+/// eventfd, the scratch directory and its lock, `--ids-out`, the daemon's socket.
+pub const OWN_FILES: u64 = 16;
+
+/// The resource an [`Error::Exhausted`] names when a run's files do not fit `ulimit -n`.
+pub const OPEN_FILES: &str = "open files (raise ulimit -n)";
+
+/// Files a reader of `d` may keep open at once: each of its reads in flight holds its file,
+/// and it keeps at most [`crate::io::reader_cap`] of the dataset's files (a quarter of the
+/// open-file limit) open, never more than the dataset has.
+fn reader_files(d: &Demand, limits: &Limits) -> u64 {
+    let cap = crate::io::reader_cap(limits.open_files) as u64;
+    d.files.min(cap.max(d.depth as u64 + 1))
+}
+
+/// The random reads in flight a read of `d` plans: as asked, or, for a dataset of more
+/// files than a reader keeps open, one fewer than that cap (a dataset of 20,000 files at
+/// QD 64 under `ulimit -n 64` held 65 files open and failed with EMFILE). The queue depth
+/// never changes a batch. Returns the depth and, when lowered, why.
+pub fn read_depth(d: &Demand, limits: &Limits) -> (usize, Option<String>) {
+    let cap = crate::io::reader_cap(limits.open_files);
+    if d.files > cap as u64 && d.depth >= cap {
+        let why = format!(
+            "random reads in flight: {} asked, {} fit (each holds its file open, and a reader \
+             keeps at most {cap} of the dataset's {} files open: a quarter of ulimit -n {})",
+            d.depth,
+            cap - 1,
+            d.files,
+            limits.open_files
+        );
+        (cap - 1, Some(why))
+    } else {
+        (d.depth, None)
+    }
+}
+
+/// The open files of a run whose readers are `readers` (each `(files, why)`) and that
+/// holds `extra` files of its own (pile group files), with [`OWN_FILES`] beside.
+fn open_files(readers: &[(u64, &str)], limits: &Limits, extra: u64) -> (u64, String) {
+    let files: u64 = readers.iter().map(|r| r.0).sum();
+    let said: Vec<String> = readers
+        .iter()
+        .map(|(n, why)| format!("{n} {why}"))
+        .collect();
     (
-        files + extra,
+        files + extra + OWN_FILES,
         format!(
-            "{} of the dataset's {} file(s) at most (half the open-file limit of {}), and {extra} \
-             for the run's own files",
-            files, d.files, limits.open_files
+            "{} (a reader keeps a quarter of the open-file limit of {} at most), {extra} of the \
+             run's own files and {OWN_FILES} for stdio, rings and the like",
+            said.join(", "),
+            limits.open_files
         ),
     )
 }
@@ -326,9 +399,18 @@ pub fn lirs(d: &Demand, limits: &Limits) -> Result<ResourcePlan> {
 
 /// A LIRS read's sizes and its resource plan, checked against `limits`.
 pub fn lirs_plan(d: &Demand, limits: &Limits) -> Result<(LirsPlan, ResourcePlan)> {
+    let (depth, lowered) = read_depth(d, limits);
+    let d = &Demand {
+        depth,
+        ..d.within(limits)
+    };
     let sizes = LirsPlan::new(d, d.units)?;
     let mut f = sizes.figures(d, limits);
-    let (files, why) = open_files(d, limits, 0);
+    if let (Some(why), Some(q)) = (lowered, f.0.iter_mut().find(|f| f.name == "queue_depth")) {
+        q.reason = why;
+    }
+    let reader = reader_files(d, limits);
+    let (files, why) = open_files(&[(reader, "of the dataset's files")], limits, 0);
     f.push("open_files", Kind::Count, files, why);
     let plan = ResourcePlan::new(if d.runs { "baseline" } else { "lirs" }, f.0);
     plan.check(d, limits)?;
@@ -343,6 +425,7 @@ pub fn buffer_plan(
     pad_records: u64,
     limits: &Limits,
 ) -> Result<(BufferPlan, ResourcePlan)> {
+    let d = &d.within(limits);
     let sizes = BufferPlan::new(d, size, pad_records)?;
     let plan = ResourcePlan::new("buffer", sizes.figures(d).0);
     plan.check(d, limits)?;
@@ -412,6 +495,7 @@ pub fn gen(
         prefetch: 0,
         depth,
         memory: None,
+        memory_from: MemoryFrom::Flag,
         grouping: Grouping::Record,
         runs: false,
     };
@@ -436,13 +520,25 @@ pub(crate) fn two_pass_plan(
         ..d.clone()
     };
     let mut f = sizes.figures(&d, limits);
-    // The scatter keeps at most 16 dataset files open; the piles' group files are the
-    // run's own (one set being read, the next being written).
-    let scatter = Demand {
-        files: d.files.min(16),
-        ..d.clone()
-    };
-    let (files, why) = open_files(&scatter, limits, 2 * sizes.layout.groups() as u64);
+    // The scatter keeps at most 16 dataset files open, a lead reading beside it its
+    // reader's; the piles' group files are the run's own (one set being read, the next
+    // being written).
+    let (lead_depth, _) = read_depth(&d, limits);
+    let lead = reader_files(
+        &Demand {
+            depth: lead_depth,
+            ..d.clone()
+        },
+        limits,
+    );
+    let (files, why) = open_files(
+        &[
+            (d.files.min(16), "files the scatter reads"),
+            (lead, "files a lead reads beside it"),
+        ],
+        limits,
+        2 * sizes.layout.groups() as u64,
+    );
     f.push("open_files", Kind::Count, files, why);
     let plan = ResourcePlan::new("two-pass", f.0);
     plan.check(&d, limits)?;

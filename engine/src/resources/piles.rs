@@ -51,7 +51,9 @@ impl PilePlan {
             };
             match PilePlan::new(&d, limits) {
                 Ok(plan) => return Ok((prefetch, plan)),
-                Err(e) if d.memory.is_none() || prefetch <= 1 => return Err(e),
+                Err(e) if (d.memory.is_none() && limits.memory.is_none()) || prefetch <= 1 => {
+                    return Err(e)
+                }
                 Err(_) => prefetch = (prefetch / 2).max(1),
             }
         }
@@ -67,16 +69,13 @@ impl PilePlan {
             .saturating_add(d.records.saturating_mul(4));
         let mean = frames as f64 / d.units.max(1) as f64;
         let batch_bytes = d.batch_bytes();
-        let scan_size = scan_size(d.memory);
+        let scan_size = scan_size(d.memory.or(limits.memory.map(|m| m.bytes)));
         let fixed = d
             .units_bytes
             .saturating_add(d.index_bytes)
             .saturating_add((d.prefetch as u64 + 1).saturating_mul(batch_bytes))
             .saturating_add(scan_bytes(scan_size)); // the scatter's reader
-        let budget = match d.memory {
-            Some(m) => m.saturating_sub(fixed),
-            None => 512 << 20,
-        };
+        let budget = pile_budget(d, limits, fixed);
         // The pile store's I/O in flight scales with this (twice as much writing, three times
         // as much reading): as much as the scatter's reads, 4 MiB at most, and no more than
         // a sixteenth of the budget.
@@ -149,10 +148,11 @@ impl PilePlan {
             let writer_bytes = writers(1, buf_for(1));
             let need_total = (2.0 * need as f64 * per_byte).ceil() as u64 + 2;
             return Err(Error::OverBudget(format!(
-                "--memory is too small for two-pass: indexes, buffers and batches take {fixed} bytes, \
+                "{name} is too small for two-pass: indexes, buffers and batches take {fixed} bytes, \
                  leaving {budget}; the pile writers' buffers take {writer_bytes} bytes for one pile \
                  ({many} for {piles}) and two piles in memory of two of the largest units {need_total} \
-                 bytes more (at least {min_memory} bytes of --memory)",
+                 bytes more (at least {min_memory} bytes of memory)",
+                name = d.within(limits).budget_words(),
                 many = writers(piles, buf_for(piles)),
                 min_memory = fixed + writer_bytes + need_total,
             )));
@@ -390,6 +390,17 @@ pub(crate) fn shuffle_layout(estimate: u64, memory: u64, open_files: u64) -> Lay
 /// (60-70k records/s at 128 MiB, 57k at 64 MiB, 48k at 32 MiB, against 131-133k, 83-88k and
 /// 64k with a sixty-fourth); at 16 MiB 48 KiB stays faster (28k against 22k: larger reads
 /// leave too little for the piles).
+/// What the piles may take once `fixed` bytes are held: the rest of `--memory`; with
+/// none, 512 MiB, or what the machine's budget leaves (a memory cgroup, ulimit -v) when
+/// that is less.
+fn pile_budget(d: &Demand, limits: &Limits, fixed: u64) -> u64 {
+    match (d.memory, limits.memory) {
+        (Some(m), _) => m.saturating_sub(fixed),
+        (None, Some(m)) => m.bytes.saturating_sub(fixed).min(512 << 20),
+        (None, None) => 512 << 20,
+    }
+}
+
 fn scan_size(memory: Option<u64>) -> u64 {
     match memory {
         Some(m) if m < (32 << 20) => 48 << 10,

@@ -55,6 +55,7 @@ prop_compose! {
             prefetch: 4,
             depth,
             memory: Some(1u64 << memory_log),
+            memory_from: MemoryFrom::Flag,
             grouping,
             runs: false,
         };
@@ -66,6 +67,7 @@ prop_compose! {
             open_files: 1u64 << nofile_log,
             scratch_free: Some(1u64 << free_log),
             scratch_inodes: Some(1 << 20),
+            memory: None,
         };
         (d, l)
     }
@@ -143,6 +145,7 @@ fn a_limit_the_plan_passes_is_refused_naming_it() {
         prefetch: 4,
         depth: 64,
         memory: Some(1 << 30),
+        memory_from: MemoryFrom::Flag,
         grouping: Grouping::Record,
         runs: false,
     };
@@ -154,6 +157,7 @@ fn a_limit_the_plan_passes_is_refused_naming_it() {
         open_files: 1024,
         scratch_free: Some(1 << 40),
         scratch_inodes: Some(1 << 20),
+        memory: None,
     };
     assert!(lirs(&d, &roomy).is_ok());
     let few = Limits {

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use riffle::dataset::IndexOrigin;
-use riffle::size::{human_bytes, parse_size};
+use riffle::size::human_bytes;
 use serde_json::json;
 
 use super::dataset::DatasetArgs;
@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long)]
     pub no_verify: bool,
     /// Fail if any record is longer than this memory budget.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = riffle::size::parse_budget)]
     pub memory: Option<u64>,
     /// Print one JSON object.
     #[arg(long)]

@@ -65,9 +65,15 @@ pub fn run(a: Args) -> Result<()> {
         "job       batches of {}, {} epoch(s), memory {}, scratch free {}",
         w.batch,
         w.epochs,
-        w.memory
-            .map(|m| human_bytes(m as f64))
-            .unwrap_or_else(|| "unlimited".into()),
+        match (w.memory, riffle::resources::memory::here()) {
+            (Some(m), _) => human_bytes(m as f64),
+            (None, Some(m)) => format!(
+                "{} by default ({})",
+                human_bytes(m.bytes as f64),
+                m.from.source()
+            ),
+            (None, None) => "unlimited".into(),
+        },
         w.scratch_free
             .map(|m| human_bytes(m as f64))
             .unwrap_or_else(|| "unknown".into())

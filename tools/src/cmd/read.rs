@@ -27,7 +27,11 @@ pub struct JobArgs {
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
     /// Hard ceiling on engine-owned memory (tables, indexes, buffers, read-ahead).
-    #[arg(long, value_parser = parse_size)]
+    ///
+    /// Without it the run plans within a default budget: the least of a quarter of the
+    /// available RAM, 3/4 of this process's memory cgroup limit (v1 or v2) and half of what
+    /// `ulimit -v` leaves; two-pass takes at most 512 MiB of piles within it.
+    #[arg(long, value_parser = riffle::size::parse_budget)]
     pub memory: Option<u64>,
     /// record (an exact uniform shuffle) or page (records starting in one aligned block
     /// move together: one read per block).
@@ -216,7 +220,9 @@ impl Args {
 }
 
 /// The planner's view of the device holding the dataset: its cached profile, or a quick
-/// probe now (announced, then cached for later runs).
+/// probe now (announced, then cached for later runs); where the probe cannot write its
+/// region (a read-only filesystem, a directory this user may not write), a default profile
+/// of the device's kind, with a notice.
 pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceModel, bool)> {
     let path = &ds.files()[0].path;
     if let Some(model) = riffle::plan::cached_device_model(path) {
@@ -225,6 +231,25 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
     let dir = riffle::probe::scratch_dir(path)?;
     let dev = riffle::device::identify(&dir)
         .with_context(|| format!("{}: cannot identify its device", dir.display()))?;
+    let fallback = |why: &dyn std::fmt::Display| {
+        let rotational = dev.rotational.unwrap_or(false);
+        eprintln!(
+            "riffle: notice: no profile of device {} ({}) is cached and it cannot be probed \
+             here ({why}): planning with a default {} profile; `riffle probe DIR` on a \
+             writable directory of that device measures it",
+            dev.name.as_deref().unwrap_or("?"),
+            dev.dev,
+            if rotational { "hdd" } else { "sata-ssd" },
+        );
+        (riffle::plan::DeviceModel::fallback(rotational), false)
+    };
+    if let Err(e) = nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK) {
+        return Ok(fallback(&format!(
+            "{}: {}",
+            dir.display(),
+            std::io::Error::from(e)
+        )));
+    }
     eprintln!(
         "riffle: no profile of device {} ({}) is cached yet: measuring it with a quick probe \
          (about 15 s, once; `riffle probe` shows or refreshes it)",
@@ -233,8 +258,24 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
     );
     // Nothing is cached (just looked): measure straight away.
     let opts = riffle::probe::ProbeOptions::new(true);
-    let (profile, _) = super::probe::cached_or_probe(&dir, &opts, true, json)?;
-    Ok((riffle::plan::DeviceModel::from_profile(&profile), true))
+    match super::probe::cached_or_probe(&dir, &opts, true, json) {
+        Ok((profile, _)) => Ok((riffle::plan::DeviceModel::from_profile(&profile), true)),
+        // Writable by its mode bits, refused all the same (a read-only bind mount, an
+        // immutable directory, a full disk).
+        Err(e) if cannot_write(&e) => Ok(fallback(&e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `e` says the probe could not create or write its region.
+fn cannot_write(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<riffle::Error>())
+        .filter_map(riffle::Error::raw_os_error)
+        .any(|n| {
+            use nix::errno::Errno;
+            [Errno::EROFS, Errno::EACCES, Errno::EPERM, Errno::ENOSPC].contains(&Errno::from_raw(n))
+        })
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
@@ -263,10 +304,21 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         )?),
         None => None,
     };
-    choose_mode(&mut job, a.json)?;
-    if job.mode == Mode::TwoPass {
-        modes::twopass::check_scratch(&job.first, &job.opts, &job.scratch)?;
-    }
+    // The mode is chosen and the piles' scratch checked and reserved as one step among the
+    // runs sharing the scratch location (ranks of one job): each sees what the others
+    // reserved. The reservation is held until the run ends.
+    let model = match job.mode {
+        Mode::Auto => Some(device_model(&job.first, a.json)?),
+        _ => None,
+    };
+    let scratch = job.scratch.clone();
+    let _reserved = riffle::scratch::reserve(&scratch, |others| {
+        choose_mode(&mut job, model, others, a.json)?;
+        if job.mode != Mode::TwoPass {
+            return Ok(None);
+        }
+        modes::twopass::check_scratch(&job.first, &job.opts, &job.scratch, others).map(Some)
+    })?;
     let stream = job.read(&src)?;
     let done = deliver(stream, &job, ids_out.as_mut(), a.labels, a.json)?;
     if let Some(out) = ids_out {
@@ -282,14 +334,19 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     Ok(())
 }
 
-/// Resolves the job's mode: for `auto`, the planner's choice on the device's profile
-/// (probed now if none is cached), announced unless the output is JSON; a two-pass read
-/// on a device known to seek is not led (see `DeviceModel::leads`).
-fn choose_mode(job: &mut ReadJob, json: bool) -> Result<()> {
-    match job.mode {
-        Mode::Auto => {
-            let (dev, probed) = device_model(&job.first, json)?;
-            job.choose(Some(&dev))?;
+/// Resolves the job's mode: for `auto`, the planner's choice on the device's `model` (its
+/// profile, and whether it was just probed), with the scratch free space less what other
+/// runs there reserved (`others`), announced unless the output is JSON; a two-pass read on
+/// a device known to seek is not led (see `DeviceModel::leads`).
+fn choose_mode(
+    job: &mut ReadJob,
+    model: Option<(riffle::plan::DeviceModel, bool)>,
+    others: (u64, u64),
+    json: bool,
+) -> riffle::Result<()> {
+    match (job.mode, model) {
+        (Mode::Auto, Some((dev, probed))) => {
+            job.choose_beside(Some(&dev), others)?;
             if let (false, Some(p)) = (json, &job.plan) {
                 eprintln!(
                     "auto: {}{}: {}",
@@ -299,7 +356,7 @@ fn choose_mode(job: &mut ReadJob, json: bool) -> Result<()> {
                 );
             }
         }
-        Mode::TwoPass => {
+        (Mode::TwoPass, _) => {
             let dev = riffle::plan::cached_device_model(job.device_path());
             job.choose(dev.as_ref())?;
         }
