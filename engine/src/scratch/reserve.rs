@@ -9,7 +9,6 @@
 //!
 //! The daemon's admission can call [`reserve`] the same way for each pass it admits.
 
-use std::fs::File;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -119,7 +118,7 @@ where
     F: FnOnce((u64, u64)) -> Result<Option<(u64, u64)>>,
 {
     // Held until this returns: a second run's decision waits for this one's reservation.
-    let lock = File::open(location).and_then(|f| f.lock().map(|()| f));
+    let lock = crate::door::open_dir(location).and_then(|f| f.lock().map(|()| f));
     let others = match &lock {
         Ok(_) => reserved_by_others(location),
         Err(_) => (0, 0),
