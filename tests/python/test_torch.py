@@ -548,6 +548,8 @@ def test_two_ranks_of_two_workers_under_torchrun_take_equal_steps(tmp_path):
             assert (seen >= 1).all() and (seen <= 2).all(), plain
             padded = sum(r["padding"] for r in ranks)
             assert padded == 82 * 50 - n, (plain, padded)
+    finally:
+        d.stop()
 
 
 def test_node_streams_come_from_local_world_size_and_workers(monkeypatch):

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Issue 29 acceptance: one node of a torchrun job, `--nproc` ranks x `--workers` DataLoader
+workers each (LOCAL_WORLD_SIZE set by torchrun), reading one two-pass epoch from one
+`riffle serve`. Checks that the job had one pass (the daemon's stats: jobs started, late
+streams), that every rank took as many steps, and that the union of the ranks' records is
+exactly the epoch (every record, the padding being repeats of the epoch's first records);
+reports the bytes the daemon read (read_bytes of /proc/<daemon>/io) against the dataset's
+size, with the page cache dropped first (root).
+
+    cargo build --release -p riffle-tools
+    python3 bench/torchrun_node.py --riffle target/release/riffle --dir /work/data
+
+Needs torch (torchrun) in this interpreter; says so and exits 2 without it.
+"""
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+import riffle  # noqa: E402
+
+
+def read_bytes(pid):
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    raise SystemExit(f"no read_bytes in /proc/{pid}/io")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--riffle", default=str(ROOT / "target/release/riffle"))
+    p.add_argument("--dir", default=tempfile.gettempdir(), help="where the dataset is made")
+    p.add_argument("--records", type=int, default=200_000)
+    p.add_argument("--record-size", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--mode", default="two-pass")
+    p.add_argument("--plain", action="store_true", help="a plain DataLoader, not riffle.torch.loader")
+    a = p.parse_args()
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        print("torchrun_node: torch is not installed here (no torchrun): nothing measured",
+              file=sys.stderr)
+        sys.exit(2)
+    work = pathlib.Path(tempfile.mkdtemp(dir=a.dir, prefix="torchrun-node-"))
+    try:
+        data = work / "d.npy"
+        subprocess.run([a.riffle, "gen", str(data), "--format", "npy", "--records",
+                        str(a.records), "--record-size", str(a.record_size)], check=True,
+                       stdout=subprocess.DEVNULL)
+        sock = str(work / "s.sock")
+        scratch = work / "scratch"
+        scratch.mkdir()
+        d = subprocess.Popen([a.riffle, "serve", "--socket", sock, "--dataset", f"train={data}",
+                              "--mode", a.mode, "--scratch", str(scratch)],
+                             stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 60
+            while True:
+                try:
+                    riffle.Client(sock).close()
+                    break
+                except riffle.RiffleConnectionError:
+                    if time.time() > deadline or d.poll() is not None:
+                        raise SystemExit("riffle serve did not come up")
+                    time.sleep(0.05)
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            before = read_bytes(d.pid)
+            out = work / "out.json"
+            cmd = [torchrun, "--nnodes", "1", "--nproc_per_node", str(a.nproc),
+                   "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+                   str(ROOT / "tests/python/torchrun_job.py"), "--sockets", sock, "--out",
+                   str(out), "--batch-size", str(a.batch_size), "--num-workers",
+                   str(a.workers), "--with-padding"] + (["--plain"] if a.plain else [])
+            t = time.time()
+            subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+            took = time.time() - t
+            read = read_bytes(d.pid) - before
+            with riffle.Client(sock) as c:
+                st = c.stats()
+        finally:
+            d.terminate()
+            d.wait()
+        got = json.load(open(out))
+        steps = sorted({g["steps"] for g in got})
+        ids = collections.Counter(i for g in got for i in g["ids"])
+        padding = sum(g["padding"] for g in got)
+        every = set(ids) == set(range(a.records))
+        repeats = sum(ids.values()) - len(ids)
+        size = data.stat().st_size
+        row = {
+            "ranks": a.nproc, "workers": a.workers, "mode": a.mode,
+            "loader": "DataLoader" if a.plain else "riffle.torch.loader",
+            "steps_per_rank": steps, "every_record": every, "repeats": repeats,
+            "padding": padding, "jobs_total": st["jobs_total"],
+            "late_streams": st.get("late_streams"), "read_bytes": read,
+            "x_dataset": round(read / size, 3), "seconds": round(took, 2),
+        }
+        print(json.dumps(row))
+        ok = len(steps) == 1 and every and repeats == padding and st["jobs_total"] == 1
+        sys.exit(0 if ok else 1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
