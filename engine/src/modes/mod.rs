@@ -147,19 +147,7 @@ impl ReadOptions {
     pub fn split_for(&self, epoch: u64, records: u64) -> crate::Result<Split> {
         match (self.resume, self.resume_start) {
             (Some(c), Some(start)) if c.epoch == epoch && start > 0 => {
-                let split = Split::streams(
-                    records,
-                    self.batch,
-                    self.rank,
-                    self.world,
-                    self.workers,
-                    self.tail,
-                    start,
-                )?;
-                Ok(match self.ranks {
-                    Some(_) => split.all_ranks(),
-                    None => split,
-                })
+                self.split_from(records, start)
             }
             _ => self.split(records),
         }
@@ -168,6 +156,11 @@ impl ReadOptions {
     /// The batches of an epoch of `records` this read delivers: its rank's, or with
     /// [`ReadOptions::ranks`] every rank's (a view with one rank of the same global batches).
     pub(crate) fn split(&self, records: u64) -> crate::Result<Split> {
+        self.split_from(records, 0)
+    }
+
+    /// As [`ReadOptions::split`], for what remains of the epoch from global position `start`.
+    fn split_from(&self, records: u64, start: u64) -> crate::Result<Split> {
         let split = Split::streams(
             records,
             self.batch,
@@ -175,7 +168,7 @@ impl ReadOptions {
             self.world,
             self.workers,
             self.tail,
-            0,
+            start,
         )?;
         Ok(match self.ranks {
             Some(_) => split.all_ranks(),
