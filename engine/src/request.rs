@@ -194,14 +194,25 @@ impl ReadJob {
     /// and a two-pass read leads with LIRS as asked unless the device seeks. Fails only
     /// when the planner does, leaving the job as it was.
     pub fn choose(&mut self, model: Option<&DeviceModel>) -> Result<()> {
+        let free = crate::probe::free_bytes(&self.scratch).ok();
+        self.choose_within(model, free)
+    }
+
+    /// [`ReadJob::choose`] with `scratch_free` the scratch two-pass may have (a daemon's
+    /// `--scratch-limit`, or its filesystem's free space less what is spoken for): `auto`
+    /// picks LIRS when two-pass's piles do not fit it.
+    pub fn choose_within(
+        &mut self,
+        model: Option<&DeviceModel>,
+        scratch_free: Option<u64>,
+    ) -> Result<()> {
         match (self.mode, model) {
             (Mode::Auto, None) => {
                 self.mode = Mode::Lirs;
                 self.opts.lead = false;
             }
             (Mode::Auto, Some(model)) => {
-                let free = crate::probe::free_bytes(&self.scratch).ok();
-                let p = crate::plan::plan(&self.first, &self.opts, model, free)?;
+                let p = crate::plan::plan(&self.first, &self.opts, model, scratch_free)?;
                 self.mode = p.choice.into();
                 self.opts.lead = p.lead;
                 self.plan = Some(p);

@@ -22,7 +22,7 @@ use super::shm::{self, SharedRing};
 use super::state::Shared;
 use super::telemetry::{record, Waits};
 use super::wire::{announce_ready, header, Wire, WireState};
-use crate::modes::{Batch, BatchStream, Mode, Payload, PayloadLender, ReadOptions};
+use crate::modes::{Batch, BatchStream, Payload, PayloadLender, ReadOptions};
 use crate::request::ReadJob;
 use crate::source::Source;
 
@@ -615,7 +615,7 @@ impl Conn {
     fn open(&mut self, req: &OpenRequest) -> Result<(), Refusal> {
         let shared = self.shared.clone();
         let src = open::dataset(&shared.cfg, &req.dataset)?;
-        let mut job = open::prepare(req, src, &shared.cfg)?;
+        let mut job = open::prepare(req, src, &shared)?;
         // The ring: room for several of the largest possible batches, within the share.
         let largest = open::largest_batch(req.batch_size, &job.first, shared.ring_share())?;
         open::sane_padding(&job.split)?;
@@ -684,9 +684,14 @@ impl Conn {
         lender: Option<PayloadLender>,
     ) -> Result<(BatchStream, u64), Refusal> {
         let key = open::job_key(req, job);
-        let two_pass = job.mode == Mode::TwoPass;
-        let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, String> {
-            Ok(Box::new(self.admit(&job.first, o, two_pass)?))
+        let piles = job.piles();
+        let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, Refusal> {
+            Ok(Box::new(admit_pass(
+                &self.shared.budgets(),
+                &job.first,
+                o,
+                piles.as_deref(),
+            )?))
         };
         let sh = self.shared.clone();
         let new_pass = NewPass {
@@ -717,9 +722,13 @@ impl Conn {
         lender: Option<PayloadLender>,
     ) -> Result<(BatchStream, Admitted), Refusal> {
         job.opts.lender = lender;
-        let grant = self
-            .admit(&job.first, &mut job.opts, job.mode == Mode::TwoPass)
-            .map_err(|m| ("busy", m))?;
+        let piles = job.piles();
+        let grant = admit_pass(
+            &self.shared.budgets(),
+            &job.first,
+            &mut job.opts,
+            piles.as_deref(),
+        )?;
         // Two-pass: the engine makes its own private scratch directory where the piles go
         // and removes it when its thread ends.
         let stream = job.read(src).map_err(|e| (reply_code(&e), e.to_string()))?;
@@ -747,25 +756,6 @@ impl Conn {
         // A failed send shows up as the client being gone at the next read.
         let _ = sent;
         Ok(())
-    }
-
-    /// Takes from the daemon's budgets what a pass of `opts` needs (see
-    /// [`admit_pass`]), setting its memory.
-    fn admit(
-        &self,
-        ds: &crate::dataset::Dataset,
-        opts: &mut ReadOptions,
-        two_pass: bool,
-    ) -> Result<Admitted, String> {
-        let sh = &self.shared;
-        admit_pass(
-            (&sh.budget, sh.scratch_budget.as_ref()),
-            sh.cfg.admit_wait,
-            &sh.stopping,
-            ds,
-            opts,
-            two_pass,
-        )
     }
 
     /// Stops the open stream, if any; the batches it announced.

@@ -50,7 +50,7 @@ impl JobKey {
 /// Admits a new pass: sets its memory in the options, returns what it holds until it ends
 /// (or why it cannot be admitted).
 pub(super) type Admit<'a> =
-    dyn Fn(&mut ReadOptions) -> std::result::Result<Box<dyn Send>, String> + 'a;
+    dyn Fn(&mut ReadOptions) -> std::result::Result<Box<dyn Send>, super::open::Refusal> + 'a;
 
 /// What a new pass of a job takes from the daemon: how long a LIRS pass waits for its
 /// world, its admission (memory and scratch: it sets the pass's memory in the options it
@@ -134,7 +134,7 @@ impl Jobs {
         // What the pass was admitted with is held until it ends.
         // Admission may wait for memory: not under the lock, so other jobs go on.
         let mut opts = opts.clone();
-        let held = (new_pass.admit)(&mut opts).map_err(|m| ("busy", m))?;
+        let held = (new_pass.admit)(&mut opts)?;
         let mut jobs = self.lock();
         // Another rank of the job may have started its pass meanwhile: join that one.
         if let Some(joined) = Self::join_in(&jobs, &key, opts.rank, &lender) {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::budget::Grant;
+use super::budget::{Ask, Grant};
 use super::job::JobKey;
 use super::proto::{OpenRequest, Opened, Transport};
 use super::ring::ALIGN;
@@ -116,12 +116,15 @@ pub(super) fn dataset<'a>(cfg: &'a ServeConfig, name: &str) -> Result<&'a Source
 /// resolved: for `auto`, the planner's choice from the cached profile of the dataset's
 /// device (`riffle serve --mode auto` probes it at start when none is cached), LIRS when
 /// there is no profile or no plan; a two-pass read leads unless the profile says the
-/// device seeks.
+/// device seeks. `auto` plans within the scratch two-pass could ever have here: the
+/// `--scratch-limit`, and the filesystem's free space when none of the daemon's passes
+/// holds any (so the ranks of a job choose alike, whatever other jobs hold).
 pub(super) fn prepare(
     req: &OpenRequest,
     src: &Source,
-    cfg: &ServeConfig,
+    shared: &Shared,
 ) -> Result<ReadJob, Refusal> {
+    let cfg = &shared.cfg;
     let bad = |m: String| ("bad_request", wire_words(&m));
     if req.world > MAX_WORLD {
         return Err(bad(format!(
@@ -133,7 +136,14 @@ pub(super) fn prepare(
         .prepare(src)
         .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
     let model = crate::plan::cached_device_model(job.device_path());
-    if job.choose(model.as_ref()).is_err() {
+    let free = [
+        shared.space.ceiling(&job.scratch),
+        shared.scratch_budget.as_ref().map(|b| b.ceiling()),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    if job.choose_within(model.as_ref(), free).is_err() {
         // No plan: read as without a profile.
         job.mode = Mode::Lirs;
         job.opts.lead = false;
@@ -216,12 +226,11 @@ pub(super) fn ring(shared: &Shared, req: &OpenRequest, largest: u64) -> Result<R
         .unwrap_or_else(|| largest.saturating_mul(MAX_CREDITS as u64 + 8).max(4 << 20));
     let want = want.min(shared.ring_share()).max(largest).div_ceil(4096) * 4096;
     let least = largest.div_ceil(4096) * 4096;
-    let grant = (shared.budget)
-        .take(
-            "this stream's ring",
-            shared.cfg.admit_wait,
-            &shared.stopping,
-            |free| {
+    let grant = (shared.budget).take(
+        Ask {
+            what: "this stream's ring",
+            most: (u64::MAX, ""),
+            fit: |free| {
                 let fits = want.min(free / 4096 * 4096);
                 if fits >= least {
                     Ok(fits)
@@ -229,8 +238,10 @@ pub(super) fn ring(shared: &Shared, req: &OpenRequest, largest: u64) -> Result<R
                     Err(least)
                 }
             },
-        )
-        .map_err(|m| ("busy", m))?;
+        },
+        shared.cfg.admit_wait,
+        &shared.stopping,
+    )?;
     let ring = SharedRing::new(&format!("riffle-{}", req.dataset), grant.bytes())
         .map_err(|e| ("shm", e.to_string()))?;
     Ok((Some(ring), MAX_CREDITS, Some(grant)))

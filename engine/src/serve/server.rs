@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+use super::budget::{Budget, Unit};
 use super::conn::Conn;
 use super::proto::error_frame;
 pub use super::state::{ServeConfig, ServeMode};
@@ -144,8 +145,10 @@ impl Server {
                 jobs: Default::default(),
                 telemetry: Default::default(),
                 next_stream: AtomicU64::new(0),
-                budget: super::budget::Budget::new(cfg_memory, index_bytes),
-                scratch_budget: scratch_limit.map(|l| super::budget::Budget::new(l, 0)),
+                budget: Budget::new(cfg_memory, index_bytes, "--memory", Unit::Bytes),
+                scratch_budget: scratch_limit
+                    .map(|l| Budget::new(l, 0, "--scratch-limit", Unit::Bytes)),
+                space: super::space::ScratchSpace::new(),
             }),
         })
     }

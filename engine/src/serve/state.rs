@@ -85,6 +85,8 @@ pub(super) struct Shared {
     pub(super) next_stream: AtomicU64,
     /// `--scratch-limit`: two-pass piles, when set.
     pub(super) scratch_budget: Option<Arc<super::budget::Budget>>,
+    /// Two-pass piles' reservations of the scratch filesystems' free space.
+    pub(super) space: Arc<super::space::ScratchSpace>,
 }
 
 pub(super) struct Stats {
@@ -133,6 +135,17 @@ impl Stats {
 impl Shared {
     pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
         self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The budgets a pass's admission takes from.
+    pub(super) fn budgets(&self) -> super::budget::Budgets<'_> {
+        super::budget::Budgets {
+            memory: &self.budget,
+            scratch: self.scratch_budget.as_ref(),
+            space: &self.space,
+            wait: self.cfg.admit_wait,
+            stopping: &self.stopping,
+        }
     }
 
     pub(super) fn ring_share(&self) -> u64 {

@@ -1,0 +1,209 @@
+//! `riffle serve`'s admission, on the real daemon and real sockets (issue 29 deliverables 5
+//! and 6): a request that never fits is `too_large` with the numbers, one that must wait is
+//! `busy`; `auto` plans within the scratch limit; concurrent two-pass passes never
+//! overcommit the scratch filesystem; mixtures are admitted at what their passes hold; the
+//! open files are the daemon's budget.
+
+use riffle::serve::proto::{self, Kind, OpenRequest};
+use serde_json::Value;
+
+use crate::serve::{dataset, Daemon};
+use crate::Sandbox;
+
+/// OPENs `req` on a new connection and returns the connection with its reply: OPENED (the
+/// stream left open, unread) or the ERROR's JSON.
+fn open_raw(d: &Daemon, req: &OpenRequest) -> (riffle::serve::Client, Result<Value, Value>) {
+    let mut c = d.client_when_free();
+    c.send(&proto::json_frame(Kind::Open, req)).unwrap();
+    let (k, body) = c.frame().unwrap();
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    match k {
+        Kind::Opened => (c, Ok(v)),
+        Kind::Error => (c, Err(v)),
+        k => panic!("{k:?}"),
+    }
+}
+
+/// A pass that needs more than a quarter of `--memory` never fits: `too_large` at once with
+/// the numbers, though `--admit-wait` is long (it said `busy`, "try again later", and
+/// "after waiting 5 s" without waiting). A request that fits once others give back is
+/// `busy`, and its message claims no wait that did not happen.
+#[test]
+fn a_request_that_never_fits_is_too_large_and_one_that_must_wait_is_busy() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 1000);
+    let sock = sb.path().join("s.sock");
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &[
+            "--memory",
+            "64M",
+            "--max-clients",
+            "4",
+            "--admit-wait",
+            "30",
+        ],
+    );
+    // Batches of 8 MB: a ring of 16 MiB holds them, but a pass reads several ahead, more
+    // than the 16 MiB a read may have of 64M.
+    let (_c, got) = open_raw(&d, &OpenRequest::new("train", 8192));
+    let e = got.expect_err("a pass of 8 MB batches in 64M");
+    assert_eq!(e["code"], "too_large", "{e}");
+    assert_eq!(e["fatal"], false, "{e}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("asked ") && msg.contains("limit 16777216"),
+        "{msg}"
+    );
+    assert!(msg.contains("a quarter of --memory"), "{msg}");
+    assert!(
+        !msg.contains("wait") || msg.contains("however long it waits"),
+        "{msg}"
+    );
+    // Streams of small batches held open until the next must wait for them: `busy`.
+    let d = Daemon::start(
+        &sb,
+        &sb.path().join("b.sock"),
+        &[("train", &data)],
+        &[
+            "--memory",
+            "24M",
+            "--max-clients",
+            "24",
+            "--admit-wait",
+            "0",
+        ],
+    );
+    let mut open = Vec::new();
+    let refused = loop {
+        let mut req = OpenRequest::new("train", 64);
+        req.seed = open.len() as u64;
+        match open_raw(&d, &req) {
+            (c, Ok(_)) => open.push(c),
+            (_, Err(e)) => break e,
+        }
+        assert!(open.len() < 24, "24 streams fit in 24M");
+    };
+    assert!(!open.is_empty(), "{refused}");
+    assert_eq!(refused["code"], "busy", "{refused}");
+    let msg = refused["message"].as_str().unwrap();
+    assert!(
+        msg.contains("try again later") && msg.contains("free now"),
+        "{msg}"
+    );
+    assert!(!msg.contains("waiting") && !msg.contains("waited"), "{msg}");
+    let s = d.stats();
+    assert_eq!(s["errors"]["busy"], 1, "{s}");
+}
+
+/// `--mode auto` plans within `--scratch-limit`: on a device where two-pass wins, a limit
+/// its piles do not fit makes it LIRS, and the stream is served (it was two-pass, then
+/// `busy` for every stream).
+#[test]
+fn auto_plans_lirs_when_two_pass_piles_do_not_fit_the_scratch_limit() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 2000, 16_000);
+    crate::plan::probe_small(&sb);
+    // A disk: random reads of 16 KB records lose to sequential passes.
+    crate::plan::fake_profile(&sb, 600.0, 150e6);
+    let mut req = OpenRequest::new("train", 64);
+    req.epochs = 2;
+    let start = |name: &str, limit: &str| {
+        Daemon::start(
+            &sb,
+            &sb.path().join(name),
+            &[("train", &data)],
+            &[
+                "--mode",
+                "auto",
+                "--scratch-limit",
+                limit,
+                "--admit-wait",
+                "0",
+            ],
+        )
+    };
+    // Room for the piles: two-pass, as the profile says.
+    let d = start("a.sock", "1G");
+    let mut c = d.client();
+    assert_eq!(c.open(req.clone()).unwrap().opened.mode, "two-pass");
+    drop(c);
+    drop(d);
+    // 1 MB of scratch for 32 MB of piles: LIRS, and every batch arrives.
+    let d = start("b.sock", "1M");
+    let mut c = d.client();
+    let mut s = c.open(req.clone()).unwrap();
+    assert_eq!(s.opened.mode, "lirs");
+    let mut n = 0;
+    while let Some(b) = s.next_batch().unwrap() {
+        n += b.ids().len();
+    }
+    assert_eq!(n, 4000);
+}
+
+/// Two concurrent two-pass streams on a scratch filesystem with room for one's piles (a
+/// real small tmpfs, no `--scratch-limit`): the second waits for the first's reservation,
+/// or is `busy`, instead of both failing with ENOSPC mid-epoch.
+#[test]
+fn concurrent_two_pass_passes_never_overcommit_the_scratch_filesystem() {
+    let sb = Sandbox::new();
+    let Some(small) = crate::SmallDisk::mount(&sb, "110m") else {
+        return;
+    };
+    let data = dataset(&sb, "d.npy", 50_000, 1000);
+    let d = Daemon::start(
+        &sb,
+        &sb.path().join("s.sock"),
+        &[("train", &data)],
+        &[
+            "--mode",
+            "two-pass",
+            "--scratch",
+            small.path().to_str().unwrap(),
+            "--admit-wait",
+            "0",
+        ],
+    );
+    let mut a = d.client();
+    let mut sa = a.open(OpenRequest::new("train", 64)).unwrap();
+    // Its scatter is under way (the first batch comes after it).
+    assert!(sa.next_batch().unwrap().is_some());
+    let mut req = OpenRequest::new("train", 64);
+    req.seed = 1;
+    let mut b = d.client();
+    let e = b
+        .open(req)
+        .err()
+        .expect("no room for a second pass's piles");
+    assert_eq!(e.daemon_code(), Some("busy"), "{e}");
+    assert!(e.to_string().contains("scratch"), "{e}");
+    // The first stream reads to its end, with no ENOSPC.
+    let mut n = 1;
+    while sa.next_batch().unwrap().is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 50_000usize.div_ceil(64));
+    drop(sa);
+    drop(a);
+    // Its piles gone, the second pass is admitted and reads everything.
+    let mut req = OpenRequest::new("train", 64);
+    req.seed = 1;
+    let got = loop {
+        match b.open(req.clone()) {
+            Ok(mut s) => {
+                let mut n = 0;
+                while let Some(x) = s.next_batch().unwrap() {
+                    n += x.ids().len();
+                }
+                break n;
+            }
+            Err(e) if e.daemon_code() == Some("busy") => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(got, 50_000);
+}
