@@ -207,3 +207,73 @@ fn concurrent_two_pass_passes_never_overcommit_the_scratch_filesystem() {
     };
     assert_eq!(got, 50_000);
 }
+
+/// Ten streams of a mixture of different seeds under `--memory`: each pass holds its
+/// epoch's draws (8 bytes a record: 32 MB for 4 million) beside its buffers, and is
+/// admitted at that, so those that do not fit are refused (`busy`) and the daemon stays
+/// within its memory. It admitted each at its buffers alone, and 10 streams (each draws
+/// held twice: by the OPEN and by its pass) took several times `--memory`.
+#[test]
+fn mixture_streams_are_admitted_at_what_their_passes_hold() {
+    let sb = Sandbox::new();
+    let a = dataset(&sb, "a.npy", 20_000, 64);
+    let b = dataset(&sb, "b.npy", 10_000, 64);
+    let spec = format!(
+        "mix:a={}*0.7,b={}*0.3;size=4000000",
+        a.display(),
+        b.display()
+    );
+    let memory: u64 = 192 << 20;
+    let d = Daemon::start(
+        &sb,
+        &sb.path().join("s.sock"),
+        &[("mix", std::path::Path::new(&spec))],
+        &["--memory", "192M", "--admit-wait", "0"],
+    );
+    let mut held = Vec::new();
+    let mut busy = 0;
+    for seed in 0..10 {
+        let mut req = OpenRequest::new("mix", 256);
+        req.seed = seed;
+        match open_raw(&d, &req) {
+            (c, Ok(_)) => held.push(c),
+            (_, Err(e)) => {
+                assert_eq!(e["code"], "busy", "{e}");
+                busy += 1;
+            }
+        }
+    }
+    let s = d.stats();
+    let used = s["memory_used"].as_u64().unwrap();
+    assert!(used <= memory, "{s}");
+    let rss = d.rss_bytes();
+    assert!(
+        rss <= memory + (128 << 20),
+        "RSS {} MiB with {} streams admitted, {busy} busy, memory_used {} MiB",
+        rss >> 20,
+        held.len(),
+        used >> 20
+    );
+    assert!(busy > 0, "all 10 admitted in {} MiB: {s}", memory >> 20);
+    // Room given back, a stream is admitted and served.
+    drop(held);
+    let mut c = d.client_when_free();
+    let mut req = OpenRequest::new("mix", 2048);
+    req.seed = 3;
+    let got = loop {
+        match c.open(req.clone()) {
+            Ok(mut st) => {
+                let mut n = 0;
+                for _ in 0..8 {
+                    n += st.next_batch().unwrap().expect("a batch").ids().len();
+                }
+                break n;
+            }
+            Err(e) if e.daemon_code() == Some("busy") => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(got, 8 * 2048);
+}

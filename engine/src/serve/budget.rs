@@ -245,6 +245,10 @@ pub(super) struct Budgets<'a> {
     pub(super) scratch: Option<&'a Arc<Budget>>,
     /// The scratch filesystems' real free space.
     pub(super) space: &'a Arc<super::space::ScratchSpace>,
+    /// The open files (`ulimit -n`), less what connections and rings may hold.
+    pub(super) files: &'a Arc<Budget>,
+    /// `--max-clients`: a pass's fair share of the open files is this many'th.
+    pub(super) clients: u64,
     pub(super) wait: Duration,
     pub(super) stopping: &'a AtomicBool,
 }
@@ -254,6 +258,7 @@ pub(super) struct Budgets<'a> {
 /// Given back when dropped.
 pub(super) struct Admitted {
     _memory: Grant,
+    _files: Grant,
     _scratch: Option<Grant>,
     _space: Option<super::space::Reservation>,
 }
@@ -284,6 +289,9 @@ pub(super) fn admit_pass(
     opts: &mut ReadOptions,
     two_pass: Option<&std::path::Path>,
 ) -> std::result::Result<Admitted, Refusal> {
+    // The open files first: a read given fewer files reads at a lower queue depth, and
+    // needs less memory.
+    let files = admit_files(b, ds, opts, two_pass.is_some())?;
     let o = opts.clone();
     let (most, why) = pass_most(b.memory.total());
     let memory = b.memory.take(
@@ -300,6 +308,7 @@ pub(super) fn admit_pass(
     let Some(dir) = two_pass else {
         return Ok(Admitted {
             _memory: memory,
+            _files: files,
             _scratch: None,
             _space: None,
         });
@@ -321,9 +330,67 @@ pub(super) fn admit_pass(
     let space = b.space.reserve(dir, need, b.wait, b.stopping)?;
     Ok(Admitted {
         _memory: memory,
+        _files: files,
         _scratch: scratch,
         _space: Some(space),
     })
+}
+
+/// Descriptors a pass holds besides its random reader's dataset files: LIRS its I/O ring
+/// and one more; two-pass also its scatter's reader and files, its pile files (the plan's
+/// `open_files`), and the pile store's rings, lock and owner files.
+fn pass_files(ds: &Dataset, opts: &ReadOptions, two_pass: bool) -> u64 {
+    const LIRS: u64 = 2;
+    if !two_pass {
+        return LIRS;
+    }
+    let units = modes::lirs::units_for(ds, opts);
+    let d = modes::demand(ds, &units, opts);
+    let piles = crate::resources::two_pass(&d, &crate::resources::Limits::here(None))
+        .map_or(16 + 2 * 16, |p| p.open_files);
+    LIRS + 6 + piles
+}
+
+/// Takes the open files a pass of `opts` over `ds` holds from the daemon's budget: its own
+/// (see [`pass_files`]) and its random reader's dataset files: at most twice the queue
+/// depth, at most its fair share (the budget over `--max-clients`), down to two (the
+/// queue depth then cut to fit: a file per read in flight, and one more). Sets the read's
+/// open-file cap and queue depth to what it was given.
+fn admit_files(
+    b: &Budgets<'_>,
+    ds: &Dataset,
+    opts: &mut ReadOptions,
+    two_pass: bool,
+) -> std::result::Result<Grant, Refusal> {
+    let own = pass_files(ds, opts, two_pass);
+    let data = ds.files().len() as u64;
+    let depth = opts.io.depth.max(1) as u64;
+    let fair = (b.files.ceiling() / b.clients.max(1)).saturating_sub(own);
+    let least = own + data.min(2);
+    let want = (own + data.min(2 * (depth + 1)).min(fair)).max(least);
+    let grant = b.files.take(
+        Ask {
+            what: "the open files of a read of this job",
+            most: (u64::MAX, ""),
+            fit: |free| {
+                if free >= least {
+                    Ok(want.min(free))
+                } else {
+                    Err(least)
+                }
+            },
+        },
+        b.wait,
+        b.stopping,
+    )?;
+    let reader = grant.bytes() - own;
+    if reader < data {
+        // A file per read in flight: the depth fits the files it may hold.
+        let depth = usize::try_from(reader.saturating_sub(1).clamp(1, depth)).unwrap_or(1);
+        opts.io.depth = depth;
+        opts.open_files = Some(usize::try_from(reader).unwrap_or(usize::MAX));
+    }
+    Ok(grant)
 }
 
 /// The scratch bytes a two-pass read of `ds` with `opts` plans for.

@@ -87,6 +87,10 @@ pub(super) struct Shared {
     pub(super) scratch_budget: Option<Arc<super::budget::Budget>>,
     /// Two-pass piles' reservations of the scratch filesystems' free space.
     pub(super) space: Arc<super::space::ScratchSpace>,
+    /// The open files (`ulimit -n`): passes take their dataset files and their own from
+    /// it; what the daemon holds itself and what connections and rings may hold are set
+    /// aside.
+    pub(super) files: Arc<super::budget::Budget>,
 }
 
 pub(super) struct Stats {
@@ -143,6 +147,8 @@ impl Shared {
             memory: &self.budget,
             scratch: self.scratch_budget.as_ref(),
             space: &self.space,
+            files: &self.files,
+            clients: self.cfg.max_clients as u64,
             wait: self.cfg.admit_wait,
             stopping: &self.stopping,
         }
