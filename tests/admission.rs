@@ -277,3 +277,135 @@ fn mixture_streams_are_admitted_at_what_their_passes_hold() {
     };
     assert_eq!(got, 8 * 2048);
 }
+
+/// `riffle serve` under `prlimit --nofile=N:N` (soft and hard: riffle raises the soft one
+/// to the hard), or `None` with the skip counted where `prlimit` is missing.
+fn daemon_with_nofile(
+    sb: &Sandbox,
+    nofile: u64,
+    datasets: &[(&str, &std::path::Path)],
+    extra: &[&str],
+) -> Option<Daemon> {
+    if std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        crate::skip("prlimit (util-linux) is not installed: cannot set the daemon's ulimit -n");
+        return None;
+    }
+    let mut c = std::process::Command::new("prlimit");
+    c.arg(format!("--nofile={nofile}:{nofile}"))
+        .arg(env!("CARGO_BIN_EXE_riffle"))
+        .env("XDG_CACHE_HOME", sb.cache())
+        .env_remove("RIFFLE_IO")
+        .env_remove("RIFFLE_DIRECT");
+    Some(Daemon::start_from(
+        c,
+        &sb.path().join("s.sock"),
+        datasets,
+        extra,
+    ))
+}
+
+/// 64 streams of a tree of one file per record, all at once, under `ulimit -n 1024`: the
+/// open files are the daemon's budget, each pass's reader holds its share (its queue depth
+/// cut to fit), and every stream gets every record. Each reader held up to a file per read
+/// in flight and more, and most streams failed with EMFILE.
+#[test]
+fn sixty_four_streams_of_a_file_tree_run_under_ulimit_n_1024() {
+    let sb = Sandbox::new();
+    let tree = sb.data().join("tree");
+    crate::gen(&sb, &tree, "files", 2000, 256, &[]);
+    let spec = format!("{}:files", tree.display());
+    let Some(d) = daemon_with_nofile(
+        &sb,
+        1024,
+        &[("t", std::path::Path::new(&spec))],
+        &["--max-clients", "80"],
+    ) else {
+        return;
+    };
+    let sock = sb.path().join("s.sock");
+    let got: Vec<Result<usize, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..64u64)
+            .map(|seed| {
+                let sock = sock.clone();
+                s.spawn(move || {
+                    let mut c = riffle::serve::Client::connect(&sock).map_err(|e| e.to_string())?;
+                    let mut req = OpenRequest::new("t", 64);
+                    req.seed = seed;
+                    let mut st = c.open(req).map_err(|e| e.to_string())?;
+                    let mut n = 0;
+                    while let Some(b) = st.next_batch().map_err(|e| e.to_string())? {
+                        n += b.ids().len();
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let bad: Vec<_> = got.iter().filter(|r| *r != &Ok(2000)).collect();
+    assert!(
+        bad.is_empty(),
+        "{} of 64 streams failed: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(3)]
+    );
+    let s = d.stats();
+    assert!(s["errors"].as_object().unwrap().is_empty(), "{s}");
+}
+
+/// When `accept` itself fails for want of descriptors (the daemon's limit lowered under it
+/// to what it holds), the connection is told `busy` and closed, through a descriptor kept
+/// in reserve; it waited in the backlog with nothing said, and a new client blocked for
+/// ever.
+#[test]
+fn a_connection_past_the_descriptors_is_told_busy_not_left_hanging() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 1000, 100);
+    let d = Daemon::start(&sb, &sb.path().join("s.sock"), &[("train", &data)], &[]);
+    let pid = d.child.id();
+    // The lowest descriptor number free in the daemon: a limit there leaves none for a new
+    // connection (the limit bounds the numbers, not their count).
+    let held: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let free = (0..).find(|n| !held.contains(n)).unwrap();
+    let lowered = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={free}:")])
+        .status();
+    if !lowered.is_ok_and(|s| s.success()) {
+        crate::skip("prlimit --pid cannot lower the daemon's ulimit -n here");
+        return;
+    }
+    for _ in 0..3 {
+        let mut sock = std::os::unix::net::UnixStream::connect(sb.path().join("s.sock")).unwrap();
+        let _ = std::io::Write::write_all(&mut sock, &crate::serve::hello());
+        let e = crate::serve::expect_fatal_error(&mut sock);
+        assert_eq!(e["code"], "busy", "{e}");
+        assert!(
+            e["message"].as_str().unwrap().contains("file descriptor"),
+            "{e}"
+        );
+    }
+    // Descriptors back: clients are served again.
+    let raised = std::process::Command::new("prlimit")
+        .args([
+            "--pid",
+            &pid.to_string(),
+            &format!("--nofile={}:", free + 64),
+        ])
+        .status()
+        .unwrap();
+    assert!(raised.success());
+    let mut c = d.client_when_free();
+    let mut st = c.open(OpenRequest::new("train", 100)).unwrap();
+    let mut n = 0;
+    while let Some(b) = st.next_batch().unwrap() {
+        n += b.ids().len();
+    }
+    assert_eq!(n, 1000);
+}

@@ -193,7 +193,7 @@ fn frame_raw(kind: u8, body: &[u8]) -> Vec<u8> {
 
 /// Reads frames from a raw socket until an ERROR; returns its JSON and checks the daemon
 /// then closes the connection.
-fn expect_fatal_error(sock: &mut UnixStream) -> Value {
+pub(crate) fn expect_fatal_error(sock: &mut UnixStream) -> Value {
     use std::io::Read;
     sock.set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
