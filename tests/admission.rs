@@ -409,3 +409,63 @@ fn a_connection_past_the_descriptors_is_told_busy_not_left_hanging() {
     }
     assert_eq!(n, 1000);
 }
+
+/// 64 jobs of 1 MB batches at the default `--memory` and `--max-clients`: each ring is
+/// sized to what its stream needs (a few MiB of batches), not the client's whole share,
+/// so every job's ring and pass fit. Each ring took its 16 MiB share and 22 of 64 were
+/// refused `busy`.
+#[test]
+fn sixty_four_jobs_fit_the_default_budget() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 4096);
+    let d = Daemon::start(
+        &sb,
+        &sb.path().join("s.sock"),
+        &[("train", &data)],
+        &["--admit-wait", "1"],
+    );
+    let sock = sb.path().join("s.sock");
+    // Each stream is held open (its ring and pass held) until every job has been admitted
+    // or refused: the gate opens when all 64 have said.
+    let gate = std::sync::RwLock::new(());
+    let closed = gate.write().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
+        for seed in 0..64u64 {
+            let (sock, tx, gate) = (sock.clone(), tx.clone(), &gate);
+            s.spawn(move || {
+                let opened = (|| {
+                    let mut c = riffle::serve::Client::connect(&sock).map_err(|e| e.to_string())?;
+                    let mut req = OpenRequest::new("train", 256);
+                    req.seed = seed;
+                    let mut st = c.open(req).map_err(|e| e.to_string())?;
+                    let b = st.next_batch().map_err(|e| e.to_string())?;
+                    let n = b.expect("a batch").ids().len();
+                    tx.send(if n == 256 {
+                        Ok(())
+                    } else {
+                        Err(format!("{n} ids"))
+                    })
+                    .unwrap();
+                    drop(gate.read().unwrap());
+                    Ok::<(), String>(())
+                })();
+                if let Err(e) = opened {
+                    tx.send(Err(e)).unwrap();
+                }
+            });
+        }
+        let got: Vec<_> = rx.iter().take(64).collect();
+        drop(closed);
+        got
+    });
+    let refused: Vec<_> = outcomes.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        refused.is_empty(),
+        "{} of 64 jobs refused: {:?}",
+        refused.len(),
+        &refused[..refused.len().min(2)]
+    );
+    let s = d.wait_stats("the jobs gone", |s| s["streams_now"] == 0);
+    assert!(s["memory_used"].as_u64().unwrap() <= 1 << 30, "{s}");
+}

@@ -213,17 +213,33 @@ pub(super) fn largest_batch(batch: u64, ds: &Dataset, share: u64) -> Result<u64,
 /// four credits inline.
 pub(super) type Ring = (Option<Arc<SharedRing>>, u32, Option<Grant>);
 
-/// Makes the ring of a stream of batches of at most `largest` bytes: room for the
-/// batches the client may hold (its credits) and those the engine is assembling in the
-/// ring or has queued, so that the engine is rarely refused a region (and the batch then
-/// copied); less when the daemon's memory is short, down to one largest batch.
+/// Bytes of batches a ring holds by default: the read-ahead a client sees (the engine
+/// keeps its own besides). 64 clients' rings at their whole share (16 MiB at the
+/// defaults) left no room in `--memory` for their passes: 22 of 64 jobs of 1 MB batches
+/// were refused.
+const RING_TARGET: u64 = 4 << 20;
+
+/// Batches of the largest size a ring holds at the least by default: the one the client
+/// reads, the one it holds next, and two being assembled in place.
+const RING_MIN_BATCHES: u64 = 4;
+
+/// The ring a stream of batches of at most `largest` bytes asks for: room for the batches
+/// the client may hold (its credits) and those the engine assembles in the ring or has
+/// queued, up to [`RING_TARGET`] bytes, but never fewer than [`RING_MIN_BATCHES`].
+fn ring_wanted(largest: u64) -> u64 {
+    let all = largest.saturating_mul(MAX_CREDITS as u64 + 8);
+    all.min(RING_TARGET)
+        .max(largest.saturating_mul(RING_MIN_BATCHES))
+}
+
+/// Makes the ring of a stream of batches of at most `largest` bytes ([`ring_wanted`], at
+/// most the client's share); less when the daemon's memory is short, down to one largest
+/// batch.
 pub(super) fn ring(shared: &Shared, req: &OpenRequest, largest: u64) -> Result<Ring, Refusal> {
     if req.transport == Transport::Inline {
         return Ok((None, 4, None));
     }
-    let want = req
-        .ring_bytes
-        .unwrap_or_else(|| largest.saturating_mul(MAX_CREDITS as u64 + 8).max(4 << 20));
+    let want = req.ring_bytes.unwrap_or_else(|| ring_wanted(largest));
     let want = want.min(shared.ring_share()).max(largest).div_ceil(4096) * 4096;
     let least = largest.div_ceil(4096) * 4096;
     let grant = (shared.budget).take(
