@@ -106,8 +106,11 @@ pub struct Mixture {
     pub counts: Vec<u64>,
     /// The epochs' views in use now, by (seed, epoch): an OPEN's first view and its pass's,
     /// or the ranks of a job, share one rather than each holding its draws.
-    live: Mutex<Vec<((u64, u64), Weak<Dataset>)>>,
+    live: Mutex<Vec<LiveView>>,
 }
+
+/// An epoch's view in use: its (seed, epoch), and the view while someone holds it.
+type LiveView = ((u64, u64), Weak<Dataset>);
 
 /// Opens every source (one format) and puts them side by side: a read of the mixture
 /// reads each epoch's draws ([`read`]).
