@@ -258,6 +258,7 @@ pub(super) struct Budgets<'a> {
 /// Given back when dropped.
 pub(super) struct Admitted {
     _memory: Grant,
+    _view: Option<Grant>,
     _files: Grant,
     _scratch: Option<Grant>,
     _space: Option<super::space::Reservation>,
@@ -283,31 +284,40 @@ fn pass_most(total: u64) -> (u64, String) {
 /// free space of the filesystem under `scratch_dir` (a reservation, so concurrent passes
 /// never plan for the same free bytes). `too_large` when it can never fit, `busy` when
 /// it did not fit within `--admit-wait`.
+///
+/// `view` is what the OPEN took for a mixture epoch's draws before it drew them
+/// ([`admit_view`]): part of the pass's memory, so only the rest is taken.
 pub(super) fn admit_pass(
     b: &Budgets<'_>,
     ds: &Dataset,
     opts: &mut ReadOptions,
     two_pass: Option<&std::path::Path>,
+    view: Option<Grant>,
 ) -> std::result::Result<Admitted, Refusal> {
     // The open files first: a read given fewer files reads at a lower queue depth, and
     // needs less memory.
     let files = admit_files(b, ds, opts, two_pass.is_some())?;
     let o = opts.clone();
     let (most, why) = pass_most(b.memory.total());
+    let v = view.as_ref().map_or(0, Grant::bytes);
     let memory = b.memory.take(
         Ask {
             what: "a read of this job",
-            most: (most, &why),
-            fit: |free| pass_needs(ds, &o, two_pass.is_some(), most.min(free)),
+            most: (most.saturating_sub(v), &why),
+            fit: |free| match pass_needs(ds, &o, two_pass.is_some(), most.min(free + v)) {
+                Ok(n) => Ok(n.saturating_sub(v)),
+                Err(n) => Err(n.saturating_sub(v)),
+            },
         },
         b.wait,
         b.stopping,
     )?;
     // The engine counts the dataset's index in its ceiling; the daemon holds it once.
-    opts.memory = Some(memory.bytes() + ds.index_bytes());
+    opts.memory = Some(memory.bytes() + v + ds.index_bytes());
     let Some(dir) = two_pass else {
         return Ok(Admitted {
             _memory: memory,
+            _view: view,
             _files: files,
             _scratch: None,
             _space: None,
@@ -330,6 +340,7 @@ pub(super) fn admit_pass(
     let space = b.space.reserve(dir, need, b.wait, b.stopping)?;
     Ok(Admitted {
         _memory: memory,
+        _view: view,
         _files: files,
         _scratch: scratch,
         _space: Some(space),
@@ -391,6 +402,33 @@ fn admit_files(
         opts.open_files = Some(usize::try_from(reader).unwrap_or(usize::MAX));
     }
     Ok(grant)
+}
+
+/// Takes the memory a mixture epoch's draws will hold (8 bytes a record, and 4 for its
+/// label) before the OPEN draws them to size its read: 160 MB for an epoch of 20 million,
+/// and OPENs drawing theirs while waiting for admission held several times `--memory`.
+/// `None` for a dataset.
+pub(super) fn admit_view(
+    b: &Budgets<'_>,
+    src: &crate::source::Source,
+) -> std::result::Result<Option<Grant>, Refusal> {
+    let Some(m) = src.mixture() else {
+        return Ok(None);
+    };
+    let per = 8 + if m.sources.labels().is_some() { 4 } else { 0 };
+    let need = m.size().saturating_mul(per);
+    let (most, why) = pass_most(b.memory.total());
+    b.memory
+        .take(
+            Ask {
+                what: "a mixture epoch's draws for this job",
+                most: (most, &why),
+                fit: |free| if need <= free { Ok(need) } else { Err(need) },
+            },
+            b.wait,
+            b.stopping,
+        )
+        .map(Some)
 }
 
 /// The scratch bytes a two-pass read of `ds` with `opts` plans for.
