@@ -363,9 +363,10 @@ fn pass_files(ds: &Dataset, opts: &ReadOptions, two_pass: bool) -> u64 {
 }
 
 /// Takes the open files a pass of `opts` over `ds` holds from the daemon's budget: its own
-/// (see [`pass_files`]) and its random reader's dataset files: at most twice the queue
-/// depth, at most its fair share (the budget over `--max-clients`), down to two (the
-/// queue depth then cut to fit: a file per read in flight, and one more). Sets the read's
+/// (see [`pass_files`]) and its random reader's dataset files: at most what a reader
+/// keeps open by default ([`crate::dataset::open_file_cap`]) and its fair share (the
+/// budget over `--max-clients`), down to two (the queue depth then cut to fit: a file per
+/// read in flight, and one more). Sets the read's
 /// open-file cap and queue depth to what it was given.
 fn admit_files(
     b: &Budgets<'_>,
@@ -378,7 +379,8 @@ fn admit_files(
     let depth = opts.io.depth.max(1) as u64;
     let fair = (b.files.ceiling() / b.clients.max(1)).saturating_sub(own);
     let least = own + data.min(2);
-    let want = (own + data.min(2 * (depth + 1)).min(fair)).max(least);
+    let cap = crate::dataset::open_file_cap() as u64;
+    let want = (own + data.min(cap).min(fair)).max(least);
     let grant = b.files.take(
         Ask {
             what: "the open files of a read of this job",
