@@ -10,6 +10,7 @@ import collections
 import json
 import mmap
 import os
+import re
 import socket
 import struct
 import time
@@ -65,9 +66,16 @@ class RiffleExhausted(RiffleBadRequest):
 class RiffleTooLarge(RiffleExhausted):
     """The request can never fit this daemon (`too_large`), however long it waits: a batch
     larger than a client's ring, a read needing more than a pass may have of `--memory`,
-    piles larger than `--scratch-limit` or the scratch filesystem. The message gives the
-    numbers (`asked N, limit M`). Do not retry: ask for less (smaller batches, another
-    mode), or start the daemon with more."""
+    piles larger than `--scratch-limit` or the scratch filesystem. `asked` and `limit` are
+    the numbers (bytes, or open files), from the message's `asked N, limit M`; None when it
+    has none. Do not retry: ask for less (smaller batches, another mode), or start the
+    daemon with more."""
+
+    def __init__(self, message, code="too_large", fatal=False):
+        super().__init__(message, code, fatal)
+        m = re.search(r"asked (\d+), limit (\d+)", message)
+        self.asked = int(m.group(1)) if m else None
+        self.limit = int(m.group(2)) if m else None
 
 
 _BY_CODE = {

@@ -491,6 +491,7 @@ def test_a_request_that_never_fits_raises_riffle_too_large(tmp_path):
             assert e.value.code == "too_large" and not isinstance(e.value, riffle.RiffleBusy)
             assert isinstance(e.value, riffle.RiffleExhausted)
             assert "asked " in e.value.message and "limit 16777216" in e.value.message
+            assert e.value.limit == 16777216 and e.value.asked > e.value.limit
             # The connection stays usable: a request that fits is served.
             assert sum(len(b) for b in c.stream("train", 256)) == 20000
     finally:

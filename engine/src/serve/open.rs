@@ -201,8 +201,8 @@ pub(super) fn largest_batch(batch: u64, ds: &Dataset, share: u64) -> Result<u64,
             format!(
                 "batches of {batch} records may need {largest} bytes (the longest record is \
                  {max_record} bytes), more than each client's ring share of {share} bytes \
-                 (--memory / --max-clients): ask for smaller batches, or start the daemon \
-                 with more --memory"
+                 (--memory / --max-clients): asked {largest}, limit {share}; ask for smaller \
+                 batches, or start the daemon with more --memory"
             ),
         ));
     }
