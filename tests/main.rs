@@ -8,6 +8,7 @@ use serde_json::Value;
 
 pub(crate) use riffle::testing::{skip, skip_needed_in_ci};
 
+mod admission;
 mod beneath;
 mod budgets;
 mod datasets;

@@ -15,14 +15,29 @@ use serde_json::Value;
 use crate::{assert_ok, gen, text, Sandbox};
 
 /// A running daemon, killed when dropped.
-struct Daemon {
-    child: Child,
+pub(crate) struct Daemon {
+    pub(crate) child: Child,
     socket: PathBuf,
 }
 
 impl Daemon {
-    fn start(sb: &Sandbox, socket: &Path, datasets: &[(&str, &Path)], extra: &[&str]) -> Daemon {
-        let mut c = sb.cmd();
+    pub(crate) fn start(
+        sb: &Sandbox,
+        socket: &Path,
+        datasets: &[(&str, &Path)],
+        extra: &[&str],
+    ) -> Daemon {
+        Self::start_from(sb.cmd(), socket, datasets, extra)
+    }
+
+    /// A daemon started by `c` (`riffle`, or a wrapper that then runs it) with the
+    /// `serve` arguments.
+    pub(crate) fn start_from(
+        mut c: std::process::Command,
+        socket: &Path,
+        datasets: &[(&str, &Path)],
+        extra: &[&str],
+    ) -> Daemon {
         c.arg("serve").arg("--socket").arg(socket);
         for (name, path) in datasets {
             c.arg("--dataset").arg(format!("{name}={}", path.display()));
@@ -63,13 +78,13 @@ impl Daemon {
         panic!("riffle serve did not listen on {}", self.socket.display());
     }
 
-    fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         Client::connect(&self.socket).unwrap()
     }
 
     /// A client, retrying while the daemon says `busy`: a connection that just ended (the
     /// readiness check, a stats query) frees its slot asynchronously.
-    fn client_when_free(&self) -> Client {
+    pub(crate) fn client_when_free(&self) -> Client {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             match Client::connect(&self.socket) {
@@ -82,11 +97,11 @@ impl Daemon {
         }
     }
 
-    fn stats(&self) -> Value {
+    pub(crate) fn stats(&self) -> Value {
         self.client().stats().unwrap()
     }
 
-    fn rss_bytes(&self) -> u64 {
+    pub(crate) fn rss_bytes(&self) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
         let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -94,7 +109,7 @@ impl Daemon {
     }
 
     /// Polls the stats until `pred` holds (the daemon notices departures asynchronously).
-    fn wait_stats(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) fn wait_stats(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let s = self.stats();
@@ -115,7 +130,7 @@ impl Drop for Daemon {
 }
 
 /// A generated `.npy` dataset (records carry their id and label) in the sandbox.
-fn dataset(sb: &Sandbox, name: &str, records: u64, size: u64) -> PathBuf {
+pub(crate) fn dataset(sb: &Sandbox, name: &str, records: u64, size: u64) -> PathBuf {
     let p = sb.data().join(name);
     gen(sb, &p, "npy", records, size, &[]);
     p
@@ -178,7 +193,7 @@ fn frame_raw(kind: u8, body: &[u8]) -> Vec<u8> {
 
 /// Reads frames from a raw socket until an ERROR; returns its JSON and checks the daemon
 /// then closes the connection.
-fn expect_fatal_error(sock: &mut UnixStream) -> Value {
+pub(crate) fn expect_fatal_error(sock: &mut UnixStream) -> Value {
     use std::io::Read;
     sock.set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
@@ -208,7 +223,7 @@ fn expect_fatal_error(sock: &mut UnixStream) -> Value {
     );
 }
 
-fn hello() -> Vec<u8> {
+pub(crate) fn hello() -> Vec<u8> {
     proto::json_frame(Kind::Hello, &serde_json::json!({"version": proto::VERSION}))
 }
 
@@ -440,15 +455,17 @@ fn two_pass_streams_are_admitted_within_the_scratch_limit() {
             ],
         )
     };
-    // Piles of a 50 MB dataset do not fit in 20 MB of scratch: refused, with the numbers.
+    // Piles of a 50 MB dataset never fit in 20 MB of scratch: refused at once as
+    // `too_large` (not `busy`: waiting cannot help), with the numbers.
     let d = start("20M", "a.sock");
     let e = d
         .client()
         .open(OpenRequest::new("train", 64))
         .err()
         .unwrap();
-    assert_eq!(e.daemon_code(), Some("busy"), "{e}");
+    assert_eq!(e.daemon_code(), Some("too_large"), "{e}");
     assert!(e.to_string().contains("--scratch-limit"), "{e}");
+    assert!(e.to_string().contains("limit 20971520"), "{e}");
     drop(d);
     // In 100 MB, one stream's piles fit and a second stream's wait for them.
     let d = start("100M", "b.sock");

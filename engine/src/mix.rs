@@ -16,7 +16,7 @@
 //! never see one.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::dataset::{Dataset, OpenOptions};
 use crate::modes::{BatchStream, ReadOptions, ReadReport};
@@ -119,7 +119,13 @@ pub struct Mixture {
     pub starts: Vec<u64>,
     /// Records each source gives every epoch (they add up to the epoch's size).
     pub counts: Vec<u64>,
+    /// The epochs' views in use now, by (seed, epoch): an OPEN's first view and its pass's,
+    /// or the ranks of a job, share one rather than each holding its draws.
+    live: Mutex<Vec<LiveView>>,
 }
+
+/// An epoch's view in use: its (seed, epoch), and the view while someone holds it.
+type LiveView = ((u64, u64), Weak<Dataset>);
 
 /// Opens every source (one format) and puts them side by side: a read of the mixture
 /// reads each epoch's draws ([`read`]).
@@ -157,6 +163,7 @@ pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
         names: spec.sources.iter().map(|s| s.name.clone()).collect(),
         starts,
         counts: counts(&weights, total),
+        live: Mutex::new(Vec::new()),
     })
 }
 
@@ -203,6 +210,26 @@ impl Mixture {
     pub fn view(&self, seed: u64, epoch: u64) -> Result<Dataset> {
         self.sources.with_draws(self.draws(seed, epoch))
     }
+
+    /// [`Mixture::view`], shared with whoever holds that epoch's view now: its draws are
+    /// 8 bytes a record (160 MB for an epoch of 20 million), and an OPEN sizing its read
+    /// by the first epoch, its pass reading it, and the other ranks of its job each held a
+    /// copy.
+    pub fn shared_view(&self, seed: u64, epoch: u64) -> Result<Arc<Dataset>> {
+        let live = || self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = live()
+            .iter()
+            .find(|(k, _)| *k == (seed, epoch))
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(v);
+        }
+        let v = Arc::new(self.view(seed, epoch)?);
+        let mut l = live();
+        l.retain(|(_, w)| w.strong_count() > 0);
+        l.push(((seed, epoch), Arc::downgrade(&v)));
+        Ok(v)
+    }
 }
 
 /// Counts proportional to `weights` adding up to `total` exactly (largest remainder;
@@ -246,7 +273,7 @@ pub fn read(mix: Arc<Mixture>, opts: ReadOptions, scratch: Option<PathBuf>) -> R
             if stop.is_set() {
                 break;
             }
-            let view = Arc::new(mix.view(opts.seed, epoch)?);
+            let view = mix.shared_view(opts.seed, epoch)?;
             let mut o = opts.clone();
             o.first_epoch = epoch;
             o.epochs = 1;

@@ -213,16 +213,27 @@ impl ReadJob {
     /// (bytes, files) of it and have not written them yet (`scratch::reserved_by_others`):
     /// `auto` plans with the free space less those.
     pub fn choose_beside(&mut self, model: Option<&DeviceModel>, others: (u64, u64)) -> Result<()> {
+        let free = crate::probe::free_bytes(&self.scratch)
+            .ok()
+            .map(|f| f.saturating_sub(others.0));
+        self.choose_within(model, free)
+    }
+
+    /// [`ReadJob::choose`] with `scratch_free` the scratch two-pass may have (a daemon's
+    /// `--scratch-limit`, or its filesystem's free space less what is spoken for): `auto`
+    /// picks LIRS when two-pass's piles do not fit it.
+    pub fn choose_within(
+        &mut self,
+        model: Option<&DeviceModel>,
+        scratch_free: Option<u64>,
+    ) -> Result<()> {
         match (self.mode, model) {
             (Mode::Auto, None) => {
                 self.mode = Mode::Lirs;
                 self.opts.lead = false;
             }
             (Mode::Auto, Some(model)) => {
-                let free = crate::probe::free_bytes(&self.scratch)
-                    .ok()
-                    .map(|f| f.saturating_sub(others.0));
-                let p = crate::plan::plan(&self.first, &self.opts, model, free)?;
+                let p = crate::plan::plan(&self.first, &self.opts, model, scratch_free)?;
                 self.mode = p.choice.into();
                 self.opts.lead = p.lead;
                 self.plan = Some(p);

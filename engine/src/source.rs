@@ -111,7 +111,7 @@ impl Source {
     pub fn epoch_view(&self, seed: u64, epoch: u64) -> Result<Arc<Dataset>> {
         match self {
             Source::Dataset(d) => Ok(d.clone()),
-            Source::Mixture(m) => m.view(seed, epoch).map(Arc::new),
+            Source::Mixture(m) => m.shared_view(seed, epoch),
         }
     }
 

@@ -19,6 +19,7 @@ from .client import (
     RiffleExhausted,
     RiffleShutdown,
     RiffleTimeout,
+    RiffleTooLarge,
     Stream,
 )
 from .formats import mds_sample, tar_members
@@ -34,6 +35,7 @@ __all__ = [
     "RiffleExhausted",
     "RiffleShutdown",
     "RiffleTimeout",
+    "RiffleTooLarge",
     "Stream",
     "mds_sample",
     "tar_members",

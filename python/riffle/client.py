@@ -10,6 +10,7 @@ import collections
 import json
 import mmap
 import os
+import re
 import socket
 import struct
 import time
@@ -42,7 +43,9 @@ class RiffleError(Exception):
 
 
 class RiffleBusy(RiffleError):
-    """The daemon serves as many clients as it may (`--max-clients`): try again later."""
+    """The daemon is full for now (`busy`: `--max-clients` connections, or its memory,
+    scratch or open files held by other streams): the request fits once they give back, so
+    try again later."""
 
 
 class RiffleShutdown(RiffleError):
@@ -51,7 +54,7 @@ class RiffleShutdown(RiffleError):
 
 class RiffleBadRequest(RiffleError, ValueError):
     """The daemon refused a request as malformed or impossible (`bad_request`,
-    `unknown_dataset`, `too_large`, `version`)."""
+    `unknown_dataset`, `version`; `too_large` is its subclass `RiffleTooLarge`)."""
 
 
 class RiffleExhausted(RiffleBadRequest):
@@ -60,13 +63,28 @@ class RiffleExhausted(RiffleBadRequest):
     unlike `RiffleBusy`: ask for less, or start the daemon with more."""
 
 
+class RiffleTooLarge(RiffleExhausted):
+    """The request can never fit this daemon (`too_large`), however long it waits: a batch
+    larger than a client's ring, a read needing more than a pass may have of `--memory`,
+    piles larger than `--scratch-limit` or the scratch filesystem. `asked` and `limit` are
+    the numbers (bytes, or open files), from the message's `asked N, limit M`; None when it
+    has none. Do not retry: ask for less (smaller batches, another mode), or start the
+    daemon with more."""
+
+    def __init__(self, message, code="too_large", fatal=False):
+        super().__init__(message, code, fatal)
+        m = re.search(r"asked (\d+), limit (\d+)", message)
+        self.asked = int(m.group(1)) if m else None
+        self.limit = int(m.group(2)) if m else None
+
+
 _BY_CODE = {
     "busy": RiffleBusy,
     "exhausted": RiffleExhausted,
     "shutdown": RiffleShutdown,
     "bad_request": RiffleBadRequest,
     "unknown_dataset": RiffleBadRequest,
-    "too_large": RiffleBadRequest,
+    "too_large": RiffleTooLarge,
     "version": RiffleBadRequest,
 }
 

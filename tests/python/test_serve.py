@@ -474,6 +474,28 @@ def test_each_error_code_raises_its_own_kind():
     assert type(e) is riffle.RiffleExhausted and isinstance(e, ValueError)
     assert not isinstance(e, riffle.RiffleBusy) and e.code == "exhausted"
     assert type(raised("engine")) is riffle.RiffleError
+    assert type(raised("too_large")) is riffle.RiffleTooLarge
+
+
+def test_a_request_that_never_fits_raises_riffle_too_large(tmp_path):
+    # A pass of 8 MB batches needs more than the quarter of --memory 64M a read may have:
+    # the daemon says so at once with its own code (it said `busy`, so a retry loop never
+    # ended), and Python raises its own kind, which a retry loop on RiffleBusy lets through.
+    p = tmp_path / "big.npy"
+    run("gen", p, "--format", "npy", "--records", 20000, "--record-size", 1000)
+    d = Daemon({"train": p}, "--memory", "64M", "--max-clients", "4", "--admit-wait", "30")
+    try:
+        with riffle.Client(d.socket) as c:
+            with pytest.raises(riffle.RiffleTooLarge) as e:
+                next(iter(c.stream("train", 8192)))
+            assert e.value.code == "too_large" and not isinstance(e.value, riffle.RiffleBusy)
+            assert isinstance(e.value, riffle.RiffleExhausted)
+            assert "asked " in e.value.message and "limit 16777216" in e.value.message
+            assert e.value.limit == 16777216 and e.value.asked > e.value.limit
+            # The connection stays usable: a request that fits is served.
+            assert sum(len(b) for b in c.stream("train", 256)) == 20000
+    finally:
+        d.stop()
 
 
 def test_stream_stats_give_the_waits_on_both_sides(daemon):

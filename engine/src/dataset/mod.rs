@@ -118,6 +118,28 @@ pub struct RecordLoc {
     pub len: u64,
 }
 
+/// A view's draws. Large (8 bytes a record of a mixture epoch), so when they go the heap
+/// they leave is handed back to the kernel: glibc keeps freed blocks of this size in its
+/// arenas, and a daemon drawing epochs for many streams stayed resident at their peak.
+#[derive(Debug)]
+struct Draws(Vec<u64>);
+
+impl std::ops::Deref for Draws {
+    type Target = [u64];
+    fn deref(&self) -> &[u64] {
+        &self.0
+    }
+}
+
+impl Drop for Draws {
+    fn drop(&mut self) {
+        if self.0.len() >= 1 << 17 {
+            self.0 = Vec::new();
+            io::release_freed_heap();
+        }
+    }
+}
+
 /// Records across one or more files.
 #[derive(Debug)]
 pub struct Dataset {
@@ -127,7 +149,7 @@ pub struct Dataset {
     first_id: Arc<[u64]>,
     /// A view's records (`with_draws`): record i is the files' record `draws[i]` (a
     /// mixture's epoch, where a record may be drawn more than once or not at all).
-    draws: Option<Arc<[u64]>>,
+    draws: Option<Arc<Draws>>,
     /// Datasets side by side (`concat`): the first id of each part, then the total. Kept
     /// by views, whose records then say their part (`part_of`).
     parts: Option<Arc<[u64]>>,
@@ -318,6 +340,16 @@ impl Dataset {
         Some(p.partition_point(|&s| s <= id).saturating_sub(1))
     }
 
+    /// Memory a view holds of its own (its draws, 8 bytes a record, and their labels, 4):
+    /// a pass over it holds this beside its buffers. 0 for a dataset (its index is
+    /// [`Dataset::index_bytes`]).
+    pub fn view_bytes(&self) -> u64 {
+        match &self.draws {
+            Some(d) => d.len() as u64 * (8 + if self.labels.is_some() { 4 } else { 0 }),
+            None => 0,
+        }
+    }
+
     /// Whether this is a view of drawn records (a mixture's epoch).
     pub fn is_view(&self) -> bool {
         self.draws.is_some()
@@ -342,17 +374,15 @@ impl Dataset {
             return Err(Error::Invalid("a view of no records".into()));
         }
         let labels = self.labels.as_ref().map(|l| {
-            draws
-                .iter()
-                .map(|&d| l[d as usize])
-                .collect::<Vec<u32>>()
-                .into()
+            // Straight into the shared slice: no second copy while it is made.
+            draws.iter().map(|&d| l[d as usize]).collect::<Arc<[u32]>>()
         });
         Ok(Dataset {
             format: self.format.clone(),
             files: self.files.clone(),
             first_id: self.first_id.clone(),
-            draws: Some(draws.into()),
+            // The vector itself, not a copy (a mixture epoch's draws are large).
+            draws: Some(Arc::new(Draws(draws))),
             parts: self.parts.clone(),
             // The statistics are the files' (what a view draws does not change them).
             stats: self.stats.clone(),

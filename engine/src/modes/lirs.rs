@@ -153,6 +153,13 @@ pub fn read(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     })
 }
 
+/// The dataset files a read's random reader may keep open: as the options say, else the
+/// process's share.
+fn open_files_of(opts: &ReadOptions) -> usize {
+    opts.open_files
+        .unwrap_or_else(crate::dataset::open_file_cap)
+}
+
 /// The shuffling units a LIRS read of `ds` with `opts` walks: the grouping's, or a
 /// baseline's blocks.
 pub fn units_for(ds: &Dataset, opts: &ReadOptions) -> Units {
@@ -243,7 +250,7 @@ fn run(
         depth: plan.depth,
         ..opts.io.clone()
     };
-    let mut reader = ds.reader(&io)?;
+    let mut reader = ds.reader_capped(&io, open_files_of(opts))?;
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     r.mode = opts.baseline.map(|b| b.name()).unwrap_or("lirs").into();
     r.grouping = opts.grouping.name().into();
@@ -470,7 +477,7 @@ pub(crate) fn lead(
         depth: plan.depth,
         ..opts.io.clone()
     };
-    let mut reader = ds.reader(&io)?;
+    let mut reader = ds.reader_capped(&io, open_files_of(opts))?;
     r.buffer_bytes = reader.buffer_bytes() as u64;
     r.prefetch_bytes = plan.batches_bytes();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");

@@ -105,6 +105,10 @@ pub struct ReadOptions {
     /// first one in about LIRS's time instead of after the whole scatter). Off for a
     /// device that seeks, where random reads would slow the scatter more than they give.
     pub lead: bool,
+    /// The most dataset files the read's random reader keeps open (a daemon's share of
+    /// its open-file budget; at least the queue depth plus one); `None`: the process's
+    /// share ([`crate::dataset::open_file_cap`]).
+    pub open_files: Option<usize>,
 }
 
 impl ReadOptions {
@@ -203,6 +207,7 @@ impl ReadOptions {
             lender: None,
             ranks: None,
             lead: true,
+            open_files: None,
         }
     }
 
@@ -448,6 +453,7 @@ pub fn demand(ds: &Dataset, units: &Units, opts: &ReadOptions) -> crate::resourc
         records_per_unit: units.mean_records(),
         widest_unit,
         index_bytes: ds.index_bytes(),
+        view_bytes: ds.view_bytes(),
         files: ds.files().len() as u64,
         batch: opts.batch,
         prefetch: opts.prefetch,

@@ -85,6 +85,7 @@ impl LirsPlan {
         let fixed = table_bytes
             .saturating_add(d.units_bytes)
             .saturating_add(d.index_bytes)
+            .saturating_add(d.view_bytes)
             .saturating_add(buffers);
         let mut prefetch = d.prefetch.max(1);
         let assembling = assembling_of(slot_size);

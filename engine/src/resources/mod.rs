@@ -52,6 +52,9 @@ pub struct Demand {
     pub widest_unit: u64,
     /// Memory of the offset indexes.
     pub index_bytes: u64,
+    /// Memory a view holds of its own while it is read (a mixture's epoch: its draws and
+    /// their labels); 0 for a dataset.
+    pub view_bytes: u64,
     /// Files of the dataset.
     pub files: u64,
     /// Records per batch.
@@ -309,6 +312,16 @@ impl Figures {
             d.index_bytes,
             "one u64 per record of variable-length files (0 for fixed-size records)".into(),
         );
+        if d.view_bytes > 0 {
+            self.push(
+                "view_draws",
+                Kind::Memory,
+                d.view_bytes,
+                "a mixture epoch's draws, 8 bytes a record (and its label, 4), held while \
+                 the epoch is read"
+                    .into(),
+            );
+        }
     }
 
     /// The batches read ahead and the one being filled.
@@ -490,6 +503,7 @@ pub fn gen(
         records_per_unit: 1.0,
         widest_unit: 0,
         index_bytes: 0,
+        view_bytes: 0,
         files,
         batch: 0,
         prefetch: 0,

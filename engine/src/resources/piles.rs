@@ -73,6 +73,7 @@ impl PilePlan {
         let fixed = d
             .units_bytes
             .saturating_add(d.index_bytes)
+            .saturating_add(d.view_bytes)
             .saturating_add((d.prefetch as u64 + 1).saturating_mul(batch_bytes))
             .saturating_add(scan_bytes(scan_size)); // the scatter's reader
         let budget = pile_budget(d, limits, fixed);

@@ -1,31 +1,61 @@
-//! The daemon's one memory budget (`--memory`): the datasets' indexes, every stream's
-//! ring and every engine pass's memory (tables, buffers, read-ahead, piles) are taken from
-//! it, and given back when the ring or the pass goes. A request that does not fit waits a
-//! bounded time for room, then is refused (`busy`, with the numbers).
+//! The daemon's budgets: `--memory` (the datasets' indexes, every stream's ring and every
+//! engine pass's memory: tables, buffers, read-ahead, piles, a mixture's draws),
+//! `--scratch-limit` (two-pass piles) and the open files (`ulimit -n`). Each request takes
+//! from them, and gives back when its ring or pass goes.
+//!
+//! Admission tells the truth: a request that can never fit (it needs more than the most a
+//! request of its kind may ever have, even with the daemon idle) is refused at once with
+//! `too_large` and the numbers; one that would fit once others give back waits a bounded
+//! time for room, then is refused with `busy` (wait and retry).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::open::Refusal;
 use crate::dataset::Dataset;
 use crate::modes::{self, ReadOptions};
 use crate::size::human_bytes;
 
-/// Bytes of `--memory` in use, and the total.
+/// What a budget counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unit {
+    /// Bytes (memory, scratch).
+    Bytes,
+    /// Open files.
+    Files,
+}
+
+impl Unit {
+    /// `n` in this unit, as a person reads it.
+    pub(super) fn show(self, n: u64) -> String {
+        match self {
+            Unit::Bytes => human_bytes(n as f64),
+            Unit::Files => format!("{n} open files"),
+        }
+    }
+}
+
+/// One of the daemon's budgets: how much is in use, and the total.
 pub(super) struct Budget {
     total: u64,
+    /// In use for good (the datasets' indexes, the daemon's own files).
+    base: u64,
+    /// How a user sets it (`--memory`), for messages.
+    flag: &'static str,
+    unit: Unit,
     used: Mutex<u64>,
     freed: Condvar,
 }
 
-/// Bytes taken from a [`Budget`], given back when dropped.
+/// What is taken from a [`Budget`], given back when dropped.
 pub(super) struct Grant {
     budget: Arc<Budget>,
     bytes: u64,
 }
 
 impl Grant {
-    /// Bytes held.
+    /// Bytes (or files) held.
     pub(super) fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -46,11 +76,23 @@ pub(super) const PASS_MAX: u64 = 512 << 20;
 /// daemon's shutdown is noticed within this.
 const LOOK_AGAIN: Duration = Duration::from_millis(100);
 
+/// What a request asks of a budget: what it is (for messages), the most a request of its
+/// kind may ever have (and why, e.g. "a quarter of --memory"), and how much it takes
+/// given what is free (`Ok(n)`, at most the bytes free) or the least it needs (`Err`).
+pub(super) struct Ask<'a, F> {
+    pub(super) what: &'a str,
+    pub(super) most: (u64, &'a str),
+    pub(super) fit: F,
+}
+
 impl Budget {
-    /// A budget of `total` bytes, `base` of them in use for good (the datasets' indexes).
-    pub(super) fn new(total: u64, base: u64) -> Arc<Budget> {
+    /// A budget of `total` (set by `flag`), `base` of it in use for good.
+    pub(super) fn new(total: u64, base: u64, flag: &'static str, unit: Unit) -> Arc<Budget> {
         Arc::new(Budget {
             total,
+            base: base.min(total),
+            flag,
+            unit,
             used: Mutex::new(base.min(total)),
             freed: Condvar::new(),
         })
@@ -65,23 +107,47 @@ impl Budget {
         self.total
     }
 
-    /// Bytes in use now.
+    /// In use now.
     pub(super) fn used(&self) -> u64 {
         *self.lock()
     }
 
-    /// Takes what `fit` asks for: given the bytes free, `Ok(n)` (at most those) or `Err`
-    /// with the least it needs. Waits up to `wait` for room (woken as grants are given
-    /// back; `stopping` ends the wait), then returns the error: `what` needs so much, so
-    /// much is free.
+    /// The most any one request may have: the total less what is in use for good.
+    pub(super) fn ceiling(&self) -> u64 {
+        self.total - self.base
+    }
+
+    /// Takes what `ask` asks for. A request that needs more than it may ever have (its
+    /// `most`, or the whole budget less what is in use for good) is refused at once with
+    /// `too_large` and the numbers. Otherwise waits up to `wait` for room (woken as grants
+    /// are given back; `stopping` ends the wait with `shutdown`), then is refused with
+    /// `busy`: so much is needed, so much is free now.
     pub(super) fn take(
         self: &Arc<Self>,
-        what: &str,
+        ask: Ask<'_, impl FnMut(u64) -> std::result::Result<u64, u64>>,
         wait: Duration,
         stopping: &AtomicBool,
-        mut fit: impl FnMut(u64) -> std::result::Result<u64, u64>,
-    ) -> std::result::Result<Grant, String> {
-        let until = Instant::now() + wait;
+    ) -> std::result::Result<Grant, Refusal> {
+        let Ask {
+            what,
+            most: (most, why),
+            mut fit,
+        } = ask;
+        let (ceiling, why) = if most < self.ceiling() {
+            (most, why.to_string())
+        } else {
+            (self.ceiling(), self.whole())
+        };
+        // Even with nothing else running it would not fit: waiting cannot help.
+        let least = match fit(ceiling) {
+            Ok(n) if n <= ceiling => None,
+            Ok(n) | Err(n) => Some(n),
+        };
+        if let Some(least) = least {
+            return Err(self.too_large(what, least, ceiling, &why));
+        }
+        let started = Instant::now();
+        let until = started + wait;
         // What `fit` said last, to ask again only when the free bytes changed.
         let mut last: Option<(u64, std::result::Result<u64, u64>)> = None;
         loop {
@@ -106,20 +172,12 @@ impl Budget {
                 }
                 Ok(n) | Err(n) => n,
             };
+            if stopping.load(Ordering::SeqCst) {
+                return Err(("shutdown", "the daemon is shutting down".into()));
+            }
             let now = Instant::now();
-            if now >= until || stopping.load(Ordering::SeqCst) || least > self.total {
-                return Err(format!(
-                    "{what} needs {} of the daemon's memory and {} of its --memory {} is free{}: \
-                     try again later, or start the daemon with more --memory",
-                    human_bytes(least as f64),
-                    human_bytes(free as f64),
-                    human_bytes(self.total as f64),
-                    if wait.is_zero() {
-                        String::new()
-                    } else {
-                        format!(" after waiting {:.0} s", wait.as_secs_f64())
-                    }
-                ));
+            if now >= until {
+                return Err(self.busy(what, least, free, now - started));
             }
             let used = self.lock();
             let _ = self
@@ -128,61 +186,262 @@ impl Budget {
                 .unwrap_or_else(|p| p.into_inner());
         }
     }
+
+    /// "the daemon's --memory of 1 GiB, less 3 MiB its datasets' indexes hold for good".
+    fn whole(&self) -> String {
+        let held = match (self.base, self.unit) {
+            (0, _) => String::new(),
+            (b, Unit::Bytes) => format!(
+                ", less the {} its datasets' indexes hold",
+                human_bytes(b as f64)
+            ),
+            (b, Unit::Files) => format!(", less the {b} the daemon holds open itself"),
+        };
+        format!("{} {}{held}", self.flag, self.unit.show(self.total))
+    }
+
+    /// The refusal of a request that can never fit.
+    pub(super) fn too_large(&self, what: &str, asked: u64, limit: u64, why: &str) -> Refusal {
+        let u = self.unit;
+        (
+            "too_large",
+            format!(
+                "{what} needs {}, more than the {} it may ever have ({why}): asked {asked}, \
+                 limit {limit}; this never fits however long it waits: ask for less (smaller \
+                 batches), or start the daemon with more {}",
+                u.show(asked),
+                u.show(limit),
+                self.flag
+            ),
+        )
+    }
+
+    /// The refusal of a request that fits once others give back.
+    fn busy(&self, what: &str, least: u64, free: u64, waited: Duration) -> Refusal {
+        let u = self.unit;
+        (
+            "busy",
+            format!(
+                "{what} needs {} and {} of the daemon's {} {} is free now, the rest held by \
+                 other streams{}: try again later",
+                u.show(least),
+                u.show(free),
+                self.flag,
+                u.show(self.total),
+                if waited >= Duration::from_millis(50) {
+                    format!(" (waited {:.1} s for room)", waited.as_secs_f64())
+                } else {
+                    String::new()
+                }
+            ),
+        )
+    }
+}
+
+/// The daemon's budgets, as a pass's admission takes from them.
+pub(super) struct Budgets<'a> {
+    pub(super) memory: &'a Arc<Budget>,
+    /// `--scratch-limit`, when set.
+    pub(super) scratch: Option<&'a Arc<Budget>>,
+    /// The scratch filesystems' real free space.
+    pub(super) space: &'a Arc<super::space::ScratchSpace>,
+    /// The open files (`ulimit -n`), less what connections and rings may hold.
+    pub(super) files: &'a Arc<Budget>,
+    /// `--max-clients`: a pass's fair share of the open files is this many'th.
+    pub(super) clients: u64,
+    pub(super) wait: Duration,
+    pub(super) stopping: &'a AtomicBool,
 }
 
 /// What an engine pass holds of the daemon's budgets: memory, and two-pass's scratch
-/// when `--scratch-limit` is set. Given back when dropped.
+/// (`--scratch-limit`, and its reservation of the scratch filesystem's free space).
+/// Given back when dropped.
 pub(super) struct Admitted {
     _memory: Grant,
+    _view: Option<Grant>,
+    _files: Grant,
     _scratch: Option<Grant>,
+    _space: Option<super::space::Reservation>,
 }
 
-/// Takes from the daemon's budget the memory a pass of `opts` over `ds` needs (at most
+/// The most memory one pass may have of a budget of `total`, and why.
+fn pass_most(total: u64) -> (u64, String) {
+    let most = PASS_MAX.min(total / 4);
+    let why = if most == PASS_MAX {
+        format!("a read takes at most {}", human_bytes(PASS_MAX as f64))
+    } else {
+        format!(
+            "a read takes at most a quarter of --memory {}",
+            human_bytes(total as f64)
+        )
+    };
+    (most, why)
+}
+
+/// Takes from the daemon's budgets the memory a pass of `opts` over `ds` needs (at most
 /// [`PASS_MAX`], a quarter of `--memory`, or what is free) and sets `opts.memory` to it;
-/// for two-pass, also the scratch its plan needs from `--scratch-limit`. Waits up to
-/// `--admit-wait` for room, else says what it needed and what was free.
+/// for two-pass, also the scratch its plan needs, from `--scratch-limit` and from the
+/// free space of the filesystem under `scratch_dir` (a reservation, so concurrent passes
+/// never plan for the same free bytes). `too_large` when it can never fit, `busy` when
+/// it did not fit within `--admit-wait`.
+///
+/// `view` is what the OPEN took for a mixture epoch's draws before it drew them
+/// ([`admit_view`]): part of the pass's memory, so only the rest is taken.
 pub(super) fn admit_pass(
-    budgets: (&Arc<Budget>, Option<&Arc<Budget>>),
-    wait: Duration,
-    stopping: &AtomicBool,
+    b: &Budgets<'_>,
+    ds: &Dataset,
+    opts: &mut ReadOptions,
+    two_pass: Option<&std::path::Path>,
+    view: Option<Grant>,
+) -> std::result::Result<Admitted, Refusal> {
+    // The open files first: a read given fewer files reads at a lower queue depth, and
+    // needs less memory.
+    let files = admit_files(b, ds, opts, two_pass.is_some())?;
+    let o = opts.clone();
+    let (most, why) = pass_most(b.memory.total());
+    let v = view.as_ref().map_or(0, Grant::bytes);
+    let memory = b.memory.take(
+        Ask {
+            what: "a read of this job",
+            most: (most.saturating_sub(v), &why),
+            fit: |free| match pass_needs(ds, &o, two_pass.is_some(), most.min(free + v)) {
+                Ok(n) => Ok(n.saturating_sub(v)),
+                Err(n) => Err(n.saturating_sub(v)),
+            },
+        },
+        b.wait,
+        b.stopping,
+    )?;
+    // The engine counts the dataset's index in its ceiling; the daemon holds it once.
+    opts.memory = Some(memory.bytes() + v + ds.index_bytes());
+    let Some(dir) = two_pass else {
+        return Ok(Admitted {
+            _memory: memory,
+            _view: view,
+            _files: files,
+            _scratch: None,
+            _space: None,
+        });
+    };
+    let units = modes::lirs::units_for(ds, opts);
+    let need = scratch_need(ds, &units, opts)?;
+    let scratch = match b.scratch {
+        Some(sb) => Some(sb.take(
+            Ask {
+                what: "the scratch piles of this job",
+                most: (u64::MAX, ""),
+                fit: |free| if need <= free { Ok(need) } else { Err(need) },
+            },
+            b.wait,
+            b.stopping,
+        )?),
+        None => None,
+    };
+    let space = b.space.reserve(dir, need, b.wait, b.stopping)?;
+    Ok(Admitted {
+        _memory: memory,
+        _view: view,
+        _files: files,
+        _scratch: scratch,
+        _space: Some(space),
+    })
+}
+
+/// Descriptors a pass holds besides its random reader's dataset files: LIRS its I/O ring
+/// and one more; two-pass also its scatter's reader and files, its pile files (the plan's
+/// `open_files`), and the pile store's rings, lock and owner files.
+fn pass_files(ds: &Dataset, opts: &ReadOptions, two_pass: bool) -> u64 {
+    const LIRS: u64 = 2;
+    if !two_pass {
+        return LIRS;
+    }
+    let units = modes::lirs::units_for(ds, opts);
+    let d = modes::demand(ds, &units, opts);
+    let piles = crate::resources::two_pass(&d, &crate::resources::Limits::here(None))
+        .map_or(16 + 2 * 16, |p| p.open_files);
+    LIRS + 6 + piles
+}
+
+/// Takes the open files a pass of `opts` over `ds` holds from the daemon's budget: its own
+/// (see [`pass_files`]) and its random reader's dataset files: at most what a reader
+/// keeps open by default ([`crate::dataset::open_file_cap`]) and its fair share (the
+/// budget over `--max-clients`), down to two (the queue depth then cut to fit: a file per
+/// read in flight, and one more). Sets the read's
+/// open-file cap and queue depth to what it was given.
+fn admit_files(
+    b: &Budgets<'_>,
     ds: &Dataset,
     opts: &mut ReadOptions,
     two_pass: bool,
-) -> std::result::Result<Admitted, String> {
-    let (budget, scratch_budget) = budgets;
-    let o = opts.clone();
-    let memory = budget.take("a read of this job", wait, stopping, |free| {
-        let cap = PASS_MAX.min(budget.total() / 4).min(free);
-        pass_needs(ds, &o, two_pass, cap)
-    })?;
-    // The engine counts the dataset's index in its ceiling; the daemon holds it once.
-    opts.memory = Some(memory.bytes() + ds.index_bytes());
-    let scratch = match (scratch_budget, two_pass) {
-        (Some(sb), true) => {
-            let units = modes::lirs::units_for(ds, opts);
-            let need = modes::twopass::needs(ds, &units, opts)
-                .map_err(|e| e.to_string())?
-                .1;
-            Some(
-                sb.take("the scratch piles of this job", wait, stopping, |free| {
-                    if need <= free {
-                        Ok(need)
-                    } else {
-                        Err(need)
-                    }
-                })
-                .map_err(|m| {
-                    m.replace("--memory", "--scratch-limit")
-                        .replace("memory", "scratch")
-                })?,
-            )
-        }
-        _ => None,
+) -> std::result::Result<Grant, Refusal> {
+    let own = pass_files(ds, opts, two_pass);
+    let data = ds.files().len() as u64;
+    let depth = opts.io.depth.max(1) as u64;
+    let fair = (b.files.ceiling() / b.clients.max(1)).saturating_sub(own);
+    let least = own + data.min(2);
+    let cap = crate::dataset::open_file_cap() as u64;
+    let want = (own + data.min(cap).min(fair)).max(least);
+    let grant = b.files.take(
+        Ask {
+            what: "the open files of a read of this job",
+            most: (u64::MAX, ""),
+            fit: |free| {
+                if free >= least {
+                    Ok(want.min(free))
+                } else {
+                    Err(least)
+                }
+            },
+        },
+        b.wait,
+        b.stopping,
+    )?;
+    let reader = grant.bytes() - own;
+    if reader < data {
+        // A file per read in flight: the depth fits the files it may hold.
+        let depth = usize::try_from(reader.saturating_sub(1).clamp(1, depth)).unwrap_or(1);
+        opts.io.depth = depth;
+        opts.open_files = Some(usize::try_from(reader).unwrap_or(usize::MAX));
+    }
+    Ok(grant)
+}
+
+/// Takes the memory a mixture epoch's draws will hold (8 bytes a record, and 4 for its
+/// label) before the OPEN draws them to size its read: 160 MB for an epoch of 20 million,
+/// and OPENs drawing theirs while waiting for admission held several times `--memory`.
+/// `None` for a dataset.
+pub(super) fn admit_view(
+    b: &Budgets<'_>,
+    src: &crate::source::Source,
+) -> std::result::Result<Option<Grant>, Refusal> {
+    let Some(m) = src.mixture() else {
+        return Ok(None);
     };
-    Ok(Admitted {
-        _memory: memory,
-        _scratch: scratch,
-    })
+    let per = 8 + if m.sources.labels().is_some() { 4 } else { 0 };
+    let need = m.size().saturating_mul(per);
+    let (most, why) = pass_most(b.memory.total());
+    b.memory
+        .take(
+            Ask {
+                what: "a mixture epoch's draws for this job",
+                most: (most, &why),
+                fit: |free| if need <= free { Ok(need) } else { Err(need) },
+            },
+            b.wait,
+            b.stopping,
+        )
+        .map(Some)
+}
+
+/// The scratch bytes a two-pass read of `ds` with `opts` plans for.
+fn scratch_need(
+    ds: &Dataset,
+    units: &crate::order::Units,
+    opts: &ReadOptions,
+) -> std::result::Result<u64, Refusal> {
+    modes::twopass::needs(ds, units, opts)
+        .map(|n| n.1)
+        .map_err(|e| (super::codes::reply_code(&e), e.to_string()))
 }
 
 /// What a pass of `opts` over `ds` needs in memory when given at most `cap`, leaving out

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::unix::net::UnixStream;
 
-use super::budget::{admit_pass, Admitted, Grant};
+use super::budget::{admit_pass, admit_view, Admitted, Grant};
 use super::codes::reply_code;
 use super::job::NewPass;
 use super::open::{self, Refusal};
@@ -22,7 +22,7 @@ use super::shm::{self, SharedRing};
 use super::state::Shared;
 use super::telemetry::{record, Waits};
 use super::wire::{announce_ready, header, Wire, WireState};
-use crate::modes::{Batch, BatchStream, Mode, Payload, PayloadLender, ReadOptions};
+use crate::modes::{Batch, BatchStream, Payload, PayloadLender, ReadOptions};
 use crate::request::ReadJob;
 use crate::source::Source;
 
@@ -620,7 +620,9 @@ impl Conn {
     fn open(&mut self, req: &OpenRequest) -> Result<(), Refusal> {
         let shared = self.shared.clone();
         let src = open::dataset(&shared.cfg, &req.dataset)?;
-        let mut job = open::prepare(req, src, &shared.cfg)?;
+        // A mixture's draws are counted before they are drawn (and then by its pass).
+        let view = admit_view(&shared.budgets(), src)?;
+        let mut job = open::prepare(req, src, &shared)?;
         // The ring: room for several of the largest possible batches, within the share.
         let largest = open::largest_batch(req.batch_size, &job.first, shared.ring_share())?;
         open::sane_padding(&job.split)?;
@@ -632,10 +634,10 @@ impl Conn {
         // the engine's thread as they complete (once OPENED is out).
         let lender = ring.as_ref().map(|r| self.ring_lender(r, &waits, credits));
         let (batches, job_id, pass_grant) = if req.world > 1 {
-            let (batches, id) = self.join_job(req, src, &job, lender)?;
+            let (batches, id) = self.join_job(req, src, &job, lender, view)?;
             (batches, Some(id), None)
         } else {
-            let (batches, grant) = self.own_pass(&mut job, src, lender)?;
+            let (batches, grant) = self.own_pass(&mut job, src, lender, view)?;
             (batches, None, Some(grant))
         };
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
@@ -687,11 +689,22 @@ impl Conn {
         src: &Source,
         job: &ReadJob,
         lender: Option<PayloadLender>,
+        view: Option<Grant>,
     ) -> Result<(BatchStream, u64), Refusal> {
         let key = open::job_key(req, job);
-        let two_pass = job.mode == Mode::TwoPass;
-        let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, String> {
-            Ok(Box::new(self.admit(&job.first, o, two_pass)?))
+        let piles = job.piles();
+        // A new pass takes over what the OPEN took for its draws; a rank joining a live
+        // pass gives it back.
+        let view = Mutex::new(view);
+        let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, Refusal> {
+            let view = view.lock().unwrap_or_else(|p| p.into_inner()).take();
+            Ok(Box::new(admit_pass(
+                &self.shared.budgets(),
+                &job.first,
+                o,
+                piles.as_deref(),
+                view,
+            )?))
         };
         let sh = self.shared.clone();
         let new_pass = NewPass {
@@ -722,11 +735,17 @@ impl Conn {
         job: &mut ReadJob,
         src: &Source,
         lender: Option<PayloadLender>,
+        view: Option<Grant>,
     ) -> Result<(BatchStream, Admitted), Refusal> {
         job.opts.lender = lender;
-        let grant = self
-            .admit(&job.first, &mut job.opts, job.mode == Mode::TwoPass)
-            .map_err(|m| ("busy", m))?;
+        let piles = job.piles();
+        let grant = admit_pass(
+            &self.shared.budgets(),
+            &job.first,
+            &mut job.opts,
+            piles.as_deref(),
+            view,
+        )?;
         // Two-pass: the engine makes its own private scratch directory where the piles go
         // and removes it when its thread ends.
         let stream = job.read(src).map_err(|e| (reply_code(&e), e.to_string()))?;
@@ -754,25 +773,6 @@ impl Conn {
         // A failed send shows up as the client being gone at the next read.
         let _ = sent;
         Ok(())
-    }
-
-    /// Takes from the daemon's budgets what a pass of `opts` needs (see
-    /// [`admit_pass`]), setting its memory.
-    fn admit(
-        &self,
-        ds: &crate::dataset::Dataset,
-        opts: &mut ReadOptions,
-        two_pass: bool,
-    ) -> Result<Admitted, String> {
-        let sh = &self.shared;
-        admit_pass(
-            (&sh.budget, sh.scratch_budget.as_ref()),
-            sh.cfg.admit_wait,
-            &sh.stopping,
-            ds,
-            opts,
-            two_pass,
-        )
     }
 
     /// Stops the open stream, if any; the batches it announced.

@@ -65,7 +65,7 @@ impl JobKey {
 /// Admits a new pass: sets its memory in the options, returns what it holds until it ends
 /// (or why it cannot be admitted).
 pub(super) type Admit<'a> =
-    dyn Fn(&mut ReadOptions) -> std::result::Result<Box<dyn Send>, String> + 'a;
+    dyn Fn(&mut ReadOptions) -> std::result::Result<Box<dyn Send>, super::open::Refusal> + 'a;
 
 /// What a new pass of a job takes from the daemon: how long a LIRS pass waits for its
 /// world, how long any pass waits for the streams the job expects (and how many this
@@ -245,7 +245,7 @@ impl Jobs {
         // What the pass was admitted with is held until it ends.
         // Admission may wait for memory: not under the lock, so other jobs go on.
         let mut opts = opts.clone();
-        let held = (new_pass.admit)(&mut opts).map_err(|m| ("busy", m))?;
+        let held = (new_pass.admit)(&mut opts)?;
         let mut jobs = self.lock();
         jobs.prune();
         // Another rank of the job may have started its pass meanwhile: join that one.

@@ -13,7 +13,9 @@
 //!   its flags one), its ring and its job;
 //! - `job.rs`: the jobs whose ranks share one engine pass;
 //! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
-//! - `budget.rs`: the daemon's one memory budget, which rings and passes take from;
+//! - `budget.rs`: the daemon's budgets (memory, scratch, open files), which rings and
+//!   passes take from: `too_large` for what never fits, `busy` for what must wait;
+//! - `space.rs`: reservations of the scratch filesystems' real free space;
 //! - `codes.rs`: the `ERROR` code an engine error is answered with, by its kind;
 //! - `client.rs`: a Rust client (tests and benches use it).
 //!
@@ -36,6 +38,7 @@ pub mod proto;
 pub mod ring;
 pub mod server;
 pub mod shm;
+mod space;
 mod state;
 mod telemetry;
 mod wire;

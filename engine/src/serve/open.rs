@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::budget::Grant;
+use super::budget::{Ask, Grant};
 use super::job::JobKey;
 use super::proto::{OpenRequest, Opened, Transport};
 use super::ring::ALIGN;
@@ -117,12 +117,15 @@ pub(super) fn dataset<'a>(cfg: &'a ServeConfig, name: &str) -> Result<&'a Source
 /// resolved: for `auto`, the planner's choice from the cached profile of the dataset's
 /// device (`riffle serve --mode auto` probes it at start when none is cached), LIRS when
 /// there is no profile or no plan; a two-pass read leads unless the profile says the
-/// device seeks.
+/// device seeks. `auto` plans within the scratch two-pass could ever have here: the
+/// `--scratch-limit`, and the filesystem's free space when none of the daemon's passes
+/// holds any (so the ranks of a job choose alike, whatever other jobs hold).
 pub(super) fn prepare(
     req: &OpenRequest,
     src: &Source,
-    cfg: &ServeConfig,
+    shared: &Shared,
 ) -> Result<ReadJob, Refusal> {
+    let cfg = &shared.cfg;
     let bad = |m: String| ("bad_request", wire_words(&m));
     if req.world > MAX_WORLD {
         return Err(bad(format!(
@@ -141,7 +144,14 @@ pub(super) fn prepare(
         .prepare(src)
         .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
     let model = crate::plan::cached_device_model(job.device_path());
-    if job.choose(model.as_ref()).is_err() {
+    let free = [
+        shared.space.ceiling(&job.scratch),
+        shared.scratch_budget.as_ref().map(|b| b.ceiling()),
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    if job.choose_within(model.as_ref(), free).is_err() {
         // No plan: read as without a profile.
         job.mode = Mode::Lirs;
         job.opts.lead = false;
@@ -201,8 +211,8 @@ pub(super) fn largest_batch(batch: u64, ds: &Dataset, share: u64) -> Result<u64,
             format!(
                 "batches of {batch} records may need {largest} bytes (the longest record is \
                  {max_record} bytes), more than each client's ring share of {share} bytes \
-                 (--memory / --max-clients): ask for smaller batches, or start the daemon \
-                 with more --memory"
+                 (--memory / --max-clients): asked {largest}, limit {share}; ask for smaller \
+                 batches, or start the daemon with more --memory"
             ),
         ));
     }
@@ -213,25 +223,40 @@ pub(super) fn largest_batch(batch: u64, ds: &Dataset, share: u64) -> Result<u64,
 /// four credits inline.
 pub(super) type Ring = (Option<Arc<SharedRing>>, u32, Option<Grant>);
 
-/// Makes the ring of a stream of batches of at most `largest` bytes: room for the
-/// batches the client may hold (its credits) and those the engine is assembling in the
-/// ring or has queued, so that the engine is rarely refused a region (and the batch then
-/// copied); less when the daemon's memory is short, down to one largest batch.
+/// Bytes of batches a ring holds by default: the read-ahead a client sees (the engine
+/// keeps its own besides). 64 clients' rings at their whole share (16 MiB at the
+/// defaults) left no room in `--memory` for their passes: 22 of 64 jobs of 1 MB batches
+/// were refused.
+const RING_TARGET: u64 = 4 << 20;
+
+/// Batches of the largest size a ring holds at the least by default: the one the client
+/// reads, the one it holds next, and two being assembled in place.
+const RING_MIN_BATCHES: u64 = 4;
+
+/// The ring a stream of batches of at most `largest` bytes asks for: room for the batches
+/// the client may hold (its credits) and those the engine assembles in the ring or has
+/// queued, up to [`RING_TARGET`] bytes, but never fewer than [`RING_MIN_BATCHES`].
+fn ring_wanted(largest: u64) -> u64 {
+    let all = largest.saturating_mul(MAX_CREDITS as u64 + 8);
+    all.min(RING_TARGET)
+        .max(largest.saturating_mul(RING_MIN_BATCHES))
+}
+
+/// Makes the ring of a stream of batches of at most `largest` bytes ([`ring_wanted`], at
+/// most the client's share); less when the daemon's memory is short, down to one largest
+/// batch.
 pub(super) fn ring(shared: &Shared, req: &OpenRequest, largest: u64) -> Result<Ring, Refusal> {
     if req.transport == Transport::Inline {
         return Ok((None, 4, None));
     }
-    let want = req
-        .ring_bytes
-        .unwrap_or_else(|| largest.saturating_mul(MAX_CREDITS as u64 + 8).max(4 << 20));
+    let want = req.ring_bytes.unwrap_or_else(|| ring_wanted(largest));
     let want = want.min(shared.ring_share()).max(largest).div_ceil(4096) * 4096;
     let least = largest.div_ceil(4096) * 4096;
-    let grant = (shared.budget)
-        .take(
-            "this stream's ring",
-            shared.cfg.admit_wait,
-            &shared.stopping,
-            |free| {
+    let grant = (shared.budget).take(
+        Ask {
+            what: "this stream's ring",
+            most: (u64::MAX, ""),
+            fit: |free| {
                 let fits = want.min(free / 4096 * 4096);
                 if fits >= least {
                     Ok(fits)
@@ -239,8 +264,10 @@ pub(super) fn ring(shared: &Shared, req: &OpenRequest, largest: u64) -> Result<R
                     Err(least)
                 }
             },
-        )
-        .map_err(|m| ("busy", m))?;
+        },
+        shared.cfg.admit_wait,
+        &shared.stopping,
+    )?;
     let ring = SharedRing::new(&format!("riffle-{}", req.dataset), grant.bytes())
         .map_err(|e| ("shm", e.to_string()))?;
     Ok((Some(ring), MAX_CREDITS, Some(grant)))

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+use super::budget::{Budget, Unit};
 use super::conn::Conn;
 use super::proto::error_frame;
 pub use super::state::{ServeConfig, ServeMode};
@@ -33,6 +34,10 @@ pub struct Server {
     /// The socket file's identity (device, inode), so shutdown removes it only if the path
     /// still names this daemon's socket, not one another daemon bound there since.
     socket_id: (u64, u64),
+    /// A descriptor kept in reserve: when `accept` fails for want of descriptors (EMFILE,
+    /// ENFILE), it is closed so the connection can be accepted, told `busy` and closed,
+    /// and then opened again (a connection left in the backlog got nothing, for ever).
+    spare: Mutex<Option<std::fs::File>>,
 }
 
 /// Stops a running [`Server`] from another thread (a signal handler thread).
@@ -101,6 +106,8 @@ impl Server {
             .map_err(|e| Error::io(path, "stat", None, e))?;
         let wake = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| Error::io(path, "make the wake-up pipe", None, e.into()))?;
+        let files = files_budget(&cfg)?;
+        let spare = spare_fd(path)?;
         count_panics();
         let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
         let (cfg_memory, scratch_limit, index_bytes) = (
@@ -114,6 +121,7 @@ impl Server {
         Ok(Server {
             listener,
             socket_id,
+            spare: Mutex::new(Some(spare)),
             shared: Arc::new(Shared {
                 cfg,
                 stopping: AtomicBool::new(false),
@@ -145,8 +153,11 @@ impl Server {
                 jobs: Default::default(),
                 telemetry: Default::default(),
                 next_stream: AtomicU64::new(0),
-                budget: super::budget::Budget::new(cfg_memory, index_bytes),
-                scratch_budget: scratch_limit.map(|l| super::budget::Budget::new(l, 0)),
+                budget: Budget::new(cfg_memory, index_bytes, "--memory", Unit::Bytes),
+                scratch_budget: scratch_limit
+                    .map(|l| Budget::new(l, 0, "--scratch-limit", Unit::Bytes)),
+                space: super::space::ScratchSpace::new(),
+                files,
             }),
         })
     }
@@ -180,8 +191,12 @@ impl Server {
             let sock = match accepted {
                 Ok((s, _)) => s,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    self.shed();
+                    continue;
+                }
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
+                    // Others (ENOBUFS, ENOMEM): back off instead of spinning.
                     crate::notice::once("serve-accept", &format!("accept failed: {e}"));
                     std::thread::sleep(Duration::from_millis(50));
                     continue;
@@ -221,6 +236,33 @@ impl Server {
                 false
             }
         }
+    }
+
+    /// Out of descriptors at `accept`: closes the spare one, accepts the connection, tells
+    /// it `busy` and closes it, then takes the spare again. Without a spare (another
+    /// process took the last descriptor meanwhile) it backs off a moment.
+    fn shed(&self) {
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        self.shared.stats().refused_busy += 1;
+        *spare = None;
+        if let Ok((sock, _)) = self.listener.accept() {
+            let _ = sock.set_write_timeout(Some(Duration::from_millis(100)));
+            let mut s = &sock;
+            let _ = s.write_all(&error_frame(
+                "busy",
+                "the daemon has no file descriptor left to serve another connection \
+                 (ulimit -n): try again later",
+                true,
+            ));
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        *spare = std::fs::File::open("/dev/null").ok();
+        crate::notice::once(
+            "serve-accept",
+            "out of file descriptors at accept: connections are refused with busy (raise \
+             ulimit -n or lower --max-clients)",
+        );
     }
 
     /// Refuses `sock` with a `busy` error when the daemon already serves its most clients;
@@ -347,6 +389,37 @@ impl Server {
 /// `--join-deadline`): a deadline is the moment now plus one of them, which must be a time
 /// the clock can say. Longer ones were taken at start and then overflowed in every connection.
 pub const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Descriptors each connection may hold: its socket, the clone kept to end it at
+/// shutdown, and its stream's ring.
+const FILES_PER_CLIENT: u64 = 3;
+
+/// The daemon's open-file budget: `ulimit -n`, less what it holds now (the socket, its
+/// pipe, standard streams) and what `--max-clients` connections may hold with their rings,
+/// and a few spare; what is left is for the passes' files. Refused when connections alone
+/// could use them all.
+fn files_budget(cfg: &ServeConfig) -> Result<Arc<Budget>> {
+    let limit = crate::io::open_file_limit();
+    let open_now = std::fs::read_dir("/proc/self/fd").map_or(16, |d| d.count() as u64);
+    let clients = (cfg.max_clients as u64).saturating_mul(FILES_PER_CLIENT);
+    let base = open_now.saturating_add(clients).saturating_add(4);
+    // Each pass needs a few of its own and two of the dataset's at the least.
+    if base.saturating_add(8) > limit {
+        return Err(Error::Invalid(format!(
+            "--max-clients {} may hold {clients} open files with their rings, and the daemon \
+             holds {open_now}: more than ulimit -n {limit} leaves for reading: raise ulimit \
+             -n, or lower --max-clients",
+            cfg.max_clients
+        )));
+    }
+    Ok(Budget::new(limit, base, "ulimit -n", Unit::Files))
+}
+
+/// The descriptor kept in reserve for shedding connections at EMFILE (see `Server::shed`).
+fn spare_fd(socket: &std::path::Path) -> Result<std::fs::File> {
+    std::fs::File::open("/dev/null")
+        .map_err(|e| Error::io(socket, "open /dev/null as a spare descriptor", None, e))
+}
 
 /// Refuses waits no deadline can hold (see [`LONGEST_WAIT`]).
 fn check_durations(cfg: &ServeConfig) -> Result<()> {

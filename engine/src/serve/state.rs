@@ -88,6 +88,12 @@ pub(super) struct Shared {
     pub(super) next_stream: AtomicU64,
     /// `--scratch-limit`: two-pass piles, when set.
     pub(super) scratch_budget: Option<Arc<super::budget::Budget>>,
+    /// Two-pass piles' reservations of the scratch filesystems' free space.
+    pub(super) space: Arc<super::space::ScratchSpace>,
+    /// The open files (`ulimit -n`): passes take their dataset files and their own from
+    /// it; what the daemon holds itself and what connections and rings may hold are set
+    /// aside.
+    pub(super) files: Arc<super::budget::Budget>,
 }
 
 pub(super) struct Stats {
@@ -138,6 +144,19 @@ impl Stats {
 impl Shared {
     pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
         self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The budgets a pass's admission takes from.
+    pub(super) fn budgets(&self) -> super::budget::Budgets<'_> {
+        super::budget::Budgets {
+            memory: &self.budget,
+            scratch: self.scratch_budget.as_ref(),
+            space: &self.space,
+            files: &self.files,
+            clients: self.cfg.max_clients as u64,
+            wait: self.cfg.admit_wait,
+            stopping: &self.stopping,
+        }
     }
 
     pub(super) fn ring_share(&self) -> u64 {

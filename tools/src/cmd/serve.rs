@@ -20,14 +20,19 @@ pub struct Args {
     /// --format`). Repeat for several.
     #[arg(long = "dataset", required = true, value_parser = parse_dataset)]
     pub datasets: Vec<DatasetSpec>,
-    /// The daemon's memory, all told: the datasets' indexes, every stream's ring (each at
-    /// most this divided by --max-clients) and every engine pass (tables, buffers,
-    /// read-ahead, two-pass piles; one pass takes at most a quarter of it, or 512 MiB). An
-    /// OPEN that does not fit waits --admit-wait seconds for room, then gets `busy` with
-    /// the numbers. Less than one stream of the datasets needs is refused at start.
+    /// The daemon's memory, all told: the datasets' indexes, every stream's ring (a few MiB
+    /// of batches, at most this divided by --max-clients) and every engine pass (tables,
+    /// buffers, read-ahead, two-pass piles, a mixture epoch's draws; one pass takes at most
+    /// a quarter of it, or 512 MiB). An OPEN that can never fit gets `too_large` at once
+    /// with the numbers; one that fits once others give back waits --admit-wait seconds
+    /// for room, then gets `busy`. Less than one stream of the datasets needs is refused
+    /// at start. Open files (ulimit -n) are a budget too: each pass holds its share of
+    /// the dataset's files, its queue depth cut to fit.
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub memory: u64,
-    /// Connections served at once; more are refused with a "busy" error.
+    /// Connections served at once; more are refused with a "busy" error (so are
+    /// connections that come when no file descriptor is left). Each may hold three open
+    /// files (its socket and ring): more than ulimit -n leaves is refused at start.
     #[arg(long, default_value_t = 64)]
     pub max_clients: usize,
     /// lirs (random reads), two-pass (sequential, scratch piles per stream) or auto (the
@@ -46,8 +51,11 @@ pub struct Args {
     #[arg(long)]
     pub scratch: Option<PathBuf>,
     /// two-pass: the most scratch all streams' piles together may take; a pass is
-    /// admitted with the scratch its plan needs, waits --admit-wait for room, then gets
-    /// `busy` with the numbers. Default: no limit besides the free space.
+    /// admitted with the scratch its plan needs (`too_large` when that is more than the
+    /// limit), waits --admit-wait for room, then gets `busy` with the numbers. Passes
+    /// also reserve their piles' bytes against the scratch filesystem's free space, so
+    /// concurrent passes never plan for the same free bytes. `auto` plans within both
+    /// (lirs when two-pass's piles do not fit). Default: no limit besides the free space.
     #[arg(long, value_parser = parse_size)]
     pub scratch_limit: Option<u64>,
     /// Reads in flight per stream.
@@ -86,8 +94,9 @@ pub struct Args {
     /// read --no-lead`.
     #[arg(long)]
     pub no_lead: bool,
-    /// Seconds an OPEN waits for room in --memory before it is refused with `busy` (at
-    /// most a year).
+    /// Seconds an OPEN waits for room in --memory (and scratch, and open files) before it
+    /// is refused with `busy` (at most a year). A request that can never fit is refused
+    /// at once with `too_large`.
     #[arg(long, default_value_t = 10)]
     pub admit_wait: u64,
     /// Every SECONDS, one JSON line on stderr: streams, batches, records/s, memory, and the
