@@ -122,6 +122,15 @@ pub fn open_stream(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// Opens /dev/null: a descriptor held in reserve, closed to make room for one more when
+/// the process is out of descriptors (the daemon's accept at EMFILE).
+pub fn open_spare() -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/null")
+}
+
 /// Opens a directory (a link the user named followed), for `fsync` of its entries.
 pub fn open_dir(path: &Path) -> std::io::Result<File> {
     OpenOptions::new()

@@ -257,7 +257,7 @@ impl Server {
         } else {
             std::thread::sleep(Duration::from_millis(10));
         }
-        *spare = std::fs::File::open("/dev/null").ok();
+        *spare = crate::door::open_spare().ok();
         crate::notice::once(
             "serve-accept",
             "out of file descriptors at accept: connections are refused with busy (raise \
@@ -417,7 +417,7 @@ fn files_budget(cfg: &ServeConfig) -> Result<Arc<Budget>> {
 
 /// The descriptor kept in reserve for shedding connections at EMFILE (see `Server::shed`).
 fn spare_fd(socket: &std::path::Path) -> Result<std::fs::File> {
-    std::fs::File::open("/dev/null")
+    crate::door::open_spare()
         .map_err(|e| Error::io(socket, "open /dev/null as a spare descriptor", None, e))
 }
 
