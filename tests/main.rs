@@ -18,6 +18,7 @@ mod emulate;
 mod limits;
 mod plan;
 mod read;
+mod reruns;
 mod scratch;
 mod serve;
 mod shuffle;

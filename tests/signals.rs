@@ -503,3 +503,71 @@ fn a_probe_region_beyond_the_free_space_is_refused() {
         "something was written"
     );
 }
+
+/// Regression (issue 30 D7): `(riffle read lines.jsonl --batch-size 100 --epochs 100000
+/// --mode M 2>&1 | true) &`, then a signal. Stdout and stderr are one pipe whose reader has
+/// gone, so the signal thread's report fails: the run must still end, with 128 + the
+/// signal (or 141 for the closed pipe), never 101 or running on, and its scratch removed.
+#[test]
+fn a_signal_ends_a_run_whose_stdout_and_stderr_are_a_closed_pipe() {
+    use std::os::unix::ffi::OsStrExt;
+    let sb = Sandbox::new();
+    let data = sb.data();
+    sb.seed_probe(&data);
+    let lines = data.join("lines.jsonl");
+    gen(&sb, &lines, "lines", 20_000, 100, &[]);
+    for mode in ["two-pass", "lirs"] {
+        for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+            let (r, w) = nix::unistd::pipe().unwrap();
+            drop(r);
+            let mut child = sb
+                .cmd()
+                .arg("read")
+                .arg(&lines)
+                .args(["--batch-size", "100", "--epochs", "100000", "--mode", mode])
+                .stdout(Stdio::from(w.try_clone().unwrap()))
+                .stderr(Stdio::from(w))
+                .spawn()
+                .unwrap();
+            // Running: it holds the data file open (and, in two-pass, made its scratch).
+            let fds = format!("/proc/{}/fd", child.id());
+            let start = Instant::now();
+            loop {
+                assert!(
+                    child.try_wait().unwrap().is_none(),
+                    "{mode} {sig}: ended before the signal"
+                );
+                let reading = std::fs::read_dir(&fds)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|e| {
+                        std::fs::read_link(e.path())
+                            .is_ok_and(|t| t.as_os_str().as_bytes().ends_with(b"lines.jsonl"))
+                    });
+                let scratch = riffle_entries(&data)
+                    .iter()
+                    .any(|n| n.starts_with(".riffle-scratch-two-pass-"));
+                if reading && (mode != "two-pass" || scratch) {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(120),
+                    "{mode}: never ran"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            signal(&child, sig);
+            let code = wait_at_most(&mut child, Duration::from_secs(60)).and_then(|s| s.code());
+            assert!(
+                code == Some(128 + sig as i32) || code == Some(CLOSED_STDOUT),
+                "{mode} {sig}: {code:?} (None: still running 60 s after the signal)"
+            );
+            assert!(
+                riffle_entries(&data).is_empty(),
+                "{mode} {sig}: {:?}",
+                riffle_entries(&data)
+            );
+        }
+    }
+}

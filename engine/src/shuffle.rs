@@ -25,6 +25,7 @@ use crate::{Error, Result};
 
 mod input;
 mod output;
+mod parts;
 use input::{classify, Source};
 use output::OutputWriter;
 
@@ -133,6 +134,7 @@ pub fn shuffle(
     }
     check_format(&opts.format)?;
     let inputs = without_sidecars(inputs)?;
+    refuse_output_in_tree(output, &inputs, &opts.format)?;
     let named = with_member_names(&inputs, &opts.format)?;
     // Empty files are skipped with a notice, as `read` and `index` skip them; the first
     // input left gives the header.
@@ -226,6 +228,40 @@ fn separator(format: &Format) -> Option<u8> {
 /// Whether the output is a tar (samples of a tar, or a files dataset's files as members).
 fn writes_tar(format: &Format) -> bool {
     matches!(format, Format::Tar | Format::Files)
+}
+
+/// Refuses an output file (a split output's parts included) inside a `files` tree that
+/// is an input (issue 30 D28): the next run would list it, and pack the last run's tar as
+/// a record of the new one. Leaving it out of the listing would not do: every other
+/// command reading the tree would still take it for data. A FIFO or device written into
+/// is never a record (a walk skips them) and is let be.
+fn refuse_output_in_tree(output: &Output, inputs: &[Input], format: &Format) -> Result<()> {
+    let Output::File(out) = output else {
+        return Ok(());
+    };
+    if !matches!(format, Format::Files) || output::is_stream(out) {
+        return Ok(());
+    }
+    let Ok(dir) = std::fs::canonicalize(crate::scratch::parent_dir(out)) else {
+        return Ok(()); // no such directory: nothing can be written there, as it will say
+    };
+    for root in inputs.iter().filter_map(|i| match i {
+        Input::File(p) if p.is_dir() => Some(p),
+        _ => None,
+    }) {
+        let Ok(real_root) = std::fs::canonicalize(root) else {
+            continue;
+        };
+        if dir.starts_with(&real_root) {
+            return Err(Error::Invalid(format!(
+                "{}: the output is inside the input tree {}, where the next run would take it \
+                 for a record; write it outside the tree",
+                out.display(),
+                root.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The inputs, each with the tar member name its record gets: for a files dataset, the

@@ -31,11 +31,13 @@
 //!
 //! A tree's listing (every file's path and size, the classes and labels) is saved as a
 //! sidecar, `ROOT.ridx` beside the tree (or in the cache directory when that is not
-//! writable), with the identity (mtime, ctime, inode, device) of every directory walked:
-//! a later run stats the directories only, not every file, and walks again when any
-//! directory changed (a file added, removed or renamed changes its directory). A file
-//! rewritten in place with another size, or another file at a listed name, is caught when
-//! it is read (the reader refuses it). All integers little endian:
+//! writable), with the identity (mtime, ctime, inode, device) of every directory walked. A
+//! later run takes it while it is current ([`super::freshness`]): every listed file has
+//! its device, inode and size, and every directory that changed holds the same data
+//! entries (a hidden entry, such as riffle's own scratch, does not count). Otherwise the
+//! tree is walked again: a file appended or truncated in place, or another file at a
+//! listed name, makes the next open list the tree again, while a run that has the tree
+//! open refuses such a file when it reads it. All integers little endian:
 //!
 //! ```text
 //!  0  8  magic "RIFFLFLS"
@@ -98,10 +100,23 @@ pub(crate) fn list(path: &Path) -> Result<Listing> {
                 crate::door::cap::LISTING,
                 crate::door::Follow::No,
             ) {
-                Ok(Some(bytes)) => match decode(&bytes, path) {
-                    Ok(listing) => return Ok(listing),
-                    Err(why) => stale = Some(format!("{}: {why}", candidate.display())),
-                },
+                Ok(Some(bytes)) => {
+                    let fresh = decode(&bytes, path).and_then(|(listing, dirs)| {
+                        super::freshness::check(&listing, &dirs, path).map(|now| (listing, now))
+                    });
+                    match fresh {
+                        Ok((listing, None)) => return Ok(listing),
+                        Ok((listing, Some(dirs))) => {
+                            // Only entries that are never data changed (riffle's scratch,
+                            // hidden files): the listing holds; its directories' new times
+                            // are saved so the next run need not look again.
+                            let bytes = encode(&listing, &dirs, path);
+                            let _ = crate::scratch::write_atomic(candidate, &bytes);
+                            return Ok(listing);
+                        }
+                        Err(why) => stale = Some(format!("{}: {why}", candidate.display())),
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => stale = Some(format!("cannot read: {e}")),
             }
@@ -154,9 +169,9 @@ struct Found {
 
 /// A directory's identity: its path relative to ROOT, mtime and ctime (s, ns), inode,
 /// device.
-type DirId = (Vec<u8>, [i64; 4], u64, u64);
+pub(super) type DirId = (Vec<u8>, [i64; 4], u64, u64);
 
-fn dir_id(rel: &Path, m: &std::fs::Metadata) -> DirId {
+pub(super) fn dir_id(rel: &Path, m: &std::fs::Metadata) -> DirId {
     use std::os::unix::ffi::OsStrExt;
     (
         rel.as_os_str().as_bytes().to_vec(),
@@ -501,8 +516,9 @@ impl<'a> Bytes<'a> {
     }
 }
 
-/// The listing a sidecar holds, if it is intact and every directory it walked is as it was.
-fn decode(all: &[u8], root: &Path) -> std::result::Result<Listing, String> {
+/// The listing a sidecar holds and the directories it walked, if it is intact (whether it
+/// is current is [`super::freshness::check`]'s question).
+fn decode(all: &[u8], root: &Path) -> std::result::Result<(Listing, Vec<DirId>), String> {
     use std::os::unix::ffi::OsStrExt;
     if all.len() < 44 || &all[..8] != MAGIC {
         return Err("not a riffle listing".into());
@@ -522,19 +538,14 @@ fn decode(all: &[u8], root: &Path) -> std::result::Result<Listing, String> {
     if [nd, nc, nf].iter().any(|&n| n > body.len() as u64 / 4) {
         return Err("its counts are impossible (corrupt listing)".into());
     }
+    let mut dirs = Vec::with_capacity(nd as usize);
     for _ in 0..nd {
-        let rel = Path::new(std::ffi::OsStr::from_bytes(r.str()?)).to_path_buf();
+        let rel = r.str()?.to_vec();
         let mut times = [0i64; 4];
         for t in &mut times {
             *t = r.u64()? as i64;
         }
-        let (ino, dev) = (r.u64()?, r.u64()?);
-        let dir = root.join(&rel);
-        let now = std::fs::metadata(&dir)
-            .map_err(|e| format!("{} cannot be read now: {e}", dir.display()))?;
-        if dir_id(&rel, &now) != (rel.as_os_str().as_bytes().to_vec(), times, ino, dev) {
-            return Err(format!("{} changed since it was listed", dir.display()));
-        }
+        dirs.push((rel, times, r.u64()?, r.u64()?));
     }
     let mut classes = Vec::with_capacity(nc as usize);
     for _ in 0..nc {
@@ -569,11 +580,12 @@ fn decode(all: &[u8], root: &Path) -> std::result::Result<Listing, String> {
     if !r.0.is_empty() || files.is_empty() {
         return Err("its length does not match its counts (corrupt listing)".into());
     }
-    Ok(Listing {
+    let listing = Listing {
         files,
         labels: labelled.then_some(labels),
         classes,
-    })
+    };
+    Ok((listing, dirs))
 }
 
 fn manifest(path: &Path) -> Result<Listing> {
@@ -758,11 +770,11 @@ mod tests {
         assert_eq!(again.files, l.files);
     }
 
-    /// The sidecar is used while no directory changed (a file rewritten in place with
-    /// another size is not seen: the reader catches that), rebuilt when one did or when it
-    /// is corrupt, and gives the walk's listing.
+    /// The sidecar is used while the tree is as listed, rebuilt when a file changed in
+    /// place (issue 30 D16) or a directory gained a file, or when it is corrupt, and gives
+    /// the walk's listing; a hidden entry (riffle's scratch) is no change (D29).
     #[test]
-    fn the_listing_sidecar_is_used_until_a_directory_changes() {
+    fn the_listing_sidecar_is_used_until_the_tree_changes() {
         let dir = tempfile::tempdir_in(".").unwrap();
         let root = dir.path().join("t");
         for i in 0..20 {
@@ -771,10 +783,32 @@ mod tests {
         let first = list(&root).unwrap();
         let side = super::super::index::sidecar_paths(&root).0;
         assert!(side.exists());
-        // Same-directory rewrite: the sidecar still answers (the old size proves it).
+        // Unchanged: the sidecar answers, with the walk's listing.
+        let (saved, dirs) = decode(&std::fs::read(&side).unwrap(), &root).unwrap();
+        assert_eq!(saved.files, first.files);
+        assert_eq!(
+            super::super::freshness::check(&saved, &dirs, &root),
+            Ok(None)
+        );
+        // A scratch directory made and left in the tree, a hidden file: no change.
+        std::fs::create_dir(root.join(".riffle-scratch-two-pass-1-x")).unwrap();
+        file(&root.join("c2/.tmp"), 3);
+        let now = super::super::freshness::check(&saved, &dirs, &root).unwrap();
+        assert!(
+            now.is_some(),
+            "the directories' new times are given to save"
+        );
+        assert_eq!(list(&root).unwrap().files, first.files);
+        // Rewritten in place with another size: walked again, the new size listed.
         file(&root.join("c0/00"), 99);
+        let why = super::super::freshness::check(&saved, &dirs, &root).unwrap_err();
+        assert!(
+            why.contains("changed in place") && why.contains("00"),
+            "{why}"
+        );
         let again = list(&root).unwrap();
-        assert_eq!(again.files, first.files);
+        assert_eq!(again.files.len(), first.files.len());
+        assert_eq!(again.files[0].size, 99);
         assert_eq!(
             (again.labels.clone(), again.classes.clone()),
             (first.labels.clone(), first.classes.clone())

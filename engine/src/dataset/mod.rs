@@ -6,6 +6,7 @@
 //! [`Dataset::locate`] turns a global id into (file, offset, length) in O(log files).
 
 pub(crate) mod files;
+mod freshness;
 pub mod index;
 mod layout;
 pub(crate) mod mds;

@@ -3,19 +3,26 @@
 //! Files are written under private temporary names ([`TempFile`]) and committed together
 //! when the last record is out: all synced, all renamed, the directory synced. A split
 //! output is a set: parts `OUT.000`, `OUT.001`, ... of an earlier run beyond the new count
-//! are removed (with a notice), so `OUT.*` never mixes two runs. Nothing appears under a
-//! final name before the whole output is complete; on error or interruption nothing does.
+//! are removed (with a notice), so `OUT.*` never mixes two runs. Only parts riffle wrote
+//! are removed (issue 30 D20): each split run commits, with its parts, a manifest
+//! `.OUT.riffle-parts` of each part's number, device, inode and size, and a rerun removes
+//! an earlier part only while it is still that file. Anything else named like a part (a
+//! user's own `OUT.009`, a directory `OUT.010`) is left where it is, with a notice. What
+//! to remove is decided, and every target checked, before anything is committed. Nothing
+//! appears under a final name before the whole output is complete; on error or
+//! interruption nothing does.
 
 use std::ffi::OsString;
 use std::io::{BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use super::parts;
 use super::{Input, Output, SplitBy};
 use crate::door;
 use crate::io::{IoConfig, StreamWriter};
 use crate::scratch::{self, TempFile};
-use crate::{notice, Error, Result};
+use crate::{Error, Result};
 
 /// Where an output's bytes go: a stream (stdout, or an existing FIFO or device such as
 /// /dev/null, opened as it is) through a buffer, files through direct writes.
@@ -169,13 +176,22 @@ impl OutputWriter {
     /// split run beyond this one's. Returns the outputs' names.
     pub(super) fn finish(mut self) -> Result<Vec<String>> {
         self.close_current()?;
-        let done = std::mem::take(&mut self.done);
+        let mut done = std::mem::take(&mut self.done);
         let mut names: Vec<String> = done.iter().map(|(_, p)| p.display().to_string()).collect();
-        scratch::commit_all(done)?;
         match (&self.target, self.split) {
-            (Output::File(p), Some(_)) => remove_stale_parts(p, self.index)?,
-            (Output::Stdout, _) => names.push("<stdout>".into()),
-            _ => {}
+            (Output::File(base), Some(_)) => {
+                // Decided before anything is committed: the earlier run's parts to remove
+                // (its manifest is about to be replaced), and what is left alone.
+                let earlier = parts::Earlier::find(base, self.index)?;
+                done.extend(parts::manifest(base, &done)?);
+                scratch::commit_all(done)?;
+                earlier.remove(base);
+            }
+            (Output::Stdout, _) => {
+                scratch::commit_all(done)?;
+                names.push("<stdout>".into());
+            }
+            _ => scratch::commit_all(done)?,
         }
         Ok(names)
     }
@@ -214,7 +230,7 @@ pub(super) fn refuse_inputs(
 }
 
 /// `OUT.000`, `OUT.001`, ... (three digits, more past 999).
-fn part_name(base: &Path, index: usize) -> PathBuf {
+pub(super) fn part_name(base: &Path, index: usize) -> PathBuf {
     let mut s = base.as_os_str().to_owned();
     s.push(format!(".{index:03}"));
     PathBuf::from(s)
@@ -222,7 +238,7 @@ fn part_name(base: &Path, index: usize) -> PathBuf {
 
 /// The parts `BASE.NNN` in `base`'s directory, with their numbers: only names this writer
 /// would make (`OUT.007`, not `OUT.0007`).
-fn existing_parts(base: &Path) -> Result<Vec<(usize, PathBuf)>> {
+pub(super) fn existing_parts(base: &Path) -> Result<Vec<(usize, PathBuf)>> {
     let dir = scratch::parent_dir(base);
     let Some(stem) = base.file_name() else {
         return Ok(Vec::new());
@@ -252,34 +268,4 @@ fn existing_parts(base: &Path) -> Result<Vec<(usize, PathBuf)>> {
         }
     }
     Ok(parts)
-}
-
-/// Removes `BASE.NNN` parts numbered `count` and up (left by an earlier run that made
-/// more parts), with a notice naming how many; then syncs the directory.
-fn remove_stale_parts(base: &Path, count: usize) -> Result<()> {
-    let dir = scratch::parent_dir(base);
-    let mut stale: Vec<PathBuf> = existing_parts(base)?
-        .into_iter()
-        .filter(|(n, _)| *n >= count)
-        .map(|(_, p)| p)
-        .collect();
-    if stale.is_empty() {
-        return Ok(());
-    }
-    stale.sort();
-    for p in &stale {
-        std::fs::remove_file(p)
-            .map_err(|e| Error::io(p, "remove an earlier run's part", None, e))?;
-    }
-    notice::once(
-        &format!("stale-parts:{}", base.display()),
-        &format!(
-            "removed {} part{} of an earlier run beyond this run's {count} ({} .. {})",
-            stale.len(),
-            if stale.len() == 1 { "" } else { "s" },
-            stale[0].display(),
-            stale[stale.len() - 1].display()
-        ),
-    );
-    scratch::sync_dir(dir)
 }
