@@ -369,10 +369,23 @@ fn a_connection_past_the_descriptors_is_told_busy_not_left_hanging() {
     let pid = d.child.id();
     // The lowest descriptor number free in the daemon: a limit there leaves none for a new
     // connection (the limit bounds the numbers, not their count).
-    let held: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    // Taken once the daemon's descriptors are steady (the readiness check's connection
+    // closes asynchronously: a number freed after the listing would let accept through).
+    let fds = || -> std::collections::HashSet<u64> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect()
+    };
+    let mut held = fds();
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = fds();
+        if now == held {
+            break;
+        }
+        held = now;
+    }
     let free = (0..).find(|n| !held.contains(n)).unwrap();
     let lowered = std::process::Command::new("prlimit")
         .args(["--pid", &pid.to_string(), &format!("--nofile={free}:")])
