@@ -208,6 +208,88 @@ fn concurrent_two_pass_passes_never_overcommit_the_scratch_filesystem() {
     assert_eq!(got, 50_000);
 }
 
+/// The daemon's two-pass passes and `riffle read` runs sharing one scratch directory see
+/// each other's reservations: an admitted pass claims its piles in the directory itself
+/// (`.riffle-scratch-reserve-PID-*`, as a CLI run does), so a CLI two-pass run started
+/// beside it does not plan for the same free bytes: one that fits the disk alone but not
+/// beside the pass is refused up front; the claim goes with the pass.
+#[test]
+fn a_daemons_pass_and_a_cli_run_sharing_scratch_see_each_others_reservations() {
+    let sb = Sandbox::new();
+    let Some(small) = crate::SmallDisk::mount(&sb, "110m") else {
+        return;
+    };
+    let data = dataset(&sb, "d.npy", 60_000, 1000);
+    // A run whose piles fit the disk alone, not beside the daemon's pass.
+    let other = dataset(&sb, "e.npy", 20_000, 1000);
+    let d = Daemon::start(
+        &sb,
+        &sb.path().join("s.sock"),
+        &[("train", &data)],
+        &[
+            "--mode",
+            "two-pass",
+            "--scratch",
+            small.path().to_str().unwrap(),
+        ],
+    );
+    let pid = d.child.id();
+    let mut a = d.client();
+    let mut sa = a.open(OpenRequest::new("train", 64)).unwrap();
+    let claim = std::fs::read_dir(small.path())
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!(".riffle-scratch-reserve-{pid}-"))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no claim of the daemon's pass in {}",
+                small.path().display()
+            )
+        });
+    let reserved = std::fs::read_to_string(claim.path().join("reserved")).unwrap();
+    let bytes: u64 = reserved
+        .lines()
+        .find_map(|l| l.strip_prefix("bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(bytes >= 60_000 * 1000, "{reserved}");
+    // A CLI two-pass run beside it is refused up front, naming the reservation (it would
+    // have planned for the free bytes the daemon's pass is about to write).
+    let out = sb
+        .cmd()
+        .args(["read"])
+        .arg(&other)
+        .args(["--batch-size", "64", "--mode", "two-pass", "--scratch"])
+        .arg(small.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("other runs there have reserved"),
+        "{err}"
+    );
+    let mut n = 0;
+    while sa.next_batch().unwrap().is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 60_000usize.div_ceil(64));
+    drop(sa);
+    drop(a);
+    // The claim goes with its pass.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while claim.path().exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim outlived its pass"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Ten streams of a mixture of different seeds under `--memory`: each pass holds its
 /// epoch's draws (8 bytes a record: 32 MB for 4 million) beside its buffers, and is
 /// admitted at that, so those that do not fit are refused (`busy`) and the daemon stays

@@ -38,7 +38,7 @@ use rand::RngExt;
 use crate::{door, notice, Error, Result};
 
 mod reserve;
-pub use reserve::{reserve, reserved_by_others, Reservation};
+pub use reserve::{reserve, reserved_by_other_processes, reserved_by_others, Reservation};
 
 /// Names of scratch directories start with this.
 pub const DIR_PREFIX: &str = ".riffle-scratch-";

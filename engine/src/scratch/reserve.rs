@@ -7,7 +7,9 @@
 //! "inodes M"), so it carries its owner's pid and lock like any scratch, goes when the run
 //! ends, and is reclaimed, not counted, once its owner is dead.
 //!
-//! The daemon's admission can call [`reserve`] the same way for each pass it admits.
+//! The daemon's admission reserves each two-pass pass's piles the same way (beside its own
+//! ledger of its passes), and leaves what other processes reserved
+//! ([`reserved_by_other_processes`]).
 
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -37,6 +39,16 @@ impl Reservation {
 /// there already hold (the free space counts those). Dead owners' reservations count
 /// nothing.
 pub fn reserved_by_others(location: &Path) -> (u64, u64) {
+    reserved_except(location, None)
+}
+
+/// [`reserved_by_others`] of processes other than this one: what a daemon, which counts
+/// its own passes' reservations itself, must leave to the runs beside it.
+pub fn reserved_by_other_processes(location: &Path) -> (u64, u64) {
+    reserved_except(location, Some(std::process::id()))
+}
+
+fn reserved_except(location: &Path, me: Option<u32>) -> (u64, u64) {
     let Ok(entries) = std::fs::read_dir(location) else {
         return (0, 0);
     };
@@ -47,6 +59,9 @@ pub fn reserved_by_others(location: &Path) -> (u64, u64) {
         let Some((pid, true)) = owner_pid(name.as_bytes()) else {
             continue;
         };
+        if Some(pid) == me {
+            continue;
+        }
         let path = e.path();
         if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
             continue;

@@ -37,11 +37,14 @@ pub(super) struct ScratchSpace {
     probe: Box<Probe>,
 }
 
-/// Scratch bytes reserved on one filesystem, given back when dropped.
+/// Scratch bytes reserved on one filesystem, given back when dropped; also claimed in the
+/// scratch directory itself (`scratch::reserve`), so that `riffle read` runs sharing it
+/// see what the daemon's pass will write.
 pub(super) struct Reservation {
     space: Arc<ScratchSpace>,
     dev: u64,
     bytes: u64,
+    _claim: Option<crate::scratch::Reservation>,
 }
 
 impl Drop for Reservation {
@@ -114,21 +117,34 @@ impl ScratchSpace {
                     format!("scratch {}: cannot read its free space: {e}", dir.display()),
                 )
             })?;
+            // What other processes sharing the directory (CLI runs) reserved and have not
+            // written yet is theirs.
+            let theirs = crate::scratch::reserved_by_other_processes(dir).0;
             let mut l = self.lock();
             let e = l.entry(dev).or_default();
             if e.reserved == 0 {
                 e.base = free;
             }
-            let left = e.base.saturating_sub(e.reserved).min(free);
+            let left = e
+                .base
+                .saturating_sub(e.reserved)
+                .min(free)
+                .saturating_sub(theirs);
             if bytes <= left {
                 e.reserved += bytes;
+                drop(l);
+                // Best effort: a directory that cannot hold the claim still has the ledger.
+                let claim = crate::scratch::reserve(dir, |_| Ok(Some((bytes, 0))))
+                    .ok()
+                    .flatten();
                 return Ok(Reservation {
                     space: self.clone(),
                     dev,
                     bytes,
+                    _claim: claim,
                 });
             }
-            if e.reserved == 0 {
+            if e.reserved == 0 && theirs == 0 {
                 return Err((
                     "too_large",
                     format!(
@@ -155,7 +171,7 @@ impl ScratchSpace {
                          reserved{}: try again later",
                         human_bytes(bytes as f64),
                         human_bytes(left as f64),
-                        human_bytes(e.reserved as f64),
+                        human_bytes(e.reserved.saturating_add(theirs) as f64),
                         if waited >= Duration::from_millis(50) {
                             format!(" (waited {:.1} s for room)", waited.as_secs_f64())
                         } else {
