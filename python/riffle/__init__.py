@@ -10,34 +10,42 @@
 
 from .client import (
     PROTOCOL_VERSION,
+    VERSION,
     Batch,
     Client,
     RiffleBadRequest,
     RiffleBusy,
     RiffleConnectionError,
+    RiffleEngineMissing,
     RiffleError,
     RiffleExhausted,
     RiffleShutdown,
     RiffleTimeout,
     RiffleTooLarge,
+    RiffleVersionMismatch,
     Stream,
+    binary,
 )
 from .formats import mds_sample, tar_members
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "VERSION",
     "Batch",
     "Client",
     "RiffleBadRequest",
     "RiffleBusy",
     "RiffleConnectionError",
+    "RiffleEngineMissing",
     "RiffleError",
     "RiffleExhausted",
     "RiffleShutdown",
     "RiffleTimeout",
     "RiffleTooLarge",
+    "RiffleVersionMismatch",
     "Stream",
+    "binary",
     "mds_sample",
     "tar_members",
 ]
-__version__ = "0.1.0"
+__version__ = VERSION

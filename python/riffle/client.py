@@ -18,6 +18,9 @@ import time
 import numpy as np
 
 PROTOCOL_VERSION = 2
+# The version of the client and of the engine it ships with (one version: tools/Cargo.toml;
+# tests/python/test_package.py checks they agree).
+VERSION = "0.1.0"
 
 HELLO, OPEN, OPENED, BATCH, BATCH_INLINE, ACK, END, CLOSE, STATS, STATS_REPLY = range(1, 11)
 ERROR = 15
@@ -97,6 +100,42 @@ class RiffleConnectionError(RiffleError, ConnectionError):
         super().__init__(message, code="connection", fatal=True)
 
 
+class RiffleVersionMismatch(RiffleError):
+    """The daemon is another version of riffle than this client (one version for both)."""
+
+    def __init__(self, message):
+        super().__init__(message, code="version", fatal=True)
+
+
+class RiffleEngineMissing(RiffleError):
+    """The `riffle` command that ships with this package is not there (a package installed
+    without its wheel's binary, or for another platform)."""
+
+    def __init__(self, message):
+        super().__init__(message, code="engine_missing", fatal=True)
+
+
+def binary():
+    """The path of the `riffle` command installed with this package (the wheel carries it
+    beside the client; it is never looked for on PATH). `RiffleEngineMissing` when it is
+    not there."""
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution("riffle").files or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name in ("riffle", "riffle.exe") and len(f.parts) > 1:
+            p = os.path.normpath(str(f.locate()))
+            if os.path.isfile(p) and os.access(p, os.X_OK):
+                return p
+    raise RiffleEngineMissing(
+        "no riffle engine binary is installed with this package: install it with "
+        "`pip install <riffle checkout>/python` (which builds the engine with maturin), or a "
+        "wheel built for this platform")
+
+
 class RiffleTimeout(RiffleConnectionError):
     """The daemon sent nothing for `receive_timeout` seconds while the client waited on it
     (it is stopped, hung or overloaded): resume from `state_dict()` on a new `Client`."""
@@ -156,13 +195,20 @@ class Client:
         self._fds = []
         self._acks = []
         self._stream = None
-        self._send_json(HELLO, {"version": PROTOCOL_VERSION, "agent": "riffle-python 0.1.0"})
+        self._send_json(HELLO, {"version": PROTOCOL_VERSION, "agent": f"riffle-python {VERSION}"})
         kind, body = self._frame()
         if kind == ERROR:
             raise _error(body)
         if kind != HELLO:
             raise RiffleError(f"expected HELLO from the daemon, got kind {kind}", "protocol")
         hello = json.loads(body)
+        agent = str(hello.get("agent", ""))
+        if agent.startswith("riffle ") and agent != f"riffle {VERSION}":
+            sock.close()
+            raise RiffleVersionMismatch(
+                f"the daemon at {path} is {agent}, this client is riffle {VERSION}: stop that "
+                f"daemon (it may have outlived an upgrade) and start this version's, or "
+                f"install riffle=={agent.split(' ', 1)[1]}")
         self.datasets = hello.get("datasets", [])
         self.max_frame = hello.get("max_frame", 0)
 
