@@ -88,14 +88,23 @@ struct Live(u64);
 
 impl Live {
     fn add(path: &Path, kind: EntryKind) -> Result<Live> {
+        Live::make(kind, || Ok((path.to_path_buf(), ()))).map(|(l, ())| l)
+    }
+
+    /// Makes an entry with `make` (which returns its path) and registers it, as one step
+    /// under the registry's lock: a signal's [`remove_live`] finds it either not made yet
+    /// or registered, never made and unregistered (left behind, and its parent with it).
+    /// `make` must not take the registry.
+    fn make<T>(kind: EntryKind, make: impl FnOnce() -> Result<(PathBuf, T)>) -> Result<(Live, T)> {
         let mut r = registry();
         if r.closed {
             return Err(interrupted());
         }
+        let (path, made) = make()?;
         r.next += 1;
         let id = r.next;
-        r.live.push((id, path.to_path_buf(), kind));
-        Ok(Live(id))
+        r.live.push((id, path, kind));
+        Ok((Live(id), made))
     }
 }
 
@@ -524,25 +533,28 @@ impl ScratchDir {
             None
         } else {
             // Only the last component is made: a mistyped deep path is an error.
-            std::fs::create_dir(parent)
-                .map_err(|e| Error::io(parent, "create the scratch directory", None, e))?;
+            let (live, ()) = Live::make(EntryKind::CreatedParent, || {
+                std::fs::create_dir(parent)
+                    .map_err(|e| Error::io(parent, "create the scratch directory", None, e))?;
+                Ok((parent.to_path_buf(), ()))
+            })?;
             Some(CreatedParent {
                 path: parent.to_path_buf(),
-                _live: Live::add(parent, EntryKind::CreatedParent)?,
+                _live: live,
             })
         };
         reclaim(parent);
         let pid = std::process::id();
         let prefix = format!("{DIR_PREFIX}{kind}-{pid}-");
-        let dir = tempfile::Builder::new()
-            .prefix(&prefix)
-            .rand_bytes(10)
-            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .tempdir_in(parent)
-            .map_err(|e| Error::io(parent, "create a scratch directory in", None, e))?
-            .keep();
-        let live = Live::add(&dir, EntryKind::Dir).inspect_err(|_| {
-            let _ = std::fs::remove_dir(&dir);
+        let (live, dir) = Live::make(EntryKind::Dir, || {
+            let dir = tempfile::Builder::new()
+                .prefix(&prefix)
+                .rand_bytes(10)
+                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .tempdir_in(parent)
+                .map_err(|e| Error::io(parent, "create a scratch directory in", None, e))?
+                .keep();
+            Ok((dir.clone(), dir))
         })?;
         let lock = crate::door::open_entry(&dir)
             .and_then(|f| f.lock().map(|()| f))
