@@ -316,9 +316,15 @@ impl Conn {
                 continue;
             }
             if st.pending.is_none() {
-                let asked = *self.wire.lock().asked.get_or_insert_with(Instant::now);
-                // A stall shows in the stats while it lasts.
-                record(&st.waits, |t| t.engine_waiting(Some(asked)));
+                let (asked, began) = {
+                    let mut w = self.wire.lock();
+                    let began = w.asked.is_none();
+                    (*w.asked.get_or_insert_with(Instant::now), began)
+                };
+                if began {
+                    // A stall shows in the stats while it lasts.
+                    record(&st.waits, |t| t.engine_waiting(Some(asked)));
+                }
                 if !st.batches.ready_within(ENGINE_WAIT) {
                     // Nothing yet: take what the client sent (a CLOSE stops the stream
                     // where it is, scatter included) and look again.

@@ -75,7 +75,7 @@ impl Waits {
         self.client_total += d;
     }
 
-    /// Adds the waits that ended of `o` (a wait in progress adds with [`Waits::closed`]).
+    /// Adds the waits that ended of `o` (a wait in progress adds with [`Waits::add_closed`]).
     fn add(&mut self, o: &Waits) {
         self.batches += o.batches;
         let _ = self.engine.add(&o.engine);
@@ -110,19 +110,20 @@ impl Waits {
         })
     }
 
-    /// These waits with every wait in progress ended `now` (a stream that leaves).
-    fn closed(&self, now: Instant) -> Waits {
-        let mut w = Waits::default();
-        w.add(self);
-        if let Some(s) = self.engine_since {
+    /// Adds `o`'s waits to these, with every wait of `o` in progress counted as ended
+    /// `now` (a stream that leaves, or a live one in its job's figures).
+    fn add_closed(&mut self, o: &Waits, now: Instant) {
+        self.add(o);
+        if let Some(s) = o.engine_since {
             let d = now.saturating_duration_since(s);
-            w.engine.saturating_record(micros(d));
-            w.engine_total += d;
+            self.engine.saturating_record(micros(d));
+            self.engine_total += d;
         }
-        if let Some(s) = self.client_since {
-            w.client_wait(now.saturating_duration_since(s));
+        if let Some(s) = o.client_since {
+            let d = now.saturating_duration_since(s);
+            self.client.saturating_record(micros(d));
+            self.client_total += d;
         }
-        w
     }
 }
 
@@ -175,7 +176,7 @@ impl Telemetry {
         past.left
             .entry(job)
             .or_default()
-            .add(&lock(&waits).closed(Instant::now()));
+            .add_closed(&lock(&waits), Instant::now());
         if last {
             let w = past.left.remove(&job).unwrap_or_default();
             if past.ended.len() == ENDED_JOBS {
@@ -212,7 +213,7 @@ impl Telemetry {
                     }
                     (t, Duration::ZERO, Duration::ZERO)
                 });
-                jw.add(&w.closed(now));
+                jw.add_closed(&w, now);
                 let so_far = |s: Option<Instant>| {
                     s.map_or(Duration::ZERO, |s| now.saturating_duration_since(s))
                 };
