@@ -10,7 +10,8 @@
 //! - Data files: [`open_data`] (non-blocking, optionally `O_NOATIME`; the caller checks the
 //!   type, [`crate::io::DataFile::open`] does).
 //! - Streams read in order: [`open_stream`]; directories for `fsync`: [`open_dir`]; files of
-//!   a tree riffle generates: [`create_new`]; logs appended to: [`open_append`].
+//!   a tree riffle generates: [`create_new`]; logs appended to: [`open_append`]; a private
+//!   daemon's lock files and log: [`open_lock`], [`open_private_log`].
 //! - A tree's files: [`Root::open_beneath`], beneath the tree's root with no link.
 //! - New private files: [`create_private`] (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600),
 //!   the way riffle creates a file of its own; [`crate::scratch::TempFile`] commits them.
@@ -187,6 +188,31 @@ pub fn create_private(path: &Path) -> std::io::Result<File> {
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Opens (creating it, mode 0600, if missing) a lock file riffle keeps in a private
+/// directory of its own, read-write, never through a link planted at the name.
+pub fn open_lock(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// Opens a log riffle writes anew in a private directory of its own (created, or emptied
+/// if there; mode 0600), never through a link planted at the name.
+pub fn open_private_log(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
 }
 

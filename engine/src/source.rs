@@ -66,6 +66,52 @@ impl DatasetSpec {
     }
 }
 
+/// A dataset named by one word, `PATH[:FORMAT]` (as `riffle serve --dataset NAME=PATH[:FORMAT]`
+/// and an OPEN of a daemon that opens paths give it): the format is the part after the
+/// first colon that parses as one (formats themselves hold colons: `fixed:4K:16`, and so
+/// may paths), and `mix:...` is a mixture.
+#[derive(Clone, Debug)]
+pub struct PathSpec {
+    /// Where the dataset is (a mixture's whole word).
+    pub path: PathBuf,
+    /// The format given, if any.
+    pub format: Option<crate::format::Format>,
+    /// What the path names: paths, or a mixture.
+    pub spec: DatasetSpec,
+}
+
+impl PathSpec {
+    /// Parses `PATH[:FORMAT]` (or a mixture); errors say what was expected.
+    pub fn parse(word: &str) -> std::result::Result<PathSpec, String> {
+        if word.is_empty() {
+            return Err("an empty dataset path".into());
+        }
+        let spec_of = |p: &str| DatasetSpec::parse(&[p]).map_err(|e| e.to_string());
+        for (i, _) in word.match_indices(':').filter(|(i, _)| *i > 0) {
+            if let Ok(f) = word[i + 1..].parse::<crate::format::Format>() {
+                return Ok(PathSpec {
+                    path: word[..i].into(),
+                    format: Some(f),
+                    spec: spec_of(&word[..i])?,
+                });
+            }
+        }
+        Ok(PathSpec {
+            path: word.into(),
+            format: None,
+            spec: spec_of(word)?,
+        })
+    }
+
+    /// Every path the spec names (a mixture's sources').
+    pub fn paths(&self) -> Vec<&Path> {
+        match &self.spec {
+            DatasetSpec::Paths(p) => p.iter().map(PathBuf::as_path).collect(),
+            DatasetSpec::Mixture(m) => m.sources.iter().map(|s| s.path.as_path()).collect(),
+        }
+    }
+}
+
 /// An opened [`DatasetSpec`].
 #[derive(Clone, Debug)]
 pub enum Source {

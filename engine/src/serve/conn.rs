@@ -284,10 +284,10 @@ impl Conn {
             agent: format!("riffle {}", env!("CARGO_PKG_VERSION")),
             datasets: self
                 .shared
-                .cfg
-                .datasets
-                .iter()
-                .map(|(n, _)| n.clone())
+                .catalog
+                .all()
+                .into_iter()
+                .map(|(n, _)| n)
                 .collect(),
             max_frame: proto::MAX_FRAME,
         };
@@ -625,7 +625,8 @@ impl Conn {
     /// Opens the stream an OPEN asks for (`open.rs` makes it a read), or says why not.
     fn open(&mut self, req: &OpenRequest) -> Result<(), Refusal> {
         let shared = self.shared.clone();
-        let src = open::dataset(&shared.cfg, &req.dataset)?;
+        let src = shared.catalog.get(&req.dataset, &shared)?;
+        let src = &src;
         // A mixture's draws are counted before they are drawn (and then by its pass).
         let view = admit_view(&shared.budgets(), src)?;
         let mut job = open::prepare(req, src, &shared)?;

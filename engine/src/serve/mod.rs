@@ -11,12 +11,14 @@
 //!   announces batches it completed in the ring;
 //! - `open.rs`: an OPEN made a read (through `crate::request`, as `riffle read` makes
 //!   its flags one), its ring and its job;
+//! - `catalog.rs`: the datasets served: those started with, and those OPENs name by path;
 //! - `job.rs`: the jobs whose ranks share one engine pass;
 //! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
 //! - `budget.rs`: the daemon's budgets (memory, scratch, open files), which rings and
 //!   passes take from: `too_large` for what never fits, `busy` for what must wait;
 //! - `space.rs`: reservations of the scratch filesystems' real free space;
 //! - `codes.rs`: the `ERROR` code an engine error is answered with, by its kind;
+//! - `user.rs`: the per-user node daemon's private directory and its locks;
 //! - `client.rs`: a Rust client (tests and benches use it).
 //!
 //! Sizes and counts here come from the wire, the ring and the engine; a cast that could
@@ -29,6 +31,7 @@
 )]
 
 mod budget;
+mod catalog;
 pub mod client;
 mod codes;
 mod conn;
@@ -41,8 +44,10 @@ pub mod shm;
 mod space;
 mod state;
 mod telemetry;
+pub mod user;
 mod wire;
 
+pub use catalog::OnOpen;
 pub use client::{BatchRef, Client, Stream, StreamStats};
 pub use proto::{OpenRequest, Transport, WireCursor};
 pub use server::{monotonic_ns, ServeConfig, ServeMode, Server, Shutdown};

@@ -98,21 +98,6 @@ fn request(req: &OpenRequest, cfg: &ServeConfig) -> Result<ReadRequest, String> 
     })
 }
 
-/// The dataset an OPEN names, or `unknown_dataset` with the names served.
-pub(super) fn dataset<'a>(cfg: &'a ServeConfig, name: &str) -> Result<&'a Source, Refusal> {
-    if let Some((_, src)) = cfg.datasets.iter().find(|(n, _)| n == name) {
-        return Ok(src);
-    }
-    let names: Vec<&str> = cfg.datasets.iter().map(|(n, _)| n.as_str()).collect();
-    Err((
-        "unknown_dataset",
-        format!(
-            "unknown dataset '{name}': this daemon serves {}",
-            names.join(", ")
-        ),
-    ))
-}
-
 /// The read an OPEN asks of `src`, checked (`bad_request` otherwise) and its mode
 /// resolved: for `auto`, the planner's choice from the cached profile of the dataset's
 /// device (`riffle serve --mode auto` probes it at start when none is cached), LIRS when

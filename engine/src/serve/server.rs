@@ -64,7 +64,7 @@ impl Shutdown {
 impl Server {
     /// Binds the socket (removing a stale one nobody listens on) with `socket_mode`.
     pub fn bind(cfg: ServeConfig) -> Result<Server> {
-        if cfg.datasets.is_empty() {
+        if cfg.datasets.is_empty() && !cfg.open_paths {
             return Err(Error::Invalid("no dataset to serve".into()));
         }
         if cfg.max_clients == 0 {
@@ -123,6 +123,11 @@ impl Server {
             socket_id,
             spare: Mutex::new(Some(spare)),
             shared: Arc::new(Shared {
+                catalog: super::catalog::Catalog::new(
+                    cfg.datasets.clone(),
+                    cfg.open_paths,
+                    cfg.on_open.clone(),
+                ),
                 cfg,
                 stopping: AtomicBool::new(false),
                 wake,
@@ -131,6 +136,7 @@ impl Server {
                     started: Instant::now(),
                     connections_total: 0,
                     refused_busy: 0,
+                    refused_strangers: 0,
                     streams_total: 0,
                     streams_now: 0,
                     batches: 0,
@@ -179,12 +185,17 @@ impl Server {
     pub fn run(self) -> Result<()> {
         let mut threads: Vec<(u64, JoinHandle<()>)> = Vec::new();
         let mut next_id = 0u64;
+        let mut idle_since = Instant::now();
         loop {
             let ready = self.wait_for_client();
             if self.shared.stopping.load(Ordering::SeqCst) {
                 break;
             }
             if !ready {
+                if self.idle_for(&mut idle_since) && self.leave_idle() {
+                    self.shared.stopping.store(true, Ordering::SeqCst);
+                    break;
+                }
                 continue;
             }
             let accepted = self.listener.accept();
@@ -203,7 +214,7 @@ impl Server {
                 }
             };
             threads.retain(|(_, t)| !t.is_finished());
-            if self.refused_busy(&sock) {
+            if self.refused_stranger(&sock) || self.refused_busy(&sock) {
                 continue;
             }
             let id = next_id;
@@ -220,14 +231,18 @@ impl Server {
         Ok(())
     }
 
-    /// Waits for a connection or the wake-up pipe, never for the filesystem; true when a
-    /// connection is waiting.
+    /// Waits for a connection or the wake-up pipe (at most a second when the daemon
+    /// leaves once idle), never for the filesystem; true when a connection is waiting.
     fn wait_for_client(&self) -> bool {
         let mut fds = [
             PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.shared.wake.0.as_fd(), PollFlags::POLLIN),
         ];
-        match poll(&mut fds, PollTimeout::NONE) {
+        let timeout = match self.shared.cfg.exit_idle {
+            Some(_) => PollTimeout::from(1000u16),
+            None => PollTimeout::NONE,
+        };
+        match poll(&mut fds, timeout) {
             Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
             Err(nix::errno::Errno::EINTR) => false,
             Err(e) => {
@@ -263,6 +278,87 @@ impl Server {
             "out of file descriptors at accept: connections are refused with busy (raise \
              ulimit -n or lower --max-clients)",
         );
+    }
+
+    /// Whether the daemon has had no connection for its `exit_idle` (`idle_since` is moved
+    /// on while it has one).
+    fn idle_for(&self, idle_since: &mut Instant) -> bool {
+        let Some(limit) = self.shared.cfg.exit_idle else {
+            return false;
+        };
+        let live = self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if live > 0 {
+            *idle_since = Instant::now();
+            return false;
+        }
+        idle_since.elapsed() >= limit
+    }
+
+    /// Leaves for idleness unless a starter is at work: holding the starters' lock (kept
+    /// until the process exits, so a starter that comes now waits, finds no socket and
+    /// starts a new daemon once this one is gone), with no connection live or waiting in
+    /// the backlog, the socket is removed. True when it was.
+    fn leave_idle(&self) -> bool {
+        let lock = match &self.shared.cfg.start_lock {
+            Some(path) => match crate::door::open_lock(path) {
+                Ok(f) if f.try_lock().is_ok() => Some(f),
+                // A starter holds it: it is about to connect.
+                Ok(_) => return false,
+                Err(e) => {
+                    crate::notice::once(
+                        "serve-idle",
+                        &format!("{}: cannot open the starters' lock: {e}", path.display()),
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        let live = self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+        let waiting = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0);
+        if live > 0 || waiting {
+            return false;
+        }
+        let path = &self.shared.cfg.socket;
+        if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == self.socket_id) {
+            let _ = std::fs::remove_file(path);
+        }
+        // Released when the process exits: see above.
+        std::mem::forget(lock);
+        crate::notice::once(
+            "serve-idle",
+            &format!(
+                "no client for {} s (--exit-idle): leaving",
+                self.shared.cfg.exit_idle.unwrap_or_default().as_secs()
+            ),
+        );
+        true
+    }
+
+    /// Refuses `sock` when the daemon serves only its own user and the peer is another
+    /// (`SO_PEERCRED`); true when it did.
+    fn refused_stranger(&self, sock: &UnixStream) -> bool {
+        if !self.shared.cfg.owner_only {
+            return false;
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        let peer = nix::sys::socket::getsockopt(sock, nix::sys::socket::sockopt::PeerCredentials);
+        if peer.is_ok_and(|c| c.uid() == me) {
+            return false;
+        }
+        self.shared.stats().refused_strangers += 1;
+        let _ = sock.set_write_timeout(Some(Duration::from_millis(100)));
+        let mut s = sock;
+        let _ = s.write_all(&error_frame(
+            "permission",
+            &format!(
+                "this daemon serves only its own user (uid {me}): start your own (riffle \
+                 serve --user, or riffle.torch with a dataset path)"
+            ),
+            true,
+        ));
+        true
     }
 
     /// Refuses `sock` with a `busy` error when the daemon already serves its most clients;

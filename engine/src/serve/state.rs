@@ -67,10 +67,25 @@ pub struct ServeConfig {
     /// Whether two-pass streams lead with LIRS (see [`crate::modes::ReadOptions::lead`]);
     /// a device that seeks is never led.
     pub lead: bool,
+    /// Whether an OPEN may name a dataset by its absolute path (or a mixture of such),
+    /// opened on first use (`catalog.rs`).
+    pub open_paths: bool,
+    /// Run on each dataset opened by path before it is served.
+    pub on_open: Option<super::catalog::OnOpen>,
+    /// Whether only processes of the daemon's own user may connect (`SO_PEERCRED`).
+    pub owner_only: bool,
+    /// The daemon exits once it has had no connection for this long (`None`: never),
+    /// removing its socket and scratch.
+    pub exit_idle: Option<Duration>,
+    /// The lock its starters take while they look for a daemon and start one: held while
+    /// the daemon leaves for idleness, so none of them finds a socket that is about to go.
+    pub start_lock: Option<PathBuf>,
 }
 
 pub(super) struct Shared {
     pub(super) cfg: ServeConfig,
+    /// The datasets served: started with, and opened by path.
+    pub(super) catalog: super::catalog::Catalog,
     pub(super) stopping: AtomicBool,
     /// The accept loop's wake-up pipe (read end, write end).
     pub(super) wake: (OwnedFd, OwnedFd),
@@ -100,6 +115,8 @@ pub(super) struct Stats {
     pub(super) started: Instant,
     pub(super) connections_total: u64,
     pub(super) refused_busy: u64,
+    /// Connections of another user refused (`owner_only`).
+    pub(super) refused_strangers: u64,
     pub(super) streams_total: u64,
     pub(super) streams_now: u64,
     pub(super) batches: u64,
@@ -185,6 +202,7 @@ impl Shared {
             "clients": self.conns.lock().unwrap_or_else(|p| p.into_inner()).len(),
             "connections_total": s.connections_total,
             "refused_busy": s.refused_busy,
+            "refused_strangers": s.refused_strangers,
             "streams_now": s.streams_now,
             "streams_total": s.streams_total,
             "batches": s.batches,
@@ -214,7 +232,7 @@ impl Shared {
             "scratch_planned": self.scratch_budget.as_ref().map(|b| b.used()),
             "scratch_limit": self.scratch_budget.as_ref().map(|b| b.total()),
             "errors": errors,
-            "datasets": self.cfg.datasets.iter().map(|(n, d)| {
+            "datasets": self.catalog.all().iter().map(|(n, d)| {
                 let mut v = json!({"name": n, "records": d.len()});
                 // A mixture's composition: every epoch the same counts per source.
                 if let Some(m) = d.mixture() {

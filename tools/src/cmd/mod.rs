@@ -8,4 +8,5 @@ pub mod plan;
 pub mod probe;
 pub mod read;
 pub mod serve;
+pub mod serve_user;
 pub mod shuffle;

@@ -6,20 +6,53 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::{SigSet, Signal};
 use riffle::dataset::OpenOptions;
 use riffle::format::Format;
-use riffle::serve::{ServeConfig, ServeMode, Server};
+use riffle::serve::{OnOpen, ServeConfig, ServeMode, Server};
+
+use super::serve_user::Place;
 use riffle::size::{human_bytes, parse_size};
-use riffle::source::Source;
+use riffle::source::{PathSpec, Source};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The Unix socket to listen on (a stale socket nobody listens on is replaced).
-    #[arg(long)]
-    pub socket: PathBuf,
+    #[arg(long, required_unless_present = "user", conflicts_with = "user")]
+    pub socket: Option<PathBuf>,
     /// A dataset clients may ask for: NAME=PATH[:FORMAT] (PATH a file, directory or glob,
     /// or a weighted mixture 'mix:SRC=PATH*WEIGHT,...[;size=N]'; FORMAT as in `riffle read
-    /// --format`). Repeat for several.
-    #[arg(long = "dataset", required = true, value_parser = parse_dataset)]
+    /// --format`). Repeat for several. Optional with --user or --open-paths.
+    #[arg(long = "dataset", value_parser = parse_dataset)]
     pub datasets: Vec<DatasetSpec>,
+    /// Run as this user's node daemon, the one riffle.torch finds (and starts) when given
+    /// a dataset path: its socket is RUNTIME_DIR/riffle.sock (mode 0600, and only this
+    /// user's processes are served, checked with SO_PEERCRED), it opens the datasets its
+    /// clients name by absolute path (as this user: only what you could read), exits after
+    /// --exit-idle seconds with no client (default 300), removing its socket and scratch,
+    /// and a second one for the same directory refuses to start (exit status 3). Its
+    /// --memory defaults to the machine's budget (a quarter of the available memory, or
+    /// less under a cgroup limit).
+    #[arg(long)]
+    pub user: bool,
+    /// --user: the daemon's private directory (default $RIFFLE_RUNTIME_DIR, else
+    /// $XDG_RUNTIME_DIR/riffle, else ${TMPDIR:-/tmp}/riffle-UID), made mode 0700 if
+    /// missing; one that is a link, another user's, or open to others is refused.
+    #[arg(long, requires = "user")]
+    pub runtime_dir: Option<PathBuf>,
+    /// --user: start in the background and return once the daemon listens, printing its
+    /// socket (its log is RUNTIME_DIR/daemon.log); exit status 3 when one already runs.
+    #[arg(long, requires = "user")]
+    pub detach: bool,
+    /// The daemon says "ready" on stdout once it listens (how --detach waits for it).
+    #[arg(long, hide = true)]
+    pub notify_ready: bool,
+    /// An OPEN may name a dataset by absolute path (or a mixture of such) besides the
+    /// --dataset names: opened on first use, as the daemon's user, kept while streams use
+    /// it and opened again when its files change. Implied by --user.
+    #[arg(long)]
+    pub open_paths: bool,
+    /// Exit after this many seconds with no client connected, removing the socket and
+    /// scratch (0: never). Default 300 with --user, else 0.
+    #[arg(long)]
+    pub exit_idle: Option<u64>,
     /// The daemon's memory, all told: the datasets' indexes, every stream's ring (a few MiB
     /// of batches, at most this divided by --max-clients) and every engine pass (tables,
     /// buffers, read-ahead, two-pass piles, a mixture epoch's draws; one pass takes at most
@@ -28,8 +61,9 @@ pub struct Args {
     /// for room, then gets `busy`. Less than one stream of the datasets needs is refused
     /// at start. Open files (ulimit -n) are a budget too: each pass holds its share of
     /// the dataset's files, its queue depth cut to fit.
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    pub memory: u64,
+    /// Default 1G; with --user, the machine's budget.
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
     /// Connections served at once; more are refused with a "busy" error (so are
     /// connections that come when no file descriptor is left). Each may hold three open
     /// files (its socket and ring): more than ulimit -n leaves is refused at start.
@@ -119,8 +153,7 @@ pub struct DatasetSpec {
     spec: riffle::source::DatasetSpec,
 }
 
-/// `NAME=PATH[:FORMAT]`: the format is the part after the first colon that parses as one
-/// (formats themselves contain colons: `fixed:4K:16`).
+/// `NAME=PATH[:FORMAT]` ([`PathSpec`]).
 fn parse_dataset(s: &str) -> Result<DatasetSpec, String> {
     let (name, rest) = s
         .split_once('=')
@@ -128,30 +161,13 @@ fn parse_dataset(s: &str) -> Result<DatasetSpec, String> {
     if name.is_empty() || rest.is_empty() {
         return Err(format!("'{s}': expected NAME=PATH[:FORMAT]"));
     }
-    for (i, _) in rest.match_indices(':') {
-        if i == 0 {
-            continue;
-        }
-        if let Ok(f) = rest[i + 1..].parse::<Format>() {
-            return Ok(DatasetSpec {
-                name: name.into(),
-                path: rest[..i].into(),
-                format: Some(f),
-                spec: spec_of(&rest[..i])?,
-            });
-        }
-    }
+    let p = PathSpec::parse(rest)?;
     Ok(DatasetSpec {
         name: name.into(),
-        path: rest.into(),
-        format: None,
-        spec: spec_of(rest)?,
+        path: p.path,
+        format: p.format,
+        spec: p.spec,
     })
-}
-
-/// A path, or a mixture `mix:SRC=PATH*WEIGHT,...`.
-fn spec_of(path: &str) -> Result<riffle::source::DatasetSpec, String> {
-    riffle::source::DatasetSpec::parse(&[path]).map_err(|e| e.to_string())
 }
 
 /// The datasets the daemon serves, opened (their size statistics worked out now rather
@@ -188,6 +204,23 @@ fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
     Ok(datasets)
 }
 
+/// What a daemon that opens paths does to each dataset before serving it: profile its
+/// device for the planner (mode auto; a quick probe, once per device), and reclaim the
+/// scratch a killed daemon left beside it.
+fn on_open(mode: ServeMode, scratch: Option<PathBuf>) -> OnOpen {
+    std::sync::Arc::new(move |src: &Source| {
+        if mode == ServeMode::Auto {
+            super::read::device_model(src.dataset(), false).map_err(|e| {
+                riffle::Error::Invalid(format!("profiling its device: {e:#}"))
+            })?;
+        }
+        if let Some(first) = src.dataset().files().first() {
+            riffle::scratch::reclaim(&riffle::scratch::location(scratch.as_deref(), &first.path));
+        }
+        Ok(())
+    })
+}
+
 fn parse_mode(s: &str) -> Result<u32, String> {
     u32::from_str_radix(s, 8)
         .ok()
@@ -222,21 +255,36 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     }
     signals.thread_block().context("blocking SIGTERM")?;
 
+    let place = Place::of(a.socket.as_deref(), a.user, a.runtime_dir.as_deref())?;
+    if a.detach {
+        return super::serve_user::detach(&place);
+    }
+    place.hold()?;
     let mode: ServeMode = a.mode.parse().map_err(anyhow::Error::msg)?;
+    let open_paths = a.open_paths || a.user;
+    if a.datasets.is_empty() && !open_paths {
+        bail!("no dataset to serve: give --dataset NAME=PATH, or --open-paths (or --user)");
+    }
+    let memory = match (a.memory, a.user) {
+        (Some(m), _) => m,
+        (None, true) => riffle::resources::memory::here().map_or(1 << 30, |m| m.bytes),
+        (None, false) => 1 << 30,
+    };
+    let exit_idle = a.exit_idle.unwrap_or(if a.user { 300 } else { 0 });
     let datasets = open_datasets(&a, mode)?;
     let names: Vec<String> = datasets
         .iter()
         .map(|(n, d)| format!("{n} ({} records)", d.len()))
         .collect();
     let server = Server::bind(ServeConfig {
-        socket: a.socket.clone(),
+        socket: place.socket.clone(),
         socket_mode: a.socket_mode,
         throttled,
         datasets,
-        memory: a.memory,
+        memory,
         max_clients: a.max_clients,
         mode,
-        scratch: a.scratch,
+        scratch: a.scratch.clone(),
         scratch_limit: a.scratch_limit,
         queue_depth: a.queue_depth,
         join_window: std::time::Duration::from_millis(a.join_window),
@@ -244,7 +292,17 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         lead: !a.no_lead,
         admit_wait: std::time::Duration::from_secs(a.admit_wait),
         idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
+        open_paths,
+        on_open: open_paths.then(|| on_open(mode, a.scratch.clone())),
+        owner_only: a.user,
+        exit_idle: (exit_idle > 0).then(|| std::time::Duration::from_secs(exit_idle)),
+        start_lock: place.start_lock(),
     })?;
+    if a.notify_ready {
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "ready").and_then(|()| out.flush());
+    }
     let stop = server.shutdown_handle();
     if a.stats_every > 0 {
         let (handle, every) = (stop.clone(), std::time::Duration::from_secs(a.stats_every));
@@ -294,11 +352,18 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         })
         .context("starting the signal thread")?;
     eprintln!(
-        "riffle serve: listening on {} (mode {:o}), {} ring memory per client; serving {}",
-        a.socket.display(),
+        "riffle serve: listening on {} (mode {:o}), {} memory, {} ring memory per client; \
+         serving {}{}{}",
+        place.socket.display(),
         a.socket_mode,
+        human_bytes(memory as f64),
         human_bytes(server.ring_share() as f64),
-        names.join(", ")
+        if names.is_empty() { "no dataset yet".into() } else { names.join(", ") },
+        if open_paths { ", and datasets named by path" } else { "" },
+        match exit_idle {
+            0 => String::new(),
+            n => format!("; exits after {n} s with no client"),
+        }
     );
     let result = server.run();
     // Streams still winding down have their scratch removed now: the process is ending.
@@ -311,6 +376,10 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     }
     result?;
     eprintln!("riffle serve: stopped");
+    if let Some(dir) = &place.dir {
+        // The log's last word: gone for idleness or a signal, nothing left behind.
+        eprintln!("riffle serve: {} left clean", dir.display());
+    }
     Ok(())
 }
 
