@@ -117,9 +117,15 @@ class RiffleEngineMissing(RiffleError):
 
 def binary():
     """The path of the `riffle` command installed with this package (the wheel carries it
-    beside the client; it is never looked for on PATH). `RiffleEngineMissing` when it is
-    not there."""
+    beside the client; it is never looked for on PATH), or the one `RIFFLE_BIN` names
+    (a development build). `RiffleEngineMissing` when it is not there."""
     from importlib import metadata
+
+    given = os.environ.get("RIFFLE_BIN")
+    if given:
+        if os.path.isfile(given) and os.access(given, os.X_OK):
+            return os.path.abspath(given)
+        raise RiffleEngineMissing(f"RIFFLE_BIN={given} is not an executable file")
 
     try:
         files = metadata.distribution("riffle").files or []

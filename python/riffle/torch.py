@@ -22,6 +22,9 @@ every rank takes as many steps, the last round padded by default):
   core, or when the loop is built around a plain DataLoader.
 
     import riffle.torch
+    for batch in riffle.torch.loader("/data/train.npy", batch_size=256):
+        ...   # this user's node daemon, started if none runs (see riffle.node)
+
     ds = riffle.torch.RiffleDataset("/run/riffle.sock", "train", batch_size=256)
     for epoch in range(10):
         ds.set_epoch(epoch)
@@ -44,6 +47,7 @@ import numpy as _np
 import torch as _torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from . import node as _node
 from .client import Client
 
 __all__ = ["RiffleDataset", "loader", "split", "fixed"]
@@ -448,10 +452,11 @@ class RiffleDataset(IterableDataset):
     asks the daemon for a ring of that size, and sizes a worker's ring the same.
     """
 
-    def __init__(self, socket, dataset, batch_size, seed=0, epoch=0, rank=None, world=None,
-                 tail=None, transport="shm", grouping="record", copy=False, transform=None,
-                 ring_bytes=None):
+    def __init__(self, socket, dataset=None, batch_size=None, seed=0, epoch=0, rank=None,
+                 world=None, tail=None, transport="shm", grouping="record", copy=False,
+                 transform=None, ring_bytes=None, daemon=None):
         super().__init__()
+        socket, dataset, batch_size = _where(socket, dataset, batch_size, daemon)
         # The epoch and a global resume point live in shared memory: DataLoader workers
         # that persist across epochs (`persistent_workers=True`) keep their own copy of
         # this object, and must still see `set_epoch` and `load_state_dict` made in the
@@ -470,6 +475,8 @@ class RiffleDataset(IterableDataset):
         self.copy = copy
         self.transform = transform
         self.ring_bytes = ring_bytes
+        # The node daemon's options, when `socket` is None (a dataset path was given).
+        self.daemon = daemon
         # Set by `loader()`, which releases each batch when the next one is asked for.
         self.tickets = False
         # A global cursor to resume from (`loader(...).load_state_dict`): see `_shared`.
@@ -562,7 +569,7 @@ class RiffleDataset(IterableDataset):
                         "world and num_workers; riffle.torch.loader(...).state_dict() resumes "
                         "under others")
             state = st
-        with Client(self.socket) as client:
+        with self._client() as client:
             stream = client.stream(self.dataset, self.batch_size, seed=self.seed,
                                    epoch=self.epoch, rank=rank, world=world, workers=nw,
                                    tail=tail,
@@ -595,6 +602,13 @@ class RiffleDataset(IterableDataset):
                                    _view(b.offsets.view(_np.int64)), _view(b.data), meta)
                 yield self.transform(out) if self.transform is not None else out
 
+
+    def _client(self):
+        """A client of the daemon at `socket`, or of the node daemon (started if it is
+        gone: it leaves once idle) when the dataset was given by path."""
+        if self.socket is not None:
+            return Client(self.socket)
+        return _node.client(self.daemon)
 
     def _iter_tickets(self, stream, wid, nw):
         global _worker_fds
@@ -806,10 +820,36 @@ class _Stateful:
         self._cursor, self._done = None, False
 
 
-def loader(socket, dataset, batch_size, num_workers=0, collate=None, pin_memory=False,
-           background=None, depth=2, tickets=True, dataloader=None, **kwargs):
-    """Batches of `dataset` for a training loop: dicts of tensors as `RiffleDataset`'s,
+def _where(socket, dataset, batch_size, daemon):
+    """(socket, dataset name, batch size) from the arguments given: a socket and a dataset
+    name, or a dataset path alone (then `socket` is None: the node daemon serves it, found
+    or started now, in this process, so that DataLoader workers find it running)."""
+    if batch_size is None and dataset is not None and not isinstance(dataset, (str, _os.PathLike)):
+        dataset, batch_size = None, dataset
+    if batch_size is None:
+        raise TypeError("batch_size is required")
+    if dataset is None:
+        name = _node.dataset_name(socket)
+        _node.client(daemon).close()
+        return None, name, batch_size
+    if daemon is not None:
+        raise ValueError("daemon options are for a dataset given by path (the node daemon), "
+                         "not for a daemon at a socket")
+    return socket, dataset, batch_size
+
+
+def loader(socket, dataset=None, batch_size=None, num_workers=0, collate=None,
+           pin_memory=False, background=None, depth=2, tickets=True, dataloader=None,
+           **kwargs):
+    """Batches of a dataset for a training loop: dicts of tensors as `RiffleDataset`'s,
     each valid until the next one is asked for (`.clone()` what you keep).
+
+    `loader("/data/train.npy", batch_size=256)`: the dataset by path (a file, directory,
+    glob, `PATH:FORMAT`, or a `mix:` spec), served by this user's node daemon, which is
+    started if none runs (one per user and node, shared by every rank, worker and job;
+    it leaves once idle: see `riffle.node`, and `daemon={"memory": "8G", ...}` for the
+    options it starts with). `loader(socket, "train", batch_size=256)`: the dataset
+    `train` of the daemon at `socket` (`riffle serve --socket ...`).
 
     `num_workers=0`: no worker processes. Without `collate` or `pin_memory` (and
     `background` not set), batches are the ring's views, made on the calling thread. With

@@ -28,7 +28,9 @@ def test_one_version_for_the_client_and_the_engine():
     assert 'dynamic = ["version"]' in py and "\nversion =" not in py
 
 
-def test_the_installed_package_carries_its_engine():
+def test_the_installed_package_carries_its_engine(monkeypatch):
+    # The package's own, not a development build RIFFLE_BIN names.
+    monkeypatch.delenv("RIFFLE_BIN", raising=False)
     try:
         path = riffle.binary()
     except riffle.RiffleEngineMissing as e:

@@ -1,0 +1,231 @@
+"""This user's node daemon, found or started from a training script with no set-up.
+
+    import riffle
+    with riffle.node.client() as c:                  # starts the daemon if none runs
+        for b in c.stream(riffle.node.dataset_name("train.npy"), batch_size=256):
+            ...
+
+`riffle.torch.loader("/data/train.npy", batch_size=256)` does this for you. There is one
+daemon per user and node (`riffle serve --user`), in a private directory:
+`$RIFFLE_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/riffle`, else `${TMPDIR:-/tmp}/riffle-UID`
+(mode 0700; its socket is mode 0600 and the daemon serves only its own user). Every rank
+and DataLoader worker of every job of the user on the node joins it. It opens the
+datasets its clients name by absolute path, as the user, and exits after an idle time
+(default 300 s with no client), removing its socket and scratch.
+
+When a client starts it, the daemon gets these options (from the `daemon` argument, a
+dict, or else the environment):
+
+| option    | environment            | `riffle serve` flag | default                        |
+|-----------|------------------------|---------------------|--------------------------------|
+| `memory`  | RIFFLE_DAEMON_MEMORY   | --memory            | the machine's budget (a quarter of the available memory, less under a cgroup limit) |
+| `idle`    | RIFFLE_DAEMON_IDLE     | --exit-idle         | 300 (seconds)                  |
+| `mode`    | RIFFLE_DAEMON_MODE     | --mode              | auto                           |
+| `scratch` | RIFFLE_DAEMON_SCRATCH  | --scratch           | beside each dataset            |
+
+A daemon already running keeps the options it was started with.
+"""
+
+import fcntl
+import os
+import stat
+import subprocess
+import time
+
+from .client import Client, RiffleConnectionError, RiffleError, RiffleVersionMismatch, binary
+
+SOCKET = "riffle.sock"
+START_LOCK = "start.lock"
+LIFE_LOCK = "daemon.lock"
+LOG = "daemon.log"
+# Exit status of `riffle serve --user` when another daemon serves the directory.
+ALREADY_RUNNING = 3
+# How long a starter waits for a daemon another process is starting.
+START_WAIT = 120.0
+_OPTIONS = {"memory": ("RIFFLE_DAEMON_MEMORY", "--memory"),
+            "idle": ("RIFFLE_DAEMON_IDLE", "--exit-idle"),
+            "mode": ("RIFFLE_DAEMON_MODE", "--mode"),
+            "scratch": ("RIFFLE_DAEMON_SCRATCH", "--scratch")}
+
+
+class RiffleRuntimeDirError(RiffleError):
+    """The daemon's private directory cannot be made or is not yours alone: set
+    RIFFLE_RUNTIME_DIR to a directory you own (it is made mode 0700)."""
+
+    def __init__(self, message):
+        super().__init__(message, code="runtime_dir", fatal=True)
+
+
+class RiffleDaemonError(RiffleError):
+    """The node daemon did not start: the message holds the end of its log."""
+
+    def __init__(self, message):
+        super().__init__(message, code="daemon", fatal=True)
+
+
+def runtime_dir():
+    """The directory of this user's node daemon (see the module's doc)."""
+    d = os.environ.get("RIFFLE_RUNTIME_DIR")
+    if d:
+        return d
+    x = os.environ.get("XDG_RUNTIME_DIR")
+    if x and os.path.isabs(x) and os.path.isdir(x):
+        return os.path.join(x, "riffle")
+    t = os.environ.get("TMPDIR")
+    if not (t and os.path.isabs(t)):
+        t = "/tmp"
+    return os.path.join(t, f"riffle-{os.geteuid()}")
+
+
+def socket_path():
+    """The node daemon's socket."""
+    return os.path.join(runtime_dir(), SOCKET)
+
+
+def dataset_name(path):
+    """The name a dataset path (or `mix:` spec, or `PATH:FORMAT`) has in the daemon: its
+    paths made absolute, as the daemon (whose directory is not yours) opens them."""
+    word = os.fspath(path)
+    if not isinstance(word, str):
+        word = os.fsdecode(word)
+    if word.startswith("mix:"):
+        body, size = word[4:], ""
+        if ";size=" in body:
+            body, size = body.rsplit(";size=", 1)
+            size = ";size=" + size
+        parts = []
+        for src in body.split(","):
+            name, sep, rest = src.partition("=")
+            if not sep:
+                parts.append(src)
+                continue
+            p, star, weight = rest.rpartition("*")
+            if not star:
+                p, weight = rest, None
+            p = os.path.abspath(p)
+            parts.append(f"{name}={p}*{weight}" if weight is not None else f"{name}={p}")
+        return "mix:" + ",".join(parts) + size
+    return os.path.abspath(word)
+
+
+def _prepare(d):
+    """Makes `d` (0700) if missing and checks it is the user's alone."""
+    if len(os.path.join(d, SOCKET).encode()) > 107:
+        raise RiffleRuntimeDirError(
+            f"{d}: the socket path would pass the 107 bytes a Unix socket may have: set "
+            f"RIFFLE_RUNTIME_DIR to a shorter directory")
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise RiffleRuntimeDirError(
+            f"{d}: cannot make the riffle daemon's directory ({e.strerror}): set "
+            f"RIFFLE_RUNTIME_DIR to a directory you can write") from e
+    st = os.lstat(d)
+    why = None
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory"
+    elif st.st_uid != os.geteuid():
+        why = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    elif st.st_mode & 0o077:
+        why = f"is open to others (mode {st.st_mode & 0o777:o}; it must be 700)"
+    if why:
+        raise RiffleRuntimeDirError(
+            f"{d}: {why}: the riffle daemon's socket needs a directory only you can enter; "
+            f"remove it, or set RIFFLE_RUNTIME_DIR to another")
+
+
+def _args(daemon):
+    """The `riffle serve` flags of the options (see the module's doc)."""
+    daemon = dict(daemon or {})
+    unknown = set(daemon) - set(_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown daemon options {sorted(unknown)}: known are {sorted(_OPTIONS)}")
+    args = []
+    for key, (env, flag) in _OPTIONS.items():
+        v = daemon.get(key, os.environ.get(env))
+        if v not in (None, ""):
+            args += [flag, str(v)]
+    return args
+
+
+def _holder(d):
+    try:
+        with open(os.path.join(d, LIFE_LOCK), "rb") as f:
+            pid, _, version = f.read(256).decode(errors="replace").strip().partition(" ")
+        return pid, version
+    except OSError:
+        return None, None
+
+
+def _connect(sock, **kw):
+    """A client of the daemon at `sock`, or None when nobody listens there (a daemon gone,
+    or leaving). A daemon of another version raises, saying how to stop it."""
+    try:
+        return Client(sock, **kw)
+    except RiffleVersionMismatch as e:
+        pid, version = _holder(os.path.dirname(sock))
+        how = f"`kill {pid}`" if pid else "stop it"
+        raise RiffleVersionMismatch(
+            f"{e} (a node daemon of {version or 'another version'} still runs, pid "
+            f"{pid or '?'}: it leaves on its own once idle; to start this version's now, "
+            f"{how}, or set RIFFLE_RUNTIME_DIR to keep the two apart)") from None
+    except (RiffleConnectionError, OSError):
+        return None
+
+
+def client(daemon=None, **kw):
+    """A `Client` of this user's node daemon, started first if none runs (exactly one
+    comes up however many processes ask at once). `daemon` holds the options a daemon
+    started here gets (see the module's doc); `kw` are `Client`'s."""
+    d = runtime_dir()
+    sock = os.path.join(d, SOCKET)
+    c = _connect(sock, **kw)
+    if c is not None:
+        return c
+    _prepare(d)
+    try:
+        lock = os.open(os.path.join(d, START_LOCK),
+                       os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise RiffleRuntimeDirError(f"{d}: cannot open {START_LOCK}: {e.strerror}") from e
+    try:
+        # One starter at a time; a daemon leaving for idleness holds it too, until it is
+        # gone, so what is found under it stays.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        c = _connect(sock, **kw)
+        if c is not None:
+            return c
+        return _start(d, sock, daemon, kw)
+    finally:
+        os.close(lock)
+
+
+def _start(d, sock, daemon, kw):
+    cmd = [binary(), "serve", "--user", "--runtime-dir", d, "--detach"] + _args(daemon)
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=START_WAIT + 10)
+    except subprocess.TimeoutExpired as e:
+        raise RiffleDaemonError(f"the riffle daemon did not start within {START_WAIT:.0f} s "
+                                f"(see {os.path.join(d, LOG)})") from e
+    if r.returncode not in (0, ALREADY_RUNNING):
+        raise RiffleDaemonError(
+            f"the riffle daemon did not start (`{' '.join(cmd)}` exited {r.returncode}):\n"
+            f"{r.stderr.strip()}")
+    # Started, or another (started by hand) holds the directory and may still be coming
+    # up: wait for its socket.
+    deadline = time.monotonic() + START_WAIT
+    while True:
+        c = _connect(sock, **kw)
+        if c is not None:
+            return c
+        if time.monotonic() > deadline:
+            pid, _ = _holder(d)
+            raise RiffleDaemonError(
+                f"a riffle daemon (pid {pid or '?'}) holds {d} but does not answer at {sock} "
+                f"after {START_WAIT:.0f} s: see {os.path.join(d, LOG)}")
+        time.sleep(0.05)
