@@ -1,0 +1,331 @@
+"""The node daemon a training script starts by giving a dataset path (issue 31,
+deliverables 2-4): one per user and node, started by whichever process comes first (exactly
+one however many start at once), serving only its user, leaving once idle with its socket
+and scratch. Real daemons (`riffle serve --user`), real processes, a real second user."""
+
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+import riffle  # noqa: E402
+
+RIFFLE = os.environ.get("RIFFLE_BIN", str(ROOT / "target" / "debug" / "riffle"))
+
+
+def gen(path, n, size=64):
+    subprocess.run([RIFFLE, "gen", str(path), "--format", "npy", "--records", str(n),
+                    "--record-size", str(size)], check=True, capture_output=True, timeout=120)
+
+
+def daemons(rundir):
+    """Pids of the daemons serving `rundir` (not a `--detach` starter on its way out)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            args = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (b"serve" in args and b"--user" in args and os.fsencode(str(rundir)) in args
+                and b"--detach" not in args):
+            try:
+                state = pathlib.Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                found.append(int(pid))
+    return found
+
+
+def wait_gone(rundir, limit):
+    deadline = time.monotonic() + limit
+    while daemons(rundir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not daemons(rundir)
+
+
+@pytest.fixture
+def rundir(monkeypatch):
+    d = pathlib.Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp")) / "rt"
+    monkeypatch.setenv("RIFFLE_RUNTIME_DIR", str(d))
+    monkeypatch.setenv("RIFFLE_BIN", RIFFLE)
+    monkeypatch.setenv("RIFFLE_DAEMON_IDLE", "3")
+    monkeypatch.setenv("RIFFLE_DAEMON_MODE", "lirs")
+    yield d
+    for pid in daemons(d):
+        os.kill(pid, 15)
+    wait_gone(d, 10)
+    shutil.rmtree(d.parent, ignore_errors=True)
+
+
+def read_all(c, name, **kw):
+    ids = []
+    for b in c.stream(name, batch_size=100, **kw):
+        ids.extend(b.ids.tolist())
+    return ids
+
+
+def test_a_path_starts_the_node_daemon_which_serves_it_and_leaves_once_idle(rundir, tmp_path):
+    data = tmp_path / "d.npy"
+    gen(data, 3000)
+    with riffle.node.client() as c:
+        ids = read_all(c, riffle.node.dataset_name(data))
+        assert sorted(ids) == list(range(3000))
+        # Another dataset, by a relative path made absolute for the daemon.
+        other = tmp_path / "e.npy"
+        gen(other, 500)
+        os.chdir(tmp_path)
+        assert riffle.node.dataset_name("e.npy") == str(other)
+        assert sorted(read_all(c, riffle.node.dataset_name("e.npy"))) == list(range(500))
+        names = [d["name"] for d in c.stats()["datasets"]]
+        assert names == [str(data), str(other)]
+        # What the daemon cannot open is a clear error naming it, and the connection lives.
+        with pytest.raises(riffle.RiffleError) as e:
+            read_all(c, str(tmp_path / "missing.npy"))
+        assert "missing.npy" in str(e.value)
+        with pytest.raises(riffle.RiffleBadRequest) as e:
+            read_all(c, "relative.npy")
+        assert "absolute path" in str(e.value)
+    (pid,) = daemons(rundir)
+    assert oct(os.stat(rundir).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(rundir / "riffle.sock").st_mode & 0o777) == "0o600"
+    # Idle for RIFFLE_DAEMON_IDLE=3 s: gone, its socket with it.
+    assert wait_gone(rundir, 3 + 10), "the daemon outlived its idle time"
+    assert not (rundir / "riffle.sock").exists()
+    log = (rundir / "daemon.log").read_text()
+    assert "--exit-idle" in log and "left clean" in log, log
+    # The next client starts a new one.
+    with riffle.node.client() as c:
+        assert len(read_all(c, riffle.node.dataset_name(data))) == 3000
+    assert daemons(rundir) != [pid]
+
+
+def test_a_rewritten_dataset_is_opened_again(rundir, tmp_path):
+    data = tmp_path / "d.npy"
+    gen(data, 1000)
+    with riffle.node.client() as c:
+        assert len(read_all(c, str(data))) == 1000
+        tmp = tmp_path / "new.npy"
+        gen(tmp, 1500)
+        os.replace(tmp, data)
+        time.sleep(1.1)  # kept datasets are looked at again at most once a second
+        assert sorted(read_all(c, str(data))) == list(range(1500))
+
+
+STARTER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import riffle
+with riffle.node.client() as c:
+    ids = []
+    for b in c.stream(riffle.node.dataset_name(sys.argv[2]), batch_size=100, seed=int(sys.argv[3])):
+        ids.extend(b.ids.tolist())
+print(json.dumps({"n": len(ids), "distinct": len(set(ids))}))
+"""
+
+
+def test_starters_at_the_same_moment_get_exactly_one_daemon(rundir, tmp_path):
+    """Eight processes on two datasets start at once with no daemon running: one daemon
+    comes up, and serves them all."""
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    gen(a, 2000)
+    gen(b, 3000)
+    procs = [subprocess.Popen([sys.executable, "-c", STARTER, str(ROOT / "python"),
+                               str(a if i % 2 else b), str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(8)]
+    seen = set()
+    while any(p.poll() is None for p in procs):
+        seen.update(daemons(rundir))
+        time.sleep(0.02)
+    for i, p in enumerate(procs):
+        out, err = p.communicate()
+        assert p.returncode == 0, err
+        r = json.loads(out)
+        want = 2000 if i % 2 else 3000
+        assert r == {"n": want, "distinct": want}, r
+    seen.update(daemons(rundir))
+    assert len(seen) == 1, f"daemons seen: {seen}"
+    log = (rundir / "daemon.log").read_text()
+    assert log.count("listening on") == 1, log
+
+
+def test_another_user_cannot_use_the_daemon(rundir, tmp_path):
+    """The socket's directory keeps other users out (EACCES); a socket opened to them by
+    hand is still refused by the daemon, which checks the peer's uid (SO_PEERCRED)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another user (uid 65534)")
+    data = tmp_path / "d.npy"
+    gen(data, 100)
+    with riffle.node.client() as c:
+        assert len(read_all(c, str(data))) == 100
+        sock = str(rundir / "riffle.sock")
+
+        def as_nobody():
+            """Connects as uid 65534 (a forked child that drops root), says HELLO, and
+            tells what happened."""
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                try:
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    s = socket.socket(socket.AF_UNIX)
+                    try:
+                        s.connect(sock)
+                    except OSError as e:
+                        out = f"refused {e.errno}"
+                    else:
+                        try:
+                            s.sendall(b'\x0e\x00\x00\x00\x01{"version":2}')
+                        except BrokenPipeError:
+                            pass  # it said its word and closed: read it
+                        out = "answer " + s.recv(4096)[5:].decode(errors="replace")
+                    os.write(w, out.encode())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            with os.fdopen(r) as f:
+                out = f.read()
+            os.waitpid(pid, 0)
+            return out
+
+        import errno
+        assert as_nobody().split() == ["refused", str(errno.EACCES)]
+        # Opened up by hand (as root): the daemon itself refuses the stranger.
+        os.chmod(rundir.parent, 0o711)
+        os.chmod(rundir, 0o711)
+        os.chmod(sock, 0o666)
+        out = as_nobody()
+        assert out.startswith("answer") and '"permission"' in out and "only its own user" in out, out
+        assert c.stats()["refused_strangers"] == 1
+
+
+@pytest.mark.parametrize("kind", ["theirs", "link", "open"])
+def test_a_runtime_dir_a_neighbour_made_is_refused(rundir, tmp_path, kind):
+    """In a shared TMPDIR the name may be taken first: a directory of another user, a
+    link, or one open to others is never used."""
+    if kind == "theirs" and os.geteuid() != 0:
+        pytest.skip("needs root to make a directory of another user")
+    if kind == "theirs":
+        os.mkdir(rundir, 0o700)
+        os.chown(rundir, 65534, 65534)
+    elif kind == "link":
+        os.symlink(tmp_path, rundir)
+    else:
+        os.mkdir(rundir, 0o700)
+        os.chmod(rundir, 0o777)
+    with pytest.raises(riffle.RiffleRuntimeDirError) as e:
+        riffle.node.client()
+    assert str(rundir) in str(e.value) and "RIFFLE_RUNTIME_DIR" in str(e.value)
+    assert not daemons(rundir)
+
+
+def test_a_daemon_of_another_version_says_how_to_stop_it(rundir):
+    import struct
+    import threading
+    os.makedirs(rundir, 0o700)
+    (rundir / "daemon.lock").write_text("424242 riffle 0.0.9\n")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(rundir / "riffle.sock"))
+    srv.listen(1)
+
+    def old():
+        conn, _ = srv.accept()
+        with conn:
+            n = struct.unpack("<I", conn.recv(4))[0]
+            conn.recv(n)
+            body = b'{"version": %d, "agent": "riffle 0.0.9"}' % riffle.PROTOCOL_VERSION
+            conn.sendall(struct.pack("<I", len(body) + 1) + bytes([1]) + body)
+            conn.recv(1)
+
+    threading.Thread(target=old, daemon=True).start()
+    with pytest.raises(riffle.RiffleVersionMismatch) as e:
+        riffle.node.client()
+    msg = str(e.value)
+    assert "riffle 0.0.9" in msg and "kill 424242" in msg, msg
+    srv.close()
+
+
+def test_a_daemon_that_cannot_start_says_why(rundir):
+    with pytest.raises(riffle.RiffleDaemonError) as e:
+        riffle.node.client(daemon={"memory": "lots"})
+    assert "--memory" in str(e.value) and "lots" in str(e.value), str(e.value)
+    with pytest.raises(ValueError):
+        riffle.node.client(daemon={"memroy": "1G"})
+
+
+def test_mixture_paths_are_made_absolute(tmp_path):
+    os.chdir(tmp_path)
+    name = riffle.node.dataset_name("mix:a=x.npy*1,b=/d/y.npy*2;size=100")
+    assert name == f"mix:a={tmp_path}/x.npy*1,b=/d/y.npy*2;size=100"
+    assert riffle.node.dataset_name("t.bin:fixed:4K") == f"{tmp_path}/t.bin:fixed:4K"
+
+
+def test_torchrun_with_a_dataset_path_needs_no_set_up(rundir, tmp_path, monkeypatch):
+    """Acceptance (issue 31): examples/train.py, 9 lines that give riffle.torch.loader a
+    path, under torchrun with 4 ranks of 2 DataLoader workers, with no daemon running: one
+    daemon comes up (two-pass, so it has scratch), every rank takes the same steps, the
+    ranks' records together are the epoch, and the daemon leaves within its idle time,
+    its socket and scratch removed."""
+    pytest.importorskip("torch", reason="torch is not installed: riffle.torch is not tested here")
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not on PATH: the job cannot be started")
+    monkeypatch.setenv("RIFFLE_DAEMON_MODE", "two-pass")
+    monkeypatch.setenv("RIFFLE_DAEMON_IDLE", "5")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "python"))
+    n = 20000
+    data = tmp_path / "train.npy"
+    gen(data, n)
+    out = tmp_path / "out"
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = subprocess.Popen([torchrun, "--nproc-per-node", "4", "--master-port", str(port),
+                            str(ROOT / "examples" / "train.py"), str(data), str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen, scratch = set(), set()
+    while job.poll() is None:
+        seen.update(daemons(rundir))
+        scratch.update(p.name for p in tmp_path.iterdir() if p.name.startswith(".riffle"))
+        time.sleep(0.05)
+    text = job.communicate()[0]
+    assert scratch, "the two-pass daemon made no scratch beside the dataset"
+    assert job.returncode == 0, text[-3000:]
+    assert len(seen) == 1, f"daemons seen: {seen}"
+    import torch
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(4)]
+    assert len({r["steps"] for r in ranks}) == 1, [r["steps"] for r in ranks]
+    ids = np.concatenate([np.asarray(r["ids"], dtype=np.int64) for r in ranks])
+    assert np.array_equal(np.sort(ids), np.arange(n)), "the union is the epoch, once"
+    with riffle.node.client() as c:
+        st = c.stats()
+        assert st["jobs_total"] == 1 and st["late_streams"] == 0, st["jobs"]
+    assert wait_gone(rundir, 5 + 10), "the daemon outlived its idle time"
+    assert not (rundir / "riffle.sock").exists()
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".riffle")]
+    assert left == [], left
+
+
+def test_a_runtime_dir_that_cannot_be_made_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("RIFFLE_RUNTIME_DIR", "/proc/riffle-cannot-be-here")
+    with pytest.raises(riffle.RiffleRuntimeDirError) as e:
+        riffle.node.client()
+    assert "cannot make" in str(e.value) and "RIFFLE_RUNTIME_DIR" in str(e.value), str(e.value)
