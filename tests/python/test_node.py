@@ -329,3 +329,19 @@ def test_a_runtime_dir_that_cannot_be_made_says_what_to_do(monkeypatch):
     with pytest.raises(riffle.RiffleRuntimeDirError) as e:
         riffle.node.client()
     assert "cannot make" in str(e.value) and "RIFFLE_RUNTIME_DIR" in str(e.value), str(e.value)
+
+
+def test_a_killed_daemon_is_replaced_by_the_next_client(rundir, tmp_path):
+    """SIGKILL leaves its socket behind (nobody listens there): the next client starts a
+    new daemon, which replaces the stale socket."""
+    data = tmp_path / "d.npy"
+    gen(data, 500)
+    with riffle.node.client() as c:
+        assert len(read_all(c, str(data))) == 500
+    (pid,) = daemons(rundir)
+    os.kill(pid, 9)
+    assert wait_gone(rundir, 10)
+    assert (rundir / "riffle.sock").exists(), "SIGKILL left no socket: nothing tested"
+    with riffle.node.client() as c:
+        assert len(read_all(c, str(data))) == 500
+    assert daemons(rundir) not in ([], [pid])

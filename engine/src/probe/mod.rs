@@ -301,18 +301,24 @@ pub fn probe(
     })
 }
 
-/// Free bytes on the filesystem holding `dir`.
+/// Free bytes on the filesystem holding `dir` that this process may write: none on a
+/// read-only mount or in a directory it may not write (a dataset on a read-only share has
+/// no room for two-pass piles beside it, and the planner must see that).
 pub fn free_bytes(dir: &Path) -> Result<u64> {
-    let st = nix::sys::statvfs::statvfs(dir)
-        .map_err(|e| Error::io(dir, "statvfs", None, std::io::Error::from(e)))?;
-    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+    free_space(dir).map(|(bytes, _)| bytes)
 }
 
 /// Free bytes and free inodes of the filesystem holding `dir` (for the resource plan's
-/// scratch check: a tree of many small files runs out of inodes before bytes).
+/// scratch check: a tree of many small files runs out of inodes before bytes); both 0
+/// where this process may not write (see [`free_bytes`]).
 pub fn free_space(dir: &Path) -> Result<(u64, u64)> {
     let st = nix::sys::statvfs::statvfs(dir)
         .map_err(|e| Error::io(dir, "statvfs", None, std::io::Error::from(e)))?;
+    let read_only = st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY)
+        || nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).is_err();
+    if read_only {
+        return Ok((0, 0));
+    }
     Ok((
         st.blocks_available() as u64 * st.fragment_size() as u64,
         st.files_available() as u64,
