@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The node daemon a dataset path starts against a daemon started by hand (issue 31):
 `riffle.torch.loader(PATH, ...)` against `riffle.torch.loader(SOCKET, "train", ...)`, the
-same dataset, batch size, workers, mode and memory. Runs alternate (hand, path, hand,
-path, ...), each on a cold cache (as root: drop_caches); the path's run includes starting
+same dataset, batch size, workers, mode and memory. Runs alternate (hand, path, path,
+hand, ...), each on a cold cache (as root: drop_caches); the path's run includes starting
 its daemon (it leaves between runs: `--exit-idle 1`), as a training script meets it.
 Prints each run and the medians, and the ratio path / hand in samples/s.
 
@@ -29,9 +29,10 @@ import riffle.torch  # noqa: E402
 
 
 def drop_caches():
+    os.sync()
     if os.geteuid() == 0:
-        os.sync()
         pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    time.sleep(1)  # the last run's freed scratch settles
 
 
 def epoch(source, name, a, daemon=None):
@@ -80,7 +81,8 @@ def main():
         daemon = {"memory": a.memory, "mode": a.mode, "idle": 1}
         rates = {"hand": [], "path": []}
         for r in range(a.runs):
-            for side in ("hand", "path"):
+            # ABBA: neither side always runs after the other's scratch was freed.
+            for side in ("hand", "path") if r % 2 == 0 else ("path", "hand"):
                 drop_caches()
                 if side == "hand":
                     rate, n = epoch(sock, "train", a)

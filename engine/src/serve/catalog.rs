@@ -5,12 +5,14 @@
 //! A dataset opened by path is named by the words of the OPEN (`/data/train.npy`,
 //! `/data/t.bin:fixed:4K`, `mix:a=/x*1,b=/y*2`), which must name absolute paths: the
 //! daemon's working directory is not the client's. It is opened as the daemon's user, so
-//! it reads only what that user could (a daemon that opens paths serves only its own
-//! user: `SO_PEERCRED`, see `server.rs`). Its index is charged to `--memory` while it is
-//! kept. Kept datasets are checked against their files before a new stream uses them (at
-//! most once a second): a file replaced, grown, shrunk or touched since it was opened
-//! opens the dataset again, so a rewritten file is never read through a stale index. At
-//! most [`MAX_KEPT`] are kept; past that, the least recently used one no stream holds goes.
+//! it reads only what that user could: `--user` serves only its own user (`SO_PEERCRED`,
+//! see `server.rs`); an operator's `--open-paths` daemon reads as itself for whoever can
+//! reach its socket. Its index is charged to `--memory` while it is kept. Kept datasets
+//! are checked against their files before a new stream uses them (at most once a second):
+//! a file replaced, grown, shrunk or touched since it was opened, or a directory named
+//! whose entries changed, opens the dataset again, so a rewritten file is never read
+//! through a stale index. At most [`MAX_KEPT`] are kept; past that, the least recently
+//! used one no stream holds goes.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -59,7 +61,11 @@ pub(super) struct Catalog {
 }
 
 impl Catalog {
-    pub(super) fn new(fixed: Vec<(String, Source)>, open_paths: bool, on_open: Option<OnOpen>) -> Catalog {
+    pub(super) fn new(
+        fixed: Vec<(String, Source)>,
+        open_paths: bool,
+        on_open: Option<OnOpen>,
+    ) -> Catalog {
         Catalog {
             fixed,
             open_paths,
@@ -98,7 +104,11 @@ impl Catalog {
                 "unknown_dataset",
                 format!(
                     "unknown dataset '{name}': this daemon serves {}{hint}",
-                    if names.is_empty() { "none yet".into() } else { names.join(", ") }
+                    if names.is_empty() {
+                        "none yet".into()
+                    } else {
+                        names.join(", ")
+                    }
                 ),
             ));
         }
@@ -157,10 +167,19 @@ impl Catalog {
         if let Some(hook) = &self.on_open {
             hook(&src).map_err(engine)?;
         }
-        let mut stamps = Vec::new();
+        // The paths named (a directory's entries change its mtime: a file added or
+        // removed), and every file read.
+        let mut stamps: Vec<(PathBuf, Stamp)> = spec
+            .paths()
+            .into_iter()
+            .filter_map(|p| Some((p.to_path_buf(), stamp(p).ok()?)))
+            .collect();
         for f in src.dataset().files() {
             let s = stamp(&f.path).map_err(|e| {
-                ("engine", format!("dataset '{name}': {}: {e}", f.path.display()))
+                (
+                    "engine",
+                    format!("dataset '{name}': {}: {e}", f.path.display()),
+                )
             })?;
             stamps.push((f.path.clone(), s));
         }

@@ -286,7 +286,12 @@ impl Server {
         let Some(limit) = self.shared.cfg.exit_idle else {
             return false;
         };
-        let live = self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let live = self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len();
         if live > 0 {
             *idle_since = Instant::now();
             return false;
@@ -314,7 +319,12 @@ impl Server {
             },
             None => None,
         };
-        let live = self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let live = self
+            .shared
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len();
         let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
         let waiting = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0);
         if live > 0 || waiting {

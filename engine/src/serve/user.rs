@@ -99,7 +99,10 @@ fn check_private(dir: &Path) -> Result<()> {
     } else if !meta.is_dir() {
         Some("is not a directory".to_string())
     } else if meta.uid() != me {
-        Some(format!("belongs to uid {}, not to you (uid {me})", meta.uid()))
+        Some(format!(
+            "belongs to uid {}, not to you (uid {me})",
+            meta.uid()
+        ))
     } else if meta.mode() & 0o077 != 0 {
         Some(format!(
             "is open to others (mode {:o}; it must be 700)",
@@ -175,7 +178,10 @@ mod tests {
         // A neighbour's (as root here, made theirs by chown).
         if nix::unistd::geteuid().is_root() {
             let theirs = t.path().join("theirs");
-            std::fs::DirBuilder::new().mode(0o700).create(&theirs).unwrap();
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&theirs)
+                .unwrap();
             std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
             let e = prepare_dir(&theirs).unwrap_err().to_string();
             assert!(e.contains("belongs to uid 65534"), "{e}");
@@ -207,7 +213,11 @@ mod tests {
         let who = holder(t.path()).unwrap();
         assert_eq!(
             who,
-            format!("pid {}, riffle {}", std::process::id(), env!("CARGO_PKG_VERSION"))
+            format!(
+                "pid {}, riffle {}",
+                std::process::id(),
+                env!("CARGO_PKG_VERSION")
+            )
         );
         drop(first);
         assert!(take_life_lock(t.path()).unwrap().is_some());

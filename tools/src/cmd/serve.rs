@@ -210,9 +210,8 @@ fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
 fn on_open(mode: ServeMode, scratch: Option<PathBuf>) -> OnOpen {
     std::sync::Arc::new(move |src: &Source| {
         if mode == ServeMode::Auto {
-            super::read::device_model(src.dataset(), false).map_err(|e| {
-                riffle::Error::Invalid(format!("profiling its device: {e:#}"))
-            })?;
+            super::read::device_model(src.dataset(), false)
+                .map_err(|e| riffle::Error::Invalid(format!("profiling its device: {e:#}")))?;
         }
         if let Some(first) = src.dataset().files().first() {
             riffle::scratch::reclaim(&riffle::scratch::location(scratch.as_deref(), &first.path));
@@ -358,8 +357,16 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         a.socket_mode,
         human_bytes(memory as f64),
         human_bytes(server.ring_share() as f64),
-        if names.is_empty() { "no dataset yet".into() } else { names.join(", ") },
-        if open_paths { ", and datasets named by path" } else { "" },
+        if names.is_empty() {
+            "no dataset yet".into()
+        } else {
+            names.join(", ")
+        },
+        if open_paths {
+            ", and datasets named by path"
+        } else {
+            ""
+        },
         match exit_idle {
             0 => String::new(),
             n => format!("; exits after {n} s with no client"),
