@@ -204,6 +204,62 @@ fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
     Ok(datasets)
 }
 
+/// Takes the stop signals on a thread of its own: the first stops the daemon gracefully,
+/// a second ends it at once (its scratch removed first).
+fn signal_thread(signals: SigSet, stop: riffle::serve::Shutdown) -> Result<()> {
+    std::thread::Builder::new()
+        .name("riffle-signals".into())
+        .spawn(move || {
+            // The first signal stops the daemon gracefully (clients are told, the socket
+            // removed); a second one while that is under way ends it at once, its
+            // scratch removed first.
+            let mut first = true;
+            while let Ok(sig) = signals.wait() {
+                if first {
+                    eprintln!("riffle serve: {sig}, shutting down");
+                    stop.shutdown();
+                    first = false;
+                } else {
+                    let (_, bytes) = riffle::scratch::remove_live();
+                    eprintln!(
+                        "riffle serve: {sig} again, exiting now (removed {} of scratch)",
+                        human_bytes(bytes as f64)
+                    );
+                    std::process::exit(128 + sig as i32);
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
+/// Every `every` seconds, one JSON line of the daemon's stats on stderr.
+fn stats_thread(handle: riffle::serve::Shutdown, every: u64) -> Result<()> {
+    let every = std::time::Duration::from_secs(every);
+    std::thread::Builder::new()
+        .name("riffle-stats".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            let s = handle.stats();
+            let line = serde_json::json!({
+                "uptime_s": s["uptime_s"],
+                "clients": s["clients"],
+                "streams_now": s["streams_now"],
+                "jobs_now": s["jobs_now"],
+                "late_streams": s["late_streams"],
+                // Per job: the streams it expects, those that joined, the late ones.
+                "jobs": s["jobs"],
+                "batches": s["batches"],
+                "records_per_s": s["records_per_s"],
+                "memory_used": s["memory_used"],
+                "memory_limit": s["memory_limit"],
+                "job_waits": s["job_waits"],
+            });
+            eprintln!("riffle serve stats: {line}");
+        })?;
+    Ok(())
+}
+
 /// What a daemon that opens paths does to each dataset before serving it: profile its
 /// device for the planner (mode auto; a quick probe, once per device), and reclaim the
 /// scratch a killed daemon left beside it.
@@ -304,52 +360,9 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     }
     let stop = server.shutdown_handle();
     if a.stats_every > 0 {
-        let (handle, every) = (stop.clone(), std::time::Duration::from_secs(a.stats_every));
-        std::thread::Builder::new()
-            .name("riffle-stats".into())
-            .spawn(move || loop {
-                std::thread::sleep(every);
-                let s = handle.stats();
-                let line = serde_json::json!({
-                    "uptime_s": s["uptime_s"],
-                    "clients": s["clients"],
-                    "streams_now": s["streams_now"],
-                    "jobs_now": s["jobs_now"],
-                    "late_streams": s["late_streams"],
-                    // Per job: the streams it expects, those that joined, the late ones.
-                    "jobs": s["jobs"],
-                    "batches": s["batches"],
-                    "records_per_s": s["records_per_s"],
-                    "memory_used": s["memory_used"],
-                    "memory_limit": s["memory_limit"],
-                    "job_waits": s["job_waits"],
-                });
-                eprintln!("riffle serve stats: {line}");
-            })?;
+        stats_thread(stop.clone(), a.stats_every)?;
     }
-    std::thread::Builder::new()
-        .name("riffle-signals".into())
-        .spawn(move || {
-            // The first signal stops the daemon gracefully (clients are told, the socket
-            // removed); a second one while that is under way ends it at once, its
-            // scratch removed first.
-            let mut first = true;
-            while let Ok(sig) = signals.wait() {
-                if first {
-                    eprintln!("riffle serve: {sig}, shutting down");
-                    stop.shutdown();
-                    first = false;
-                } else {
-                    let (_, bytes) = riffle::scratch::remove_live();
-                    eprintln!(
-                        "riffle serve: {sig} again, exiting now (removed {} of scratch)",
-                        human_bytes(bytes as f64)
-                    );
-                    std::process::exit(128 + sig as i32);
-                }
-            }
-        })
-        .context("starting the signal thread")?;
+    signal_thread(signals, stop)?;
     eprintln!(
         "riffle serve: listening on {} (mode {:o}), {} memory, {} ring memory per client; \
          serving {}{}{}",
