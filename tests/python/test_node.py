@@ -345,3 +345,18 @@ def test_a_killed_daemon_is_replaced_by_the_next_client(rundir, tmp_path):
     with riffle.node.client() as c:
         assert len(read_all(c, str(data))) == 500
     assert daemons(rundir) not in ([], [pid])
+
+
+def test_a_short_visit_counts_as_activity(rundir, monkeypatch):
+    """Idleness counts from the last connection however short it was (a STATS-only
+    visit that came and went between two looks of the daemon was missed: it left 12 s
+    into a 20 s idle time after the visit)."""
+    monkeypatch.setenv("RIFFLE_DAEMON_IDLE", "4")
+    riffle.node.client().close()
+    (pid,) = daemons(rundir)
+    time.sleep(3)
+    with riffle.node.client() as c:
+        c.stats()
+    time.sleep(2.5)
+    assert daemons(rundir) == [pid], "the daemon left 2.5 s after a visit, with 4 s idle time"
+    assert wait_gone(rundir, 4 + 10)

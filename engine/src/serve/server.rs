@@ -217,6 +217,8 @@ impl Server {
             if self.refused_stranger(&sock) || self.refused_busy(&sock) {
                 continue;
             }
+            // A connection, however short, is activity: idleness counts from here at least.
+            idle_since = Instant::now();
             let id = next_id;
             next_id += 1;
             if let Some(t) = self.start_conn(sock, id) {
