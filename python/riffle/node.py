@@ -132,6 +132,15 @@ def _prepare(d):
         why = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
     elif st.st_mode & 0o077:
         why = f"is open to others (mode {st.st_mode & 0o777:o}; it must be 700)"
+    if not why:
+        # Whoever may rename entries of the parent could swap the directory after this
+        # check: the parent must be yours or root's, and sticky if others may write it.
+        parent = os.path.dirname(os.path.abspath(d))
+        p = os.stat(parent)
+        if p.st_uid not in (os.geteuid(), 0):
+            why = f"is in {parent}, which belongs to uid {p.st_uid}"
+        elif p.st_mode & 0o022 and not p.st_mode & stat.S_ISVTX:
+            why = f"is in {parent}, which others may write and is not sticky (mode {p.st_mode & 0o7777:o})"
     if why:
         raise RiffleRuntimeDirError(
             f"{d}: {why}: the riffle daemon's socket needs a directory only you can enter; "

@@ -216,10 +216,11 @@ def test_another_user_cannot_use_the_daemon(rundir, tmp_path):
         assert c.stats()["refused_strangers"] == 1
 
 
-@pytest.mark.parametrize("kind", ["theirs", "link", "open"])
+@pytest.mark.parametrize("kind", ["theirs", "link", "open", "unsticky-parent"])
 def test_a_runtime_dir_a_neighbour_made_is_refused(rundir, tmp_path, kind):
     """In a shared TMPDIR the name may be taken first: a directory of another user, a
-    link, or one open to others is never used."""
+    link, or one open to others is never used; nor one in a directory others may write
+    that is not sticky."""
     if kind == "theirs" and os.geteuid() != 0:
         pytest.skip("needs root to make a directory of another user")
     if kind == "theirs":
@@ -227,6 +228,9 @@ def test_a_runtime_dir_a_neighbour_made_is_refused(rundir, tmp_path, kind):
         os.chown(rundir, 65534, 65534)
     elif kind == "link":
         os.symlink(tmp_path, rundir)
+    elif kind == "unsticky-parent":
+        # Anyone could rename the directory away and put a link in its place.
+        os.chmod(rundir.parent, 0o777)
     else:
         os.mkdir(rundir, 0o700)
         os.chmod(rundir, 0o777)

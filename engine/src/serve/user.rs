@@ -111,6 +111,25 @@ fn check_private(dir: &Path) -> Result<()> {
     } else {
         None
     };
+    // Whoever may rename entries of the parent could swap the directory for another
+    // after this check: the parent must be the user's or root's, and if others may write
+    // it, sticky (as /tmp is: only an entry's owner renames it).
+    let why = why.or_else(|| {
+        let parent = dir.parent()?;
+        let p = std::fs::metadata(parent).ok()?;
+        let others_write = p.mode() & 0o022 != 0 && p.mode() & 0o1000 == 0;
+        if p.uid() != me && p.uid() != 0 {
+            Some(format!("is in {}, which belongs to uid {}", parent.display(), p.uid()))
+        } else if others_write {
+            Some(format!(
+                "is in {}, which others may write and is not sticky (mode {:o})",
+                parent.display(),
+                p.mode() & 0o7777
+            ))
+        } else {
+            None
+        }
+    });
     match why {
         None => Ok(()),
         Some(why) => Err(Error::Invalid(format!(
@@ -186,6 +205,17 @@ mod tests {
             let e = prepare_dir(&theirs).unwrap_err().to_string();
             assert!(e.contains("belongs to uid 65534"), "{e}");
         }
+
+        // In a directory others may write and rename in (not sticky).
+        let shared = t.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let e = prepare_dir(&shared.join("rt")).unwrap_err().to_string();
+        assert!(e.contains("not sticky (mode 777)"), "{e}");
+        std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+            .unwrap();
+        prepare_dir(&shared.join("rt")).unwrap();
 
         let link = t.path().join("link");
         std::os::unix::fs::symlink(&ok, &link).unwrap();
