@@ -170,7 +170,7 @@ class Client:
     """
 
     def __init__(self, path, connect_timeout=0.0, spin_us=0,
-                 receive_timeout=DEFAULT_RECEIVE_TIMEOUT):
+                 receive_timeout=DEFAULT_RECEIVE_TIMEOUT, _any_version=False):
         self.path = os.fspath(path)
         self.spin_us = spin_us
         if receive_timeout is not None and not receive_timeout > 0:
@@ -209,7 +209,8 @@ class Client:
             raise RiffleError(f"expected HELLO from the daemon, got kind {kind}", "protocol")
         hello = json.loads(body)
         agent = str(hello.get("agent", ""))
-        if agent.startswith("riffle ") and agent != f"riffle {VERSION}":
+        self.agent = agent
+        if agent.startswith("riffle ") and agent != f"riffle {VERSION}" and not _any_version:
             sock.close()
             raise RiffleVersionMismatch(
                 f"the daemon at {path} is {agent}, this client is riffle {VERSION}: stop that "

@@ -28,11 +28,14 @@ A daemon already running keeps the options it was started with.
 
 import fcntl
 import os
+import signal
 import stat
 import subprocess
 import time
+import warnings
 
-from .client import Client, RiffleConnectionError, RiffleError, RiffleVersionMismatch, binary
+from .client import (VERSION, Client, RiffleConnectionError, RiffleError,
+                     RiffleVersionMismatch, binary)
 
 SOCKET = "riffle.sock"
 START_LOCK = "start.lock"
@@ -170,30 +173,86 @@ def _holder(d):
         return None, None
 
 
-def _connect(sock, **kw):
-    """A client of the daemon at `sock`, or None when nobody listens there (a daemon gone,
-    or leaving). A daemon of another version raises, saying how to stop it."""
+def _lock_free(d):
+    """Whether no daemon holds the directory's daemon lock."""
+    try:
+        fd = os.open(os.path.join(d, LIFE_LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _connect(sock, kw):
+    """A client of the daemon at `sock`; None when nobody listens there (a daemon gone, or
+    leaving); a `RiffleVersionMismatch` (returned, not raised) from a daemon of another
+    version."""
     try:
         return Client(sock, **kw)
     except RiffleVersionMismatch as e:
-        pid, version = _holder(os.path.dirname(sock))
-        how = f"`kill {pid}`" if pid else "stop it"
-        raise RiffleVersionMismatch(
-            f"{e} (a node daemon of {version or 'another version'} still runs, pid "
-            f"{pid or '?'}: it leaves on its own once idle; to start this version's now, "
-            f"{how}, or set RIFFLE_RUNTIME_DIR to keep the two apart)") from None
+        return e
     except (RiffleConnectionError, OSError):
         return None
 
 
+def _mismatch(e, d):
+    """The error for a daemon of another version that could not be retired, saying how
+    to stop it."""
+    pid, version = _holder(d)
+    how = f"`kill {pid}`" if pid else "stop it"
+    return RiffleVersionMismatch(
+        f"{e} (a node daemon of {version or 'another version'} still runs, pid {pid or '?'}, "
+        f"serving other clients: it leaves on its own once idle; to start this version's now, "
+        f"{how}, or set RIFFLE_RUNTIME_DIR to keep the two apart)")
+
+
+def _retire(d, sock):
+    """Stops the node daemon of another version (after an upgrade) when nobody but this
+    process uses it: SIGTERM to the pid holding its lock (a process of this user), then
+    waits until it is gone. False when it serves other clients, or would not go."""
+    try:
+        with Client(sock, _any_version=True) as c:
+            agent = c.agent
+            if c.stats().get("clients", 2) > 1:
+                return False
+    except (RiffleError, OSError):
+        return False
+    pid, _ = _holder(d)
+    try:
+        pid = int(pid)
+        with open(f"/proc/{pid}/status") as f:
+            uid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
+    except (TypeError, ValueError, OSError, StopIteration):
+        return False
+    if uid != os.geteuid():
+        return False
+    os.kill(pid, signal.SIGTERM)
+    # Gone when its lock is free (its descriptors close as it dies).
+    deadline = time.monotonic() + 30
+    while not _lock_free(d):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    warnings.warn(f"riffle: stopped the idle node daemon of {agent} (pid {pid}) to start "
+                  f"riffle {VERSION}'s")
+    return True
+
+
 def client(daemon=None, **kw):
     """A `Client` of this user's node daemon, started first if none runs (exactly one
-    comes up however many processes ask at once). `daemon` holds the options a daemon
-    started here gets (see the module's doc); `kw` are `Client`'s."""
+    comes up however many processes ask at once). A node daemon of another version that
+    nobody else uses (left by an upgrade) is stopped and replaced; one that serves others
+    is a `RiffleVersionMismatch` saying how to stop it. `daemon` holds the options a
+    daemon started here gets (see the module's doc); `kw` are `Client`'s."""
     d = runtime_dir()
     sock = os.path.join(d, SOCKET)
-    c = _connect(sock, **kw)
-    if c is not None:
+    c = _connect(sock, kw)
+    if isinstance(c, Client):
         return c
     _prepare(d)
     try:
@@ -205,9 +264,11 @@ def client(daemon=None, **kw):
         # One starter at a time; a daemon leaving for idleness holds it too, until it is
         # gone, so what is found under it stays.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        c = _connect(sock, **kw)
-        if c is not None:
+        c = _connect(sock, kw)
+        if isinstance(c, Client):
             return c
+        if isinstance(c, RiffleVersionMismatch) and not _retire(d, sock):
+            raise _mismatch(c, d)
         return _start(d, sock, daemon, kw)
     finally:
         os.close(lock)
@@ -229,9 +290,11 @@ def _start(d, sock, daemon, kw):
     # up: wait for its socket.
     deadline = time.monotonic() + START_WAIT
     while True:
-        c = _connect(sock, **kw)
-        if c is not None:
+        c = _connect(sock, kw)
+        if isinstance(c, Client):
             return c
+        if isinstance(c, RiffleVersionMismatch):
+            raise _mismatch(c, d)
         if time.monotonic() > deadline:
             pid, _ = _holder(d)
             raise RiffleDaemonError(

@@ -240,30 +240,65 @@ def test_a_runtime_dir_a_neighbour_made_is_refused(rundir, tmp_path, kind):
     assert not daemons(rundir)
 
 
-def test_a_daemon_of_another_version_says_how_to_stop_it(rundir):
-    import struct
-    import threading
+OLD_DAEMON = """
+import fcntl, json, os, socket, struct, sys
+sock, clients = sys.argv[1], int(sys.argv[2])
+lock = open(os.path.join(os.path.dirname(sock), "daemon.lock"), "w")
+fcntl.flock(lock, fcntl.LOCK_EX)
+lock.write(f"{os.getpid()} riffle 0.0.9\\n"); lock.flush()
+srv = socket.socket(socket.AF_UNIX); srv.bind(sock); srv.listen(8)
+print("ready", flush=True)
+
+def frame(conn):
+    head = conn.recv(5, socket.MSG_WAITALL)
+    if len(head) < 5:
+        return None, None
+    n, kind = struct.unpack("<IB", head)
+    return kind, conn.recv(n - 1, socket.MSG_WAITALL) if n > 1 else b""
+
+def send(conn, kind, obj):
+    body = json.dumps(obj).encode()
+    conn.sendall(struct.pack("<IB", len(body) + 1, kind) + body)
+
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        kind, _ = frame(conn)
+        send(conn, 1, {"version": 2, "agent": "riffle 0.0.9", "datasets": []})
+        while True:
+            kind, _ = frame(conn)
+            if kind is None:
+                break
+            if kind == 9:
+                send(conn, 10, {"clients": clients})
+"""
+
+
+@pytest.mark.parametrize("others", [True, False])
+def test_a_daemon_of_another_version_is_replaced_when_idle_else_named(rundir, tmp_path, others):
+    """After an upgrade the old version's node daemon may still run: when nobody else
+    uses it, it is stopped (SIGTERM to the pid holding its lock) and this version's
+    starts; when it serves other clients, a RiffleVersionMismatch says how to stop it."""
     os.makedirs(rundir, 0o700)
-    (rundir / "daemon.lock").write_text("424242 riffle 0.0.9\n")
-    srv = socket.socket(socket.AF_UNIX)
-    srv.bind(str(rundir / "riffle.sock"))
-    srv.listen(1)
-
-    def old():
-        conn, _ = srv.accept()
-        with conn:
-            n = struct.unpack("<I", conn.recv(4))[0]
-            conn.recv(n)
-            body = b'{"version": %d, "agent": "riffle 0.0.9"}' % riffle.PROTOCOL_VERSION
-            conn.sendall(struct.pack("<I", len(body) + 1) + bytes([1]) + body)
-            conn.recv(1)
-
-    threading.Thread(target=old, daemon=True).start()
-    with pytest.raises(riffle.RiffleVersionMismatch) as e:
-        riffle.node.client()
-    msg = str(e.value)
-    assert "riffle 0.0.9" in msg and "kill 424242" in msg, msg
-    srv.close()
+    old = subprocess.Popen([sys.executable, "-c", OLD_DAEMON, str(rundir / "riffle.sock"),
+                            "2" if others else "1"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert old.stdout.readline().strip() == "ready"
+        if others:
+            with pytest.raises(riffle.RiffleVersionMismatch) as e:
+                riffle.node.client()
+            msg = str(e.value)
+            assert "riffle 0.0.9" in msg and f"kill {old.pid}" in msg, msg
+            assert old.poll() is None, "a daemon serving others was stopped"
+        else:
+            with pytest.warns(UserWarning, match=f"stopped the idle node daemon of riffle 0.0.9 \\(pid {old.pid}\\)"):
+                with riffle.node.client() as c:
+                    assert c.agent == f"riffle {riffle.VERSION}"
+            assert old.wait(timeout=10) == -15
+    finally:
+        if old.poll() is None:
+            old.kill()
+            old.wait()
 
 
 def test_a_daemon_that_cannot_start_says_why(rundir):
