@@ -282,18 +282,22 @@ impl Server {
         );
     }
 
+    /// Connections live now.
+    fn live_conns(&self) -> usize {
+        self.shared
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
     /// Whether the daemon has had no connection for its `exit_idle` (`idle_since` is moved
     /// on while it has one).
     fn idle_for(&self, idle_since: &mut Instant) -> bool {
         let Some(limit) = self.shared.cfg.exit_idle else {
             return false;
         };
-        let live = self
-            .shared
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len();
+        let live = self.live_conns();
         if live > 0 {
             *idle_since = Instant::now();
             return false;
@@ -313,7 +317,7 @@ impl Server {
                 Ok(_) => return false,
                 Err(e) => {
                     crate::notice::once(
-                        "serve-idle",
+                        "serve-idle-lock",
                         &format!("{}: cannot open the starters' lock: {e}", path.display()),
                     );
                     None
@@ -321,12 +325,7 @@ impl Server {
             },
             None => None,
         };
-        let live = self
-            .shared
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len();
+        let live = self.live_conns();
         let mut fds = [PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
         let waiting = poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0);
         if live > 0 || waiting {
@@ -376,12 +375,7 @@ impl Server {
     /// Refuses `sock` with a `busy` error when the daemon already serves its most clients;
     /// true when it did.
     fn refused_busy(&self, sock: &UnixStream) -> bool {
-        let live = self
-            .shared
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len();
+        let live = self.live_conns();
         if live >= self.shared.cfg.max_clients {
             self.shared.stats().refused_busy += 1;
             let mut s = sock;

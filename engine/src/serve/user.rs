@@ -119,7 +119,11 @@ fn check_private(dir: &Path) -> Result<()> {
         let p = std::fs::metadata(parent).ok()?;
         let others_write = p.mode() & 0o022 != 0 && p.mode() & 0o1000 == 0;
         if p.uid() != me && p.uid() != 0 {
-            Some(format!("is in {}, which belongs to uid {}", parent.display(), p.uid()))
+            Some(format!(
+                "is in {}, which belongs to uid {}",
+                parent.display(),
+                p.uid()
+            ))
         } else if others_write {
             Some(format!(
                 "is in {}, which others may write and is not sticky (mode {:o})",
@@ -213,8 +217,11 @@ mod tests {
             .unwrap();
         let e = prepare_dir(&shared.join("rt")).unwrap_err().to_string();
         assert!(e.contains("not sticky (mode 777)"), "{e}");
-        std::fs::set_permissions(&shared, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
-            .unwrap();
+        std::fs::set_permissions(
+            &shared,
+            std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+        )
+        .unwrap();
         prepare_dir(&shared.join("rt")).unwrap();
 
         let link = t.path().join("link");
