@@ -27,9 +27,7 @@ pub struct Args {
     /// user's processes are served, checked with SO_PEERCRED), it opens the datasets its
     /// clients name by absolute path (as this user: only what you could read), exits after
     /// --exit-idle seconds with no client (default 300), removing its socket and scratch,
-    /// and a second one for the same directory refuses to start (exit status 3). Its
-    /// --memory defaults to the machine's budget (a quarter of the available memory, or
-    /// less under a cgroup limit).
+    /// and a second one for the same directory refuses to start (exit status 3).
     #[arg(long)]
     pub user: bool,
     /// --user: the daemon's private directory (default $RIFFLE_RUNTIME_DIR, else
@@ -61,7 +59,9 @@ pub struct Args {
     /// for room, then gets `busy`. Less than one stream of the datasets needs is refused
     /// at start. Open files (ulimit -n) are a budget too: each pass holds its share of
     /// the dataset's files, its queue depth cut to fit.
-    /// Default 1G; with --user, the machine's budget.
+    /// Default: the machine's budget (a quarter of the available memory, or 3/4 of the
+    /// memory cgroup's limit, or half of what `ulimit -v` leaves, whichever is least; the
+    /// log's first line says what it came to), 1G when none of them can be read.
     #[arg(long, value_parser = parse_size)]
     pub memory: Option<u64>,
     /// Connections served at once; more are refused with a "busy" error (so are
@@ -320,11 +320,11 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     if a.datasets.is_empty() && !open_paths {
         bail!("no dataset to serve: give --dataset NAME=PATH, or --open-paths (or --user)");
     }
-    let memory = match (a.memory, a.user) {
-        (Some(m), _) => m,
-        (None, true) => riffle::resources::memory::here().map_or(1 << 30, |m| m.bytes),
-        (None, false) => 1 << 30,
-    };
+    // The machine's budget unless given: a quarter of the available memory, less under a
+    // cgroup or address-space limit (1 GiB when nothing can be read).
+    let memory = a
+        .memory
+        .unwrap_or_else(|| riffle::resources::memory::here().map_or(1 << 30, |m| m.bytes));
     let exit_idle = a.exit_idle.unwrap_or(if a.user { 300 } else { 0 });
     let datasets = open_datasets(&a, mode)?;
     let names: Vec<String> = datasets
