@@ -399,3 +399,25 @@ def test_a_short_visit_counts_as_activity(rundir, monkeypatch):
     time.sleep(2.5)
     assert daemons(rundir) == [pid], "the daemon left 2.5 s after a visit, with 4 s idle time"
     assert wait_gone(rundir, 4 + 10)
+
+
+def test_a_daemon_started_under_a_low_open_file_limit_fits_it(rundir, tmp_path):
+    """A training process under `ulimit -n 128` starts the daemon, which inherits the
+    limit: it serves fewer clients at once rather than refusing to start (it exited 1,
+    "--max-clients 64 may hold 192 open files", before)."""
+    import resource
+    data = tmp_path / "d.npy"
+    gen(data, 2000)
+    script = ("import sys\nsys.path.insert(0, sys.argv[1])\nimport riffle\n"
+              "with riffle.node.client() as c:\n"
+              "    print(sum(len(b) for b in c.stream(sys.argv[2], batch_size=100, world=2, rank=0)))\n")
+
+    def low():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    r = subprocess.run([sys.executable, "-c", script, str(ROOT / "python"), str(data)],
+                       preexec_fn=low, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1000"]
+    log = (rundir / "daemon.log").read_text()
+    assert "21 clients at most" in log, log

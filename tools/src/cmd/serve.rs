@@ -67,8 +67,10 @@ pub struct Args {
     /// Connections served at once; more are refused with a "busy" error (so are
     /// connections that come when no file descriptor is left). Each may hold three open
     /// files (its socket and ring): more than ulimit -n leaves is refused at start.
-    #[arg(long, default_value_t = 64)]
-    pub max_clients: usize,
+    /// Default 64; with --user, fewer when ulimit -n is low (at most half of it for
+    /// connections, the rest for reading), as the log's first line says.
+    #[arg(long)]
+    pub max_clients: Option<usize>,
     /// lirs (random reads), two-pass (sequential, scratch piles per stream) or auto (the
     /// planner's choice per stream, from the datasets' device profiles; a device with no
     /// cached profile is probed quickly at start).
@@ -326,6 +328,16 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         .memory
         .unwrap_or_else(|| riffle::resources::memory::here().map_or(1 << 30, |m| m.bytes));
     let exit_idle = a.exit_idle.unwrap_or(if a.user { 300 } else { 0 });
+    // A daemon a training script started for itself fits the open files it inherited
+    // rather than refusing to start: half of them for connections (three each).
+    let max_clients = match (a.max_clients, a.user) {
+        (Some(n), _) => n,
+        (None, true) => {
+            let fit = riffle::io::open_file_limit() / 2 / 3;
+            usize::try_from(fit.clamp(1, 64)).unwrap_or(64)
+        }
+        (None, false) => 64,
+    };
     let datasets = open_datasets(&a, mode)?;
     let names: Vec<String> = datasets
         .iter()
@@ -337,7 +349,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         throttled,
         datasets,
         memory,
-        max_clients: a.max_clients,
+        max_clients,
         mode,
         scratch: a.scratch.clone(),
         scratch_limit: a.scratch_limit,
@@ -364,11 +376,12 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     }
     signal_thread(signals, stop)?;
     eprintln!(
-        "riffle serve: listening on {} (mode {:o}), {} memory, {} ring memory per client; \
-         serving {}{}{}",
+        "riffle serve: listening on {} (mode {:o}), {} memory, {} clients at most, {} ring \
+         memory per client; serving {}{}{}",
         place.socket.display(),
         a.socket_mode,
         human_bytes(memory as f64),
+        max_clients,
         human_bytes(server.ring_share() as f64),
         if names.is_empty() {
             "no dataset yet".into()
