@@ -204,7 +204,7 @@ def _mismatch(e, d):
     """The error for a daemon of another version that could not be retired, saying how
     to stop it."""
     pid, version = _holder(d)
-    how = f"`kill {pid}`" if pid else "stop it"
+    how = f"`riffle serve --user --stop` (or `kill {pid}`)" if pid else "stop it"
     return RiffleVersionMismatch(
         f"{e} (a node daemon of {version or 'another version'} still runs, pid {pid or '?'}, "
         f"serving other clients: it leaves on its own once idle; to start this version's now, "

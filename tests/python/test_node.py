@@ -421,3 +421,23 @@ def test_a_daemon_started_under_a_low_open_file_limit_fits_it(rundir, tmp_path):
     assert r.stdout.split() == ["1000"]
     log = (rundir / "daemon.log").read_text()
     assert "21 clients at most" in log, log
+
+
+def test_status_and_stop_from_the_command_line(rundir, tmp_path):
+    data = tmp_path / "d.npy"
+    gen(data, 300)
+    cmd = [RIFFLE, "serve", "--user", "--runtime-dir", str(rundir)]
+    r = subprocess.run(cmd + ["--status", "--json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and json.loads(r.stdout)["running"] is False, r
+    with riffle.node.client() as c:
+        assert len(read_all(c, str(data))) == 300
+        r = subprocess.run(cmd + ["--status", "--json"], capture_output=True, text=True, timeout=30)
+        s = json.loads(r.stdout)
+        assert r.returncode == 0 and s["running"] and s["datasets"] == [str(data)], s
+        (pid,) = daemons(rundir)
+        assert s["daemon"] == f"pid {pid}, riffle {riffle.VERSION}"
+    r = subprocess.run(cmd + ["--stop"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and f"pid {pid}" in r.stdout, r
+    assert not daemons(rundir) and not (rundir / "riffle.sock").exists()
+    r = subprocess.run(cmd + ["--stop"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "no riffle node daemon runs" in r.stdout, r

@@ -165,6 +165,28 @@ pub fn take_life_lock(dir: &Path) -> Result<Option<File>> {
     Ok(Some(f))
 }
 
+/// Whether no daemon holds `dir`'s lock now (taken and let go at once; the pid written
+/// in it is left as it was).
+pub fn take_life_lock_probe(dir: &Path) -> Result<bool> {
+    let path = dir.join(LIFE_LOCK);
+    match crate::door::open_lock(&path) {
+        Ok(f) => Ok(f.try_lock().is_ok()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(Error::io(&path, "open", None, e)),
+    }
+}
+
+/// The pid the daemon's lock of `dir` names.
+pub fn holder_pid(dir: &Path) -> Option<i32> {
+    let mut text = String::new();
+    crate::door::open_lock(&dir.join(LIFE_LOCK))
+        .ok()?
+        .take(256)
+        .read_to_string(&mut text)
+        .ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
 /// What the daemon's lock of `dir` says of the daemon holding it: "pid N, riffle V".
 pub fn holder(dir: &Path) -> Option<String> {
     let mut text = String::new();

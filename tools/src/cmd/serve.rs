@@ -39,6 +39,18 @@ pub struct Args {
     /// socket (its log is RUNTIME_DIR/daemon.log); exit status 3 when one already runs.
     #[arg(long, requires = "user")]
     pub detach: bool,
+    /// --user: say whether the daemon runs, and what it serves (pid, version, clients,
+    /// streams, datasets, memory; one JSON object with --json), then exit: 0 when it runs,
+    /// 1 when not.
+    #[arg(long, requires = "user", conflicts_with_all = ["detach", "stop"])]
+    pub status: bool,
+    /// --user: stop the running daemon (SIGTERM: its clients are told, its socket and
+    /// scratch removed) and wait until it is gone.
+    #[arg(long, requires = "user", conflicts_with = "detach")]
+    pub stop: bool,
+    /// --status: one JSON object.
+    #[arg(long, requires = "status")]
+    pub json: bool,
     /// The daemon says "ready" on stdout once it listens (how --detach waits for it).
     #[arg(long, hide = true)]
     pub notify_ready: bool,
@@ -315,6 +327,12 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     let place = Place::of(a.socket.as_deref(), a.user, a.runtime_dir.as_deref())?;
     if a.detach {
         return super::serve_user::detach(&place);
+    }
+    if a.status {
+        return super::serve_user::status(&place, a.json);
+    }
+    if a.stop {
+        return super::serve_user::stop(&place);
     }
     place.hold()?;
     let mode: ServeMode = a.mode.parse().map_err(anyhow::Error::msg)?;

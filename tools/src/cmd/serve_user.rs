@@ -135,3 +135,105 @@ fn tail(path: &Path) -> String {
         .unwrap_or_default();
     String::from_utf8_lossy(&text[text.len().saturating_sub(4096)..]).into_owned()
 }
+
+/// `--status`: whether the daemon runs, and what it serves. Exits 1 when it does not run.
+pub fn status(place: &Place, json: bool) -> Result<()> {
+    let dir = place.dir.as_ref().context("--status goes with --user")?;
+    let stats = riffle::serve::Client::connect(&place.socket).and_then(|mut c| c.stats());
+    let holder = user::holder(dir);
+    let Ok(s) = stats else {
+        if json {
+            println!("{}", serde_json::json!({"running": false, "dir": dir}));
+        } else {
+            println!(
+                "no riffle node daemon answers at {}",
+                place.socket.display()
+            );
+        }
+        std::process::exit(1);
+    };
+    let datasets: Vec<&str> = s["datasets"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|d| d["name"].as_str()).collect())
+        .unwrap_or_default();
+    if json {
+        let v = serde_json::json!({
+            "running": true,
+            "dir": dir,
+            "socket": place.socket,
+            "daemon": holder,
+            "uptime_s": s["uptime_s"],
+            "clients": s["clients"],
+            "streams_now": s["streams_now"],
+            "jobs_now": s["jobs_now"],
+            "memory_used": s["memory_used"],
+            "memory_limit": s["memory_limit"],
+            "datasets": datasets,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    let bytes = |k: &str| riffle::size::human_bytes(s[k].as_f64().unwrap_or(0.0));
+    println!(
+        "riffle node daemon ({}) at {}: up {:.0} s, {} client(s) besides this one, {} \
+         stream(s), {} job(s), memory {} of {}",
+        holder.unwrap_or_else(|| "pid unknown".into()),
+        place.socket.display(),
+        s["uptime_s"].as_f64().unwrap_or(0.0),
+        s["clients"].as_u64().unwrap_or(1).saturating_sub(1),
+        s["streams_now"],
+        s["jobs_now"],
+        bytes("memory_used"),
+        bytes("memory_limit"),
+    );
+    for d in datasets {
+        println!("  {d}");
+    }
+    Ok(())
+}
+
+/// `--stop`: SIGTERM to the daemon holding the directory's lock (a process of this user),
+/// then waits until it has let the lock go.
+pub fn stop(place: &Place) -> Result<()> {
+    let dir = place.dir.as_ref().context("--stop goes with --user")?;
+    let Some(pid) = lock_holder_pid(dir) else {
+        println!("no riffle node daemon runs for {}", dir.display());
+        return Ok(());
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let owner = std::fs::metadata(format!("/proc/{pid}")).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid()
+    });
+    if owner.ok() != Some(me) {
+        bail!(
+            "the lock of {} names pid {pid}, not a process of yours",
+            dir.display()
+        );
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .with_context(|| format!("stopping pid {pid}"))?;
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while lock_holder_pid(dir).is_some() {
+        if std::time::Instant::now() > until {
+            bail!("pid {pid} did not stop within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "stopped the riffle node daemon (pid {pid}) of {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// The pid of the daemon holding `dir`'s lock now, if one does.
+fn lock_holder_pid(dir: &Path) -> Option<i32> {
+    match user::take_life_lock_probe(dir) {
+        Ok(true) => None,
+        _ => user::holder_pid(dir),
+    }
+}
