@@ -218,6 +218,28 @@ fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
     Ok(datasets)
 }
 
+/// The daemon's memory, connections and idle time: as given, or the defaults (see their
+/// flags).
+fn sized(a: &Args) -> (u64, usize, u64) {
+    // The machine's budget unless given: a quarter of the available memory, less under a
+    // cgroup or address-space limit (1 GiB when nothing can be read).
+    let memory = a
+        .memory
+        .unwrap_or_else(|| riffle::resources::memory::here().map_or(1 << 30, |m| m.bytes));
+    let exit_idle = a.exit_idle.unwrap_or(if a.user { 300 } else { 0 });
+    // A daemon a training script started for itself fits the open files it inherited
+    // rather than refusing to start: half of them for connections (three each).
+    let max_clients = match (a.max_clients, a.user) {
+        (Some(n), _) => n,
+        (None, true) => {
+            let fit = riffle::io::open_file_limit() / 2 / 3;
+            usize::try_from(fit.clamp(1, 64)).unwrap_or(64)
+        }
+        (None, false) => 64,
+    };
+    (memory, max_clients, exit_idle)
+}
+
 /// Takes the stop signals on a thread of its own: the first stops the daemon gracefully,
 /// a second ends it at once (its scratch removed first).
 fn signal_thread(signals: SigSet, stop: riffle::serve::Shutdown) -> Result<()> {
@@ -340,22 +362,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     if a.datasets.is_empty() && !open_paths {
         bail!("no dataset to serve: give --dataset NAME=PATH, or --open-paths (or --user)");
     }
-    // The machine's budget unless given: a quarter of the available memory, less under a
-    // cgroup or address-space limit (1 GiB when nothing can be read).
-    let memory = a
-        .memory
-        .unwrap_or_else(|| riffle::resources::memory::here().map_or(1 << 30, |m| m.bytes));
-    let exit_idle = a.exit_idle.unwrap_or(if a.user { 300 } else { 0 });
-    // A daemon a training script started for itself fits the open files it inherited
-    // rather than refusing to start: half of them for connections (three each).
-    let max_clients = match (a.max_clients, a.user) {
-        (Some(n), _) => n,
-        (None, true) => {
-            let fit = riffle::io::open_file_limit() / 2 / 3;
-            usize::try_from(fit.clamp(1, 64)).unwrap_or(64)
-        }
-        (None, false) => 64,
-    };
+    let (memory, max_clients, exit_idle) = sized(&a);
     let datasets = open_datasets(&a, mode)?;
     let names: Vec<String> = datasets
         .iter()
