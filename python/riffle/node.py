@@ -218,7 +218,13 @@ def _retire(d, sock):
     try:
         with Client(sock, _any_version=True) as c:
             agent = c.agent
-            if c.stats().get("clients", 2) > 1:
+            # This connection is one; the ones this process just closed may take a moment
+            # to leave the daemon's count.
+            for _ in range(10):
+                if c.stats().get("clients", 2) <= 1:
+                    break
+                time.sleep(0.05)
+            else:
                 return False
     except (RiffleError, OSError):
         return False
