@@ -281,6 +281,31 @@ def client(daemon=None, **kw):
 
 
 def _start(d, sock, daemon, kw):
+    """Starts the daemon (`riffle serve --user --detach`) and connects to it. When another
+    holds the directory (started by hand, or one that is stopping), waits for its socket,
+    and starts again once it is gone."""
+    deadline = time.monotonic() + START_WAIT
+    while True:
+        _spawn(d, daemon)
+        while True:
+            c = _connect(sock, kw)
+            if isinstance(c, Client):
+                return c
+            if isinstance(c, RiffleVersionMismatch):
+                raise _mismatch(c, d)
+            if time.monotonic() > deadline:
+                pid, _ = _holder(d)
+                raise RiffleDaemonError(
+                    f"a riffle daemon (pid {pid or '?'}) holds {d} but does not answer at "
+                    f"{sock} after {START_WAIT:.0f} s: see {os.path.join(d, LOG)}")
+            if _lock_free(d):
+                break  # the one that held it is gone without a socket: start one
+            time.sleep(0.05)
+
+
+def _spawn(d, daemon):
+    """Runs `riffle serve --user --detach`: returns once a daemon listens, or another
+    holds the directory (exit 3)."""
     cmd = [binary(), "serve", "--user", "--runtime-dir", d, "--detach"] + _args(daemon)
     try:
         r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -292,18 +317,3 @@ def _start(d, sock, daemon, kw):
         raise RiffleDaemonError(
             f"the riffle daemon did not start (`{' '.join(cmd)}` exited {r.returncode}):\n"
             f"{r.stderr.strip()}")
-    # Started, or another (started by hand) holds the directory and may still be coming
-    # up: wait for its socket.
-    deadline = time.monotonic() + START_WAIT
-    while True:
-        c = _connect(sock, kw)
-        if isinstance(c, Client):
-            return c
-        if isinstance(c, RiffleVersionMismatch):
-            raise _mismatch(c, d)
-        if time.monotonic() > deadline:
-            pid, _ = _holder(d)
-            raise RiffleDaemonError(
-                f"a riffle daemon (pid {pid or '?'}) holds {d} but does not answer at {sock} "
-                f"after {START_WAIT:.0f} s: see {os.path.join(d, LOG)}")
-        time.sleep(0.05)

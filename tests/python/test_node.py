@@ -441,3 +441,22 @@ def test_status_and_stop_from_the_command_line(rundir, tmp_path):
     assert not daemons(rundir) and not (rundir / "riffle.sock").exists()
     r = subprocess.run(cmd + ["--stop"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "no riffle node daemon runs" in r.stdout, r
+
+
+def test_a_starter_that_meets_a_daemon_on_its_way_out_starts_a_new_one(rundir):
+    """A daemon stopping (SIGTERM: it lets its socket go before its lock) when a starter
+    comes: the starter's daemon exits 3 (the directory is held), and the starter starts
+    one again once the old one is gone, instead of waiting out its 120 s for a socket."""
+    os.makedirs(rundir, 0o700)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys, time\n"
+         "f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+         "f.write('1 riffle 0.0.0\\n'); f.flush(); print('held', flush=True); time.sleep(1.5)\n",
+         str(rundir / "daemon.lock")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    t = time.monotonic()
+    with riffle.node.client() as c:
+        assert c.agent == f"riffle {riffle.VERSION}"
+    assert holder.wait(timeout=10) == 0
+    assert time.monotonic() - t < 60, "the starter waited for the socket of a daemon that was gone"
