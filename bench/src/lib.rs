@@ -11,7 +11,8 @@
 //! 100 million records), [`formats`] (the formats users already have: a tree of one file
 //! per sample against fio), [`node`] (the daemon serving the 16 streams of one job),
 //! [`fast_device`] (the engine against fio, io_uring feature by feature, lirs and two-pass on
-//! a loop device over tmpfs). [`plot`] draws their SVG charts.
+//! a loop device over tmpfs). [`plot`] draws their SVG charts. [`netem`] emulates a remote
+//! link (latency, a bandwidth cap per connection) for the object-store benches.
 
 pub mod au;
 pub mod convergence;
@@ -24,6 +25,7 @@ pub mod lirs;
 pub mod loop_device;
 pub mod modes;
 pub mod needs;
+pub mod netem;
 pub mod node;
 pub mod peers;
 pub mod planner;
