@@ -244,7 +244,17 @@ fn ranks_sharing_a_small_scratch_reserve_it_and_all_complete() {
             sb.cmd()
                 .arg("read")
                 .arg(&data)
-                .args(["--batch-size", "100", "--world", "3", "--json"])
+                // A budget that cannot hold the records resident: each rank chooses
+                // between lirs and two-pass, seeing what the others reserved.
+                .args([
+                    "--batch-size",
+                    "100",
+                    "--world",
+                    "3",
+                    "--json",
+                    "--memory",
+                    "24M",
+                ])
                 .args(["--rank", &rank.to_string(), "--scratch"])
                 .arg(disk.path())
                 .stdout(std::process::Stdio::piped())
