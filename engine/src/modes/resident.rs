@@ -17,7 +17,7 @@ use crate::dataset::{Dataset, RecordLoc};
 use crate::io::{IoConfig, LargeBuf};
 use crate::order::{EpochKey, EpochTable, Split, Units};
 use crate::pipeline::Stop;
-use crate::resources::{Limits, LirsPlan, ResourcePlan, RESIDENT_SCAN_DEPTH, RESIDENT_SCAN_SLOT};
+use crate::resources::{resident_scan, Limits, LirsPlan, ResourcePlan};
 use crate::{Error, Result};
 
 /// Reads `opts.epochs` epochs of `ds` with the dataset held in memory: loaded once in the
@@ -207,12 +207,13 @@ impl Out<'_> {
             total += l.len;
             offsets.push(total);
         }
-        let mut payload = Payload::sized(
-            self.opts.lender.as_ref(),
-            p.index,
-            p.ids.len(),
-            total as usize,
-        );
+        // Lent memory is written in place; the engine's own is filled without being
+        // zeroed first.
+        let lent = self.opts.lender.is_some();
+        let mut payload = match &self.opts.lender {
+            Some(l) => Payload::sized(Some(l), p.index, p.ids.len(), total as usize),
+            None => Payload::with_capacity(total as usize),
+        };
         let bytes = mem.buf.as_slice();
         for (i, l) in p.locs.iter().enumerate() {
             let from = (mem.bases[l.file] + l.offset) as usize;
@@ -220,7 +221,12 @@ impl Out<'_> {
             if let Some(next) = p.locs.get(i + 4) {
                 crate::io::prefetch(&bytes[(mem.bases[next.file] + next.offset) as usize..]);
             }
-            payload[to..to + len].copy_from_slice(&bytes[from..from + len]);
+            let src = &bytes[from..from + len];
+            if lent {
+                payload[to..to + len].copy_from_slice(src);
+            } else {
+                payload.extend_from_slice(src);
+            }
         }
         let r = &mut *self.r;
         r.records += p.ids.len() as u64;
@@ -268,9 +274,10 @@ fn load(
     out: &mut Out<'_>,
     stop: &Stop,
 ) -> Result<bool> {
+    let (depth, slot_size) = resident_scan(ds.bytes());
     let cfg = IoConfig {
-        depth: RESIDENT_SCAN_DEPTH,
-        slot_size: RESIDENT_SCAN_SLOT,
+        depth,
+        slot_size,
         ..out.opts.io.clone()
     };
     for i in 0..ds.files().len() {
@@ -321,11 +328,12 @@ fn run(
     let started = Instant::now();
     r.mode = "resident".into();
     r.grouping = opts.grouping.name().into();
-    r.queue_depth = RESIDENT_SCAN_DEPTH;
+    let (depth, slot) = resident_scan(ds.bytes());
+    r.queue_depth = depth;
     r.table_bytes = plan.table_bytes;
     r.units_bytes = units.bytes();
     r.index_bytes = ds.index_bytes();
-    r.buffer_bytes = crate::io::footprint(RESIDENT_SCAN_DEPTH * RESIDENT_SCAN_SLOT) as u64;
+    r.buffer_bytes = crate::io::footprint(depth * slot) as u64;
     r.prefetch_bytes = plan.batches_bytes();
     r.records_per_unit = units.mean_records();
     let mut mem = Memory::new(ds)?;

@@ -29,7 +29,8 @@ pub(crate) use piles::shuffle_layout;
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;
 pub use resident::{
-    resident_budget, resident_bytes, resident_plan, RESIDENT_SCAN_DEPTH, RESIDENT_SCAN_SLOT,
+    resident_budget, resident_bytes, resident_plan, resident_scan, RESIDENT_SCAN_DEPTH,
+    RESIDENT_SCAN_SLOT,
 };
 
 use crate::order::Grouping;
