@@ -8,10 +8,11 @@ use crate::resources::{Demand, Limits, ResourcePlan};
 use crate::size::human_bytes;
 
 /// Copying a record out of resident memory into its batch, at random addresses: seconds
-/// per byte (about 2.5 GB/s on the development machine, 4 KiB records, huge pages).
-const RESIDENT_COPY_PER_BYTE: f64 = 0.4e-9;
+/// per byte (measured on the development machine, 400,000 records of 4 KiB on huge pages,
+/// batches of 256: a later epoch in 0.22-0.3 s with the per-record and per-batch costs).
+const RESIDENT_COPY_PER_BYTE: f64 = 0.12e-9;
 /// Per record: locating it, a cache miss on its first line, its id and offset.
-const RESIDENT_CPU_PER_RECORD: f64 = 0.15e-6;
+const RESIDENT_CPU_PER_RECORD: f64 = 0.1e-6;
 /// Loading: each byte is copied once from the read's slot into the resident buffer, and
 /// its page faulted in, beside the reads in flight: seconds per byte that do not overlap.
 const RESIDENT_LOAD_PER_BYTE: f64 = 0.05e-9;
