@@ -411,6 +411,26 @@ fn a_resident_read_reads_the_device_once_over_its_epochs() {
     assert_eq!(resumed, want);
 }
 
+/// A resident read stopped by its consumer stops at its next batch, in memory as while
+/// loading: finished after one batch of a read of 1,000 epochs, it has sent a handful.
+#[test]
+fn a_stopped_resident_read_stops_at_its_next_batch() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Fixed, 4000, 512, 0.0);
+    let mut o = ReadOptions::new(16);
+    o.epochs = 1000;
+    let mut stream = super::read_resident(ds, o.clone()).unwrap();
+    assert!(stream.next().unwrap().is_ok());
+    let r = stream.finish();
+    eprintln!("sent {} of {} batches", r.batches, 1000 * 250);
+    assert!(
+        r.batches <= 1 + o.prefetch as u64 + 2,
+        "{} batches",
+        r.batches
+    );
+    assert!(r.epoch_seconds.len() <= 1, "{:?}", r.epoch_seconds);
+}
+
 /// A budget too small to hold the files is refused before anything is read, with the
 /// figures; a baseline is not read resident.
 #[test]
