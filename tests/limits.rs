@@ -151,6 +151,51 @@ fn the_default_budget_fits_the_memory_cgroup() {
     );
 }
 
+/// Issue 33: resident mode's default budget (half the available RAM) is capped by the
+/// cgroup too: in a 300 MB group, 300 MB of records are refused resident naming the
+/// group's limit, and `auto` reads them another way, within it.
+#[test]
+fn the_resident_default_budget_fits_the_memory_cgroup() {
+    let limit = 300_000_000u64;
+    let Some(group) = MemoryCgroup::make(limit) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let data = lines_of_300_mb(&sb);
+    let o = group
+        .riffle(&sb)
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "100", "--mode", "resident"])
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("resident mode needs") && err.contains("cgroup limit"),
+        "{err}"
+    );
+    sb.seed_probe(&sb.data());
+    let o = group
+        .riffle(&sb)
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "100", "--json"])
+        .output()
+        .unwrap();
+    let r = report(&o);
+    assert_eq!(r["records"], 2_000_000, "{r}");
+    assert_ne!(r["mode"], "resident", "{}", r["plan"]["reason"]);
+    assert!(
+        r["plan"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("resident cannot run"),
+        "{}",
+        r["plan"]["reason"]
+    );
+}
+
 /// A mixture epoch of 10^9 draws (8 GB) with no `--memory` is refused naming the default
 /// budget it does not fit, instead of allocated (under `ulimit -v` 4 GB, so whatever the
 /// machine's RAM; it aborted on the allocation before).
@@ -233,7 +278,8 @@ fn trees_of_thousands_of_files_read_in_every_mode_under_ulimit_n_64() {
 #[test]
 fn ranks_sharing_a_small_scratch_reserve_it_and_all_complete() {
     let sb = Sandbox::new();
-    let Some(disk) = crate::SmallDisk::mount(&sb, "100M") else {
+    // 60 MB: one rank's piles (42 MB under --memory 24M, below) fit, two do not.
+    let Some(disk) = crate::SmallDisk::mount(&sb, "60M") else {
         return;
     };
     let data = sb.data().join("d.jsonl");
@@ -244,7 +290,17 @@ fn ranks_sharing_a_small_scratch_reserve_it_and_all_complete() {
             sb.cmd()
                 .arg("read")
                 .arg(&data)
-                .args(["--batch-size", "100", "--world", "3", "--json"])
+                // A budget that cannot hold the records resident: each rank chooses
+                // between lirs and two-pass, seeing what the others reserved.
+                .args([
+                    "--batch-size",
+                    "100",
+                    "--world",
+                    "3",
+                    "--json",
+                    "--memory",
+                    "24M",
+                ])
                 .args(["--rank", &rank.to_string(), "--scratch"])
                 .arg(disk.path())
                 .stdout(std::process::Stdio::piped())

@@ -77,8 +77,10 @@ fn the_choice_follows_the_device_and_auto_runs_it() {
     probe_small(&sb);
 
     // A disk: 600 random reads/s. 16 KB records are far cheaper in sequential passes.
+    // 24 MiB cannot hold the 32 MB of records resident: the choice is between the
+    // streaming modes.
     fake_profile(&sb, 600.0, 150e6);
-    let p = plan_json(&sb, &data, &["--epochs", "2"]);
+    let p = plan_json(&sb, &data, &["--epochs", "2", "--memory", "24M"]);
     assert_eq!(p["choice"], "two-pass", "{}", p["reason"]);
     let (lirs, two) = (candidate(&p, "lirs"), candidate(&p, "two-pass"));
     assert!(lirs["total_s"].as_f64().unwrap() > two["total_s"].as_f64().unwrap());
@@ -88,7 +90,15 @@ fn the_choice_follows_the_device_and_auto_runs_it() {
         .cmd()
         .arg("read")
         .arg(&data)
-        .args(["--batch-size", "64", "--epochs", "2", "--json"])
+        .args([
+            "--batch-size",
+            "64",
+            "--epochs",
+            "2",
+            "--memory",
+            "24M",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert_ok(&o);
@@ -101,13 +111,21 @@ fn the_choice_follows_the_device_and_auto_runs_it() {
     // A fast device that gives its bandwidth to random reads: LIRS reads the data once,
     // two-pass reads it twice and writes it once.
     fake_profile(&sb, 5e6, 3e9);
-    let p = plan_json(&sb, &data, &[]);
+    let p = plan_json(&sb, &data, &["--memory", "24M"]);
     assert_eq!(p["choice"], "lirs", "{}", p["reason"]);
     let o = sb
         .cmd()
         .arg("read")
         .arg(&data)
-        .args(["--batch-size", "64", "--mode", "auto", "--json"])
+        .args([
+            "--batch-size",
+            "64",
+            "--mode",
+            "auto",
+            "--memory",
+            "24M",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert_ok(&o);
@@ -123,7 +141,10 @@ fn a_budget_too_small_for_one_mode_picks_the_other_and_says_why() {
     probe_small(&sb);
     // A fast device: LIRS is preferred when both fit.
     fake_profile(&sb, 5e6, 3e9);
-    assert_eq!(plan_json(&sb, &data, &[])["choice"], "lirs");
+    assert_eq!(
+        plan_json(&sb, &data, &["--memory", "24M"])["choice"],
+        "lirs"
+    );
     // 6,000 KiB holds two-pass's scan buffers, batches and a few small piles (fewer piles
     // when the budget is tight, issue 14) but not LIRS's I/O buffers as well.
     let p = plan_json(&sb, &data, &["--memory", "6000K"]);
@@ -145,6 +166,86 @@ fn a_budget_too_small_for_one_mode_picks_the_other_and_says_why() {
         text(&o.stderr).contains("neither mode fits"),
         "{}",
         text(&o.stderr)
+    );
+}
+
+/// Issue 33: a dataset that fits the memory budget is read resident when that is faster
+/// (the default budget, or `--memory` that holds it); the plan and the read's report say
+/// what it holds, its first and later epoch times and why it won; a budget that cannot
+/// hold it makes auto choose a streaming mode and says why resident lost, and `--mode
+/// resident` is refused with the figures.
+#[test]
+fn a_dataset_that_fits_the_budget_is_read_resident_and_the_plan_says_why() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("mid.jsonl");
+    gen(&sb, &data, "lines", 2000, 16_000, &[]);
+    probe_small(&sb);
+    fake_profile(&sb, 600.0, 150e6);
+    for memory in [&[][..], &["--memory", "100M"][..]] {
+        let p = plan_json(&sb, &data, &[&["--epochs", "3"][..], memory].concat());
+        assert_eq!(p["choice"], "resident", "{}", p["reason"]);
+        let res = candidate(&p, "resident");
+        assert!(res["unfit"].is_null(), "{p}");
+        assert!(res["memory_bytes"].as_u64().unwrap() >= 32_000_000, "{res}");
+        let (first, later) = (
+            res["first_epoch_s"].as_f64().unwrap(),
+            res["later_epoch_s"].as_f64().unwrap(),
+        );
+        assert!(first > later, "the first epoch reads the files: {res}");
+        let reason = p["reason"].as_str().unwrap();
+        assert!(reason.contains("resident is predicted"), "{reason}");
+        assert!(reason.contains("two-pass"), "what it beat: {reason}");
+    }
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args(["--batch-size", "64", "--epochs", "3", "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["mode"], "resident", "{}", r["plan"]["reason"]);
+    assert_eq!(r["plan"]["choice"], "resident");
+    assert_eq!(r["records"], 6000);
+    assert!(r["resident_bytes"].as_u64().unwrap() >= 32_000_000, "{r}");
+    let file = std::fs::metadata(&data).unwrap().len();
+    let device = r["device_bytes"].as_u64().unwrap();
+    assert!(
+        device >= file && device <= file + 4096,
+        "read once: {device} of {file}"
+    );
+    // 24 MiB cannot hold it: a streaming mode, and the reason says why resident lost.
+    let p = plan_json(&sb, &data, &["--epochs", "3", "--memory", "24M"]);
+    assert_eq!(p["choice"], "two-pass", "{}", p["reason"]);
+    assert!(candidate(&p, "resident")["unfit"].is_string(), "{p}");
+    assert!(
+        p["reason"]
+            .as_str()
+            .unwrap()
+            .contains("resident cannot run"),
+        "{}",
+        p["reason"]
+    );
+    let o = sb
+        .cmd()
+        .arg("read")
+        .arg(&data)
+        .args([
+            "--batch-size",
+            "64",
+            "--mode",
+            "resident",
+            "--memory",
+            "24M",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("resident mode needs") && err.contains("--memory 25165824"),
+        "{err}"
     );
 }
 

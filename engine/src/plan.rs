@@ -29,17 +29,19 @@ use crate::probe::Profile;
 use crate::resources::{Limits, ResourcePlan};
 use crate::Result;
 
+mod resident;
+
 /// CPU per record delivered by `lirs` (planning, completion, copy into the batch), seconds.
 const LIRS_CPU_PER_UNIT: f64 = 1.6e-6;
 /// CPU per unit of a table build (key, sort), seconds.
-const TABLE_PER_UNIT: f64 = 35e-9;
+pub(crate) const TABLE_PER_UNIT: f64 = 35e-9;
 /// CPU per record of a two-pass pile pass (sort, emit) or re-scatter, seconds.
 const TWO_PASS_CPU_PER_RECORD: f64 = 0.25e-6;
 /// CPU per record of the scatter (locate, frame, write), seconds.
 const SCATTER_CPU_PER_RECORD: f64 = 0.4e-6;
 /// Cost of handing over one batch (allocation, channel, waking the consumer), seconds
 /// (measured on the development machine with batches of 64 small records).
-const CPU_PER_BATCH: f64 = 40e-6;
+pub(crate) const CPU_PER_BATCH: f64 = 40e-6;
 /// LIRS copies each record from its read into the batch on the I/O thread, between
 /// submissions: seconds per byte that do not overlap the device.
 const LIRS_COPY_PER_BYTE: f64 = 0.2e-9;
@@ -248,6 +250,8 @@ pub enum Choice {
     Lirs,
     /// A sequential scatter into piles, then a pass over them.
     TwoPass,
+    /// The files read once into memory, every later epoch permuted there.
+    Resident,
 }
 
 impl Choice {
@@ -263,6 +267,7 @@ impl From<Choice> for Mode {
         match c {
             Choice::Lirs => Mode::Lirs,
             Choice::TwoPass => Mode::TwoPass,
+            Choice::Resident => Mode::Resident,
         }
     }
 }
@@ -288,6 +293,9 @@ pub struct Plan {
     pub choice: Choice,
     /// Why.
     pub reason: String,
+    /// The faster of lirs and two-pass that fits, if one does: what runs where resident
+    /// mode cannot (the daemon's passes).
+    pub streaming: Option<Choice>,
     /// What page grouping would gain over record grouping (when record was asked for).
     pub page_gain: Option<String>,
     /// Whether a two-pass read starts with LIRS while its scatter runs (the device reads
@@ -480,9 +488,10 @@ pub fn plan_within(
     let mut candidates = Vec::new();
     let mut resources = Vec::new();
     for &g in &groupings {
-        let (lirs, two, plans) = job.contract_candidates(g);
+        let (lirs, two, res, plans) = job.contract_candidates(g);
         candidates.push(lirs);
         candidates.push(two);
+        candidates.push(res);
         if g == opts.grouping {
             resources = plans;
         }
@@ -496,10 +505,22 @@ pub fn plan_within(
             .expect("a candidate of each mode for the grouping asked for")
     };
     let (lirs, two) = (find("lirs"), find("two-pass"));
-    let (choice, reason) = choose(lirs, two, dev, w.epochs)?;
+    let (best, refused) = match choose(lirs, two, dev, w.epochs) {
+        Ok((c, why)) => (
+            Some((if c == Choice::Lirs { lirs } else { two }, c, why)),
+            None,
+        ),
+        Err(e) => (None, Some(e)),
+    };
+    let streaming = best.as_ref().map(|b| b.1);
+    let Some((choice, reason)) = resident::weigh(find("resident"), best, w.epochs) else {
+        return Err(refused
+            .unwrap_or_else(|| crate::Error::Internal("no mode fits, and none said why".into())));
+    };
     let page_gain = (opts.grouping == Grouping::Record).then(|| page_gain(&candidates));
     let lead = opts.lead && dev.leads(lirs.read_bytes as u64, w.queue_depth);
     Ok(Plan {
+        streaming,
         resources,
         device: dev.clone(),
         workload: w,
@@ -524,7 +545,10 @@ struct Job<'a> {
 impl Job<'_> {
     /// The LIRS and two-pass candidates with grouping `g`, and the resource plans of those
     /// that fit.
-    fn contract_candidates(&self, g: Grouping) -> (Candidate, Candidate, Vec<ResourcePlan>) {
+    fn contract_candidates(
+        &self,
+        g: Grouping,
+    ) -> (Candidate, Candidate, Candidate, Vec<ResourcePlan>) {
         let (dev, w) = (self.dev, self.w);
         let e = w.epochs as f64;
         let o = ReadOptions {
@@ -607,7 +631,10 @@ impl Job<'_> {
             scratch_bytes: scratch,
             unfit,
         };
-        (lirs, two, plans)
+        let (res, plan) =
+            resident::candidate(dev, w, g, units, &demand, self.ds.bytes(), self.limits);
+        plans.extend(plan);
+        (lirs, two, res, plans)
     }
 
     /// The baselines, for comparison only: sequential, the shuffle buffer, bmf.

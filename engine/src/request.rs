@@ -122,7 +122,7 @@ impl ReadRequest {
                     "a mixture is read with --grouping record".into(),
                 ));
             }
-            if self.mode.is_baseline() {
+            if self.mode.is_baseline() || self.mode == Mode::Resident {
                 return Err(Error::Invalid(format!(
                     "a mixture is read by lirs or two-pass (--mode {})",
                     self.mode
@@ -253,7 +253,10 @@ impl ReadJob {
 
     /// Starts reading `src` (the source the job was prepared against) with the options.
     pub fn read(&self, src: &Source) -> Result<BatchStream> {
-        src.read(self.opts.clone(), self.piles())
+        match self.mode {
+            Mode::Resident => src.read_resident(self.opts.clone()),
+            _ => src.read(self.opts.clone(), self.piles()),
+        }
     }
 
     /// The device the planner would model: the dataset's first file's.

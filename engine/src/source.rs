@@ -171,6 +171,17 @@ impl Source {
             (Source::Mixture(m), scratch) => crate::mix::read(m.clone(), opts, scratch),
         }
     }
+
+    /// Reads the source with the dataset held in memory ([`crate::modes::read_resident`]);
+    /// a mixture (a new view of its sources each epoch) is not read this way.
+    pub fn read_resident(&self, opts: ReadOptions) -> Result<BatchStream> {
+        match self {
+            Source::Dataset(d) => crate::modes::read_resident(d.clone(), opts),
+            Source::Mixture(_) => Err(crate::Error::Invalid(
+                "a mixture is read by lirs or two-pass (--mode resident)".into(),
+            )),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ mod emit;
 pub mod lirs;
 mod mode;
 mod payload;
+pub mod resident;
 mod share;
 pub mod twopass;
 mod walk;
@@ -19,6 +20,7 @@ pub use cursor::{Cursor, Resume};
 pub use lirs::{read, BatchStream};
 pub use mode::Mode;
 pub use payload::{Lender, Lent, Payload, PayloadLender};
+pub use resident::read_resident;
 pub use share::{Joining, PassEnded, Ranks, Refused, SharedPass, StartPass};
 pub use twopass::read_two_pass;
 
@@ -378,6 +380,8 @@ pub struct ReadReport {
     pub buffer_bytes: u64,
     /// Bytes of batches allowed in the read-ahead queue and under assembly.
     pub prefetch_bytes: u64,
+    /// Resident mode: bytes of the dataset held in memory across epochs.
+    pub resident_bytes: u64,
     /// Sum of the above: engine-owned memory.
     pub memory_bytes: u64,
     /// Mean records per shuffling unit.

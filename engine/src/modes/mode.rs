@@ -13,6 +13,9 @@ pub enum Mode {
     Lirs,
     /// A sequential scatter into scratch piles, each ordered in memory: the same batches.
     TwoPass,
+    /// The dataset read once into memory, every later epoch permuted there: the same
+    /// batches (see [`super::resident`]).
+    Resident,
     /// Baseline: a shuffle buffer over a sequential read ([`Baseline::Buffer`]).
     Buffer,
     /// Baseline: blocks of records, only the block order shuffled ([`Baseline::Bmf`]).
@@ -23,10 +26,11 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode, in the order messages list them.
-    pub const ALL: [Mode; 6] = [
+    pub const ALL: [Mode; 7] = [
         Mode::Auto,
         Mode::Lirs,
         Mode::TwoPass,
+        Mode::Resident,
         Mode::Buffer,
         Mode::Bmf,
         Mode::Sequential,
@@ -36,13 +40,18 @@ impl Mode {
     /// what the daemon serves and what `riffle plan` explains.
     pub const CONTRACT: [Mode; 3] = [Mode::Auto, Mode::Lirs, Mode::TwoPass];
 
-    /// The name users give and reports print: `auto`, `lirs`, `two-pass`, `buffer`, `bmf`,
-    /// `sequential`.
+    /// The modes `riffle plan` prices and explains, and `auto` picks among in process: the
+    /// contract's, and [`Mode::Resident`] (not served by the daemon yet).
+    pub const PLANNED: [Mode; 4] = [Mode::Auto, Mode::Lirs, Mode::TwoPass, Mode::Resident];
+
+    /// The name users give and reports print: `auto`, `lirs`, `two-pass`, `resident`,
+    /// `buffer`, `bmf`, `sequential`.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Auto => "auto",
             Mode::Lirs => "lirs",
             Mode::TwoPass => "two-pass",
+            Mode::Resident => "resident",
             Mode::Buffer => "buffer",
             Mode::Bmf => "bmf",
             Mode::Sequential => "sequential",
@@ -80,7 +89,7 @@ impl Mode {
                 block: block.max(1),
             }),
             Mode::Sequential => Some(Baseline::Sequential),
-            Mode::Auto | Mode::Lirs | Mode::TwoPass => None,
+            Mode::Auto | Mode::Lirs | Mode::TwoPass | Mode::Resident => None,
         }
     }
 }
@@ -127,8 +136,8 @@ mod tests {
         assert_eq!(
             "magic".parse::<Mode>(),
             Err(
-                "unknown mode 'magic': expected auto, lirs, two-pass, buffer, bmf or \
-                 sequential"
+                "unknown mode 'magic': expected auto, lirs, two-pass, resident, buffer, bmf \
+                 or sequential"
                     .into()
             )
         );

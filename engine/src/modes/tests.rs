@@ -310,12 +310,12 @@ fn a_memory_budget_too_small_is_refused() {
     assert!(e.contains("too small"), "{e}");
 }
 
-/// Two-pass delivers exactly the LIRS batches (ids and bytes) for every format, both
-/// groupings, ranks, tails, several epochs, and memory budgets that force many piles and
-/// piles too big to load at once.
+/// Two-pass and resident deliver exactly the LIRS batches (ids and bytes) for every
+/// format, both groupings, ranks, tails, several epochs, and memory budgets that force many
+/// piles and piles too big to load at once.
 #[test]
 fn two_pass_delivers_the_same_batches_as_lirs() {
-    use super::read_two_pass;
+    use super::{read_resident, read_two_pass};
     let dir = tempfile::tempdir_in(".").unwrap();
     for (i, &(format, jitter)) in FORMATS.iter().enumerate() {
         let sub = dir.path().join(i.to_string());
@@ -335,6 +335,14 @@ fn two_pass_delivers_the_same_batches_as_lirs() {
                     o.rank = rank;
                     o.tail = tail;
                     let want: Vec<Batch> = all(&ds, o.clone());
+                    let resident: Vec<Batch> = read_resident(ds.clone(), o.clone())
+                        .unwrap()
+                        .map(|b| b.unwrap())
+                        .collect();
+                    assert!(
+                        resident == want,
+                        "resident: {format:?} {grouping:?} world {world} rank {rank}"
+                    );
                     o.memory = memory;
                     let scratch = sub.join("scratch");
                     let mut stream = read_two_pass(ds.clone(), o, scratch.clone()).unwrap();
@@ -359,6 +367,90 @@ fn two_pass_delivers_the_same_batches_as_lirs() {
             }
         }
     }
+}
+
+/// A resident read loads the files once: over three epochs the device moves the files'
+/// bytes (rounded to the alignment) in as many reads as over one, and the later epochs
+/// read nothing, while every epoch is the LIRS epoch, resumed mid-epoch too.
+#[test]
+fn a_resident_read_reads_the_device_once_over_its_epochs() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 3000, 700, 0.5);
+    let mut o = ReadOptions::new(64);
+    let one = super::read_resident(ds.clone(), o.clone()).unwrap();
+    let one_report = {
+        let mut one = one;
+        assert_eq!(one.by_ref().count(), 3000usize.div_ceil(64));
+        one.report()
+    };
+    o.epochs = 3;
+    let mut three = super::read_resident(ds.clone(), o.clone()).unwrap();
+    let got: Vec<Batch> = three.by_ref().map(|b| b.unwrap()).collect();
+    let r = three.report();
+    assert_eq!(got, all(&ds, o.clone()), "the LIRS batches");
+    check_payloads(&got);
+    assert_eq!(r.mode, "resident");
+    assert_eq!(r.epoch_seconds.len(), 3);
+    assert_eq!(
+        (r.device_bytes, r.read_ops),
+        (one_report.device_bytes, one_report.read_ops),
+        "epochs 2 and 3 read nothing from the device"
+    );
+    assert!(r.device_bytes >= ds.bytes() && r.device_bytes <= ds.bytes() + 4096);
+    assert!(r.resident_bytes >= ds.bytes());
+    // Resumed in the middle of epoch 1: the rest of it, then epoch 2, as LIRS has them.
+    o.resume = Some(Cursor {
+        epoch: 1,
+        batch: 20,
+    });
+    let resumed: Vec<Vec<u64>> = super::read_resident(ds.clone(), o.clone())
+        .unwrap()
+        .map(|b| b.unwrap().ids)
+        .collect();
+    let want: Vec<Vec<u64>> = all(&ds, o).into_iter().map(|b| b.ids).collect();
+    assert_eq!(resumed, want);
+}
+
+/// A resident read stopped by its consumer stops at its next batch, in memory as while
+/// loading: finished after one batch of a read of 1,000 epochs, it has sent a handful.
+#[test]
+fn a_stopped_resident_read_stops_at_its_next_batch() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Fixed, 4000, 512, 0.0);
+    let mut o = ReadOptions::new(16);
+    o.epochs = 1000;
+    let mut stream = super::read_resident(ds, o.clone()).unwrap();
+    assert!(stream.next().unwrap().is_ok());
+    let r = stream.finish();
+    eprintln!("sent {} of {} batches", r.batches, 1000 * 250);
+    assert!(
+        r.batches <= 1 + o.prefetch as u64 + 2,
+        "{} batches",
+        r.batches
+    );
+    assert!(r.epoch_seconds.len() <= 1, "{:?}", r.epoch_seconds);
+}
+
+/// A budget too small to hold the files is refused before anything is read, with the
+/// figures; a baseline is not read resident.
+#[test]
+fn a_resident_read_that_does_not_fit_is_refused_with_its_figures() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Fixed, 2000, 4096, 0.0);
+    let mut o = ReadOptions::new(64);
+    o.memory = Some(8 << 20);
+    let e = super::read_resident(ds.clone(), o.clone())
+        .err()
+        .expect("refused");
+    assert_eq!(e.kind(), crate::ErrorKind::Exhausted);
+    let e = e.to_string();
+    assert!(
+        e.contains("resident mode needs") && e.contains("7.8 MiB") && e.contains("--memory"),
+        "{e}"
+    );
+    o.memory = None;
+    o.baseline = Some(super::Baseline::Sequential);
+    assert!(super::read_resident(ds, o).is_err());
 }
 
 #[test]

@@ -23,6 +23,9 @@ pub enum MemoryFrom {
     Cgroup,
     /// Half of what the address-space limit (`ulimit -v`) leaves.
     AddressSpace,
+    /// Half of the available RAM: the default a resident read may hold the dataset in
+    /// (the other half is the trainer's).
+    AvailableHalf,
 }
 
 impl MemoryFrom {
@@ -33,6 +36,7 @@ impl MemoryFrom {
             MemoryFrom::Available => "a quarter of the available RAM",
             MemoryFrom::Cgroup => "3/4 of this process's memory cgroup limit",
             MemoryFrom::AddressSpace => "half of what ulimit -v leaves",
+            MemoryFrom::AvailableHalf => "half of the available RAM",
         }
     }
 
@@ -60,6 +64,9 @@ impl MemoryFrom {
             MemoryFrom::AddressSpace => {
                 "memory (the default budget: half of what ulimit -v leaves)"
             }
+            MemoryFrom::AvailableHalf => {
+                "memory (the default resident budget: half of the available RAM)"
+            }
         }
     }
 }
@@ -71,6 +78,12 @@ pub struct MachineMemory {
     pub bytes: u64,
     /// What sets it.
     pub from: MemoryFrom,
+    /// The budget a resident read (the dataset held in memory across epochs) plans
+    /// within when given no `--memory`: larger, since the memory is the point of that
+    /// mode and it is taken only when the planner picks it ([`resident_budget`]).
+    pub resident: u64,
+    /// What sets `resident`.
+    pub resident_from: MemoryFrom,
 }
 
 /// What the kernel says, as read: the inputs of [`budget`].
@@ -103,11 +116,35 @@ pub fn budget(r: &Readings) -> Option<MachineMemory> {
             (left / 2, MemoryFrom::AddressSpace)
         }),
     ];
+    let (resident, resident_from) = resident_budget(r)?;
     candidates
         .into_iter()
         .flatten()
         .min_by_key(|&(b, _)| b)
-        .map(|(bytes, from)| MachineMemory { bytes, from })
+        .map(|(bytes, from)| MachineMemory {
+            bytes,
+            from,
+            resident,
+            resident_from,
+        })
+}
+
+/// The default budget of a resident read: the least of half of the available RAM, 3/4 of
+/// the smallest cgroup limit and half of the address space left (as [`budget`], with half
+/// the RAM instead of a quarter); `None` when nothing is known.
+pub fn resident_budget(r: &Readings) -> Option<(u64, MemoryFrom)> {
+    let cgroup = r.cgroup_limits.iter().flatten().min().copied();
+    [
+        r.available.map(|a| (a / 2, MemoryFrom::AvailableHalf)),
+        cgroup.map(|c| (c / 4 * 3, MemoryFrom::Cgroup)),
+        r.address_space.map(|a| {
+            let left = a.saturating_sub(r.vm_size).saturating_sub(MAP_RESERVE);
+            (left / 2, MemoryFrom::AddressSpace)
+        }),
+    ]
+    .into_iter()
+    .flatten()
+    .min_by_key(|&(b, _)| b)
 }
 
 /// A `kB` field of /proc/meminfo or /proc/self/status (`MemAvailable:  123 kB`), in bytes.
@@ -273,7 +310,9 @@ mod tests {
             budget(&ram),
             Some(MachineMemory {
                 bytes: 6 << 30,
-                from: MemoryFrom::Available
+                from: MemoryFrom::Available,
+                resident: 12 << 30,
+                resident_from: MemoryFrom::AvailableHalf,
             })
         );
         // A 300 MB group inside an unlimited one, inside a 1 GB one: the 300 MB one counts.
@@ -285,7 +324,9 @@ mod tests {
             budget(&cgroup),
             Some(MachineMemory {
                 bytes: 225 << 20,
-                from: MemoryFrom::Cgroup
+                from: MemoryFrom::Cgroup,
+                resident: 225 << 20,
+                resident_from: MemoryFrom::Cgroup,
             })
         );
         // ulimit -v 300000 with 20 MiB mapped already.

@@ -13,6 +13,7 @@ mod buffer;
 mod lirs;
 pub mod memory;
 pub(crate) mod piles;
+mod resident;
 #[cfg(test)]
 mod tests;
 
@@ -27,6 +28,10 @@ pub use memory::{MachineMemory, MemoryFrom};
 pub(crate) use piles::shuffle_layout;
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;
+pub use resident::{
+    resident_budget, resident_bytes, resident_plan, resident_scan, RESIDENT_SCAN_DEPTH,
+    RESIDENT_SCAN_SLOT,
+};
 
 use crate::order::Grouping;
 use crate::size::human_bytes;

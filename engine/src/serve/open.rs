@@ -41,6 +41,11 @@ impl TryFrom<Mode> for ServeMode {
             Mode::Lirs => Ok(ServeMode::Lirs),
             Mode::TwoPass => Ok(ServeMode::TwoPass),
             Mode::Auto => Ok(ServeMode::Auto),
+            Mode::Resident => Err(
+                "the daemon does not hold a dataset resident yet: it serves auto, lirs or \
+                 two-pass"
+                    .into(),
+            ),
             other => Err(format!(
                 "the daemon serves the order contract: mode {other} is a baseline"
             )),
@@ -140,6 +145,11 @@ pub(super) fn prepare(
         // No plan: read as without a profile.
         job.mode = Mode::Lirs;
         job.opts.lead = false;
+    }
+    if job.mode == Mode::Resident {
+        // The daemon does not hold datasets resident (yet): the streaming mode the plan
+        // would run without it.
+        job.mode = (job.plan.as_ref().and_then(|p| p.streaming)).map_or(Mode::Lirs, Mode::from);
     }
     Ok(job)
 }

@@ -19,13 +19,14 @@ pub struct Args {
     /// open files, scratch), each with its reason.
     #[arg(long)]
     pub explain: bool,
-    /// The mode whose figures --explain lists: auto (the planner's choice), lirs or two-pass.
+    /// The mode whose figures --explain lists: auto (the planner's choice), lirs, two-pass
+    /// or resident.
     #[arg(long, default_value = "auto")]
     pub mode: String,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let explained = Mode::parse_among(&a.mode, &Mode::CONTRACT).map_err(anyhow::Error::msg)?;
+    let explained = Mode::parse_among(&a.mode, &Mode::PLANNED).map_err(anyhow::Error::msg)?;
     let opts = a.data.options(false, false, a.job.memory)?;
     let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
     // A mixture is planned by its first epoch's view (what that epoch reads).
@@ -68,9 +69,11 @@ pub fn run(a: Args) -> Result<()> {
         match (w.memory, riffle::resources::memory::here()) {
             (Some(m), _) => human_bytes(m as f64),
             (None, Some(m)) => format!(
-                "{} by default ({})",
+                "{} by default ({}; resident {}: {})",
                 human_bytes(m.bytes as f64),
-                m.from.source()
+                m.from.source(),
+                human_bytes(m.resident as f64),
+                m.resident_from.source()
             ),
             (None, None) => "unlimited".into(),
         },

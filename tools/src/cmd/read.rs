@@ -30,7 +30,11 @@ pub struct JobArgs {
     ///
     /// Without it the run plans within a default budget: the least of a quarter of the
     /// available RAM, 3/4 of this process's memory cgroup limit (v1 or v2) and half of what
-    /// `ulimit -v` leaves; two-pass takes at most 512 MiB of piles within it.
+    /// `ulimit -v` leaves; two-pass takes at most 512 MiB of piles within it. Resident mode
+    /// (chosen by auto, or --mode resident) may hold the dataset within a larger default:
+    /// the least of half of the available RAM, 3/4 of the cgroup limit and half of what
+    /// `ulimit -v` leaves; the memory is taken only when that mode runs. --memory caps
+    /// every mode, resident included.
     #[arg(long, value_parser = riffle::size::parse_budget)]
     pub memory: Option<u64>,
     /// record (an exact uniform shuffle) or page (records starting in one aligned block
@@ -63,9 +67,12 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub epoch: u64,
     /// lirs (random reads straight from the device), two-pass (sequential scatter into
-    /// piles, each pile ordered in memory: the same batches with sequential I/O), auto
-    /// (the planner picks lirs or two-pass from the device's cached profile, probing it
-    /// quickly on first use; see `riffle plan`), or a baseline for comparisons: buffer (a shuffle
+    /// piles, each pile ordered in memory: the same batches with sequential I/O), resident
+    /// (the files read once, sequentially, into memory, every later epoch a permutation of
+    /// that memory with no I/O: the same batches; refused with the figures when the files
+    /// do not fit the memory budget), auto (the planner picks lirs, two-pass or resident
+    /// from the device's cached profile, probing it quickly on first use; see `riffle
+    /// plan`), or a baseline for comparisons: buffer (a shuffle
     /// buffer of --buffer records over a sequential read), bmf (blocks of --block records,
     /// block order shuffled per epoch), sequential (no shuffle).
     #[arg(long, default_value = "auto")]
@@ -567,6 +574,12 @@ fn print_report(
     )?;
     let held = if job.mode == Mode::TwoPass {
         format!("piles {}", human_bytes(r.pile_bytes as f64))
+    } else if job.mode == Mode::Resident {
+        format!(
+            "resident {}, table {}",
+            human_bytes(r.resident_bytes as f64),
+            human_bytes(r.table_bytes as f64)
+        )
     } else {
         format!("table {}", human_bytes(r.table_bytes as f64))
     };

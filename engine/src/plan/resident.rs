@@ -1,0 +1,116 @@
+//! The resident candidate: the files read once at the device's sequential bandwidth, then
+//! every epoch a permutation in memory; and whether it beats the streaming modes.
+
+use super::{
+    grouping_name, Candidate, Choice, DeviceModel, Workload, CPU_PER_BATCH, TABLE_PER_UNIT,
+};
+use crate::resources::{Demand, Limits, ResourcePlan};
+use crate::size::human_bytes;
+
+/// Copying a record out of resident memory into its batch, at random addresses: seconds
+/// per byte (measured on the development machine, 400,000 records of 4 KiB on huge pages,
+/// batches of 256: a later epoch in 0.22-0.3 s with the per-record and per-batch costs).
+const RESIDENT_COPY_PER_BYTE: f64 = 0.12e-9;
+/// Per record: locating it, a cache miss on its first line, its id and offset.
+const RESIDENT_CPU_PER_RECORD: f64 = 0.1e-6;
+/// Loading opens each file and sets up its own sequential reader (an io_uring and its
+/// buffers): seconds per file (measured on the development machine: a tree of 300 files
+/// of 100 B loaded in 0.3 s).
+const RESIDENT_PER_FILE: f64 = 1e-3;
+/// Loading: each byte is copied once from the read's slot into the resident buffer, and
+/// its page faulted in, beside the reads in flight: seconds per byte that do not overlap.
+const RESIDENT_LOAD_PER_BYTE: f64 = 0.05e-9;
+
+/// The resident candidate with grouping `g` over `units` shuffling units, and its resource
+/// plan if it fits: `file_bytes` of files held whole within the budget.
+pub(super) fn candidate(
+    dev: &DeviceModel,
+    w: &Workload,
+    g: crate::order::Grouping,
+    units: f64,
+    demand: &Demand,
+    file_bytes: u64,
+    limits: &Limits,
+) -> (Candidate, Option<ResourcePlan>) {
+    let e = w.epochs as f64;
+    let batches = (w.records as f64 / w.batch.max(1) as f64).ceil();
+    let later = units * TABLE_PER_UNIT
+        + w.bytes as f64 * RESIDENT_COPY_PER_BYTE
+        + w.records as f64 * RESIDENT_CPU_PER_RECORD
+        + batches * CPU_PER_BATCH;
+    let load = file_bytes as f64 / dev.seq_read_bps.max(1.0)
+        + file_bytes as f64 * RESIDENT_LOAD_PER_BYTE
+        + demand.files as f64 * RESIDENT_PER_FILE;
+    // A batch is complete once every record of it is loaded: with records spread over the
+    // files, most are complete only near the end of the load, so the copies add to it.
+    let first = load + later;
+    let (memory, plan, unfit) = match crate::resources::resident_plan(demand, file_bytes, limits) {
+        Ok((_, r)) => (r.memory_bytes, Some(r), None),
+        Err(err) => (0, None, Some(err.to_string())),
+    };
+    let c = Candidate {
+        mode: Choice::Resident.name().into(),
+        grouping: grouping_name(g),
+        contract: true,
+        first_epoch_s: first,
+        first_batch_s: load,
+        later_epoch_s: later,
+        total_s: first + later * (e - 1.0),
+        reads_per_epoch: file_bytes as f64 / (4 << 20) as f64 / e,
+        read_bytes: (4 << 20) as f64,
+        bound: if load > later { "bandwidth" } else { "cpu" }.into(),
+        memory_bytes: memory,
+        scratch_bytes: 0,
+        unfit,
+    };
+    (c, plan)
+}
+
+/// Whether the resident candidate `res` beats the streaming choice `best` (the faster of
+/// lirs and two-pass that fits, if any): the choice and why, in either case.
+pub(super) fn weigh(
+    res: &Candidate,
+    best: Option<(&Candidate, Choice, String)>,
+    epochs: u64,
+) -> Option<(Choice, String)> {
+    let said = |c: &Candidate| {
+        format!(
+            "resident is predicted at {:.2} s for {epochs} epoch(s) ({:.2} s for the first, \
+             which reads the files once, then {:.3} s for each later one, from memory), \
+             holding {}",
+            c.total_s,
+            c.first_epoch_s,
+            c.later_epoch_s,
+            human_bytes(c.memory_bytes as f64)
+        )
+    };
+    match (best, &res.unfit) {
+        (None, None) => Some((
+            Choice::Resident,
+            format!("neither lirs nor two-pass fits; {}", said(res)),
+        )),
+        (None, Some(_)) => None,
+        (Some((b, _, why)), None) if res.total_s < b.total_s => Some((
+            Choice::Resident,
+            format!(
+                "{} against {:.2} s for {} ({:.1}x); without it: {why}",
+                said(res),
+                b.total_s,
+                b.mode,
+                b.total_s / res.total_s.max(1e-9)
+            ),
+        )),
+        (Some((b, choice, why)), None) => Some((
+            choice,
+            format!(
+                "{why}; {} against {:.2} s for {}, which is not slower",
+                said(res),
+                b.total_s,
+                b.mode
+            ),
+        )),
+        (Some((_, choice, why)), Some(unfit)) => {
+            Some((choice, format!("{why}; resident cannot run: {unfit}")))
+        }
+    }
+}
