@@ -2,7 +2,7 @@
 //! to the reader a few batches ahead, and each batch sent, in order, once its reads are in.
 
 use std::cell::{RefCell, RefMut};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
@@ -22,16 +22,64 @@ use crate::{Error, Result};
 struct Pending {
     ids: Vec<u64>,
     offsets: Vec<u64>,
+    /// Where the bytes of its reads go; each read's [`Piece`] names its run of these.
+    parts: Vec<Part>,
     payload: Payload,
     padding: usize,
     missing: usize,
     started: Instant,
 }
 
-/// Where the bytes of one read go: (offset in the read, length, offset in the payload).
+/// Bytes of one read that go to one place in the payload: `len` bytes from `from` in the
+/// read to `to` in the payload. Records back to back in the file (and so in the payload)
+/// are one part: a read of a unit's fixed-size records is copied in one piece.
+#[derive(Clone, Copy)]
+struct Part {
+    from: usize,
+    len: usize,
+    to: usize,
+}
+
+/// Where the bytes of one read go: the parts `parts` of its batch's [`Pending::parts`]
+/// (nothing allocated per read).
+#[derive(Clone)]
 struct Piece {
     batch: u64,
-    parts: Vec<(u64, u64, u64)>,
+    parts: std::ops::Range<usize>,
+}
+
+/// The pieces of the reads handed to the reader and not yet reaped, by read number: read
+/// `i` is at `i - first` (reads are handed in order and reaped in any order; the slots of
+/// those reaped at the front are dropped).
+#[derive(Default)]
+struct InFlight {
+    first: usize,
+    pieces: VecDeque<Option<Piece>>,
+}
+
+impl InFlight {
+    /// Read `i`'s piece, handed after every earlier one.
+    fn insert(&mut self, i: usize, piece: Piece) {
+        debug_assert_eq!(i, self.first + self.pieces.len(), "reads are handed in order");
+        self.pieces.push_back(Some(piece));
+    }
+
+    /// Takes read `i`'s piece.
+    fn remove(&mut self, i: usize) -> Option<Piece> {
+        let piece = self.pieces.get_mut(i.checked_sub(self.first)?)?.take();
+        while let Some(None) = self.pieces.front() {
+            self.pieces.pop_front();
+            self.first += 1;
+        }
+        piece
+    }
+}
+
+/// Scratch of `plan_batch`, kept from batch to batch (no allocation per batch for them).
+#[derive(Default)]
+struct Scratch {
+    units: Vec<u64>,
+    locs: Vec<crate::dataset::RecordLoc>,
 }
 
 struct EpochState<'a> {
@@ -41,9 +89,10 @@ struct EpochState<'a> {
     end: u64,
     next_batch: u64,
     /// Reads not yet handed to the reader for the batch being planned.
-    queue: std::collections::VecDeque<(usize, u64, usize, Piece)>,
-    pieces: HashMap<usize, Piece>,
+    queue: VecDeque<(usize, u64, usize, Piece)>,
+    pieces: InFlight,
     handed: usize,
+    scratch: Scratch,
     pending: HashMap<u64, Pending>,
     done: BTreeMap<u64, Pending>,
     /// Batches skipped (a shared pass's ranks that did not join) still ahead of
@@ -103,8 +152,9 @@ pub(super) fn read_epoch(
         end: split.batches(),
         next_batch: first,
         queue: Default::default(),
-        pieces: HashMap::new(),
+        pieces: InFlight::default(),
         handed: 0,
+        scratch: Scratch::default(),
         pending: HashMap::new(),
         done: BTreeMap::new(),
         skipped: BTreeSet::new(),
@@ -225,12 +275,12 @@ impl EpochRead<'_> {
             // Reads reaped after a stop: nobody takes their batches.
             return;
         }
-        let piece = st.pieces.remove(&i).expect("piece of a read");
+        let piece = st.pieces.remove(i).expect("piece of a read");
         let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
-        for &(from, len, to) in &piece.parts {
-            let (from, len, to) = (from as usize, len as usize, to as usize);
+        for p in &batch.parts[piece.parts] {
+            let (from, len) = (p.from, p.len);
             match bytes.get(from..from + len) {
-                Some(src) => batch.payload[to..to + len].copy_from_slice(src),
+                Some(src) => batch.payload[p.to..p.to + len].copy_from_slice(src),
                 None => {
                     st.error.get_or_insert(Error::Internal(
                         "a read came back shorter than its records".into(),
@@ -320,8 +370,11 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
     st.next_batch += 1;
     let positions = st.split.positions(j);
     let n = ds.len();
-    let mut ids = Vec::with_capacity((positions.end - positions.start) as usize);
-    let mut units = Vec::with_capacity(ids.capacity());
+    let count = (positions.end - positions.start) as usize;
+    let mut ids = Vec::with_capacity(count);
+    let Scratch { units, locs } = &mut st.scratch;
+    units.clear();
+    locs.clear();
     let mut padding = 0;
     for p in positions {
         if p >= n {
@@ -330,22 +383,23 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
         let (id, t) = st.walker.at(p % n);
         ids.push(id);
         units.push(t);
+        locs.push(ds.locate(id));
     }
     // Offsets of the records in the payload.
-    let mut offsets = Vec::with_capacity(ids.len() + 1);
+    let mut offsets = Vec::with_capacity(count + 1);
     let mut total = 0u64;
     offsets.push(0);
-    let locs: Vec<_> = ids.iter().map(|&id| ds.locate(id)).collect();
-    for l in &locs {
+    for l in locs.iter() {
         total += l.len;
         offsets.push(total);
     }
     // Reads: consecutive records of the same unit occurrence share one read.
+    let mut parts: Vec<Part> = Vec::new();
     let mut reads = 0usize;
     let mut i = 0usize;
-    while i < ids.len() {
+    while i < count {
         let mut k = i + 1;
-        while k < ids.len()
+        while k < count
             && units[k] == units[i]
             && ids[k] == ids[k - 1] + 1
             && locs[k].file == locs[i].file
@@ -356,26 +410,42 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
         }
         let start = locs[i].offset;
         let end = locs[k - 1].offset + locs[k - 1].len;
-        let parts = (i..k)
-            .map(|m| (locs[m].offset - start, locs[m].len, offsets[m]))
-            .collect();
+        let first = parts.len();
+        for m in i..k {
+            let (from, len) = ((locs[m].offset - start) as usize, locs[m].len as usize);
+            let ours = parts.len() > first;
+            match parts.last_mut() {
+                // Back to back in the read (and so in the payload): one copy.
+                Some(last) if ours && last.from + last.len == from => {
+                    last.len += len;
+                }
+                _ => parts.push(Part {
+                    from,
+                    len,
+                    to: offsets[m] as usize,
+                }),
+            }
+        }
         st.queue.push_back((
             locs[i].file,
             start,
             (end - start) as usize,
-            Piece { batch: j, parts },
+            Piece {
+                batch: j,
+                parts: first..parts.len(),
+            },
         ));
         reads += 1;
         i = k;
     }
     st.reads += reads as u64;
-    let n_records = ids.len();
     st.pending.insert(
         j,
         Pending {
             ids,
             offsets,
-            payload: Payload::sized(lender, j, n_records, total as usize),
+            parts,
+            payload: Payload::sized(lender, j, count, total as usize),
             padding,
             missing: reads,
             started: Instant::now(),
