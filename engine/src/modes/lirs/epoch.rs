@@ -60,7 +60,11 @@ struct InFlight {
 impl InFlight {
     /// Read `i`'s piece, handed after every earlier one.
     fn insert(&mut self, i: usize, piece: Piece) {
-        debug_assert_eq!(i, self.first + self.pieces.len(), "reads are handed in order");
+        debug_assert_eq!(
+            i,
+            self.first + self.pieces.len(),
+            "reads are handed in order"
+        );
         self.pieces.push_back(Some(piece));
     }
 
@@ -104,6 +108,29 @@ struct EpochState<'a> {
     error: Option<Error>,
 }
 
+impl<'a> EpochState<'a> {
+    /// An epoch's read through `walker` from batch `first` of `split`.
+    fn new(walker: Walker<'a>, split: Split, first: u64) -> Self {
+        EpochState {
+            walker,
+            split,
+            end: split.batches(),
+            next_batch: first,
+            queue: Default::default(),
+            pieces: InFlight::default(),
+            handed: 0,
+            scratch: Scratch::default(),
+            pending: HashMap::new(),
+            done: BTreeMap::new(),
+            skipped: BTreeSet::new(),
+            reads: 0,
+            next_send: first,
+            stopped: false,
+            error: None,
+        }
+    }
+}
+
 /// The table an epoch is walked through, and how many records of the epoch's sequence it
 /// covers (all of them, or those of a prefix table's units).
 #[derive(Clone, Copy)]
@@ -143,26 +170,11 @@ pub(super) fn read_epoch(
         Some(c) if c.epoch == epoch => c.batch.min(split.batches()),
         _ => 0,
     };
-    let state = RefCell::new(EpochState {
-        walker: match opts.baseline {
-            None => Walker::new(walked.table, units),
-            Some(_) => Walker::baseline(walked.table, units),
-        },
-        split,
-        end: split.batches(),
-        next_batch: first,
-        queue: Default::default(),
-        pieces: InFlight::default(),
-        handed: 0,
-        scratch: Scratch::default(),
-        pending: HashMap::new(),
-        done: BTreeMap::new(),
-        skipped: BTreeSet::new(),
-        reads: 0,
-        next_send: first,
-        stopped: false,
-        error: None,
-    });
+    let walker = match opts.baseline {
+        None => Walker::new(walked.table, units),
+        Some(_) => Walker::baseline(walked.table, units),
+    };
+    let state = RefCell::new(EpochState::new(walker, split, first));
     let e = EpochRead {
         ds,
         opts,
@@ -451,4 +463,49 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
             started: Instant::now(),
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gen::GenFormat;
+    use crate::order::{EpochKey, Grouping, Tail};
+
+    /// Page grouping of 512 B records in 4 KiB units: each read is a unit's run of records,
+    /// copied into its batch in one piece, and the pieces of the reads in flight are found
+    /// by number whatever order they come back in.
+    #[test]
+    fn a_page_grouped_read_of_fixed_records_is_one_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = super::super::super::tests::make(dir.path(), GenFormat::Fixed, 4096, 512, 0.0);
+        let units = Units::new(&ds.layout(), Grouping::Page { unit: 4096 });
+        let table = EpochTable::build(units.len(), &EpochKey::new(7, 0));
+        let split = Split::new(ds.len(), 256, 0, 1, Tail::Partial).unwrap();
+        let mut st = EpochState::new(Walker::new(&table, &units), split, 0);
+        plan_batch(&mut st, &ds, None);
+        let reads = st.queue.len();
+        assert!(
+            (32..=64).contains(&reads),
+            "{reads} reads for 256 records in 8-record units"
+        );
+        let batch = &st.pending[&0];
+        assert_eq!(batch.parts.len(), reads, "one part (one copy) per read");
+        for (i, (_, _, len, piece)) in st.queue.iter().enumerate() {
+            assert_eq!(piece.parts, i..i + 1);
+            let p = batch.parts[i];
+            assert_eq!((p.from, p.len), (0, *len), "the whole read, in one piece");
+        }
+        // Handed in order, reaped out of order: each read's piece, once.
+        let mut flight = InFlight::default();
+        for (i, (.., piece)) in st.queue.iter().enumerate() {
+            flight.insert(i, piece.clone());
+        }
+        for i in (1..reads).rev() {
+            assert_eq!(flight.remove(i).map(|p| p.parts), Some(i..i + 1));
+            assert_eq!(flight.first, 0, "read 0 is still in flight");
+        }
+        assert_eq!(flight.remove(0).map(|p| p.parts), Some(0..1));
+        assert!(flight.remove(0).is_none() && flight.remove(reads - 1).is_none());
+        assert!(flight.pieces.is_empty() && flight.first == reads);
+    }
 }
