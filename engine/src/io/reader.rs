@@ -336,8 +336,13 @@ impl RangeReader {
         let Some(lazy) = self.lazy.as_mut() else {
             return slot.ok_or_else(|| Error::Invalid(format!("file index {i} is closed")));
         };
-        lazy.tick += 1;
         if let Some(key) = *slot {
+            if lazy.used[i] == lazy.tick && lazy.opener.is_none() {
+                // Already the one used last (a dataset of one file, or a run in one file):
+                // the order of use is as it was, and nothing is touched per read.
+                return Ok(key);
+            }
+            lazy.tick += 1;
             if let Some(o) = lazy.opener.as_mut() {
                 o.forget(i);
             }
@@ -346,6 +351,7 @@ impl RangeReader {
             lazy.by_use.insert(lazy.tick, i);
             return Ok(key);
         }
+        lazy.tick += 1;
         // A file opened ahead already counts against the cap.
         let ahead = lazy.opener.as_ref().map_or(0, |o| o.pending[i] as usize);
         self.make_room(ahead);

@@ -9,7 +9,13 @@ use crate::gen::{generate, GenFormat, GenSpec};
 use crate::io::{BackendChoice, IoConfig};
 use crate::order::{Grouping, Tail};
 
-fn make(dir: &Path, format: GenFormat, records: u64, size: u64, jitter: f64) -> Arc<Dataset> {
+pub(crate) fn make(
+    dir: &Path,
+    format: GenFormat,
+    records: u64,
+    size: u64,
+    jitter: f64,
+) -> Arc<Dataset> {
     let name = match format {
         GenFormat::Fixed => "d.bin",
         GenFormat::Npy => "d.npy",

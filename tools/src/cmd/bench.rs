@@ -214,7 +214,7 @@ fn lirs(args: &Args) -> Result<()> {
     };
     suite(
         args,
-        3 + 4 * opts.repeats,
+        4 + 6 * opts.repeats,
         |p| riffle_bench::lirs::run(&opts, p),
         riffle_bench::lirs::markdown,
         |r| &r.report_dir,

@@ -2,7 +2,7 @@
 //! to the reader a few batches ahead, and each batch sent, in order, once its reads are in.
 
 use std::cell::{RefCell, RefMut};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
@@ -22,16 +22,68 @@ use crate::{Error, Result};
 struct Pending {
     ids: Vec<u64>,
     offsets: Vec<u64>,
+    /// Where the bytes of its reads go; each read's [`Piece`] names its run of these.
+    parts: Vec<Part>,
     payload: Payload,
     padding: usize,
     missing: usize,
     started: Instant,
 }
 
-/// Where the bytes of one read go: (offset in the read, length, offset in the payload).
+/// Bytes of one read that go to one place in the payload: `len` bytes from `from` in the
+/// read to `to` in the payload. Records back to back in the file (and so in the payload)
+/// are one part: a read of a unit's fixed-size records is copied in one piece.
+#[derive(Clone, Copy)]
+struct Part {
+    from: usize,
+    len: usize,
+    to: usize,
+}
+
+/// Where the bytes of one read go: the parts `parts` of its batch's [`Pending::parts`]
+/// (nothing allocated per read).
+#[derive(Clone)]
 struct Piece {
     batch: u64,
-    parts: Vec<(u64, u64, u64)>,
+    parts: std::ops::Range<usize>,
+}
+
+/// The pieces of the reads handed to the reader and not yet reaped, by read number: read
+/// `i` is at `i - first` (reads are handed in order and reaped in any order; the slots of
+/// those reaped at the front are dropped).
+#[derive(Default)]
+struct InFlight {
+    first: usize,
+    pieces: VecDeque<Option<Piece>>,
+}
+
+impl InFlight {
+    /// Read `i`'s piece, handed after every earlier one.
+    fn insert(&mut self, i: usize, piece: Piece) {
+        debug_assert_eq!(
+            i,
+            self.first + self.pieces.len(),
+            "reads are handed in order"
+        );
+        self.pieces.push_back(Some(piece));
+    }
+
+    /// Takes read `i`'s piece.
+    fn remove(&mut self, i: usize) -> Option<Piece> {
+        let piece = self.pieces.get_mut(i.checked_sub(self.first)?)?.take();
+        while let Some(None) = self.pieces.front() {
+            self.pieces.pop_front();
+            self.first += 1;
+        }
+        piece
+    }
+}
+
+/// Scratch of `plan_batch`, kept from batch to batch (no allocation per batch for them).
+#[derive(Default)]
+struct Scratch {
+    units: Vec<u64>,
+    locs: Vec<crate::dataset::RecordLoc>,
 }
 
 struct EpochState<'a> {
@@ -41,9 +93,10 @@ struct EpochState<'a> {
     end: u64,
     next_batch: u64,
     /// Reads not yet handed to the reader for the batch being planned.
-    queue: std::collections::VecDeque<(usize, u64, usize, Piece)>,
-    pieces: HashMap<usize, Piece>,
+    queue: VecDeque<(usize, u64, usize, Piece)>,
+    pieces: InFlight,
     handed: usize,
+    scratch: Scratch,
     pending: HashMap<u64, Pending>,
     done: BTreeMap<u64, Pending>,
     /// Batches skipped (a shared pass's ranks that did not join) still ahead of
@@ -53,6 +106,29 @@ struct EpochState<'a> {
     next_send: u64,
     stopped: bool,
     error: Option<Error>,
+}
+
+impl<'a> EpochState<'a> {
+    /// An epoch's read through `walker` from batch `first` of `split`.
+    fn new(walker: Walker<'a>, split: Split, first: u64) -> Self {
+        EpochState {
+            walker,
+            split,
+            end: split.batches(),
+            next_batch: first,
+            queue: Default::default(),
+            pieces: InFlight::default(),
+            handed: 0,
+            scratch: Scratch::default(),
+            pending: HashMap::new(),
+            done: BTreeMap::new(),
+            skipped: BTreeSet::new(),
+            reads: 0,
+            next_send: first,
+            stopped: false,
+            error: None,
+        }
+    }
 }
 
 /// The table an epoch is walked through, and how many records of the epoch's sequence it
@@ -94,25 +170,11 @@ pub(super) fn read_epoch(
         Some(c) if c.epoch == epoch => c.batch.min(split.batches()),
         _ => 0,
     };
-    let state = RefCell::new(EpochState {
-        walker: match opts.baseline {
-            None => Walker::new(walked.table, units),
-            Some(_) => Walker::baseline(walked.table, units),
-        },
-        split,
-        end: split.batches(),
-        next_batch: first,
-        queue: Default::default(),
-        pieces: HashMap::new(),
-        handed: 0,
-        pending: HashMap::new(),
-        done: BTreeMap::new(),
-        skipped: BTreeSet::new(),
-        reads: 0,
-        next_send: first,
-        stopped: false,
-        error: None,
-    });
+    let walker = match opts.baseline {
+        None => Walker::new(walked.table, units),
+        Some(_) => Walker::baseline(walked.table, units),
+    };
+    let state = RefCell::new(EpochState::new(walker, split, first));
     let e = EpochRead {
         ds,
         opts,
@@ -225,12 +287,12 @@ impl EpochRead<'_> {
             // Reads reaped after a stop: nobody takes their batches.
             return;
         }
-        let piece = st.pieces.remove(&i).expect("piece of a read");
+        let piece = st.pieces.remove(i).expect("piece of a read");
         let batch = st.pending.get_mut(&piece.batch).expect("pending batch");
-        for &(from, len, to) in &piece.parts {
-            let (from, len, to) = (from as usize, len as usize, to as usize);
+        for p in &batch.parts[piece.parts] {
+            let (from, len) = (p.from, p.len);
             match bytes.get(from..from + len) {
-                Some(src) => batch.payload[to..to + len].copy_from_slice(src),
+                Some(src) => batch.payload[p.to..p.to + len].copy_from_slice(src),
                 None => {
                     st.error.get_or_insert(Error::Internal(
                         "a read came back shorter than its records".into(),
@@ -320,8 +382,11 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
     st.next_batch += 1;
     let positions = st.split.positions(j);
     let n = ds.len();
-    let mut ids = Vec::with_capacity((positions.end - positions.start) as usize);
-    let mut units = Vec::with_capacity(ids.capacity());
+    let count = (positions.end - positions.start) as usize;
+    let mut ids = Vec::with_capacity(count);
+    let Scratch { units, locs } = &mut st.scratch;
+    units.clear();
+    locs.clear();
     let mut padding = 0;
     for p in positions {
         if p >= n {
@@ -330,22 +395,23 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
         let (id, t) = st.walker.at(p % n);
         ids.push(id);
         units.push(t);
+        locs.push(ds.locate(id));
     }
     // Offsets of the records in the payload.
-    let mut offsets = Vec::with_capacity(ids.len() + 1);
+    let mut offsets = Vec::with_capacity(count + 1);
     let mut total = 0u64;
     offsets.push(0);
-    let locs: Vec<_> = ids.iter().map(|&id| ds.locate(id)).collect();
-    for l in &locs {
+    for l in locs.iter() {
         total += l.len;
         offsets.push(total);
     }
     // Reads: consecutive records of the same unit occurrence share one read.
+    let mut parts: Vec<Part> = Vec::new();
     let mut reads = 0usize;
     let mut i = 0usize;
-    while i < ids.len() {
+    while i < count {
         let mut k = i + 1;
-        while k < ids.len()
+        while k < count
             && units[k] == units[i]
             && ids[k] == ids[k - 1] + 1
             && locs[k].file == locs[i].file
@@ -356,29 +422,90 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
         }
         let start = locs[i].offset;
         let end = locs[k - 1].offset + locs[k - 1].len;
-        let parts = (i..k)
-            .map(|m| (locs[m].offset - start, locs[m].len, offsets[m]))
-            .collect();
+        let first = parts.len();
+        for m in i..k {
+            let (from, len) = ((locs[m].offset - start) as usize, locs[m].len as usize);
+            let ours = parts.len() > first;
+            match parts.last_mut() {
+                // Back to back in the read (and so in the payload): one copy.
+                Some(last) if ours && last.from + last.len == from => {
+                    last.len += len;
+                }
+                _ => parts.push(Part {
+                    from,
+                    len,
+                    to: offsets[m] as usize,
+                }),
+            }
+        }
         st.queue.push_back((
             locs[i].file,
             start,
             (end - start) as usize,
-            Piece { batch: j, parts },
+            Piece {
+                batch: j,
+                parts: first..parts.len(),
+            },
         ));
         reads += 1;
         i = k;
     }
     st.reads += reads as u64;
-    let n_records = ids.len();
     st.pending.insert(
         j,
         Pending {
             ids,
             offsets,
-            payload: Payload::sized(lender, j, n_records, total as usize),
+            parts,
+            payload: Payload::sized(lender, j, count, total as usize),
             padding,
             missing: reads,
             started: Instant::now(),
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gen::GenFormat;
+    use crate::order::{EpochKey, Grouping, Tail};
+
+    /// Page grouping of 512 B records in 4 KiB units: each read is a unit's run of records,
+    /// copied into its batch in one piece, and the pieces of the reads in flight are found
+    /// by number whatever order they come back in.
+    #[test]
+    fn a_page_grouped_read_of_fixed_records_is_one_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = super::super::super::tests::make(dir.path(), GenFormat::Fixed, 4096, 512, 0.0);
+        let units = Units::new(&ds.layout(), Grouping::Page { unit: 4096 });
+        let table = EpochTable::build(units.len(), &EpochKey::new(7, 0));
+        let split = Split::new(ds.len(), 256, 0, 1, Tail::Partial).unwrap();
+        let mut st = EpochState::new(Walker::new(&table, &units), split, 0);
+        plan_batch(&mut st, &ds, None);
+        let reads = st.queue.len();
+        assert!(
+            (32..=64).contains(&reads),
+            "{reads} reads for 256 records in 8-record units"
+        );
+        let batch = &st.pending[&0];
+        assert_eq!(batch.parts.len(), reads, "one part (one copy) per read");
+        for (i, (_, _, len, piece)) in st.queue.iter().enumerate() {
+            assert_eq!(piece.parts, i..i + 1);
+            let p = batch.parts[i];
+            assert_eq!((p.from, p.len), (0, *len), "the whole read, in one piece");
+        }
+        // Handed in order, reaped out of order: each read's piece, once.
+        let mut flight = InFlight::default();
+        for (i, (.., piece)) in st.queue.iter().enumerate() {
+            flight.insert(i, piece.clone());
+        }
+        for i in (1..reads).rev() {
+            assert_eq!(flight.remove(i).map(|p| p.parts), Some(i..i + 1));
+            assert_eq!(flight.first, 0, "read 0 is still in flight");
+        }
+        assert_eq!(flight.remove(0).map(|p| p.parts), Some(0..1));
+        assert!(flight.remove(0).is_none() && flight.remove(reads - 1).is_none());
+        assert!(flight.pieces.is_empty() && flight.first == reads);
+    }
 }
