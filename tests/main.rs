@@ -22,6 +22,7 @@ mod reruns;
 mod scratch;
 mod serve;
 mod shuffle;
+mod s3;
 mod signals;
 
 fn riffle() -> Command {
