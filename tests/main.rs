@@ -19,10 +19,10 @@ mod limits;
 mod plan;
 mod read;
 mod reruns;
+mod s3;
 mod scratch;
 mod serve;
 mod shuffle;
-mod s3;
 mod signals;
 
 fn riffle() -> Command {

@@ -42,7 +42,12 @@ fn url_of(bucket: &str, key: &str) -> String {
 }
 
 /// An `object_store` error about `url`, as the engine's error: not found keeps its kind.
-fn store_error(url: &str, op: &'static str, range: Option<(u64, u64)>, e: object_store::Error) -> Error {
+fn store_error(
+    url: &str,
+    op: &'static str,
+    range: Option<(u64, u64)>,
+    e: object_store::Error,
+) -> Error {
     let (kind, what) = match &e {
         object_store::Error::NotFound { .. } => (
             ErrorKind::NotFound,
@@ -82,7 +87,7 @@ fn local_rel(url: &str, key: &str) -> Result<PathBuf> {
 }
 
 /// The objects `url` names, in key order.
-async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Vec<ObjectMeta>> {
+pub(super) async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Vec<ObjectMeta>> {
     let parse = |k: &str| {
         Key::parse(k).map_err(|e| Error::Invalid(format!("'{}': a bad key: {e}", url.text)))
     };
@@ -94,7 +99,11 @@ async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Vec<ObjectMet
         }
     }
     let prefix = url.key.trim_end_matches('/');
-    let prefix = if prefix.is_empty() { None } else { Some(parse(prefix)?) };
+    let prefix = if prefix.is_empty() {
+        None
+    } else {
+        Some(parse(prefix)?)
+    };
     let listed: Vec<ObjectMeta> = store
         .list(prefix.as_ref())
         .try_collect()
@@ -110,7 +119,11 @@ async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Vec<ObjectMet
             let key = m.location.as_ref();
             // Hidden names are left out, as in a local directory.
             let hidden = m.location.filename().is_some_and(|n| n.starts_with('.'));
-            !hidden && url.pattern.as_ref().is_none_or(|p| p.matches_with(key, opts))
+            !hidden
+                && url
+                    .pattern
+                    .as_ref()
+                    .is_none_or(|p| p.matches_with(key, opts))
         })
         .collect();
     found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
@@ -148,7 +161,12 @@ fn is_fresh(dest: &Path, meta: &ObjectMeta) -> Result<bool> {
 /// Fetches the object `meta` describes into `dest` with ranged GETs, [`IN_FLIGHT`] at a
 /// time, each conditional on the listed ETag (and checked against it, for a server that
 /// ignores `If-Match`); commits the copy, then its identity.
-async fn fetch(store: &Arc<dyn ObjectStore>, url: &str, meta: &ObjectMeta, dest: &Path) -> Result<()> {
+pub(super) async fn fetch(
+    store: &Arc<dyn ObjectStore>,
+    url: &str,
+    meta: &ObjectMeta,
+    dest: &Path,
+) -> Result<()> {
     let parent = scratch::parent_dir(dest);
     std::fs::create_dir_all(parent)
         .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
@@ -187,7 +205,10 @@ async fn fetch(store: &Arc<dyn ObjectStore>, url: &str, meta: &ObjectMeta, dest:
                 return Err(Error::BadInput {
                     path: PathBuf::from(url),
                     offset: Some(a),
-                    what: format!("a ranged GET of bytes {a}..{b} returned {} bytes", bytes.len()),
+                    what: format!(
+                        "a ranged GET of bytes {a}..{b} returned {} bytes",
+                        bytes.len()
+                    ),
                 });
             }
             file.write_all_at(&bytes, a)
@@ -207,7 +228,11 @@ async fn fetch(store: &Arc<dyn ObjectStore>, url: &str, meta: &ObjectMeta, dest:
 
 /// Stages every object `url` names under `dir` (the bucket's cache directory), fetching
 /// only those whose copy is missing or stale, and returns the local paths in key order.
-pub(super) async fn stage(store: &Arc<dyn ObjectStore>, url: &S3Url, dir: &Path) -> Result<Vec<PathBuf>> {
+pub(super) async fn stage(
+    store: &Arc<dyn ObjectStore>,
+    url: &S3Url,
+    dir: &Path,
+) -> Result<Vec<PathBuf>> {
     let objects = list(store, url).await?;
     let mut out = Vec::with_capacity(objects.len());
     for meta in &objects {

@@ -104,11 +104,83 @@ pub fn cache_root() -> Result<PathBuf> {
     }
 }
 
-/// The endpoint as configured (`AWS_ENDPOINT_URL` or `AWS_ENDPOINT`), if any.
-fn endpoint() -> Option<String> {
-    ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-        .into_iter()
-        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+/// Where the objects are and who asks: the endpoint and credentials. [`S3Config::from_env`]
+/// reads them the standard AWS way; tests name them.
+#[derive(Clone, Debug, Default)]
+pub struct S3Config {
+    /// The endpoint (`AWS_ENDPOINT_URL`, or `AWS_ENDPOINT`); AWS itself when `None`.
+    pub endpoint: Option<String>,
+    /// The access key and secret; when `None`, `object_store`'s own chain (the
+    /// environment, then the instance's or container's credentials).
+    pub credentials: Option<(String, String)>,
+    /// The region (`AWS_REGION`, `AWS_DEFAULT_REGION`); `us-east-1` when unset.
+    pub region: Option<String>,
+}
+
+impl S3Config {
+    /// From `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT`) and `AWS_REGION` (or
+    /// `AWS_DEFAULT_REGION`); credentials are left to `object_store`'s environment chain
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, then instance
+    /// and container credentials).
+    pub fn from_env() -> S3Config {
+        let var = |keys: &[&str]| {
+            keys.iter()
+                .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        };
+        S3Config {
+            endpoint: var(&["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]),
+            credentials: None,
+            region: var(&["AWS_REGION", "AWS_DEFAULT_REGION"]),
+        }
+    }
+
+    /// The directory of the cache this endpoint's objects go under: its host and port,
+    /// made safe as one path component (`aws` for AWS itself).
+    fn cache_dir(&self) -> String {
+        match &self.endpoint {
+            None => "aws".into(),
+            Some(e) => {
+                let host = e.split("://").nth(1).unwrap_or(e);
+                let host = host.split('/').next().unwrap_or(host);
+                host.chars()
+                    .map(|c| match c {
+                        'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '-' => c,
+                        _ => '_',
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The store for `bucket`, with retries and exponential backoff on 5xx, throttling
+    /// and dropped connections (`object_store`'s retry layer).
+    fn store(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_region(self.region.as_deref().unwrap_or("us-east-1"));
+        if let Some(e) = &self.endpoint {
+            b = b.with_endpoint(e);
+            if is_loopback_http(e) {
+                b = b.with_allow_http(true);
+            }
+        }
+        if let Some((key, secret)) = &self.credentials {
+            b = b.with_access_key_id(key).with_secret_access_key(secret);
+        }
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(15),
+                base: 2.0,
+            },
+            max_retries: 10,
+            retry_timeout: Duration::from_secs(180),
+        };
+        let store = b.with_retry(retry).build().map_err(|e| {
+            Error::Invalid(format!("s3://{bucket}: cannot configure the store: {e}"))
+        })?;
+        Ok(Arc::new(store))
+    }
 }
 
 /// Whether `endpoint` is plain HTTP to this machine (allowed without `AWS_ALLOW_HTTP`).
@@ -127,51 +199,6 @@ fn is_loopback_http(endpoint: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// The directory of the cache this endpoint's objects go under: its host and port, made
-/// safe as one path component (`aws` for AWS itself).
-fn endpoint_dir() -> String {
-    match endpoint() {
-        None => "aws".into(),
-        Some(e) => {
-            let host = e.split("://").nth(1).unwrap_or(&e);
-            let host = host.split('/').next().unwrap_or(host);
-            host.chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
-                .collect()
-        }
-    }
-}
-
-/// The store for `bucket`, configured from the environment, with retries and backoff on
-/// 5xx, throttling and dropped connections.
-fn store_for(bucket: &str) -> Result<Arc<dyn ObjectStore>> {
-    let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
-    if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-    {
-        b = b.with_region("us-east-1");
-    }
-    if let Some(e) = endpoint() {
-        b = b.with_endpoint(&e);
-        if is_loopback_http(&e) {
-            b = b.with_allow_http(true);
-        }
-    }
-    let retry = RetryConfig {
-        backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(15),
-            base: 2.0,
-        },
-        max_retries: 10,
-        retry_timeout: Duration::from_secs(180),
-    };
-    let store = b
-        .with_retry(retry)
-        .build()
-        .map_err(|e| Error::Invalid(format!("s3://{bucket}: cannot configure the store: {e}")))?;
-    Ok(Arc::new(store))
-}
-
 /// A current-thread runtime for one call: the only place a future is driven.
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -183,10 +210,15 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// Stages every object `url` names into the local cache and returns their local paths,
 /// in key order (as a local directory's files are listed). `url` is one object, a prefix
 /// (every object under `key/`) or a glob of keys; it must name at least one object.
-pub fn stage(url: &str) -> Result<Vec<PathBuf>> {
+pub fn stage(url: &str, cfg: &S3Config) -> Result<Vec<PathBuf>> {
+    stage_in(url, cfg, &cache_root()?)
+}
+
+/// As [`stage`], into the cache `root`.
+pub fn stage_in(url: &str, cfg: &S3Config, root: &Path) -> Result<Vec<PathBuf>> {
     let url = S3Url::parse(url)?;
-    let store = store_for(&url.bucket)?;
-    let dir = cache_root()?.join(endpoint_dir()).join(&url.bucket);
+    let store = cfg.store(&url.bucket)?;
+    let dir = root.join(cfg.cache_dir()).join(&url.bucket);
     runtime()?.block_on(fetch::stage(&store, &url, &dir))
 }
 
@@ -194,9 +226,10 @@ pub fn stage(url: &str) -> Result<Vec<PathBuf>> {
 /// each URL replaced by its objects' local copies.
 pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::with_capacity(paths.len());
+    let cfg = S3Config::from_env();
     for p in paths {
         match p.to_str().filter(|s| s.starts_with(SCHEME)) {
-            Some(url) => out.extend(stage(url)?),
+            Some(url) => out.extend(stage(url, &cfg)?),
             None => out.push(p.clone()),
         }
     }
