@@ -156,8 +156,9 @@ fn a_replaced_object_is_fetched_again_and_read_as_its_new_bytes() {
         second, first,
         "the replaced object was read from its stale copy"
     );
-    assert_eq!(
-        second,
-        ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"])
-    );
+    let local = ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"]);
+    assert_eq!(second, local);
+    // Named by its prefix, it is read as the same new bytes.
+    let prefix = format!("s3://{BUCKET}/r/");
+    assert_eq!(ids(&sb, s3.cmd(&sb), &prefix, &["--mode", "lirs"]), local);
 }

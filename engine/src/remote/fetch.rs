@@ -127,6 +127,23 @@ pub(super) async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Ve
         })
         .collect();
     found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
+    // A listing without ETags (some S3-compatible servers leave them out): each object's
+    // HEAD gives its identity, [`IN_FLIGHT`] at a time.
+    if found.iter().any(|m| m.e_tag.is_none()) {
+        found = stream::iter(found.into_iter().map(|m| async move {
+            if m.e_tag.is_some() {
+                return Ok(m);
+            }
+            let url = url_of(&url.bucket, m.location.as_ref());
+            store
+                .head(&m.location)
+                .await
+                .map_err(|e| store_error(&url, "HEAD", None, e))
+        }))
+        .buffered(IN_FLIGHT)
+        .try_collect()
+        .await?;
+    }
     if found.is_empty() {
         return Err(Error::Io {
             path: PathBuf::from(&url.text),
