@@ -162,3 +162,32 @@ fn a_replaced_object_is_fetched_again_and_read_as_its_new_bytes() {
     let prefix = format!("s3://{BUCKET}/r/");
     assert_eq!(ids(&sb, s3.cmd(&sb), &prefix, &["--mode", "lirs"]), local);
 }
+
+#[test]
+fn shuffle_takes_an_object_like_its_file() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let file = sb.data().join("x.jsonl");
+    gen(&sb, &file, "lines", 300, 40, &[]);
+    s3.put("s/x.jsonl", &std::fs::read(&file).unwrap());
+    let shuffled = |mut c: Command, input: &str, out: &str| {
+        let out = sb.path().join(out);
+        let o = c
+            .args(["shuffle", input, "--seed", "3", "-o"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        std::fs::read(out).unwrap()
+    };
+    let local = shuffled(sb.cmd(), file.to_str().unwrap(), "local.jsonl");
+    let remote = shuffled(
+        s3.cmd(&sb),
+        &format!("s3://{BUCKET}/s/x.jsonl"),
+        "remote.jsonl",
+    );
+    assert!(
+        local.len() > 1000 && remote == local,
+        "the shuffled object differs"
+    );
+}

@@ -251,12 +251,36 @@ pub(super) async fn stage(
     dir: &Path,
 ) -> Result<Vec<PathBuf>> {
     let objects = list(store, url).await?;
+    let stale: Vec<bool> = objects
+        .iter()
+        .map(|m| {
+            let key = m.location.as_ref();
+            let dest = dir.join(local_rel(&url_of(&url.bucket, key), key)?);
+            Ok(!is_fresh(&dest, m)?)
+        })
+        .collect::<Result<_>>()?;
+    let (n, bytes) = objects
+        .iter()
+        .zip(&stale)
+        .filter(|(_, s)| **s)
+        .fold((0, 0), |(n, b), (m, _)| (n + 1, b + m.size));
+    if n > 0 {
+        crate::notice::once(
+            &format!("s3-stage {}", url.text),
+            &format!(
+                "fetching {n} object(s), {} from {} into {}",
+                crate::size::human_bytes(bytes as f64),
+                url.text,
+                dir.display()
+            ),
+        );
+    }
     let mut out = Vec::with_capacity(objects.len());
-    for meta in &objects {
+    for (meta, stale) in objects.iter().zip(stale) {
         let key = meta.location.as_ref();
         let object = url_of(&url.bucket, key);
         let dest = dir.join(local_rel(&object, key)?);
-        if !is_fresh(&dest, meta)? {
+        if stale {
             if scratch::stopping() {
                 return Err(Error::Cancelled {
                     reason: "stopped while staging objects",
