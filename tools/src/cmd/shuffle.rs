@@ -71,8 +71,7 @@ pub fn is_dash(p: &Path) -> bool {
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
-    // `s3://` inputs are staged into the local cache and shuffled as those files.
-    let staged = riffle::remote::resolve(&a.inputs)?;
+    let staged = riffle::remote::resolve(&a.inputs)?; // s3:// inputs: their staged copies
     let inputs: Vec<Input> = staged
         .iter()
         .map(|i| {
