@@ -21,8 +21,11 @@ impl Server {
     }
     /// A `riffle` command of `sb` pointed at this server, its object cache in the sandbox.
     fn cmd(&self, sb: &Sandbox) -> Command {
+        Server::cmd_for(&self.0, sb)
+    }
+    fn cmd_for(s3: &S3Server, sb: &Sandbox) -> Command {
         let mut c = sb.cmd();
-        self.0.env(&mut c);
+        s3.env(&mut c);
         c.env("RIFFLE_S3_CACHE", sb.path().join("s3-cache"));
         c
     }
@@ -190,4 +193,90 @@ fn shuffle_takes_an_object_like_its_file() {
         local.len() > 1000 && remote == local,
         "the shuffled object differs"
     );
+}
+
+/// Answers the next `n` requests on `listener` with 503 Slow Down, as a throttling or
+/// failing server does, closing each connection; stops early if `child` exits (a client
+/// that gave up instead of retrying).
+fn answer_503(listener: &std::net::TcpListener, n: usize, child: &mut std::process::Child) {
+    use std::io::{BufRead, BufReader, Write};
+    listener.set_nonblocking(true).unwrap();
+    // A deadline only to catch a hang.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut answered = 0;
+    while answered < n {
+        let conn = match listener.accept() {
+            Ok((conn, _)) => conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if child.try_wait().unwrap().is_some() {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "riffle never came back"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+            Err(e) => panic!("accept: {e}"),
+        };
+        conn.set_nonblocking(false).unwrap();
+        let mut r = BufReader::new(conn);
+        let mut line = String::new();
+        // The request's head; a GET, HEAD or LIST has no body.
+        while r.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
+            line.clear();
+        }
+        let body = "<Error><Code>SlowDown</Code></Error>";
+        let head = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let mut conn = r.into_inner();
+        conn.write_all(head.as_bytes()).unwrap();
+        conn.write_all(body.as_bytes()).unwrap();
+        answered += 1;
+    }
+}
+
+#[test]
+fn a_503_storm_then_a_stopped_and_restarted_server_resumes_with_the_same_batches() {
+    let Some(mut s3) = S3Server::start() else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let file = sb.data().join("x.jsonl");
+    gen(&sb, &file, "lines", 200, 64, &[]);
+    s3.put("storm/x.jsonl", &std::fs::read(&file).unwrap());
+    let want = ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"]);
+    // The server goes away; its port answers 503 to riffle's first requests.
+    s3.stop();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", s3.port())).unwrap();
+    let mut c = Server::cmd_for(&s3, &sb);
+    let out = sb.path().join("storm-ids.txt");
+    let mut child = c
+        .args([
+            "read",
+            &format!("s3://{BUCKET}/storm/"),
+            "--batch-size",
+            "16",
+        ])
+        .args(["--seed", "7", "--mode", "lirs", "--ids-out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    answer_503(&listener, 3, &mut child);
+    // Then nothing listens (connections refused) until the server is back.
+    drop(listener);
+    s3.restart();
+    let o = child.wait_with_output().unwrap();
+    assert_ok(&o);
+    let got: Vec<String> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(got, want, "the resumed read differs from the file's");
 }

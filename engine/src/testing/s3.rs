@@ -17,8 +17,10 @@ const SECRET_KEY: &str = "riffle-secret";
 /// A running s3s-fs.
 #[derive(Debug)]
 pub struct S3Server {
+    bin: PathBuf,
     child: Child,
     root: tempfile::TempDir,
+    port: u16,
     endpoint: String,
 }
 
@@ -53,31 +55,31 @@ impl S3Server {
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
-        let mut child = Command::new(&bin)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-            .arg(root.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        // A deadline only to catch a server that never listens.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("s3s-fs exited before listening: {status}");
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("s3s-fs never listened on port {port}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = spawn(&bin, root.path(), port);
         Some(S3Server {
+            bin,
             child,
             root,
+            port,
             endpoint: format!("http://127.0.0.1:{port}"),
         })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops the server (its objects stay), freeing its port.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same port over the same objects.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = spawn(&self.bin, self.root.path(), self.port);
     }
 
     /// Places `bytes` as object `key` of [`BUCKET`]: s3s-fs stores an object as the file
@@ -112,6 +114,31 @@ impl S3Server {
             .env_remove("AWS_SESSION_TOKEN")
             .env_remove("AWS_PROFILE");
     }
+}
+
+/// Starts s3s-fs over `root` on `port` and waits until it listens.
+fn spawn(bin: &Path, root: &Path, port: u16) -> Child {
+    let mut child = Command::new(bin)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+        .arg(root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    // A deadline only to catch a server that never listens.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("s3s-fs exited before listening on {port}: {status}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("s3s-fs never listened on port {port}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
 }
 
 impl Drop for S3Server {
