@@ -19,6 +19,7 @@ mod limits;
 mod plan;
 mod read;
 mod reruns;
+mod s3;
 mod scratch;
 mod serve;
 mod shuffle;

@@ -47,6 +47,7 @@ mod piles;
 mod pipeline;
 pub mod plan;
 pub mod probe;
+pub mod remote;
 pub mod request;
 pub mod resources;
 pub mod scratch;

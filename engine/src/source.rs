@@ -60,7 +60,11 @@ impl DatasetSpec {
         progress: &mut dyn FnMut(&Path, u64, u64),
     ) -> Result<Source> {
         Ok(match self {
-            DatasetSpec::Paths(p) => Source::Dataset(Arc::new(Dataset::open(p, opts, progress)?)),
+            DatasetSpec::Paths(p) => {
+                // `s3://` URLs are staged into the local cache first (`remote`).
+                let local = crate::remote::resolve(p)?;
+                Source::Dataset(Arc::new(Dataset::open(&local, opts, progress)?))
+            }
             DatasetSpec::Mixture(m) => Source::Mixture(Arc::new(crate::mix::open(m, opts)?)),
         })
     }

@@ -10,6 +10,8 @@
 
 use std::io::Write;
 
+pub mod s3;
+
 /// Records that the calling test skipped, with the reason: for a capability that depends on
 /// the machine (architecture, filesystem, kernel policy, cgroups), which CI cannot promise.
 pub fn skip(why: &str) {

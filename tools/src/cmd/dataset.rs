@@ -9,7 +9,10 @@ use riffle::format::Format;
 /// A dataset as given on the command line.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatasetArgs {
-    /// A file, a directory of files of one format, or globs. `riffle read` also takes a
+    /// A file, a directory of files of one format, or globs; or objects in S3-compatible
+    /// storage, 's3://BUCKET/KEY', 's3://BUCKET/PREFIX/' or 's3://BUCKET/PREFIX/*.tar',
+    /// staged into a local cache (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION; RIFFLE_S3_CACHE; docs/object-storage.md). `riffle read` also takes a
     /// weighted mixture of datasets of one format:
     /// 'mix:NAME=PATH*WEIGHT,NAME=PATH*WEIGHT[;size=RECORDS_PER_EPOCH]' (a file whose name
     /// begins 'mix:' is given as './mix:...').

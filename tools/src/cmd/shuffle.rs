@@ -12,7 +12,8 @@ use crate::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Input files, merged in the order given (`-` is standard input). Pipes, FIFOs and
+    /// Input files, merged in the order given (`-` is standard input; `s3://BUCKET/KEY`,
+    /// a prefix or a glob of keys is staged into the local cache first). Pipes, FIFOs and
     /// devices (`<(cmd)`, /dev/stdin) are streamed like standard input.
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
@@ -70,8 +71,8 @@ pub fn is_dash(p: &Path) -> bool {
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
-    let inputs: Vec<Input> = a
-        .inputs
+    let staged = riffle::remote::resolve(&a.inputs)?; // s3:// inputs: their staged copies
+    let inputs: Vec<Input> = staged
         .iter()
         .map(|i| {
             if is_dash(i) {

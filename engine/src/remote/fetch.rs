@@ -1,0 +1,299 @@
+//! The async half of [`crate::remote`]: listing, identity checks and ranged GETs into the
+//! local cache. Nothing here is reached except through `block_on` in `remote/mod.rs`.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::path::Path as Key;
+use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
+use serde::{Deserialize, Serialize};
+
+use super::S3Url;
+use crate::door::{self, Follow};
+use crate::scratch::{self, TempFile};
+use crate::{Error, Result};
+
+/// Bytes per ranged GET.
+pub(super) const CHUNK: u64 = 8 << 20;
+/// Ranged GETs in flight per object.
+pub(super) const IN_FLIGHT: usize = 16;
+
+/// What the cache records beside a staged object: its identity when it was fetched.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+pub(super) struct Identity {
+    pub etag: Option<String>,
+    pub size: u64,
+}
+
+impl Identity {
+    fn of(meta: &ObjectMeta) -> Identity {
+        Identity {
+            etag: meta.e_tag.clone(),
+            size: meta.size,
+        }
+    }
+}
+
+fn url_of(bucket: &str, key: &str) -> String {
+    format!("s3://{bucket}/{key}")
+}
+
+/// An `object_store` error about `url`, as the engine's error: not found keeps its kind.
+fn store_error(
+    url: &str,
+    op: &'static str,
+    range: Option<(u64, u64)>,
+    e: object_store::Error,
+) -> Error {
+    let (kind, what) = match &e {
+        object_store::Error::NotFound { .. } => (
+            ErrorKind::NotFound,
+            "no such object (removed since it was listed?)".to_string(),
+        ),
+        object_store::Error::Precondition { .. } => (
+            ErrorKind::Other,
+            "the object was replaced since it was listed (its ETag changed)".to_string(),
+        ),
+        _ => (ErrorKind::Other, e.to_string()),
+    };
+    let what = match range {
+        Some((a, b)) => format!("bytes {a}..{b}: {what}"),
+        None => what,
+    };
+    Error::Io {
+        path: PathBuf::from(url),
+        op,
+        offset: range.map(|r| r.0),
+        err: std::io::Error::new(kind, what),
+    }
+}
+
+/// The key as a relative local path, refused when it could leave the cache or name a
+/// directory (`..`, `.`, an empty component).
+fn local_rel(url: &str, key: &str) -> Result<PathBuf> {
+    let ok = !key.is_empty()
+        && key
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'));
+    if !ok {
+        return Err(Error::Invalid(format!(
+            "{url}: a key with an empty, '.' or '..' component cannot be staged in the local cache"
+        )));
+    }
+    Ok(PathBuf::from(key))
+}
+
+/// The objects `url` names, in key order.
+pub(super) async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Vec<ObjectMeta>> {
+    let parse = |k: &str| {
+        Key::parse(k).map_err(|e| Error::Invalid(format!("'{}': a bad key: {e}", url.text)))
+    };
+    if url.pattern.is_none() && !url.key.is_empty() && !url.key.ends_with('/') {
+        match store.head(&parse(&url.key)?).await {
+            Ok(meta) => return Ok(vec![meta]),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(store_error(&url.text, "HEAD", None, e)),
+        }
+    }
+    let prefix = url.key.trim_end_matches('/');
+    let prefix = if prefix.is_empty() {
+        None
+    } else {
+        Some(parse(prefix)?)
+    };
+    let listed: Vec<ObjectMeta> = store
+        .list(prefix.as_ref())
+        .try_collect()
+        .await
+        .map_err(|e| store_error(&url.text, "LIST", None, e))?;
+    let opts = glob::MatchOptions {
+        require_literal_separator: true,
+        ..Default::default()
+    };
+    let mut found: Vec<ObjectMeta> = listed
+        .into_iter()
+        .filter(|m| {
+            let key = m.location.as_ref();
+            // Hidden names are left out, as in a local directory.
+            let hidden = m.location.filename().is_some_and(|n| n.starts_with('.'));
+            !hidden
+                && url
+                    .pattern
+                    .as_ref()
+                    .is_none_or(|p| p.matches_with(key, opts))
+        })
+        .collect();
+    found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
+    // A listing without ETags (some S3-compatible servers leave them out): each object's
+    // HEAD gives its identity, [`IN_FLIGHT`] at a time.
+    if found.iter().any(|m| m.e_tag.is_none()) {
+        found = stream::iter(found.into_iter().map(|m| async move {
+            if m.e_tag.is_some() {
+                return Ok(m);
+            }
+            let url = url_of(&url.bucket, m.location.as_ref());
+            store
+                .head(&m.location)
+                .await
+                .map_err(|e| store_error(&url, "HEAD", None, e))
+        }))
+        .buffered(IN_FLIGHT)
+        .try_collect()
+        .await?;
+    }
+    if found.is_empty() {
+        return Err(Error::Io {
+            path: PathBuf::from(&url.text),
+            op: "LIST",
+            offset: None,
+            err: std::io::Error::new(ErrorKind::NotFound, "no such object, prefix or match"),
+        });
+    }
+    Ok(found)
+}
+
+/// The sidecar recording a staged copy's identity: `.NAME.riffle-object` beside it.
+fn sidecar(dest: &Path) -> PathBuf {
+    let name = dest.file_name().unwrap_or_default().to_string_lossy();
+    scratch::parent_dir(dest).join(format!(".{name}.riffle-object"))
+}
+
+/// Whether `dest` is a complete copy of the object `meta` describes.
+fn is_fresh(dest: &Path, meta: &ObjectMeta) -> Result<bool> {
+    let Some(bytes) = door::read_meta(&sidecar(dest), 4096, Follow::No)? else {
+        return Ok(false);
+    };
+    let Ok(had) = serde_json::from_slice::<Identity>(&bytes) else {
+        return Ok(false);
+    };
+    let local = std::fs::symlink_metadata(dest);
+    Ok(had == Identity::of(meta)
+        && meta.e_tag.is_some()
+        && local.is_ok_and(|m| m.is_file() && m.len() == meta.size))
+}
+
+/// Fetches the object `meta` describes into `dest` with ranged GETs, [`IN_FLIGHT`] at a
+/// time, each conditional on the listed ETag (and checked against it, for a server that
+/// ignores `If-Match`); commits the copy, then its identity.
+pub(super) async fn fetch(
+    store: &Arc<dyn ObjectStore>,
+    url: &str,
+    meta: &ObjectMeta,
+    dest: &Path,
+) -> Result<()> {
+    let parent = scratch::parent_dir(dest);
+    std::fs::create_dir_all(parent)
+        .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
+    let tmp = TempFile::beside(dest)?;
+    let file = tmp.handle()?;
+    let ranges: Vec<(u64, u64)> = (0..meta.size.div_ceil(CHUNK))
+        .map(|i| (i * CHUNK, ((i + 1) * CHUNK).min(meta.size)))
+        .collect();
+    let want = meta.e_tag.clone();
+    let gets = ranges.into_iter().map(|(a, b)| {
+        let want = want.clone();
+        let file = &file;
+        let tmp = &tmp;
+        async move {
+            let opts = GetOptions {
+                range: Some(GetRange::Bounded(a..b)),
+                if_match: want.clone(),
+                ..Default::default()
+            };
+            let got = store
+                .get_opts(&meta.location, opts)
+                .await
+                .map_err(|e| store_error(url, "ranged GET", Some((a, b)), e))?;
+            if want.is_some() && got.meta.e_tag != want {
+                let e = object_store::Error::Precondition {
+                    path: url.to_string(),
+                    source: "ETag differs".into(),
+                };
+                return Err(store_error(url, "ranged GET", Some((a, b)), e));
+            }
+            let bytes = got
+                .bytes()
+                .await
+                .map_err(|e| store_error(url, "ranged GET", Some((a, b)), e))?;
+            if bytes.len() as u64 != b - a {
+                return Err(Error::BadInput {
+                    path: PathBuf::from(url),
+                    offset: Some(a),
+                    what: format!(
+                        "a ranged GET of bytes {a}..{b} returned {} bytes",
+                        bytes.len()
+                    ),
+                });
+            }
+            file.write_all_at(&bytes, a)
+                .map_err(|e| Error::io(tmp.path(), "write", Some(a), e))
+        }
+    });
+    stream::iter(gets)
+        .buffer_unordered(IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+    drop(file);
+    tmp.commit(dest)?;
+    let id = serde_json::to_vec(&Identity::of(meta))
+        .map_err(|e| Error::Internal(format!("{url}: cannot record its identity: {e}")))?;
+    scratch::write_atomic(&sidecar(dest), &id)
+}
+
+/// Stages every object `url` names under `dir` (the bucket's cache directory), fetching
+/// only those whose copy is missing or stale, and returns the local paths in key order.
+pub(super) async fn stage(
+    store: &Arc<dyn ObjectStore>,
+    url: &S3Url,
+    dir: &Path,
+) -> Result<Vec<PathBuf>> {
+    let objects = list(store, url).await?;
+    let stale: Vec<bool> = objects
+        .iter()
+        .map(|m| {
+            let key = m.location.as_ref();
+            let dest = dir.join(local_rel(&url_of(&url.bucket, key), key)?);
+            Ok(!is_fresh(&dest, m)?)
+        })
+        .collect::<Result<_>>()?;
+    let (n, bytes) = objects
+        .iter()
+        .zip(&stale)
+        .filter(|(_, s)| **s)
+        .fold((0, 0), |(n, b), (m, _)| (n + 1, b + m.size));
+    if n > 0 {
+        crate::notice::once(
+            &format!("s3-stage {}", url.text),
+            &format!(
+                "fetching {n} object(s), {} from {} into {}",
+                crate::size::human_bytes(bytes as f64),
+                url.text,
+                dir.display()
+            ),
+        );
+    }
+    let mut out = Vec::with_capacity(objects.len());
+    for (meta, stale) in objects.iter().zip(stale) {
+        let key = meta.location.as_ref();
+        let object = url_of(&url.bucket, key);
+        let dest = dir.join(local_rel(&object, key)?);
+        if stale {
+            if scratch::stopping() {
+                return Err(Error::Cancelled {
+                    reason: "stopped while staging objects",
+                });
+            }
+            fetch(store, &object, meta, &dest).await?;
+        }
+        out.push(dest);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+pub(super) fn local_rel_for_test(key: &str) -> Result<PathBuf> {
+    local_rel(&format!("s3://b/{key}"), key)
+}

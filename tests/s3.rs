@@ -1,0 +1,282 @@
+//! `s3://` datasets against a real S3-compatible server (s3s-fs, a separate process serving
+//! a directory over the S3 API; `scripts/s3-server` installs it): the same batches as the
+//! same files read locally, and a missing or replaced object never a wrong batch.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use riffle::testing::s3::{S3Server, BUCKET};
+
+use super::{assert_ok, gen, text, Sandbox};
+
+/// A server with the object cache of `sb`'s commands in the sandbox.
+struct Server(S3Server);
+
+impl Server {
+    fn start() -> Option<Server> {
+        S3Server::start().map(Server)
+    }
+    fn put(&self, key: &str, bytes: &[u8]) {
+        self.0.put(key, bytes)
+    }
+    /// A `riffle` command of `sb` pointed at this server, its object cache in the sandbox.
+    fn cmd(&self, sb: &Sandbox) -> Command {
+        Server::cmd_for(&self.0, sb)
+    }
+    fn cmd_for(s3: &S3Server, sb: &Sandbox) -> Command {
+        let mut c = sb.cmd();
+        s3.env(&mut c);
+        c.env("RIFFLE_S3_CACHE", sb.path().join("s3-cache"));
+        c
+    }
+}
+
+/// The batches' ids of `riffle read SPEC ARGS` run by `c`.
+fn ids(sb: &Sandbox, mut c: Command, spec: &str, args: &[&str]) -> Vec<String> {
+    let out = sb.path().join("ids.txt");
+    let o = c
+        .arg("read")
+        .arg(spec)
+        .args(["--batch-size", "16", "--seed", "7"])
+        .args(args)
+        .arg("--ids-out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let t = std::fs::read_to_string(&out).unwrap();
+    t.lines().map(str::to_string).collect()
+}
+
+/// Generates `n` shards of `format` into `sb`'s data directory and uploads each as
+/// `prefix/NAME`; returns the local directory.
+fn shards(sb: &Sandbox, s3: &Server, format: &str, ext: &str, prefix: &str) -> PathBuf {
+    let dir = sb.data().join(prefix);
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..3 {
+        let p = dir.join(format!("shard-{i}.{ext}"));
+        gen(
+            sb,
+            &p,
+            format,
+            100 + 37 * i,
+            64,
+            &["--seed", &i.to_string()],
+        );
+        s3.put(
+            &format!("{prefix}/shard-{i}.{ext}"),
+            &std::fs::read(&p).unwrap(),
+        );
+    }
+    dir
+}
+
+#[test]
+fn s3_jsonl_tar_and_fixed_shards_read_like_the_same_files_in_lirs_and_two_pass() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    for (format, ext, extra) in [
+        ("lines", "jsonl", &[][..]),
+        ("tar", "tar", &[][..]),
+        ("fixed", "bin", &["--format", "fixed:64"][..]),
+    ] {
+        let local = shards(&sb, &s3, format, ext, format);
+        for mode in ["lirs", "two-pass"] {
+            let args = [&["--mode", mode][..], extra].concat();
+            let want = ids(&sb, sb.cmd(), local.to_str().unwrap(), &args);
+            assert!(want.len() > 10, "{format} {mode}: {want:?}");
+            let prefix = format!("s3://{BUCKET}/{format}/");
+            let glob = format!("s3://{BUCKET}/{format}/shard-*.{ext}");
+            for spec in [&prefix, &glob] {
+                let got = ids(&sb, s3.cmd(&sb), spec, &args);
+                assert_eq!(
+                    got,
+                    want,
+                    "{spec} in {mode} differs from {}",
+                    local.display()
+                );
+            }
+        }
+    }
+    // One object alone reads like its file.
+    let one = sb.data().join("lines/shard-1.jsonl");
+    let want = ids(&sb, sb.cmd(), one.to_str().unwrap(), &["--mode", "lirs"]);
+    let got = ids(
+        &sb,
+        s3.cmd(&sb),
+        &format!("s3://{BUCKET}/lines/shard-1.jsonl"),
+        &["--mode", "lirs"],
+    );
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_missing_object_or_prefix_is_an_error_naming_it() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    s3.put("a/x.jsonl", b"{\"id\": 0}\n");
+    for spec in [
+        format!("s3://{BUCKET}/a/nope.jsonl"),
+        format!("s3://{BUCKET}/nothing/"),
+        format!("s3://{BUCKET}/a/*.tar"),
+        "s3://no-such-bucket/x.jsonl".to_string(),
+    ] {
+        let o = s3
+            .cmd(&sb)
+            .args(["read", &spec, "--batch-size", "1", "--mode", "lirs"])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{spec} read");
+        let err = text(&o.stderr);
+        assert!(
+            err.contains(&spec),
+            "{spec}: the error does not name it:\n{err}"
+        );
+        assert!(o.stdout.is_empty(), "{spec}: a batch was printed");
+    }
+}
+
+#[test]
+fn a_replaced_object_is_fetched_again_and_read_as_its_new_bytes() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let dir = sb.data().join("r");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("x.jsonl");
+    let url = format!("s3://{BUCKET}/r/x.jsonl");
+    gen(&sb, &file, "lines", 50, 64, &["--seed", "1"]);
+    s3.put("r/x.jsonl", &std::fs::read(&file).unwrap());
+    let first = ids(&sb, s3.cmd(&sb), &url, &["--mode", "lirs"]);
+    assert_eq!(
+        first,
+        ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"])
+    );
+    // The same name, other records (another count, so a stale index would be wrong).
+    gen(&sb, &file, "lines", 80, 64, &["--seed", "2"]);
+    s3.put("r/x.jsonl", &std::fs::read(&file).unwrap());
+    let second = ids(&sb, s3.cmd(&sb), &url, &["--mode", "lirs"]);
+    assert_ne!(
+        second, first,
+        "the replaced object was read from its stale copy"
+    );
+    let local = ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"]);
+    assert_eq!(second, local);
+    // Named by its prefix, it is read as the same new bytes.
+    let prefix = format!("s3://{BUCKET}/r/");
+    assert_eq!(ids(&sb, s3.cmd(&sb), &prefix, &["--mode", "lirs"]), local);
+}
+
+#[test]
+fn shuffle_takes_an_object_like_its_file() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let file = sb.data().join("x.jsonl");
+    gen(&sb, &file, "lines", 300, 40, &[]);
+    s3.put("s/x.jsonl", &std::fs::read(&file).unwrap());
+    let shuffled = |mut c: Command, input: &str, out: &str| {
+        let out = sb.path().join(out);
+        let o = c
+            .args(["shuffle", input, "--seed", "3", "-o"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        std::fs::read(out).unwrap()
+    };
+    let local = shuffled(sb.cmd(), file.to_str().unwrap(), "local.jsonl");
+    let remote = shuffled(
+        s3.cmd(&sb),
+        &format!("s3://{BUCKET}/s/x.jsonl"),
+        "remote.jsonl",
+    );
+    assert!(
+        local.len() > 1000 && remote == local,
+        "the shuffled object differs"
+    );
+}
+
+/// Answers the next `n` requests on `listener` with 503 Slow Down, as a throttling or
+/// failing server does, closing each connection; stops early if `child` exits (a client
+/// that gave up instead of retrying).
+fn answer_503(listener: &std::net::TcpListener, n: usize, child: &mut std::process::Child) {
+    use std::io::{BufRead, BufReader, Write};
+    listener.set_nonblocking(true).unwrap();
+    // A deadline only to catch a hang.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut answered = 0;
+    while answered < n {
+        let conn = match listener.accept() {
+            Ok((conn, _)) => conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if child.try_wait().unwrap().is_some() {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "riffle never came back"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+            Err(e) => panic!("accept: {e}"),
+        };
+        conn.set_nonblocking(false).unwrap();
+        let mut r = BufReader::new(conn);
+        let mut line = String::new();
+        // The request's head; a GET, HEAD or LIST has no body.
+        while r.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
+            line.clear();
+        }
+        let body = "<Error><Code>SlowDown</Code></Error>";
+        let head = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let mut conn = r.into_inner();
+        conn.write_all(head.as_bytes()).unwrap();
+        conn.write_all(body.as_bytes()).unwrap();
+        answered += 1;
+    }
+}
+
+#[test]
+fn a_503_storm_then_a_stopped_and_restarted_server_resumes_with_the_same_batches() {
+    let Some(mut s3) = S3Server::start() else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let file = sb.data().join("x.jsonl");
+    gen(&sb, &file, "lines", 200, 64, &[]);
+    s3.put("storm/x.jsonl", &std::fs::read(&file).unwrap());
+    let want = ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"]);
+    // The server goes away; its port answers 503 to riffle's first requests.
+    s3.stop();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", s3.port())).unwrap();
+    let mut c = Server::cmd_for(&s3, &sb);
+    let out = sb.path().join("storm-ids.txt");
+    let mut child = c
+        .args([
+            "read",
+            &format!("s3://{BUCKET}/storm/"),
+            "--batch-size",
+            "16",
+        ])
+        .args(["--seed", "7", "--mode", "lirs", "--ids-out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    answer_503(&listener, 3, &mut child);
+    // Then nothing listens (connections refused) until the server is back.
+    drop(listener);
+    s3.restart();
+    let o = child.wait_with_output().unwrap();
+    assert_ok(&o);
+    let got: Vec<String> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(got, want, "the resumed read differs from the file's");
+}
