@@ -176,25 +176,25 @@ pub fn take_life_lock_probe(dir: &Path) -> Result<bool> {
     }
 }
 
-/// The pid the daemon's lock of `dir` names.
-pub fn holder_pid(dir: &Path) -> Option<i32> {
+/// What the daemon's lock of `dir` holds: "PID riffle VERSION".
+fn lock_text(dir: &Path) -> Option<String> {
     let mut text = String::new();
     crate::door::open_lock(&dir.join(LIFE_LOCK))
         .ok()?
         .take(256)
         .read_to_string(&mut text)
         .ok()?;
-    text.split_whitespace().next()?.parse().ok()
+    Some(text)
+}
+
+/// The pid the daemon's lock of `dir` names.
+pub fn holder_pid(dir: &Path) -> Option<i32> {
+    lock_text(dir)?.split_whitespace().next()?.parse().ok()
 }
 
 /// What the daemon's lock of `dir` says of the daemon holding it: "pid N, riffle V".
 pub fn holder(dir: &Path) -> Option<String> {
-    let mut text = String::new();
-    crate::door::open_lock(&dir.join(LIFE_LOCK))
-        .ok()?
-        .take(256)
-        .read_to_string(&mut text)
-        .ok()?;
+    let text = lock_text(dir)?;
     let (pid, version) = text.trim().split_once(' ')?;
     Some(format!("pid {pid}, {version}"))
 }
