@@ -89,10 +89,13 @@ pub struct ModesReport {
 }
 
 const BATCH: u64 = 64;
-const MODES: [&str; 6] = [
+/// One epoch each, on a cold cache: for `resident` that is its first epoch, the load (its
+/// later epochs come from memory: `riffle read --epochs N --mode resident` shows them).
+const MODES: [&str; 7] = [
     "lirs",
     "lirs-page",
     "two-pass",
+    "resident",
     "buffer",
     "bmf",
     "sequential",
@@ -130,10 +133,10 @@ fn one_epoch(
         "sequential" => o.baseline = Some(Baseline::Sequential),
         _ => {}
     }
-    let mut s = if mode == "two-pass" {
-        read_two_pass(ds, o, scratch.to_path_buf())?
-    } else {
-        read(ds, o)?
+    let mut s = match mode {
+        "two-pass" => read_two_pass(ds, o, scratch.to_path_buf())?,
+        "resident" => riffle::modes::read_resident(ds, o)?,
+        _ => read(ds, o)?,
     };
     let mut batches = Vec::new();
     for b in s.by_ref() {
@@ -348,7 +351,7 @@ pub fn markdown(r: &ModesReport) -> String {
     }
     // Which mode wins per device and size (contract modes only: they give the same batches).
     s.push_str(
-        "\nFastest mode of the order contract (lirs, lirs-page, two-pass) per device and size:\n\n",
+        "\nFastest mode of the order contract (lirs, lirs-page, two-pass, resident) per device and size:\n\n",
     );
     let mut keys: Vec<(String, u64)> = r
         .rows
@@ -363,7 +366,10 @@ pub fn markdown(r: &ModesReport) -> String {
             .filter(|x| {
                 x.device == d
                     && x.record == rec
-                    && matches!(x.mode.as_str(), "lirs" | "lirs-page" | "two-pass")
+                    && matches!(
+                        x.mode.as_str(),
+                        "lirs" | "lirs-page" | "two-pass" | "resident"
+                    )
             })
             .min_by(|a, b| a.seconds.total_cmp(&b.seconds))
         {
