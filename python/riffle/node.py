@@ -28,7 +28,6 @@ A daemon already running keeps the options it was started with.
 
 import fcntl
 import os
-import signal
 import stat
 import subprocess
 import time
@@ -213,8 +212,9 @@ def _mismatch(e, d):
 
 def _retire(d, sock):
     """Stops the node daemon of another version (after an upgrade) when nobody but this
-    process uses it: SIGTERM to the pid holding its lock (a process of this user), then
-    waits until it is gone. False when it serves other clients, or would not go."""
+    process uses it (`riffle serve --user --stop`: SIGTERM to the process of this user
+    holding its lock, then a wait until the lock is free). False when it serves other
+    clients, or would not go."""
     try:
         with Client(sock, _any_version=True) as c:
             agent = c.agent
@@ -229,21 +229,10 @@ def _retire(d, sock):
     except (RiffleError, OSError):
         return False
     pid, _ = _holder(d)
-    try:
-        pid = int(pid)
-        with open(f"/proc/{pid}/status") as f:
-            uid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
-    except (TypeError, ValueError, OSError, StopIteration):
+    r = subprocess.run([binary(), "serve", "--user", "--runtime-dir", d, "--stop"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 or not _lock_free(d):
         return False
-    if uid != os.geteuid():
-        return False
-    os.kill(pid, signal.SIGTERM)
-    # Gone when its lock is free (its descriptors close as it dies).
-    deadline = time.monotonic() + 30
-    while not _lock_free(d):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
     warnings.warn(f"riffle: stopped the idle node daemon of {agent} (pid {pid}) to start "
                   f"riffle {VERSION}'s")
     return True

@@ -257,14 +257,7 @@ fn run(
     r.backend = reader.backend_kind().name().into();
     r.direct = reader.direct();
     r.queue_depth = plan.depth;
-    r.table_bytes = plan.table_bytes;
-    r.units_bytes = units.bytes();
-    r.index_bytes = ds.index_bytes();
-    r.buffer_bytes = reader.buffer_bytes() as u64;
-    r.prefetch_bytes = plan.batches_bytes();
-    r.memory_bytes =
-        r.table_bytes + r.units_bytes + r.index_bytes + r.buffer_bytes + r.prefetch_bytes;
-    r.records_per_unit = units.mean_records();
+    r.set_sizes(plan, units, ds, reader.buffer_bytes() as u64, 0);
     let epochs = opts.epoch_range()?;
     let mut total_reads = 0u64;
     for epoch in epochs {

@@ -406,6 +406,33 @@ pub struct ReadReport {
     pub epoch_seconds: Vec<f64>,
 }
 
+impl ReadReport {
+    /// The memory a read planned by `plan` over `units` of `ds` holds beside `held` (what
+    /// the mode keeps of the data itself, resident's files), its reads' buffers taking
+    /// `buffer` bytes: each part, and `memory_bytes` their sum.
+    fn set_sizes(
+        &mut self,
+        plan: &crate::resources::LirsPlan,
+        units: &Units,
+        ds: &Dataset,
+        buffer: u64,
+        held: u64,
+    ) {
+        self.table_bytes = plan.table_bytes;
+        self.units_bytes = units.bytes();
+        self.index_bytes = ds.index_bytes();
+        self.buffer_bytes = buffer;
+        self.prefetch_bytes = plan.batches_bytes();
+        self.memory_bytes = self.table_bytes
+            + self.units_bytes
+            + self.index_bytes
+            + self.buffer_bytes
+            + self.prefetch_bytes
+            + held;
+        self.records_per_unit = units.mean_records();
+    }
+}
+
 /// Latency percentiles.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Latency {

@@ -365,20 +365,10 @@ fn run(
     r.grouping = opts.grouping.name().into();
     let (depth, slot) = resident_scan(ds.bytes());
     r.queue_depth = depth;
-    r.table_bytes = plan.table_bytes;
-    r.units_bytes = units.bytes();
-    r.index_bytes = ds.index_bytes();
-    r.buffer_bytes = crate::io::footprint(depth * slot) as u64;
-    r.prefetch_bytes = plan.batches_bytes();
-    r.records_per_unit = units.mean_records();
     let mut mem = Memory::new(ds)?;
     r.resident_bytes = mem.buf.capacity() as u64;
-    r.memory_bytes = r.table_bytes
-        + r.units_bytes
-        + r.index_bytes
-        + r.buffer_bytes
-        + r.prefetch_bytes
-        + r.resident_bytes;
+    let buffer = crate::io::footprint(depth * slot) as u64;
+    r.set_sizes(plan, units, ds, buffer, r.resident_bytes);
     let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     let mut out = Out {
         ds,

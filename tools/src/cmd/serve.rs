@@ -188,6 +188,7 @@ fn parse_dataset(s: &str) -> Result<DatasetSpec, String> {
 /// than on the first client's open), each device profiled when the planner will want it,
 /// and scratch left by an earlier daemon removed.
 fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
+    let prepare = on_open(mode, a.scratch.clone());
     let mut datasets: Vec<(String, Source)> = Vec::new();
     for d in &a.datasets {
         if datasets.iter().any(|(n, _)| n == &d.name) {
@@ -199,20 +200,7 @@ fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
         };
         let src = (d.spec.open(&opts, &mut |_, _, _| {}))
             .with_context(|| format!("dataset '{}'", d.name))?;
-        let _ = src.dataset().size_stats();
-        if mode == ServeMode::Auto {
-            // The planner reads the device's cached profile when a stream opens.
-            super::read::device_model(src.dataset(), false)
-                .with_context(|| format!("dataset '{}': profiling its device", d.name))?;
-        }
-        // Scratch of an earlier daemon that was killed (SIGKILL, a crash) goes now, not
-        // when the first two-pass stream opens.
-        if let Some(first) = src.dataset().files().first() {
-            riffle::scratch::reclaim(&riffle::scratch::location(
-                a.scratch.as_deref(),
-                &first.path,
-            ));
-        }
+        prepare(&src).with_context(|| format!("dataset '{}'", d.name))?;
         datasets.push((d.name.clone(), src));
     }
     Ok(datasets)
@@ -296,11 +284,14 @@ fn stats_thread(handle: riffle::serve::Shutdown, every: u64) -> Result<()> {
     Ok(())
 }
 
-/// What a daemon that opens paths does to each dataset before serving it: profile its
-/// device for the planner (mode auto; a quick probe, once per device), and reclaim the
-/// scratch a killed daemon left beside it.
+/// What the daemon does to each dataset before serving it, one it was started with or one
+/// opened by path: work out its size statistics now rather than at the first OPEN, profile
+/// its device for the planner (mode auto: the planner reads the cached profile when a
+/// stream opens; a quick probe, once per device), and reclaim the scratch a killed daemon
+/// (SIGKILL, a crash) left beside it, now rather than when the first two-pass stream opens.
 fn on_open(mode: ServeMode, scratch: Option<PathBuf>) -> OnOpen {
     std::sync::Arc::new(move |src: &Source| {
+        let _ = src.dataset().size_stats();
         if mode == ServeMode::Auto {
             super::read::device_model(src.dataset(), false)
                 .map_err(|e| riffle::Error::Invalid(format!("profiling its device: {e:#}")))?;
