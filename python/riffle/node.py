@@ -28,7 +28,9 @@ A daemon already running keeps the options it was started with.
 
 import fcntl
 import os
+import socket
 import stat
+import struct
 import subprocess
 import time
 import warnings
@@ -190,13 +192,26 @@ def _lock_free(d):
 def _connect(sock, kw):
     """A client of the daemon at `sock`; None when nobody listens there (a daemon gone, or
     leaving); a `RiffleVersionMismatch` (returned, not raised) from a daemon of another
-    version."""
+    version. A socket served by a process of another user is refused
+    (`RiffleRuntimeDirError`): a neighbour who made the directory first must not be sent
+    your datasets' paths, nor feed you batches."""
     try:
-        return Client(sock, **kw)
+        c = Client(sock, **kw)
     except RiffleVersionMismatch as e:
-        return e
+        c = e
     except (RiffleConnectionError, OSError):
         return None
+    peer = c if isinstance(c, Client) else None
+    if peer is not None:
+        _, uid, _ = struct.unpack("3i", peer._sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != os.geteuid():
+            peer.close()
+            raise RiffleRuntimeDirError(
+                f"{sock} is served by a process of uid {uid}, not by yours (uid "
+                f"{os.geteuid()}): not using it; remove {os.path.dirname(sock)} if it is "
+                f"not yours, or set RIFFLE_RUNTIME_DIR to a directory of your own")
+    return c
 
 
 def _mismatch(e, d):

@@ -460,3 +460,47 @@ def test_a_starter_that_meets_a_daemon_on_its_way_out_starts_a_new_one(rundir):
         assert c.agent == f"riffle {riffle.VERSION}"
     assert holder.wait(timeout=10) == 0
     assert time.monotonic() - t < 60, "the starter waited for the socket of a daemon that was gone"
+
+
+def test_a_socket_a_neighbour_serves_is_never_used(rundir, tmp_path):
+    """A neighbour who made the runtime directory first and listens on its socket gets no
+    client: the fast path (a connect before any directory check) took it for the node
+    daemon before, sending it the dataset's path and taking its batches. The client now
+    checks the serving process's uid (SO_PEERCRED)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a neighbour as another user (uid 65534)")
+    os.chmod(rundir.parent, 0o711)
+    os.mkdir(rundir, 0o755)
+    os.chown(rundir, 65534, 65534)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            srv = socket.socket(socket.AF_UNIX)
+            srv.bind(str(rundir / "riffle.sock"))
+            srv.listen(4)
+            os.write(w, b"ready")
+            while True:
+                conn, _ = srv.accept()
+                conn.recv(4096)
+                body = b'{"version": %d, "agent": "riffle %s", "datasets": []}' % (
+                    riffle.PROTOCOL_VERSION, riffle.VERSION.encode())
+                conn.sendall(len(body + b"x").to_bytes(4, "little") + bytes([1]) + body)
+                conn.recv(4096)
+                conn.close()
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        assert os.read(r, 5) == b"ready"
+        with pytest.raises(riffle.RiffleRuntimeDirError) as e:
+            riffle.node.client()
+        assert "uid 65534" in str(e.value) and "not by yours" in str(e.value), str(e.value)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(r)
