@@ -504,3 +504,15 @@ def test_a_socket_a_neighbour_serves_is_never_used(rundir, tmp_path):
         os.kill(pid, 9)
         os.waitpid(pid, 0)
         os.close(r)
+
+
+def test_status_into_a_closed_pipe_ends_quietly(rundir, tmp_path):
+    """`riffle serve --user --status | head -0`: the reader has gone, so the command ends
+    with 141 as coreutils do, no panic (println! panicked on EPIPE before)."""
+    with riffle.node.client():
+        r, w = os.pipe()
+        os.close(r)
+        p = subprocess.run([RIFFLE, "serve", "--user", "--runtime-dir", str(rundir), "--status"],
+                           stdout=w, stderr=subprocess.PIPE, text=True, timeout=30)
+        os.close(w)
+    assert p.returncode == 141 and "panicked" not in p.stderr, (p.returncode, p.stderr)

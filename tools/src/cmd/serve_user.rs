@@ -11,6 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use riffle::serve::user;
 
+use crate::out::outln;
+
 /// Exit status of a daemon that did not start because another serves its directory.
 pub const ALREADY_RUNNING: i32 = 3;
 
@@ -107,7 +109,7 @@ pub fn detach(place: &Place) -> Result<()> {
     });
     match rx.recv_timeout(START_WAIT) {
         Ok(line) if line.trim() == "ready" => {
-            println!("{}", place.socket.display());
+            outln!("{}", place.socket.display())?;
             return Ok(());
         }
         Ok(_) => {}
@@ -143,9 +145,9 @@ pub fn status(place: &Place, json: bool) -> Result<()> {
     let holder = user::holder(dir);
     let Ok(s) = stats else {
         if json {
-            println!("{}", serde_json::json!({"running": false, "dir": dir}));
+            let _ = outln!("{}", serde_json::json!({"running": false, "dir": dir}));
         } else {
-            println!(
+            let _ = outln!(
                 "no riffle node daemon answers at {}",
                 place.socket.display()
             );
@@ -170,11 +172,11 @@ pub fn status(place: &Place, json: bool) -> Result<()> {
             "memory_limit": s["memory_limit"],
             "datasets": datasets,
         });
-        println!("{v}");
+        outln!("{v}")?;
         return Ok(());
     }
     let bytes = |k: &str| riffle::size::human_bytes(s[k].as_f64().unwrap_or(0.0));
-    println!(
+    outln!(
         "riffle node daemon ({}) at {}: up {:.0} s, {} client(s) besides this one, {} \
          stream(s), {} job(s), memory {} of {}",
         holder.unwrap_or_else(|| "pid unknown".into()),
@@ -185,9 +187,9 @@ pub fn status(place: &Place, json: bool) -> Result<()> {
         s["jobs_now"],
         bytes("memory_used"),
         bytes("memory_limit"),
-    );
+    )?;
     for d in datasets {
-        println!("  {d}");
+        outln!("  {d}")?;
     }
     Ok(())
 }
@@ -197,7 +199,7 @@ pub fn status(place: &Place, json: bool) -> Result<()> {
 pub fn stop(place: &Place) -> Result<()> {
     let dir = place.dir.as_ref().context("--stop goes with --user")?;
     let Some(pid) = lock_holder_pid(dir) else {
-        println!("no riffle node daemon runs for {}", dir.display());
+        outln!("no riffle node daemon runs for {}", dir.display())?;
         return Ok(());
     };
     let me = nix::unistd::geteuid().as_raw();
@@ -223,10 +225,10 @@ pub fn stop(place: &Place) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    println!(
+    outln!(
         "stopped the riffle node daemon (pid {pid}) of {}",
         dir.display()
-    );
+    )?;
     Ok(())
 }
 
