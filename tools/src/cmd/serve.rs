@@ -79,8 +79,8 @@ pub struct Args {
     /// Connections served at once; more are refused with a "busy" error (so are
     /// connections that come when no file descriptor is left). Each may hold three open
     /// files (its socket and ring): more than ulimit -n leaves is refused at start.
-    /// Default 64; with --user, fewer when ulimit -n is low (at most half of it for
-    /// connections, the rest for reading), as the log's first line says.
+    /// Default 64; with --user, fewer when ulimit -n is low (32 kept for reading, then at
+    /// most half of the rest for connections), as the log's first line says.
     #[arg(long)]
     pub max_clients: Option<usize>,
     /// lirs (random reads), two-pass (sequential, scratch piles per stream) or auto (the
@@ -216,11 +216,12 @@ fn sized(a: &Args) -> (u64, usize, u64) {
         .unwrap_or_else(|| riffle::resources::memory::here().map_or(1 << 30, |m| m.bytes));
     let exit_idle = a.exit_idle.unwrap_or(if a.user { 300 } else { 0 });
     // A daemon a training script started for itself fits the open files it inherited
-    // rather than refusing to start: half of them for connections (three each).
+    // rather than refusing to start: of what is left after 32 for one read of its own (a
+    // two-pass read of one file holds about 30), half for connections (three each).
     let max_clients = match (a.max_clients, a.user) {
         (Some(n), _) => n,
         (None, true) => {
-            let fit = riffle::io::open_file_limit() / 2 / 3;
+            let fit = riffle::io::open_file_limit().saturating_sub(32) / 2 / 3;
             usize::try_from(fit.clamp(1, 64)).unwrap_or(64)
         }
         (None, false) => 64,
