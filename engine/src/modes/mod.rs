@@ -19,7 +19,7 @@ use serde::Serialize;
 pub use cursor::{Cursor, Resume};
 pub use lirs::{read, BatchStream};
 pub use mode::Mode;
-pub use payload::{Lender, Lent, Payload, PayloadLender};
+pub use payload::{Lender, Lent, Payload, PayloadLender, Viewed};
 pub use resident::read_resident;
 pub use share::{Joining, PassEnded, Ranks, Refused, SharedPass, StartPass};
 pub use twopass::read_two_pass;
@@ -327,7 +327,7 @@ pub fn monotonic_ns() -> u64 {
 impl Batch {
     /// The bytes of record `i` of the batch.
     pub fn record(&self, i: usize) -> &[u8] {
-        &self.payload[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+        self.payload.record(i, &self.offsets)
     }
 
     /// The cursor that resumes right after this batch.

@@ -1,6 +1,8 @@
 //! A batch's bytes: the engine's own memory, or a region a consumer lent it so that the
 //! records are written once, where they will be read (the daemon lends space in a stream's
-//! shared-memory ring: no copy between the engine and the client).
+//! shared-memory ring: no copy between the engine and the client), or a view of memory the
+//! engine holds whole (a resident dataset: the batch names its records' places and copies
+//! nothing until a consumer asks for the bytes back to back).
 //!
 //! A [`Lender`] is asked for a region when a batch starts; it may say no (the ring is full
 //! of batches the client still holds), and the batch is then assembled in a `Vec` as
@@ -9,7 +11,7 @@
 use std::any::Any;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Lends the engine memory to assemble batches in.
 pub trait Lender: Send + Sync {
@@ -52,6 +54,12 @@ impl fmt::Debug for PayloadLender {
     }
 }
 
+/// Memory a batch may view instead of holding a copy: kept alive by every batch viewing it.
+pub trait Viewed: Send + Sync {
+    /// All of it.
+    fn bytes(&self) -> &[u8];
+}
+
 /// The records' bytes of a batch, back to back.
 ///
 /// A lent region leaves the payload only by [`Payload::into_lent`], which consumes it: a
@@ -61,7 +69,18 @@ pub struct Payload(Repr, bool);
 
 enum Repr {
     Own(Vec<u8>),
-    Lent { buf: Box<dyn Lent>, len: usize },
+    Lent {
+        buf: Box<dyn Lent>,
+        len: usize,
+    },
+    /// Each record's bytes where `mem` holds them; put back to back (one copy) only when the
+    /// payload is read whole.
+    View {
+        mem: Arc<dyn Viewed>,
+        ranges: Vec<std::ops::Range<usize>>,
+        len: usize,
+        whole: OnceLock<Vec<u8>>,
+    },
 }
 
 impl Payload {
@@ -97,11 +116,55 @@ impl Payload {
         }
     }
 
+    /// A view of `ranges` of `mem`, one per record, in order: nothing is copied.
+    pub(crate) fn view(mem: Arc<dyn Viewed>, ranges: Vec<std::ops::Range<usize>>) -> Payload {
+        let len = ranges.iter().map(|r| r.len()).sum();
+        debug_assert!(ranges.iter().all(|r| r.end <= mem.bytes().len()));
+        Payload(
+            Repr::View {
+                mem,
+                ranges,
+                len,
+                whole: OnceLock::new(),
+            },
+            false,
+        )
+    }
+
+    /// Record `i`'s bytes, the `i`th of `offsets` (the batch's): read in place from a view.
+    pub(crate) fn record(&self, i: usize, offsets: &[u64]) -> &[u8] {
+        match &self.0 {
+            Repr::View { mem, ranges, .. } => &mem.bytes()[ranges[i].clone()],
+            _ => &self[offsets[i] as usize..offsets[i + 1] as usize],
+        }
+    }
+
+    /// Whether the payload views memory the engine holds (no copy made yet).
+    pub fn is_view(&self) -> bool {
+        matches!(self.0, Repr::View { .. })
+    }
+
+    /// A view made the engine's own: its records copied back to back.
+    fn owned(&mut self) -> &mut Vec<u8> {
+        if let Repr::View { whole, .. } = &mut self.0 {
+            let v = whole.take().unwrap_or_else(|| gathered(&self.0));
+            self.0 = Repr::Own(v);
+        }
+        match &mut self.0 {
+            Repr::Own(v) => v,
+            _ => unreachable!("made the engine's own above"),
+        }
+    }
+
     /// Appends `src`. A lent region too small for it is left for memory of the engine's
     /// own (one copy; the lender's room estimate was short).
     pub(crate) fn extend_from_slice(&mut self, src: &[u8]) {
+        if self.is_view() {
+            return self.owned().extend_from_slice(src);
+        }
         match &mut self.0 {
             Repr::Own(v) => v.extend_from_slice(src),
+            Repr::View { .. } => unreachable!("made the engine's own above"),
             Repr::Lent { buf, len } => {
                 let end = *len + src.len();
                 if let Some(dst) = buf.bytes_mut().get_mut(*len..end) {
@@ -140,7 +203,7 @@ impl Payload {
     pub fn len(&self) -> usize {
         match &self.0 {
             Repr::Own(v) => v.len(),
-            Repr::Lent { len, .. } => *len,
+            Repr::Lent { len, .. } | Repr::View { len, .. } => *len,
         }
     }
 
@@ -159,7 +222,7 @@ impl Payload {
     pub fn into_lent(self) -> Result<(Box<dyn Lent>, usize), Payload> {
         match self.0 {
             Repr::Lent { buf, len } => Ok((buf, len)),
-            Repr::Own(_) => Err(self),
+            Repr::Own(_) | Repr::View { .. } => Err(self),
         }
     }
 
@@ -173,7 +236,27 @@ impl Payload {
         match self.0 {
             Repr::Own(v) => v,
             Repr::Lent { buf, len } => buf.bytes()[..len].to_vec(),
+            Repr::View { whole, .. } if whole.get().is_some() => {
+                whole.into_inner().unwrap_or_default()
+            }
+            r @ Repr::View { .. } => gathered(&r),
         }
+    }
+}
+
+/// A view's records back to back.
+fn gathered(r: &Repr) -> Vec<u8> {
+    match r {
+        Repr::View {
+            mem, ranges, len, ..
+        } => {
+            let (bytes, mut v) = (mem.bytes(), Vec::with_capacity(*len));
+            for r in ranges {
+                v.extend_from_slice(&bytes[r.clone()]);
+            }
+            v
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -196,15 +279,20 @@ impl Deref for Payload {
         match &self.0 {
             Repr::Own(v) => v,
             Repr::Lent { buf, len } => &buf.bytes()[..*len],
+            r @ Repr::View { whole, .. } => whole.get_or_init(|| gathered(r)),
         }
     }
 }
 
 impl DerefMut for Payload {
     fn deref_mut(&mut self) -> &mut [u8] {
+        if self.is_view() {
+            return self.owned();
+        }
         match &mut self.0 {
             Repr::Own(v) => v,
             Repr::Lent { buf, len } => &mut buf.bytes_mut()[..*len],
+            Repr::View { .. } => unreachable!("made the engine's own above"),
         }
     }
 }
@@ -230,7 +318,11 @@ impl fmt::Debug for Payload {
             f,
             "Payload({} bytes{})",
             self.len(),
-            if self.is_lent() { ", lent" } else { "" }
+            match self.0 {
+                Repr::Own(_) => "",
+                Repr::Lent { .. } => ", lent",
+                Repr::View { .. } => ", a view",
+            }
         )
     }
 }
@@ -312,5 +404,37 @@ mod tests {
         r.extend_from_slice(b"345");
         assert!(!r.is_lent());
         assert_eq!(r.into_vec(), b"012345");
+    }
+
+    struct Held(Vec<u8>);
+    impl Viewed for Held {
+        fn bytes(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn a_view_reads_its_records_in_place_and_whole_like_a_copy() {
+        let mem: Arc<dyn Viewed> = Arc::new(Held(b"abcdefghij".to_vec()));
+        let p = Payload::view(mem.clone(), vec![6..9, 0..2, 9..10]);
+        let offsets = [0, 3, 5, 6];
+        assert!(p.is_view());
+        assert_eq!(p.len(), 6);
+        assert_eq!(p.record(0, &offsets), b"ghi");
+        assert_eq!(p.record(1, &offsets), b"ab");
+        // Read whole: the records back to back, as an owned payload holds them.
+        assert_eq!(&p[..], b"ghiabj");
+        assert_eq!(p, Payload::from(b"ghiabj".to_vec()));
+        assert_eq!(p.clone().into_vec(), b"ghiabj");
+        let mut q = Payload::view(mem.clone(), vec![1..3]);
+        q.extend_from_slice(b"Z");
+        assert!(!q.is_view());
+        assert_eq!(&q[..], b"bcZ");
+        let mut w = Payload::view(mem.clone(), vec![0..1]);
+        w[0] = b'X';
+        assert_eq!(&w[..], b"X");
+        // The memory viewed is never written.
+        assert_eq!(mem.bytes(), b"abcdefghij");
+        assert!(Payload::view(mem, vec![0..1]).into_lent().is_err());
     }
 }

@@ -12,7 +12,7 @@ use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
 
 use super::walk::Walker;
-use super::{Batch, BatchStream, Latency, Payload, ReadOptions, ReadReport};
+use super::{Batch, BatchStream, Latency, Payload, ReadOptions, ReadReport, Viewed};
 use crate::dataset::{Dataset, RecordLoc};
 use crate::io::{IoConfig, LargeBuf};
 use crate::order::{EpochKey, EpochTable, Split, Units};
@@ -56,6 +56,7 @@ pub fn needs(
 }
 
 /// The files held whole, back to back in file order.
+#[derive(Default)]
 struct Memory {
     buf: LargeBuf,
     /// Where each file starts in `buf`.
@@ -82,9 +83,36 @@ impl Memory {
         Ok(Memory { buf, bases })
     }
 
+    /// Where record `l`'s bytes start in the buffer.
+    fn start_of(&self, l: &RecordLoc) -> usize {
+        (self.bases[l.file] + l.offset) as usize
+    }
+
     /// Where record `l`'s bytes end in the buffer.
     fn end_of(&self, l: &RecordLoc) -> u64 {
         self.bases[l.file] + l.offset + l.len
+    }
+}
+
+impl Viewed for Memory {
+    fn bytes(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+}
+
+/// The memory batches copy from while it loads, or view once it has loaded.
+#[derive(Clone, Copy)]
+enum Store<'a> {
+    Loading(&'a Memory),
+    Loaded(&'a Arc<Memory>),
+}
+
+impl Store<'_> {
+    fn mem(&self) -> &Memory {
+        match self {
+            Store::Loading(m) => m,
+            Store::Loaded(m) => m,
+        }
     }
 }
 
@@ -169,7 +197,7 @@ impl<'a> EpochEmit<'a> {
 
     /// Sends the epoch's batches in order while their records are among the first
     /// `loaded` bytes of `mem`. Returns whether the stream stopped (the consumer gone).
-    fn advance(&mut self, mem: &Memory, loaded: u64, out: &mut Out<'_>, stop: &Stop) -> bool {
+    fn advance(&mut self, from: Store<'_>, loaded: u64, out: &mut Out<'_>, stop: &Stop) -> bool {
         while self.next < self.end {
             let j = self.next;
             if !out.opts.wanted(self.epoch, j) {
@@ -181,14 +209,14 @@ impl<'a> EpochEmit<'a> {
             }
             let p = match self.planned.take() {
                 Some(p) => p,
-                None => self.plan(j, mem, out.ds),
+                None => self.plan(j, from.mem(), out.ds),
             };
             if p.need > loaded {
                 self.planned = Some(p);
                 return false;
             }
             self.next += 1;
-            if stop.is_set() || !out.send(self.epoch, p, mem) {
+            if stop.is_set() || !out.send(self.epoch, p, from) {
                 return true;
             }
         }
@@ -197,8 +225,10 @@ impl<'a> EpochEmit<'a> {
 }
 
 impl Out<'_> {
-    /// Copies batch `p` out of `mem` and sends it; false when nobody takes it any more.
-    fn send(&mut self, epoch: u64, p: Planned, mem: &Memory) -> bool {
+    /// Sends batch `p`: copied out of the memory (into a lender's region, or while the
+    /// memory is still loading) or else a view of it; false when nobody takes it any more.
+    fn send(&mut self, epoch: u64, p: Planned, from: Store<'_>) -> bool {
+        let mem = from.mem();
         let started = Instant::now();
         let mut offsets = Vec::with_capacity(p.ids.len() + 1);
         let mut total = 0u64;
@@ -208,14 +238,26 @@ impl Out<'_> {
             offsets.push(total);
         }
         // Lent memory is written in place; the engine's own is filled without being
-        // zeroed first.
+        // zeroed first; loaded memory is viewed, not copied.
         let lent = self.opts.lender.is_some();
-        let mut payload = match &self.opts.lender {
-            Some(l) => Payload::sized(Some(l), p.index, p.ids.len(), total as usize),
-            None => Payload::with_capacity(total as usize),
+        let mut payload = match (&self.opts.lender, from) {
+            (Some(l), _) => Payload::sized(Some(l), p.index, p.ids.len(), total as usize),
+            (None, Store::Loaded(m)) => {
+                let ranges = p.locs.iter().map(|l| {
+                    let at = m.start_of(l);
+                    at..at + l.len as usize
+                });
+                Payload::view(m.clone(), ranges.collect())
+            }
+            (None, Store::Loading(_)) => Payload::with_capacity(total as usize),
         };
         let bytes = mem.buf.as_slice();
-        for (i, l) in p.locs.iter().enumerate() {
+        let copied = if payload.is_view() {
+            &[][..]
+        } else {
+            &p.locs[..]
+        };
+        for (i, l) in copied.iter().enumerate() {
             let from = (mem.bases[l.file] + l.offset) as usize;
             let (to, len) = (offsets[i] as usize, l.len as usize);
             if let Some(next) = p.locs.get(i + 4) {
@@ -320,7 +362,7 @@ fn load_files(
         let mut halted = false;
         let scanned = crate::io::scan_file(&file, &cfg, |_, bytes| {
             mem.buf.extend_from_slice(bytes);
-            if stop.is_set() || e.advance(mem, mem.buf.len() as u64, out, stop) {
+            if stop.is_set() || e.advance(Store::Loading(mem), mem.buf.len() as u64, out, stop) {
                 halted = true;
                 return Err(stopped());
             }
@@ -367,6 +409,7 @@ fn run(
     r.queue_depth = depth;
     let mut mem = Memory::new(ds)?;
     r.resident_bytes = mem.buf.capacity() as u64;
+    let mut held: Option<Arc<Memory>> = None;
     let buffer = crate::io::footprint(depth * slot) as u64;
     r.set_sizes(plan, units, ds, buffer, r.resident_bytes);
     let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
@@ -386,10 +429,14 @@ fn run(
         let table = EpochTable::build(units.len(), &EpochKey::new(opts.seed, epoch));
         out.r.table_seconds += t.elapsed().as_secs_f64();
         let mut e = EpochEmit::new(&table, units, opts, epoch, ds.len())?;
-        // The first epoch loads the files, sending batches as they complete; every later
-        // one only copies.
-        let halted = (k == 0 && load(ds, &mut mem, &mut e, &mut out, stop)?)
-            || e.advance(&mem, u64::MAX, &mut out, stop);
+        // The first epoch loads the files, sending batches as they complete; the rest of
+        // it and every later epoch only view the memory loaded.
+        if k == 0 && load(ds, &mut mem, &mut e, &mut out, stop)? {
+            out.r.epoch_seconds.push(t.elapsed().as_secs_f64());
+            break;
+        }
+        let m = held.get_or_insert_with(|| Arc::new(std::mem::take(&mut mem)));
+        let halted = e.advance(Store::Loaded(m), u64::MAX, &mut out, stop);
         out.r.epoch_seconds.push(t.elapsed().as_secs_f64());
         if halted {
             break;
