@@ -426,15 +426,15 @@ mod tests {
         assert_eq!(&p[..], b"ghiabj");
         assert_eq!(p, Payload::from(b"ghiabj".to_vec()));
         assert_eq!(p.clone().into_vec(), b"ghiabj");
-        let mut q = Payload::view(mem.clone(), vec![1..3]);
+        let mut q = Payload::view(mem.clone(), vec![1..3, 3..3]);
         q.extend_from_slice(b"Z");
         assert!(!q.is_view());
         assert_eq!(&q[..], b"bcZ");
-        let mut w = Payload::view(mem.clone(), vec![0..1]);
+        let mut w = Payload::view(mem.clone(), vec![0..1, 1..1]);
         w[0] = b'X';
         assert_eq!(&w[..], b"X");
         // The memory viewed is never written.
         assert_eq!(mem.bytes(), b"abcdefghij");
-        assert!(Payload::view(mem, vec![0..1]).into_lent().is_err());
+        assert!(Payload::view(mem, [0..1].to_vec()).into_lent().is_err());
     }
 }
