@@ -435,6 +435,6 @@ mod tests {
         assert_eq!(&w[..], b"X");
         // The memory viewed is never written.
         assert_eq!(mem.bytes(), b"abcdefghij");
-        assert!(Payload::view(mem, [0..1].to_vec()).into_lent().is_err());
+        assert!(Payload::view(mem, vec![0..1, 1..1]).into_lent().is_err());
     }
 }
