@@ -6,9 +6,11 @@ a memory cgroup and from a cold cache).
       Write the `.npy`'s records with KIND's own writer into OUT_DIR (mds: Mosaic's
       MDSWriter; litdata: LitData's optimize; wds: WebDataset's ShardWriter). Prints
       {"seconds": S, "bytes": B}.
-  python peers.py read KIND PATH --batch-size B --workers W [--seed S] [--riffle BIN]
-      Read one epoch through a PyTorch DataLoader. Prints one JSON object: records,
-      seconds, first_batch_s, labels_per_batch, position_corr, exactly_once.
+  python peers.py read KIND PATH --batch-size B --workers W [--seed S] [--epochs E]
+                  [--riffle BIN]
+      Read E epochs (1 by default) through a PyTorch DataLoader. Prints one JSON object:
+      records and seconds of all of them, epoch_seconds, first_batch_s, and per epoch
+      (averaged, or all must hold) labels_per_batch, position_corr, exactly_once.
 
 Readers (KIND for `read`):
   map          map-style Dataset over np.load(mmap_mode="r"), RandomSampler (PATH: .npy)
@@ -175,21 +177,57 @@ def read(a):
         from serve import serving
         # One training job: a ring share of --memory / 4 per client (the default of 64
         # clients would give 100 KiB records' batches too small a share).
-        with serving(a.riffle, f"peers={a.path}", "--memory", a.riffle_memory,
+        memory = ["--memory", a.riffle_memory] if a.riffle_memory else []
+        with serving(a.riffle, f"peers={a.path}", *memory,
                      "--max-clients", "4", patience=120) as sock:
             if a.kind == "riffle-views":
                 it = riffle.torch.loader(sock, "peers", a.batch_size, seed=a.seed)
+                ds = it
             elif a.kind == "riffle-tickets":
                 it = riffle.torch.loader(sock, "peers", a.batch_size, num_workers=a.workers,
                                          seed=a.seed)
+                ds = it
             elif a.kind == "riffle-dataloader":
                 ds = riffle.torch.RiffleDataset(sock, "peers", a.batch_size, seed=a.seed)
                 it = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=a.workers)
             else:
                 raise SystemExit(f"peers.py: unknown reader {a.kind!r}")
-            return epoch(riffle_batches(it), a.records, a.max_seconds)
+
+            def one(e):
+                ds.set_epoch(e)
+                return riffle_batches(it)
+            return epochs(one, a.records, a.epochs, a.max_seconds)
     dl = peer_loader(a.kind, a.path, a.batch_size, a.workers, a.seed)
-    return epoch(((b, len(b)) for b in dl), a.records, a.max_seconds)
+    # Each pass over a DataLoader is its next epoch (a new permutation of its sampler's
+    # generator; Mosaic and LitData count epochs themselves).
+    return epochs(lambda e: ((b, len(b)) for b in dl), a.records, a.epochs, a.max_seconds)
+
+
+def epochs(batches_of, n, count, max_seconds=None):
+    """`count` epochs, each `batches_of(e)`, within `max_seconds` in all: the records and
+    seconds of all of them, each epoch's seconds, and the shuffle's quality and
+    every-record-once of each epoch (all must hold)."""
+    runs, t = [], time.perf_counter()
+    for e in range(count):
+        left = None if max_seconds is None else max_seconds - (time.perf_counter() - t)
+        r = epoch(batches_of(e), n, left)
+        runs.append(r)
+        if r["partial"]:
+            break
+    out = dict(runs[0])
+    out["records"] = sum(r["records"] for r in runs)
+    out["seconds"] = sum(r["seconds"] for r in runs)
+    out["cpu_seconds"] = sum(r["cpu_seconds"] for r in runs)
+    out["epoch_seconds"] = [r["seconds"] for r in runs]
+    out["partial"] = any(r["partial"] for r in runs)
+    out["labels_per_batch"] = sum(r["labels_per_batch"] for r in runs) / len(runs)
+    corr = [r["position_corr"] for r in runs if r["position_corr"] is not None]
+    out["position_corr"] = max(corr, key=abs) if corr else None
+    once = [r["exactly_once"] for r in runs]
+    out["exactly_once"] = None if None in once else all(once)
+    out["missing"] = sum(r["missing"] for r in runs)
+    out["repeated"] = sum(r["repeated"] for r in runs)
+    return out
 
 
 def tree_cpu():
@@ -262,7 +300,7 @@ def main():
             sys.exit("usage: peers.py write KIND DATA.npy OUT_DIR")
         write(*sys.argv[2:5])
         return
-    p = argparse.ArgumentParser(description="Read one epoch with one loader.")
+    p = argparse.ArgumentParser(description="Read epochs with one loader.")
     p.add_argument("verb", choices=["read"])
     p.add_argument("kind")
     p.add_argument("path")
@@ -271,7 +309,9 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--riffle", default=os.path.join(HERE, "..", "target", "release", "riffle"))
-    p.add_argument("--riffle-memory", default="512M", help="riffle serve's --memory")
+    p.add_argument("--riffle-memory", default=None,
+                   help="riffle serve's --memory (default: the daemon's, from the machine)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs to read (samples/s over all)")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="stop a loader this slow after this long and report the rate so far")
     a = p.parse_args()

@@ -7,8 +7,10 @@
 //! cache directory, never in the user's interpreter). The same label-sorted records, 4 KiB
 //! and 100 KiB, are written once per peer with the peer's own writer (`bench/peers.py
 //! write`). Each reader then reads one epoch in a process of its own, from a cold cache,
-//! inside a fresh memory cgroup of `--memory`'s size (1 GiB: smaller than the data, page
-//! cache included), whose `memory.peak` is the row's peak memory. Readers are alternated,
+//! inside a fresh memory cgroup of `--memory`'s size (1 GiB by default: smaller than the
+//! data, page cache included; `none`: the machine's), whose `memory.peak` is the row's peak
+//! memory; `--epochs` epochs per run (3 by default: from the second on the page cache helps
+//! the peers, as memory helps riffle's resident mode). Readers are alternated,
 //! the order reversed every other round; medians are reported. Shuffle quality is scored
 //! the same way for everyone from the records' own ids and labels.
 
@@ -41,8 +43,12 @@ pub struct PeersOptions {
     pub data_dir: PathBuf,
     /// (records, record bytes) of each dataset.
     pub datasets: Vec<(u64, u64)>,
-    /// The memory cgroup's limit.
-    pub memory: u64,
+    /// The memory cgroup's limit; `None`: the machine's memory (the cgroup is still made, with
+    /// the machine's size as its limit, so that its peak is measured the same way).
+    pub memory: Option<u64>,
+    /// Epochs per run: the samples/s is over all of them (from the second epoch on, the page
+    /// cache, where it holds the data, helps the peers as memory helps riffle).
+    pub epochs: u64,
     /// DataLoader workers, the same for every loader that uses them.
     pub workers: u32,
     /// Records per batch.
@@ -139,8 +145,10 @@ const READERS: &[Reader] = &[
 pub struct PeerRun {
     /// Records delivered.
     pub records: u64,
-    /// Seconds for the epoch.
+    /// Seconds for all its epochs.
     pub seconds: f64,
+    /// Seconds of each epoch.
+    pub epoch_seconds: Vec<f64>,
     /// Seconds to the first batch.
     pub first_batch_s: Option<f64>,
     /// CPU seconds (user + system) over the epoch: the reader's process, its workers and
@@ -214,8 +222,10 @@ pub struct PeerTable {
 /// The suite's result.
 #[derive(Clone, Debug, Serialize)]
 pub struct PeersReport {
-    /// The memory limit.
-    pub memory: u64,
+    /// The memory limit (`None`: the machine's).
+    pub memory: Option<u64>,
+    /// Epochs per run.
+    pub epochs: u64,
     /// Records per batch.
     pub batch: u32,
     /// DataLoader workers.
@@ -355,11 +365,11 @@ fn anon_bytes(dir: &Path) -> Option<u64> {
 /// line on stdout and the peaks of the cgroup (page cache included) and of its anonymous
 /// and shared memory (sampled every 20 ms), or why it failed. A reader that runs past
 /// [`RUN_LIMIT`] is killed with its whole process group and reported as hung.
-fn measured(cmd: &mut Command, memory: u64, cold: &mut bool) -> Measured {
+fn measured(cmd: &mut Command, memory: Option<u64>, cold: &mut bool) -> Measured {
     use std::io::Read;
     use std::os::unix::process::CommandExt;
     *cold &= report::drop_caches();
-    let limit = match MemoryLimit::enter(memory) {
+    let limit = match MemoryLimit::enter(memory.unwrap_or_else(machine_memory)) {
         Ok(l) => l,
         Err(e) => return (Err(e.into()), None, None, None),
     };
@@ -435,6 +445,17 @@ fn measured(cmd: &mut Command, memory: u64, cold: &mut bool) -> Measured {
     (res, peak, anon_peak, Some(cpu))
 }
 
+/// The machine's memory (MemTotal): the limit of a cgroup that limits nothing.
+fn machine_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let kb = m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?;
+            kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+        })
+        .map_or(u64::MAX >> 2, |kb| kb << 10)
+}
+
 /// A reader's JSON result (or why it failed), the cgroup's peak, the peak of its anonymous
 /// and shared memory, and the CPU seconds of the process and the children it waited for.
 type Measured = (
@@ -449,6 +470,9 @@ fn as_run((v, peak, anon_peak, child_cpu): Measured, in_process: bool) -> PeerRu
         Ok(v) => PeerRun {
             records: v["records"].as_u64().unwrap_or(0),
             seconds: v["seconds"].as_f64().unwrap_or(0.0),
+            epoch_seconds: (v["epoch_seconds"].as_array().into_iter().flatten())
+                .filter_map(|x| x.as_f64())
+                .collect(),
             first_batch_s: v[if in_process {
                 "first_batch_seconds"
             } else {
@@ -467,6 +491,7 @@ fn as_run((v, peak, anon_peak, child_cpu): Measured, in_process: bool) -> PeerRu
         Err(e) => PeerRun {
             records: 0,
             seconds: 0.0,
+            epoch_seconds: Vec::new(),
             first_batch_s: None,
             cpu_seconds: None,
             peak_bytes: peak,
@@ -665,13 +690,15 @@ pub fn run(
                     step += 1;
                     let measured_run = match r.kind {
                         None => measured(
+                            // No --memory: the budget is the machine's (or the cgroup's),
+                            // as a user who passes nothing gets it.
                             Command::new(&riffle).arg("read").arg(&npy).args([
                                 "--batch-size",
                                 &opts.batch.to_string(),
                                 "--seed",
                                 "1",
-                                "--memory",
-                                "512M",
+                                "--epochs",
+                                &opts.epochs.to_string(),
                                 "--json",
                             ]),
                             opts.memory,
@@ -699,6 +726,8 @@ pub fn run(
                                         &opts.workers.to_string(),
                                         "--max-seconds",
                                         &opts.max_seconds.to_string(),
+                                        "--epochs",
+                                        &opts.epochs.to_string(),
                                         "--riffle",
                                     ])
                                     .arg(&riffle)
@@ -736,6 +765,7 @@ pub fn run(
     let dir = report::results_dir(&opts.out)?;
     let rep = PeersReport {
         memory: opts.memory,
+        epochs: opts.epochs,
         batch: opts.batch,
         workers: opts.workers,
         rounds: opts.rounds,
@@ -750,6 +780,16 @@ pub fn run(
     Ok(rep)
 }
 
+/// The epoch times of the run of median speed, e.g. "2.31 / 0.42 / 0.40".
+fn epochs_of(runs: &[PeerRun]) -> String {
+    let mut ok: Vec<&PeerRun> = runs.iter().filter(|r| r.error.is_none()).collect();
+    ok.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    ok.get(ok.len() / 2).map_or(String::new(), |r| {
+        let e: Vec<String> = r.epoch_seconds.iter().map(|s| format!("{s:.2}")).collect();
+        e.join(" / ")
+    })
+}
+
 fn opt(x: Option<f64>, digits: usize) -> String {
     x.map(|v| format!("{v:.digits$}")).unwrap_or_default()
 }
@@ -758,16 +798,20 @@ fn opt(x: Option<f64>, digits: usize) -> String {
 pub fn markdown(r: &PeersReport) -> String {
     let mut s = String::from("# peers: riffle against the loaders users pick instead\n\n");
     s.push_str(&format!(
-        "{} {}: one epoch of label-sorted records per run, batches of {}, DataLoader \
-         workers {} wherever a loader uses them, each run in its own {} memory cgroup (page \
-         cache included), cold cache: {}; {} run(s) per reader, alternated, medians; a \
-         reader still short of its epoch after {} s stops there and its rate so far is its \
-         figure. Peers from {} ({}).\n\n",
+        "{} {}: {} epoch(s) of label-sorted records per run (samples/s over all of them), \
+         batches of {}, DataLoader workers {} wherever a loader uses them, each run in its \
+         own memory cgroup of {} (page cache included), cold cache: {}; {} run(s) per \
+         reader, alternated, medians; a reader still short of its epochs after {} s stops \
+         there and its rate so far is its figure. Peers from {} ({}).\n\n",
         report::today(),
         report::hostname(),
+        r.epochs,
         r.batch,
         r.workers,
-        riffle::size::human_bytes(r.memory as f64),
+        r.memory
+            .map_or("the machine's memory (no limit)".into(), |m| {
+                riffle::size::human_bytes(m as f64)
+            }),
         r.cold_cache,
         r.rounds,
         r.max_seconds,
@@ -781,11 +825,11 @@ pub fn markdown(r: &PeersReport) -> String {
             riffle::size::human_bytes(t.record as f64),
             riffle::size::human_bytes((t.records * t.record) as f64)
         ));
-        s.push_str("| reader | full shuffle | samples/s | per CPU-second | riffle speed-up | 1st batch (s) | peak memory (anon + shm) | peak with page cache | labels/batch | position corr | every record once |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        s.push_str("| reader | full shuffle | samples/s | per CPU-second | riffle speed-up | 1st batch (s) | epoch s (median run) | peak memory (anon + shm) | peak with page cache | labels/batch | position corr | every record once |\n|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|\n");
         for x in &t.rows {
             let err = x.runs.iter().find_map(|r| r.error.as_deref());
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 x.reader,
                 if x.full_shuffle { "yes" } else { "no" },
                 x.samples_per_s
@@ -796,6 +840,7 @@ pub fn markdown(r: &PeersReport) -> String {
                     .map(|v| format!("{v:.2}x"))
                     .unwrap_or_default(),
                 opt(x.first_batch_s, 2),
+                epochs_of(&x.runs),
                 x.anon_peak_bytes
                     .map(|b| riffle::size::human_bytes(b as f64))
                     .unwrap_or_default(),

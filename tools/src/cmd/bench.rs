@@ -17,7 +17,7 @@ pub struct Args {
     /// each mode), au (accelerator utilisation with a simulated compute time per batch),
     /// modes (every mode x record size x device, with shuffle quality), peers (riffle through
     /// PyTorch against MosaicML Streaming, LitData, WebDataset and a map-style DataLoader,
-    /// each on its own format, under a 1 GiB memory cgroup; 1.6 GB of 4 KiB and of 100 KiB
+    /// each on its own format, under a 1 GiB memory cgroup (--memory), 3 epochs a run (--epochs); 1.6 GB of 4 KiB and of 100 KiB
     /// records, 0.4 GB with --quick; makes its own virtual environment on first use, a few
     /// GB; in `all` only once that exists), scale
     /// (100,000 files, a 20 GiB two-pass under `ulimit -n 256`, a 4 GB shuffle, 100 million
@@ -71,6 +71,13 @@ pub struct Args {
     /// one-job-two-pass), many-jobs, soak, attacks (default: all).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
+    /// peers: the memory cgroup each reader runs in, as a size, or `none` for the machine's
+    /// memory (default 1G: smaller than the data).
+    #[arg(long, value_name = "SIZE|none")]
+    pub memory: Option<String>,
+    /// peers: epochs per run; samples/s is over all of them (default 3; 1 with --quick).
+    #[arg(long)]
+    pub epochs: Option<u64>,
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -393,7 +400,12 @@ fn peers(args: &Args) -> Result<()> {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
         datasets,
-        memory: 1 << 30,
+        memory: match args.memory.as_deref() {
+            None => Some(1 << 30),
+            Some("none") => None,
+            Some(m) => Some(parse_size(m).map_err(|e| anyhow::anyhow!("--memory {m}: {e}"))?),
+        },
+        epochs: args.epochs.unwrap_or(if args.quick { 1 } else { 3 }).max(1),
         workers: 2,
         batch: 256,
         rounds: args.repeats.unwrap_or(if args.quick { 1 } else { 2 }),
