@@ -21,8 +21,10 @@ use crate::resources::{resident_scan, Limits, LirsPlan, ResourcePlan};
 use crate::{Error, Result};
 
 /// Reads `opts.epochs` epochs of `ds` with the dataset held in memory: loaded once in the
-/// first epoch, permuted in memory in every later one. Refused, with the figures, when the
-/// files do not fit the budget (`--memory`, or the machine's resident default).
+/// first epoch, permuted in memory in every later one. When the files do not fit the budget
+/// (`--memory`, or the machine's resident default), what fits is held and the rest read
+/// from the device ([`super::read_partly_resident`]); refused, with the figures, when that
+/// is too little to be worth it.
 pub fn read_resident(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
@@ -34,7 +36,17 @@ pub fn read_resident(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream>
     }
     opts.check(ds.len())?;
     let units = super::lirs::units_for(&ds, &opts);
-    let (plan, resources) = needs(&ds, &units, &opts, &Limits::here(None))?;
+    let (plan, resources) = match needs(&ds, &units, &opts, &Limits::here(None)) {
+        Ok(fits) => fits,
+        // Not whole: what the budget holds of it, if that is worth holding.
+        Err(Error::OverBudget(whole)) => {
+            return super::partial::read_partly_resident(ds, opts).map_err(|e| match e {
+                Error::OverBudget(part) => Error::OverBudget(format!("{whole}; partly: {part}")),
+                e => e,
+            })
+        }
+        Err(e) => return Err(e),
+    };
     BatchStream::spawn("riffle-resident", plan.prefetch, move |tx, stop, r| {
         r.resources = Some(resources);
         run(&ds, &units, &opts, &plan, tx, stop, r)

@@ -425,6 +425,64 @@ fn a_resident_read_reads_the_device_once_over_its_epochs() {
     assert_eq!(resumed, want);
 }
 
+/// A dataset that nearly fits is partly resident: its first bytes held for every epoch,
+/// the rest read from the device, each later epoch reading about the part not held; the
+/// batches are LIRS's, lent or not, resumed too.
+#[test]
+fn a_partly_resident_read_holds_what_fits_and_reads_the_rest() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    // 6,000 records of 4 KiB: 23.4 MiB, within a 20 MiB budget after the rest's needs.
+    let ds = make(dir.path(), GenFormat::Fixed, 6000, 4096, 0.0);
+    let mut o = ReadOptions::new(64);
+    o.memory = Some(20 << 20);
+    o.epochs = 3;
+    assert!(
+        super::resident::needs(
+            &ds,
+            &super::lirs::units_for(&ds, &o),
+            &o,
+            &crate::resources::Limits::here(None)
+        )
+        .is_err(),
+        "not whole"
+    );
+    let mut s = super::read_resident(ds.clone(), o.clone()).unwrap();
+    let got: Vec<Batch> = s.by_ref().map(|b| b.unwrap()).collect();
+    let r = s.report();
+    assert_eq!(r.mode, "resident (partly)");
+    assert_eq!(got, all(&ds, o.clone()), "the LIRS batches");
+    check_payloads(&got);
+    let held = r.resident_bytes.min(ds.bytes());
+    assert!(held > 0 && held < ds.bytes(), "{held} of {}", ds.bytes());
+    // The load reads the held part once; each epoch reads what is not held (whole 4 KiB
+    // records, so exactly that), never the held part again.
+    let rest = ds.bytes() - held;
+    assert!(
+        r.device_bytes <= held + 3 * rest + (64 << 20),
+        "{} read",
+        r.device_bytes
+    );
+    assert!(
+        r.device_bytes >= held + 3 * rest - 3 * 4096,
+        "{} read",
+        r.device_bytes
+    );
+    // Resumed in epoch 1, lent to a lender: the same batches.
+    o.resume = Some(Cursor { epoch: 1, batch: 7 });
+    o.lender = Some(super::PayloadLender(Arc::new(
+        super::payload::boxes::Boxes {
+            room: 1 << 20,
+            shrunk: Default::default(),
+        },
+    )));
+    let resumed: Vec<Batch> = super::read_resident(ds.clone(), o.clone())
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect();
+    o.lender = None;
+    assert_eq!(resumed, all(&ds, o));
+}
+
 /// A resident read stopped by its consumer stops at its next batch, in memory as while
 /// loading: finished after one batch of a read of 1,000 epochs, it has sent a handful.
 #[test]
@@ -452,14 +510,18 @@ fn a_resident_read_that_does_not_fit_is_refused_with_its_figures() {
     let dir = tempfile::tempdir_in(".").unwrap();
     let ds = make(dir.path(), GenFormat::Fixed, 2000, 4096, 0.0);
     let mut o = ReadOptions::new(64);
-    o.memory = Some(8 << 20);
+    // Too little even to hold part of it: refused, saying why for whole and for part.
+    o.memory = Some(4 << 20);
     let e = super::read_resident(ds.clone(), o.clone())
         .err()
         .expect("refused");
     assert_eq!(e.kind(), crate::ErrorKind::Exhausted);
     let e = e.to_string();
     assert!(
-        e.contains("resident mode needs") && e.contains("7.8 MiB") && e.contains("--memory"),
+        e.contains("resident mode needs")
+            && e.contains("7.8 MiB")
+            && e.contains("--memory")
+            && e.contains("partly: "),
         "{e}"
     );
     o.memory = None;

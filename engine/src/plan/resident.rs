@@ -46,7 +46,10 @@ pub(super) fn candidate(
     let first = load + later;
     let (memory, plan, unfit) = match crate::resources::resident_plan(demand, file_bytes, limits) {
         Ok((_, r)) => (r.memory_bytes, Some(r), None),
-        Err(err) => (0, None, Some(err.to_string())),
+        Err(whole) => match crate::resources::partial_plan(demand, file_bytes, limits) {
+            Ok((p, r)) => return partly(dev, w, (g, units), demand, (file_bytes, p.held), r),
+            Err(part) => (0, None, Some(format!("{whole}; partly: {part}"))),
+        },
     };
     let c = Candidate {
         mode: Choice::Resident.name().into(),
@@ -66,6 +69,49 @@ pub(super) fn candidate(
     (c, plan)
 }
 
+/// The partly resident candidate: `held` of the files' `file_bytes` loaded once, then every
+/// epoch copies the held records out of memory and reads the rest as LIRS reads records.
+fn partly(
+    dev: &DeviceModel,
+    w: &Workload,
+    (g, units): (crate::order::Grouping, f64),
+    demand: &Demand,
+    (file_bytes, held): (u64, u64),
+    plan: ResourcePlan,
+) -> (Candidate, Option<ResourcePlan>) {
+    let e = w.epochs as f64;
+    let share = held as f64 / file_bytes.max(1) as f64;
+    let batches = (w.records as f64 / w.batch.max(1) as f64).ceil();
+    let record = w.bytes as f64 / w.records.max(1) as f64;
+    let rest = w.records as f64 * (1.0 - share);
+    let (reads, bound) = super::random_read_time(dev, w, rest, record + w.align as f64);
+    let cpu = units * TABLE_PER_UNIT
+        + w.bytes as f64 * RESIDENT_COPY_PER_BYTE
+        + w.records as f64 * RESIDENT_CPU_PER_RECORD
+        + batches * CPU_PER_BATCH;
+    let later = reads.max(cpu);
+    let load = held as f64 / dev.seq_read_bps.max(1.0)
+        + held as f64 * RESIDENT_LOAD_PER_BYTE
+        + demand.files as f64 * RESIDENT_PER_FILE;
+    let first = load + later;
+    let c = Candidate {
+        mode: Choice::Resident.name().into(),
+        grouping: grouping_name(g),
+        contract: true,
+        first_epoch_s: first,
+        first_batch_s: load,
+        later_epoch_s: later,
+        total_s: first + later * (e - 1.0),
+        reads_per_epoch: rest,
+        read_bytes: record,
+        bound: if reads >= cpu { bound } else { "cpu" }.into(),
+        memory_bytes: plan.memory_bytes,
+        scratch_bytes: 0,
+        unfit: None,
+    };
+    (c, Some(plan))
+}
+
 /// Whether the resident candidate `res` beats the streaming choice `best` (the faster of
 /// lirs and two-pass that fits, if any): the choice and why, in either case.
 pub(super) fn weigh(
@@ -76,8 +122,7 @@ pub(super) fn weigh(
     let said = |c: &Candidate| {
         format!(
             "resident is predicted at {:.2} s for {epochs} epoch(s) ({:.2} s for the first, \
-             which reads the files once, then {:.3} s for each later one, from memory), \
-             holding {}",
+             which loads what it holds once, then {:.3} s for each later one), holding {}",
             c.total_s,
             c.first_epoch_s,
             c.later_epoch_s,

@@ -12,6 +12,7 @@
 mod buffer;
 mod lirs;
 pub mod memory;
+mod partial;
 pub(crate) mod piles;
 mod resident;
 #[cfg(test)]
@@ -25,6 +26,7 @@ pub use buffer::{BufferPlan, SCAN_DEPTH, SLOT_OVERHEAD};
 pub use lirs::LirsPlan;
 pub(crate) use lirs::MAX_MERGE;
 pub use memory::{MachineMemory, MemoryFrom};
+pub use partial::{partial_plan, partial_scan, PartialPlan};
 pub(crate) use piles::shuffle_layout;
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;

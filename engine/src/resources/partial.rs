@@ -1,0 +1,120 @@
+//! A partly resident read's memory: what a LIRS read of the rest of the dataset needs (its
+//! table, reads in flight, batches), the sequential reads that load the held part once, and
+//! everything the budget leaves after them, holding the dataset's first bytes.
+
+use super::RESIDENT_SCAN_SLOT;
+use super::{resident_budget, resident_scan, Demand, Figures, Kind, Limits, LirsPlan};
+use super::{MemoryFrom, ResourcePlan};
+use crate::io::footprint;
+use crate::size::human_bytes;
+use crate::{Error, Result};
+
+/// Huge-page granule the held part is rounded down to.
+const HELD_GRANULE: u64 = 2 << 20;
+
+/// Below this share of the dataset (1/16) holding a part is not worth a mode of its own:
+/// the read is refused with the figures and the planner looks elsewhere.
+const MIN_HELD_SHARE: u64 = 16;
+
+/// The sequential reads that load a partly resident read's held part, within budget `m`:
+/// as a resident read's, but at most an eighth of the budget (one read at least).
+pub fn partial_scan(m: u64, file_bytes: u64) -> (usize, usize) {
+    let (depth, slot) = resident_scan(file_bytes);
+    let fit = (m / 8 / RESIDENT_SCAN_SLOT as u64).max(1) as usize;
+    (depth.min(fit), slot)
+}
+
+/// A partly resident read's sizes: what reads the rest, and what is held.
+#[derive(Clone, Copy, Debug)]
+pub struct PartialPlan {
+    /// The LIRS reads of what is not held.
+    pub rest: LirsPlan,
+    /// Bytes held: the files' first bytes, back to back in file order.
+    pub held: u64,
+    /// Sequential reads in flight while the held part loads.
+    pub load_depth: usize,
+    /// Bytes of each of them.
+    pub load_slot: usize,
+}
+
+/// The sizes of a partly resident read of `d` over `file_bytes` of files and its resource
+/// plan: the bytes held (the files' first bytes, back to back in file order) are a pure
+/// function of the budget and the dataset. Refused,
+/// with the figures, without a budget, or when the budget holds less than a sixteenth of
+/// the dataset.
+pub fn partial_plan(
+    d: &Demand,
+    file_bytes: u64,
+    limits: &Limits,
+) -> Result<(PartialPlan, ResourcePlan)> {
+    let (m, from): (u64, MemoryFrom) = resident_budget(d, limits).ok_or_else(|| {
+        Error::OverBudget(
+            "a partly resident read holds what a memory budget leaves: give --memory".into(),
+        )
+    })?;
+    let (depth, slot) = partial_scan(m, file_bytes);
+    let scan = footprint(depth * slot) as u64;
+    // The rest is read as LIRS reads, within what the load's reads leave; its table,
+    // buffers and batches come first, what remains is held.
+    let sized = Demand {
+        memory: Some(m.saturating_sub(scan)),
+        memory_from: from,
+        ..d.clone()
+    };
+    let sizes = LirsPlan::new(&sized, d.units)?;
+    let lirs = sizes.figures(&sized, limits);
+    let rest: u64 = (lirs.0.iter())
+        .filter(|f| f.kind == Kind::Memory)
+        .map(|f| f.value)
+        .fold(0, u64::saturating_add);
+    let room = m.saturating_sub(scan).saturating_sub(rest);
+    let held = (room / HELD_GRANULE * HELD_GRANULE).min(file_bytes);
+    if held < file_bytes / MIN_HELD_SHARE || held == 0 {
+        return Err(Error::OverBudget(format!(
+            "{} holds {} of the dataset's {} after the reads of the rest ({}) and of the \
+             load ({}): less than a sixteenth, too little to hold in memory",
+            from.words(m),
+            human_bytes(held as f64),
+            human_bytes(file_bytes as f64),
+            human_bytes(rest as f64),
+            human_bytes(scan as f64),
+        )));
+    }
+    let mut f = Figures(Vec::new());
+    f.push(
+        "resident",
+        Kind::Memory,
+        footprint(held as usize) as u64,
+        format!(
+            "the dataset's first {} of {} ({:.0}%), held for every epoch: what the budget \
+             leaves after the rest's reads and the load's",
+            human_bytes(held as f64),
+            human_bytes(file_bytes as f64),
+            100.0 * held as f64 / file_bytes.max(1) as f64
+        ),
+    );
+    f.push(
+        "load_buffers",
+        Kind::Memory,
+        scan,
+        format!(
+            "{depth} sequential read(s) of {} in flight while the held part loads",
+            human_bytes(slot as f64)
+        ),
+    );
+    f.0.extend(lirs.0);
+    let plan = ResourcePlan::new("resident", f.0);
+    let checked = Demand {
+        memory: Some(m),
+        memory_from: from,
+        ..d.clone()
+    };
+    plan.check(&checked, limits)?;
+    let sizes = PartialPlan {
+        rest: sizes,
+        held,
+        load_depth: depth,
+        load_slot: slot,
+    };
+    Ok((sizes, plan))
+}
