@@ -20,6 +20,7 @@ mod plan;
 mod read;
 mod reruns;
 mod s3;
+mod s3_probe;
 mod scratch;
 mod serve;
 mod shuffle;

@@ -83,6 +83,21 @@ pub struct DeviceModel {
 }
 
 impl DeviceModel {
+    /// The object store an endpoint's probe measured, as a device: its best GET throughput
+    /// as the sequential read bandwidth, its GETs per second by size and requests in flight
+    /// as random reads; nothing is written to it.
+    pub fn from_remote(p: &crate::remote::probe::RemoteProfile) -> DeviceModel {
+        DeviceModel {
+            seq_read_bps: p.best_bytes_per_s,
+            seq_write_bps: 0.0,
+            random: (p.points.iter())
+                .map(|x| (x.size as usize, x.in_flight, x.requests_per_s))
+                .collect(),
+            emulated: None,
+            shared_rw: false,
+        }
+    }
+
     /// A stand-in for a device riffle cannot probe (no profile is cached and the probe
     /// cannot write its region: a read-only filesystem): the figures `--emulate` sets for
     /// `hdd` on a disk the kernel calls rotational, for `sata-ssd` otherwise; a class below

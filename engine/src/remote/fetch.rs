@@ -42,7 +42,7 @@ fn url_of(bucket: &str, key: &str) -> String {
 }
 
 /// An `object_store` error about `url`, as the engine's error: not found keeps its kind.
-fn store_error(
+pub(super) fn store_error(
     url: &str,
     op: &'static str,
     range: Option<(u64, u64)>,

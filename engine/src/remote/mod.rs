@@ -19,6 +19,7 @@
 //! engine sees a future.
 
 mod fetch;
+pub mod probe;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -12,7 +12,9 @@ use crate::progress;
 #[derive(clap::Args)]
 pub struct Args {
     /// A directory (the scratch file goes there) or a file (the scratch file goes next to
-    /// it) on the device to measure.
+    /// it) on the device to measure; or `s3://bucket/prefix`: the object store its endpoint
+    /// serves (AWS_ENDPOINT_URL and the usual AWS variables), measured by reading the
+    /// largest object under the prefix (nothing is written to the bucket).
     pub path: PathBuf,
     /// A short probe: 7 points of 1.5 s instead of 20 of 4 s, a 1 GiB region instead of 4 GiB.
     #[arg(long)]
@@ -62,6 +64,13 @@ pub fn cached_or_probe(
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if let Some(url) = args
+        .path
+        .to_str()
+        .filter(|_| riffle::remote::is_remote(&args.path))
+    {
+        return remote(url, &args);
+    }
     let mut opts = ProbeOptions::new(args.quick);
     opts.region = args.region;
     if let Some(t) = args.point_time {
@@ -167,6 +176,115 @@ pub fn render(p: &Profile) -> String {
             pt.lat_p50_us,
             pt.lat_p99_us
         );
+    }
+    s
+}
+
+/// `riffle probe s3://...`: the object store as a device (time to the first byte, GETs by
+/// size and requests in flight), cached per endpoint.
+fn remote(url: &str, args: &Args) -> Result<()> {
+    use riffle::remote::probe as rp;
+    let cfg = riffle::remote::S3Config::from_env();
+    let cached = (!args.refresh)
+        .then(|| rp::load_cached(&cfg, args.quick))
+        .flatten();
+    let was_cached = cached.is_some();
+    let profile = match cached {
+        Some(p) => p,
+        None => {
+            let mut opts = rp::RemoteProbeOptions::new(args.quick);
+            if let Some(t) = args.point_time {
+                if !(t > 0.0 && t < 3600.0) {
+                    anyhow::bail!("--point-time {t}: expected seconds between 0 and 3600");
+                }
+                opts.point_time = std::time::Duration::from_secs_f64(t);
+            }
+            let total = 1 + opts.sizes.len() * opts.in_flight.len();
+            let bar = progress::steps(total as u64, args.json);
+            let p = rp::probe_remote(url, &cfg, &opts, &mut |done, _, what| {
+                bar.set_position(done as u64);
+                bar.set_message(what.to_owned());
+            })?;
+            bar.finish_and_clear();
+            if let Err(e) = rp::store(&cfg, &p) {
+                eprintln!("riffle: warning: could not cache the profile: {e}");
+            }
+            p
+        }
+    };
+    let cache = rp::cache_path(&cfg, profile.quick);
+    if args.json {
+        let mut v = serde_json::to_value(&profile)?;
+        v["cached"] = was_cached.into();
+        v["cache_path"] = cache.display().to_string().into();
+        outln!("{v}")?;
+        return Ok(());
+    }
+    out!("{}", render_remote(&profile))?;
+    if was_cached {
+        outln!(
+            "(cached profile {}; --refresh measures again)",
+            cache.display()
+        )?;
+    } else {
+        outln!(
+            "measured in {:.1} s; cached in {}",
+            profile.probe_seconds,
+            cache.display()
+        )?;
+    }
+    Ok(())
+}
+
+/// A remote profile as a readable table.
+pub fn render_remote(p: &riffle::remote::probe::RemoteProfile) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "endpoint    {} (object store)", p.endpoint);
+    let _ = writeln!(
+        s,
+        "object      {} ({}) {}",
+        p.object,
+        human_bytes(p.object_bytes as f64),
+        if p.quick {
+            "(quick probe)"
+        } else {
+            "(full probe)"
+        }
+    );
+    let [p50, p99, max] = p.first_byte_s;
+    let _ = writeln!(
+        s,
+        "first byte  p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        p50 * 1e3,
+        p99 * 1e3,
+        max * 1e3
+    );
+    let _ = writeln!(
+        s,
+        "best        {}/s ({} GETs of {})",
+        human_bytes(p.best_bytes_per_s),
+        p.best_at.1,
+        human_bytes(p.best_at.0 as f64)
+    );
+    let _ = writeln!(s, "ranged GETs");
+    let _ = writeln!(
+        s,
+        "  {:>8} {:>9} {:>10} {:>12}",
+        "size", "in flight", "GETs/s", "bandwidth"
+    );
+    for pt in &p.points {
+        let _ = writeln!(
+            s,
+            "  {:>8} {:>9} {:>10.1} {:>10}/s",
+            human_bytes(pt.size as f64),
+            pt.in_flight,
+            pt.requests_per_s,
+            human_bytes(pt.bytes_per_s)
+        );
+    }
+    for why in &p.skipped {
+        let _ = writeln!(s, "  skipped: {why}");
     }
     s
 }
