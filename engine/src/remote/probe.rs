@@ -20,6 +20,10 @@ use crate::{Error, Result};
 /// again.
 pub const REMOTE_PROFILE_VERSION: u32 = 1;
 
+/// A point keeps at most this many bytes asked for at once (`size x in flight`): past it
+/// the first wave alone would take most of a minute on a link of a few hundred MB/s.
+pub const MAX_BYTES_IN_FLIGHT: u64 = 1 << 30;
+
 /// One measured point: GETs of `size` bytes, `in_flight` at a time.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct RemotePoint {
@@ -103,8 +107,9 @@ pub struct RemoteProbeOptions {
 }
 
 impl RemoteProbeOptions {
-    /// The full grid (64 KiB, 1 MiB, 8 MiB, 64 MiB x 1, 4, 16, 64, 256 in flight, 2 s each),
-    /// or a quick one (64 KiB, 8 MiB x 1, 16, 64; 1 s each).
+    /// The full grid (64 KiB, 1 MiB, 8 MiB, 64 MiB x 1, 4, 16, 64, 256 in flight, 2 s each,
+    /// but never more than [`MAX_BYTES_IN_FLIGHT`] at once), or a quick one (64 KiB, 8 MiB x
+    /// 1, 16, 64; 1 s each).
     pub fn new(quick: bool) -> RemoteProbeOptions {
         if quick {
             RemoteProbeOptions {
@@ -219,6 +224,13 @@ async fn measure(
                 skipped.push(format!(
                     "{size} B x {n}: the object is {} B (a larger object measures this size)",
                     meta.size
+                ));
+                continue;
+            }
+            if size.saturating_mul(n as u64) > MAX_BYTES_IN_FLIGHT {
+                skipped.push(format!(
+                    "{size} B x {n}: more than {} B asked for at once",
+                    MAX_BYTES_IN_FLIGHT
                 ));
                 continue;
             }
