@@ -27,6 +27,7 @@ pub mod modes;
 pub mod needs;
 pub mod netem;
 pub mod node;
+pub mod object_store;
 pub mod peers;
 pub mod planner;
 pub mod plot;

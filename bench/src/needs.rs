@@ -10,6 +10,7 @@ pub fn missing(suite: &str) -> Option<String> {
         "fio-parity" | "probe-check" | "lirs" | "formats" => {
             crate::fio::version().err().map(|e| e.to_string())
         }
+        "object-store" => python_module("venv").or_else(|| python_module("ensurepip")),
         "peers" => python_module("venv")
             .or_else(|| python_module("ensurepip"))
             .or_else(|| {

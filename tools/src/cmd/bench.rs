@@ -17,7 +17,11 @@ pub struct Args {
     /// each mode), au (accelerator utilisation with a simulated compute time per batch),
     /// modes (every mode x record size x device, with shuffle quality), peers (riffle through
     /// PyTorch against MosaicML Streaming, LitData, WebDataset and a map-style DataLoader,
-    /// each on its own format, under a 1 GiB memory cgroup (--memory), 3 epochs a run (--epochs); 1.6 GB of 4 KiB and of 100 KiB
+    /// each on its own format, under a 1 GiB memory cgroup (--memory), 3 epochs a run (--epochs);
+    /// object-store (riffle against Mosaic Streaming, LitData and WebDataset reading the same
+    /// label-sorted records from a local S3 server, s3s-fs, straight and through an emulated
+    /// remote link, with local caches of 100%, 25% and 10%; 2 epochs, --epochs; 1.6 GB, 160
+    /// MB with --quick; in the peers' virtual environment; not in `all`); 1.6 GB of 4 KiB and of 100 KiB
     /// records, 0.4 GB with --quick; makes its own virtual environment on first use, a few
     /// GB; in `all` only once that exists), scale
     /// (100,000 files, a 20 GiB two-pass under `ulimit -n 256`, a 4 GB shuffle, 100 million
@@ -99,6 +103,7 @@ pub fn run(args: Args) -> Result<()> {
         "au" => au(&args),
         "modes" => modes(&args),
         "peers" => peers(&args),
+        "object-store" => object_store(&args),
         "scale" => scale(&args),
         "formats" => formats(&args),
         "node" => node(&args),
@@ -107,7 +112,8 @@ pub fn run(args: Args) -> Result<()> {
         other => {
             bail!(
                 "unknown suite '{other}': the suites are fio-parity, probe-check, lirs, planner, \
-                 convergence, au, modes, peers, scale, formats, node, fast-device and all"
+                 convergence, au, modes, peers, object-store, scale, formats, node, fast-device \
+                 and all"
             )
         }
     }
@@ -417,6 +423,28 @@ fn peers(args: &Args) -> Result<()> {
         opts.datasets.len() * 10 * opts.rounds,
         |p| riffle_bench::peers::run(&opts, p),
         riffle_bench::peers::markdown,
+        |r| &r.report_dir,
+    )
+}
+
+fn object_store(args: &Args) -> Result<()> {
+    let opts = riffle_bench::object_store::ObjectStoreOptions {
+        out: args.out.clone(),
+        data_dir: args.data_dir.clone(),
+        records: if args.quick { 40_000 } else { 400_000 },
+        limits: vec![1.0, 0.25, 0.10],
+        links: vec![None, Some(riffle_bench::netem::Link::S3)],
+        epochs: args.epochs.unwrap_or(2).max(1),
+        batch: 256,
+        workers: 2,
+        max_seconds: if args.quick { 120 } else { 600 },
+        keep: args.keep,
+    };
+    suite(
+        args,
+        4 + 2 * 3 * 4,
+        |p| riffle_bench::object_store::run(&opts, p),
+        riffle_bench::object_store::markdown,
         |r| &r.report_dir,
     )
 }
