@@ -7,7 +7,8 @@
 //! has no `netem`). Every run goes through a proxy that counts the GETs and bytes it
 //! carries; each reader's cache starts empty and the page cache cold.
 //!
-//! Rows report samples/s over both epochs and each epoch's seconds, labels per batch and
+//! Rows report samples/s over both epochs (riffle: its whole process, listing and staging
+//! included; a peer: from its first batch asked) and each epoch's seconds, labels per batch and
 //! position correlation (the shuffle's quality: 10 labels and 0 for a full shuffle), GETs
 //! and bytes fetched, and the local disk's peak.
 
@@ -434,7 +435,13 @@ pub fn run(
                     Err(e) => r.error = Some(format!("{e:#}")),
                     Ok(v) => {
                         r.records = v["records"].as_u64().unwrap_or(0);
-                        r.seconds = v["seconds"].as_f64().unwrap_or(wall);
+                        // riffle's whole process (listing and staging the objects come
+                        // before its read starts); a peer's epochs from its first batch
+                        // asked (its interpreter and torch starting are left out).
+                        r.seconds = match kind {
+                            None => wall,
+                            Some(_) => v["seconds"].as_f64().unwrap_or(wall),
+                        };
                         r.epoch_seconds = (v["epoch_seconds"].as_array().into_iter().flatten())
                             .filter_map(|x| x.as_f64())
                             .collect();
