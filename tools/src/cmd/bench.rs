@@ -72,7 +72,7 @@ pub struct Args {
     pub devices: Vec<String>,
     /// scale: the cases to run, comma separated: many-files, two-pass-large, shuffle,
     /// tiny-records (default: all four). formats: files, tar, mds. node: one-job (or one-job-lirs,
-    /// one-job-two-pass), many-jobs, soak, attacks (default: all).
+    /// one-job-two-pass), many-jobs, soak, attacks (default: all). peers: 4k, 100k (both).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// peers: the memory cgroup each reader runs in, as a size, or `none` for the machine's
@@ -397,11 +397,22 @@ fn node(args: &Args) -> Result<()> {
 }
 
 fn peers(args: &Args) -> Result<()> {
-    let datasets = if args.quick {
+    let all = if args.quick {
         vec![(100_000, 4096), (4_000, 100 * 1024)]
     } else {
         vec![(400_000, 4096), (16_000, 100 * 1024)]
     };
+    // --cases 4k,100k: the record sizes to run (both by default).
+    let datasets: Vec<(u64, u64)> = all
+        .into_iter()
+        .filter(|&(_, r)| {
+            let name = if r == 4096 { "4k" } else { "100k" };
+            args.cases.is_empty() || args.cases.iter().any(|c| c == name)
+        })
+        .collect();
+    if datasets.is_empty() {
+        bail!("peers: --cases takes 4k and 100k");
+    }
     let opts = riffle_bench::peers::PeersOptions {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
