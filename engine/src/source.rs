@@ -61,7 +61,11 @@ impl DatasetSpec {
     ) -> Result<Source> {
         Ok(match self {
             DatasetSpec::Paths(p) => {
-                // `s3://` URLs are staged into the local cache first (`remote`).
+                // An `s3://` URL past `--cache-limit` is streamed; others are staged into
+                // the local cache first (`remote`).
+                if let Some(ds) = crate::remote::open_within(p, opts)? {
+                    return Ok(Source::Dataset(Arc::new(ds)));
+                }
                 let local = crate::remote::resolve(p)?;
                 Source::Dataset(Arc::new(Dataset::open(&local, opts, progress)?))
             }

@@ -13,6 +13,7 @@
 //! and the memory bounded.
 
 mod body;
+mod scan;
 
 use std::cell::RefCell;
 use std::ops::{ControlFlow, Range};
@@ -26,13 +27,14 @@ use hdrhistogram::Histogram;
 use super::emit::Emitter;
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
-use crate::io::{IoConfig, RangeReader};
+use crate::io::IoConfig;
 use crate::order::{EpochKey, Split, Units};
 use crate::piles::{PileBuf, PileReader, PileSet, PileWriter};
 use crate::pipeline::Stop;
 use crate::resources::{Limits, PilePlan};
 use crate::{Error, Result};
-use body::{emit_frames, rescatter, Body};
+use body::{emit_frames, encode_skip, rescatter, Body};
+use scan::{wanted_units, Scan, Sequential};
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
 pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> Result<BatchStream> {
@@ -45,7 +47,13 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     // the scatter (a neighbour filled it) is an error of the run like any other.
     let (prefetch, plan, resources) =
         crate::resources::two_pass_plan(&super::demand(&ds, &units, &opts), &Limits::here(None))?;
-    let opts = ReadOptions { prefetch, ..opts };
+    // A dataset streamed from object storage is read sequentially only: no LIRS lead.
+    let lead = opts.lead && ds.remote().is_none();
+    let opts = ReadOptions {
+        prefetch,
+        lead,
+        ..opts
+    };
     // One private directory for the run (made in `scratch`, which is made too if it is
     // missing, and removed again), locked while this process lives; each epoch's piles in
     // a directory inside it. It goes when the I/O thread ends, or on SIGINT/SIGTERM.
@@ -196,7 +204,10 @@ fn run(
     };
     // The scatter goes through the files in order: it keeps few open, which leaves the
     // rest of the open-file budget to a LIRS lead reading beside it.
-    let reader = ds.reader_capped(&scan, 16)?;
+    let reader = match ds.remote() {
+        Some(objects) => Scan::Objects(objects.clone()),
+        None => Scan::Files(ds.reader_capped(&scan, 16)?),
+    };
     let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     let mut run = Run {
         ds,
@@ -213,6 +224,7 @@ fn run(
         pile_reads: 0,
         lead_ops: 0,
         lead_bytes: 0,
+        charged: 0,
     };
     run.describe(r, &scan);
     let epochs = opts.epoch_range()?;
@@ -233,13 +245,15 @@ struct Run<'a> {
     tx: &'a Sender<Result<Batch>>,
     stop: &'a Stop,
     started: Instant,
-    reader: RangeReader,
+    reader: Scan,
     hist: Histogram<u64>,
     /// Pile buffers, kept from pile to pile and epoch to epoch (two in use at once).
     pool: std::sync::Mutex<Vec<LoadedPile>>,
     pile_reads: u64,
     lead_ops: u64,
     lead_bytes: u64,
+    /// Local disk charged for this epoch's piles (a streamed read's).
+    charged: u64,
 }
 
 impl Run<'_> {
@@ -250,14 +264,15 @@ impl Run<'_> {
             (self.ds, self.units, self.opts, self.plan, &self.reader);
         r.mode = "two-pass".into();
         r.grouping = opts.grouping.name().into();
-        r.backend = reader.backend_kind().name().into();
-        r.direct = reader.direct();
+        let (backend, direct, buffers) = reader.describe();
+        r.backend = backend.into();
+        r.direct = direct;
         r.queue_depth = scan.depth;
         r.units_bytes = units.bytes();
         r.index_bytes = ds.index_bytes();
         // The scatter's reader, the pile loader's reads (no more), and one pile writer (the
         // next epoch's while rolling; this epoch's is closed by then).
-        r.buffer_bytes = reader.buffer_bytes() as u64 + plan.writer_bytes();
+        r.buffer_bytes = buffers + plan.writer_bytes();
         r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
         r.pile_bytes = plan.loaded_memory();
         r.memory_bytes =
@@ -293,13 +308,19 @@ impl Run<'_> {
             };
             // Rolling: while this epoch is emitted, its frames are re-keyed and scattered
             // for the next one, so a later epoch costs one sequential read and one write.
-            let rolling = epoch + 1 < last_epoch;
+            // A streamed dataset's next epoch is scattered from the store again: its piles
+            // hold only this epoch's units of the node's streams.
+            let rolling = epoch + 1 < last_epoch && self.reader.objects().is_none();
             let mut next = if rolling {
                 Some(PileWriter::new(self.scratch, self.plan.layout, &opts.io)?)
             } else {
                 None
             };
             let stopped = self.pile_pass(set, split, first_batch, epoch, &mut next, r)?;
+            // The epoch's piles are gone: their local disk is free again.
+            if let Some(o) = self.reader.objects() {
+                o.release(std::mem::take(&mut self.charged));
+            }
             // Stopped, the next epoch's piles may be partial (the re-scatter gave up): they
             // are dropped, never read.
             if stopped {
@@ -334,7 +355,7 @@ impl Run<'_> {
             self.tx,
             self.stop,
         );
-        let (scattered, led) = if opts.lead {
+        let (scattered, led) = if opts.lead && self.reader.files().is_some() {
             let (scattered, led, end) = scatter_led(
                 ds,
                 units,
@@ -351,12 +372,22 @@ impl Run<'_> {
             (scattered, led)
         } else {
             let key = EpochKey::new(opts.seed, epoch);
+            let split = opts.split_for(epoch, ds.len())?;
+            // A streamed read keeps only its streams' units (a node's share).
+            let wanted = match self.reader.objects() {
+                Some(_) => wanted_units(units, &split, *first_batch, &key, opts.ranks.is_some()),
+                None => None,
+            };
             let scattered = scatter(
                 ds,
                 units,
                 plan,
                 &opts.io,
-                &mut self.reader,
+                &mut Sequential {
+                    scan: &mut self.reader,
+                    epoch,
+                    wanted,
+                },
                 &key,
                 scratch,
                 stop,
@@ -377,6 +408,7 @@ impl Run<'_> {
             r.table_seconds += l.table_seconds;
         }
         r.scratch_bytes += scattered.bytes;
+        self.charged += scattered.charged;
         Ok(scattered.piles)
     }
 
@@ -472,10 +504,15 @@ impl Run<'_> {
     /// Fills in the report's totals: the reads of the scatter, the pile loads and the lead,
     /// the run's time and its batch latencies.
     fn report(&self, r: &mut ReadReport) {
-        let s = self.reader.stats();
+        let (ops, bytes) = self.reader.stats();
         r.pile_loads = self.pile_reads;
-        r.read_ops = s.read_ops + self.pile_reads + self.lead_ops;
-        r.device_bytes = s.device_bytes + self.lead_bytes;
+        r.read_ops = ops + self.pile_reads + self.lead_ops;
+        r.device_bytes = bytes + self.lead_bytes;
+        if let Some(o) = self.reader.objects() {
+            r.cache_limit = Some(o.cache_limit());
+            r.peak_local_bytes = Some(o.peak());
+            r.objects = o.counts();
+        }
         r.seconds = self.started.elapsed().as_secs_f64();
         r.batch_latency_us = Latency::of(&self.hist);
     }
@@ -538,7 +575,7 @@ fn scatter_led(
     units: &Units,
     opts: &ReadOptions,
     plan: &PilePlan,
-    reader: &mut RangeReader,
+    reader: &mut Scan,
     epoch: u64,
     first: u64,
     scratch: &Path,
@@ -559,7 +596,12 @@ fn scatter_led(
         if led.is_ok() {
             lead.wait_first(std::time::Duration::from_millis(250));
         }
-        let scattered = scatter(ds, units, plan, &opts.io, reader, &key, scratch, stop);
+        let mut from = Sequential {
+            scan: reader,
+            epoch,
+            wanted: None,
+        };
+        let scattered = scatter(ds, units, plan, &opts.io, &mut from, &key, scratch, stop);
         #[cfg(test)]
         if let (Some((n, _)), Ok(h)) = (tests_hold::of(opts.seed), &led) {
             // Tests: hand over only once the lead has claimed `n` batches (or ended).
@@ -607,6 +649,8 @@ pub(crate) mod tests_hold {
 struct Scattered {
     piles: Option<PileSet>,
     bytes: u64,
+    /// Local disk charged for the piles (a streamed read's; 0 otherwise).
+    charged: u64,
 }
 
 /// The first epoch's piles: the dataset read in large sequential pieces, every unit framed
@@ -619,13 +663,31 @@ fn scatter(
     units: &Units,
     plan: &PilePlan,
     io: &IoConfig,
-    reader: &mut RangeReader,
+    from: &mut Sequential<'_>,
     key: &EpochKey,
     scratch: &Path,
     stop: &Stop,
 ) -> Result<Scattered> {
+    let Sequential {
+        scan,
+        epoch,
+        wanted,
+    } = from;
+    // A streamed read charges the piles' local disk before writing it: their slack first
+    // (space allocated ahead, last chunks written whole), then every frame.
+    let objects = scan.objects().cloned();
+    let mut charged = 0u64;
+    let mut charge = |bytes: u64, what: &str| -> Result<()> {
+        if let Some(o) = &objects {
+            o.charge(bytes, what)?;
+            charged += bytes;
+        }
+        Ok(())
+    };
+    charge(plan.layout.disk_slack(), "the piles' allocation")?;
     let mut sink = PileWriter::new(scratch, plan.layout, io)?;
     let mut failure: Option<Error> = None;
+    let mut skip = Vec::new();
     let mut head = Vec::new();
     let mut locs = Vec::new();
     // A little under a slot, so an unaligned chunk's aligned extent still fits one read.
@@ -637,7 +699,8 @@ fn scatter(
     };
     // The chunks handed to the reader, by request index.
     let chunks = RefCell::new(Vec::new());
-    reader.read_ranges(
+    let read = scan.read_ranges(
+        *epoch,
         std::iter::from_fn(|| {
             if stop.is_set() {
                 return None;
@@ -652,13 +715,28 @@ fn scatter(
             }
             let c = chunks.borrow()[i];
             for u in c.first..c.end {
+                if wanted.as_ref().is_some_and(|w| !w.has(u)) {
+                    // Another node's: its positions only.
+                    skip.clear();
+                    encode_skip(&mut skip, u);
+                    let done = charge((piles_frame_head() + skip.len()) as u64, "the piles")
+                        .and_then(|()| sink.frame(key.key(u), &[&skip]));
+                    if let Err(e) = done {
+                        failure = Some(e);
+                        stop.set();
+                        return;
+                    }
+                    continue;
+                }
                 let ids = units.records(u);
                 locs.clear();
                 locs.extend(ids.clone().map(|id| ds.locate(id)));
                 head.clear();
                 let body = Body::encode(&mut head, u, locs.iter().map(|l| l.len));
                 // Straight into the pile's buffer: the head, then each record's bytes.
-                let framed = sink.begin(key.key(u), body).and_then(|pile| {
+                let framed = charge(piles_frame_head() as u64 + body, "the piles")
+                    .and_then(|()| sink.begin(key.key(u), body))
+                    .and_then(|pile| {
                     sink.append(pile, &head)?;
                     for l in &locs {
                         let from = (l.offset - c.start) as usize;
@@ -674,20 +752,31 @@ fn scatter(
                 }
             }
         },
-    )?;
+        &|| stop.is_set(),
+    );
+    // The charge goes back with the piles when the scatter fails (they are removed).
+    let give_back = |e| {
+        if let Some(o) = scan.objects() {
+            o.release(charged);
+        }
+        e
+    };
+    read.map_err(give_back)?;
     if let Some(e) = failure {
-        return Err(e);
+        return Err(give_back(e));
     }
     if stop.is_set() {
         return Ok(Scattered {
             piles: None,
             bytes: sink.bytes(),
+            charged,
         });
     }
-    let piles = sink.finish()?;
+    let piles = sink.finish().map_err(give_back)?;
     Ok(Scattered {
         bytes: piles.bytes(),
         piles: Some(piles),
+        charged,
     })
 }
 
@@ -698,4 +787,9 @@ struct LoadedPile {
     data: PileBuf,
     frames: Vec<(u64, usize)>,
     scratch: Vec<(u64, usize)>,
+}
+
+/// Bytes of a pile frame's own head (before its body).
+fn piles_frame_head() -> usize {
+    crate::piles::frame::HEAD
 }

@@ -129,6 +129,12 @@ impl Layout {
         (pile as u128 * width, (pile as u128 + 1) * width)
     }
 
+    /// Local disk a set of piles may take beyond its frames' bytes: each group file's space
+    /// allocated ahead of its writes, and each pile's last chunk written whole.
+    pub(crate) fn disk_slack(&self) -> u64 {
+        self.groups() as u64 * reserve_step(self.slot) + self.piles() as u64 * self.chunk as u64
+    }
+
     /// Memory a writer of this layout holds: the fill pool (a share per pile), a write
     /// being gathered per group, and the writes in flight.
     pub(crate) fn writer_bytes(&self) -> u64 {
