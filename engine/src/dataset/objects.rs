@@ -142,7 +142,9 @@ impl Dataset {
                 "{}: the dataset does not fit --cache-limit {} and is streamed from object \
                  storage, which only two-pass reads (--mode two-pass or auto); {mode} would \
                  read it at random",
-                self.files.first().map_or(String::new(), |f| f.path.display().to_string()),
+                self.files
+                    .first()
+                    .map_or(String::new(), |f| f.path.display().to_string()),
                 crate::size::human_bytes(r.cache_limit() as f64),
             ))),
         }

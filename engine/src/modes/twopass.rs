@@ -684,8 +684,12 @@ fn scatter(
         }
         Ok(())
     };
-    charge(plan.layout.disk_slack(), "the piles' allocation")?;
+    const STEP: u64 = 1 << 20;
+    charge(plan.layout.disk_slack(STEP), "the piles' allocation")?;
     let mut sink = PileWriter::new(scratch, plan.layout, io)?;
+    if objects.is_some() {
+        sink.grow_at_most(STEP);
+    }
     let mut failure: Option<Error> = None;
     let mut skip = Vec::new();
     let mut head = Vec::new();
@@ -737,13 +741,13 @@ fn scatter(
                 let framed = charge(piles_frame_head() as u64 + body, "the piles")
                     .and_then(|()| sink.begin(key.key(u), body))
                     .and_then(|pile| {
-                    sink.append(pile, &head)?;
-                    for l in &locs {
-                        let from = (l.offset - c.start) as usize;
-                        sink.append(pile, &bytes[from..from + l.len as usize])?;
-                    }
-                    Ok(())
-                });
+                        sink.append(pile, &head)?;
+                        for l in &locs {
+                            let from = (l.offset - c.start) as usize;
+                            sink.append(pile, &bytes[from..from + l.len as usize])?;
+                        }
+                        Ok(())
+                    });
                 if let Err(e) = framed {
                     // A full scratch disk: read nothing more of the dataset.
                     failure = Some(e);

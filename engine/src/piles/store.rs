@@ -129,10 +129,11 @@ impl Layout {
         (pile as u128 * width, (pile as u128 + 1) * width)
     }
 
-    /// Local disk a set of piles may take beyond its frames' bytes: each group file's space
-    /// allocated ahead of its writes, and each pile's last chunk written whole.
-    pub(crate) fn disk_slack(&self) -> u64 {
-        self.groups() as u64 * reserve_step(self.slot) + self.piles() as u64 * self.chunk as u64
+    /// Local disk a set of piles may take beyond its frames' bytes when its group files
+    /// are grown at most `step` ahead of their writes ([`PileWriter::grow_at_most`]): that
+    /// per group file, and each pile's last chunk and each gathered write rounded up.
+    pub(crate) fn disk_slack(&self, step: u64) -> u64 {
+        self.groups() as u64 * (step + self.slot as u64) + self.piles() as u64 * self.chunk as u64
     }
 
     /// Memory a writer of this layout holds: the fill pool (a share per pile), a write
@@ -213,6 +214,8 @@ pub(crate) struct PileWriter {
     groups: Vec<GroupOut>,
     piles: Vec<Fill>,
     done: Vec<Completion>,
+    /// The most a group file is grown ahead of its writes at once ([`reserve_step`]).
+    step_cap: u64,
     /// Short writes in a row without progress, per slot.
     stalled: Vec<u32>,
     written: u64,
@@ -289,12 +292,19 @@ impl PileWriter {
             piles,
             done: Vec::new(),
             written: 0,
+            step_cap: u64::MAX,
         })
     }
 
     /// Bytes of frames given so far.
     pub(crate) fn bytes(&self) -> u64 {
         self.piles.iter().map(|p| p.bytes).sum()
+    }
+
+    /// Grows group files at most `step` bytes ahead of their writes (a read whose local
+    /// disk is capped: see [`Layout::disk_slack`]).
+    pub(crate) fn grow_at_most(&mut self, step: u64) {
+        self.step_cap = step.max(1);
     }
 
     /// Appends the head of a frame under `key` whose body is `len` bytes to the pile of
@@ -455,7 +465,7 @@ impl PileWriter {
         if out.reserved >= need {
             return Ok(());
         }
-        let step = reserve_step(self.backend.slot_size());
+        let step = reserve_step(self.backend.slot_size()).min(self.step_cap);
         let upto = need.div_ceil(step) * step;
         let file = &out.file.file;
         match nix::fcntl::fallocate(

@@ -252,6 +252,17 @@ pub fn open_within(
     paths: &[PathBuf],
     opts: &crate::dataset::OpenOptions,
 ) -> Result<Option<crate::dataset::Dataset>> {
+    open_with(paths, opts, &S3Config::from_env(), None)
+}
+
+/// As [`open_within`], with the store `cfg` and the cache `root` ([`cache_root`] when
+/// `None`).
+pub fn open_with(
+    paths: &[PathBuf],
+    opts: &crate::dataset::OpenOptions,
+    cfg: &S3Config,
+    root: Option<&Path>,
+) -> Result<Option<crate::dataset::Dataset>> {
     let Some(limit) = opts.cache_limit else {
         return Ok(None);
     };
@@ -262,7 +273,6 @@ pub fn open_within(
     if urls.is_empty() {
         return Ok(None);
     }
-    let cfg = S3Config::from_env();
     let rt = runtime()?;
     let mut total = 0u64;
     let mut listed = Vec::new();
@@ -292,12 +302,16 @@ pub fn open_within(
             url.text
         )));
     }
-    let dir = cache_root()?
+    let root = match root {
+        Some(r) => r.to_path_buf(),
+        None => cache_root()?,
+    };
+    let dir = root
         .join(cfg.cache_dir())
         .join(".streamed")
         .join(&url.bucket);
     let objects = std::mem::take(objects);
-    stream::open(url, &cfg, &dir, objects, limit, opts).map(Some)
+    stream::open(url, cfg, &dir, objects, limit, opts).map(Some)
 }
 
 #[cfg(test)]

@@ -57,7 +57,10 @@ impl Objects {
     /// Bytes `a..a + len` of file `file`, conditional on its listed ETag.
     async fn get(&self, epoch: u64, file: usize, a: u64, len: usize) -> Result<bytes::Bytes> {
         let meta = self.metas.get(file).ok_or_else(|| {
-            Error::Internal(format!("a streamed read of file {file} of {}", self.metas.len()))
+            Error::Internal(format!(
+                "a streamed read of file {file} of {}",
+                self.metas.len()
+            ))
         })?;
         let url = self.url(file);
         let b = a + len as u64;
@@ -68,7 +71,11 @@ impl Objects {
             ..Default::default()
         };
         let err = |e| fetch::store_error(&url, "ranged GET", Some((a, b)), e);
-        let got = self.store.get_opts(&meta.location, opts).await.map_err(err)?;
+        let got = self
+            .store
+            .get_opts(&meta.location, opts)
+            .await
+            .map_err(err)?;
         if want.is_some() && got.meta.e_tag != want {
             return Err(err(object_store::Error::Precondition {
                 path: url.clone(),
@@ -172,8 +179,8 @@ impl RemoteBytes for Objects {
 fn over_limit(limit: u64, used: u64, more: u64, what: &str) -> Error {
     let h = |b: u64| crate::size::human_bytes(b as f64);
     Error::OverBudget(format!(
-        "--cache-limit {}: {what} needs {} more of local disk and {} of it is in use; give a \
-         larger --cache-limit, or read on more nodes (each keeps only its ranks' records)",
+        "--cache-limit {}: {what}: {} more of local disk is needed and {} of it is in use; \
+         give a larger --cache-limit, or read on more nodes (each keeps only its ranks' records)",
         h(limit),
         h(more),
         h(used)
@@ -280,8 +287,8 @@ fn cached_layout(path: &Path, meta: &ObjectMeta, format: &Format) -> Option<Remo
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
         .collect();
     // A damaged cache is fetched again rather than trusted.
-    let sane = offsets.windows(2).all(|w| w[0] <= w[1])
-        && offsets.last().is_some_and(|&l| l <= meta.size);
+    let sane =
+        offsets.windows(2).all(|w| w[0] <= w[1]) && offsets.last().is_some_and(|&l| l <= meta.size);
     sane.then_some(RemoteLayout::Indexed(OffsetIndex {
         offsets,
         last_unterminated: head.last_unterminated,
@@ -305,7 +312,8 @@ fn store_layout(path: &Path, meta: &ObjectMeta, format: &Format, l: &RemoteLayou
         .map_err(|e| Error::Internal(format!("cannot encode a layout: {e}")))?;
     out.push(b'\n');
     for o in offsets {
-        out.write_all(&o.to_le_bytes()).expect("a Vec takes every write");
+        out.write_all(&o.to_le_bytes())
+            .expect("a Vec takes every write");
     }
     let parent = crate::scratch::parent_dir(path);
     std::fs::create_dir_all(parent)
@@ -324,7 +332,10 @@ async fn layout_of(
 ) -> Result<(Format, RemoteLayout)> {
     let key = meta.location.as_ref();
     let object = fetch::url_of(&url.bucket, key);
-    let told = opts.format.clone().or_else(|| Format::from_extension(Path::new(key)));
+    let told = opts
+        .format
+        .clone()
+        .or_else(|| Format::from_extension(Path::new(key)));
     let cache = layout_path(dir, &object, key)?;
     if let Some(f) = &told {
         if let Some(l) = cached_layout(&cache, meta, f) {
@@ -332,7 +343,10 @@ async fn layout_of(
         }
     }
     let dest = dir.join(fetch::local_rel(&object, key)?);
-    h.charge(meta.size, &format!("indexing {object} (fetched alone, then removed)"))?;
+    h.charge(
+        meta.size,
+        &format!("indexing {object} (fetched alone, then removed)"),
+    )?;
     let fetched = fetch::fetch(&h.store, &object, meta, &dest).await;
     let opened = fetched.and_then(|()| {
         let o = OpenOptions {
@@ -371,11 +385,19 @@ async fn mds(
     objects: &[ObjectMeta],
     root: &str,
     opts: &OpenOptions,
-) -> Result<(Format, Vec<DatasetFile>, Vec<crate::dataset::MdsColumn>, Vec<ObjectMeta>)> {
+) -> Result<(
+    Format,
+    Vec<DatasetFile>,
+    Vec<crate::dataset::MdsColumn>,
+    Vec<ObjectMeta>,
+)> {
     let skeleton = dir.join(".mds-skeleton");
     let mut by_path = BTreeMap::new();
     let mut charged = 0;
-    for m in objects.iter().filter(|m| m.location.as_ref().starts_with(root)) {
+    for m in objects
+        .iter()
+        .filter(|m| m.location.as_ref().starts_with(root))
+    {
         let key = m.location.as_ref();
         let object = fetch::url_of(&url.bucket, key);
         let dest = skeleton.join(fetch::local_rel(&object, key)?);
@@ -393,8 +415,8 @@ async fn mds(
         cache_limit: None,
         ..opts.clone()
     };
-    let index_dir = skeleton.join(fetch::local_rel(&url.text, root.trim_end_matches('/'))
-        .unwrap_or_default());
+    let index_dir =
+        skeleton.join(fetch::local_rel(&url.text, root.trim_end_matches('/')).unwrap_or_default());
     let ds = Dataset::open(&[&index_dir], &o, &mut |_, _, _| {});
     let _ = std::fs::remove_dir_all(&skeleton);
     h.release(charged);
@@ -428,9 +450,9 @@ async fn shard_head(h: &Objects, object: &str, m: &ObjectMeta, dest: &Path) -> R
         }
     };
     let first = get(0, m.size.min(4)).await?;
-    let n = first
-        .get(..4)
-        .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as u64);
+    let n = first.get(..4).map_or(0, |b| {
+        u32::from_le_bytes(b.try_into().expect("4 bytes")) as u64
+    });
     let end = m.size.min(4 + 4 * (n + 1));
     let head = get(0, end).await?;
     h.charge(end, &format!("the header of {object}"))?;
