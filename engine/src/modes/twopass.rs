@@ -777,6 +777,12 @@ fn scatter(
         });
     }
     let piles = sink.finish().map_err(give_back)?;
+    // The piles as the filesystem holds them: charged too, where more than the estimate.
+    if let Some(o) = scan.objects() {
+        let more = scan::disk_used(scratch).saturating_sub(charged);
+        o.charge(more, "the piles, as written").map_err(give_back)?;
+        charged += more;
+    }
     Ok(Scattered {
         bytes: piles.bytes(),
         piles: Some(piles),

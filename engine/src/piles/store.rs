@@ -131,9 +131,9 @@ impl Layout {
 
     /// Local disk a set of piles may take beyond its frames' bytes when its group files
     /// are grown at most `step` ahead of their writes ([`PileWriter::grow_at_most`]): that
-    /// per group file, and each pile's last chunk and each gathered write rounded up.
+    /// per group file, and each pile's last chunk written whole.
     pub(crate) fn disk_slack(&self, step: u64) -> u64 {
-        self.groups() as u64 * (step + self.slot as u64) + self.piles() as u64 * self.chunk as u64
+        self.groups() as u64 * step + self.piles() as u64 * self.chunk as u64
     }
 
     /// Memory a writer of this layout holds: the fill pool (a share per pile), a write

@@ -141,3 +141,19 @@ pub(super) struct Sequential<'a> {
     pub epoch: u64,
     pub wanted: Option<Bits>,
 }
+
+/// Bytes the filesystem holds for the files under `dir` (their allocated blocks).
+pub(super) fn disk_used(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => disk_used(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
