@@ -402,7 +402,7 @@ async fn mds(
         let object = fetch::url_of(&url.bucket, key);
         let dest = skeleton.join(fetch::local_rel(&object, key)?);
         if key.ends_with("index.json") {
-            h.charge(m.size, &format!("{object}"))?;
+            h.charge(m.size, &object)?;
             charged += m.size;
             fetch::fetch(&h.store, &object, m, &dest).await?;
         } else {

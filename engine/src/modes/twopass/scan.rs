@@ -17,6 +17,7 @@ use crate::order::{EpochKey, EpochTable, Split, Units};
 use crate::Result;
 
 /// The scatter's sequential source.
+#[allow(clippy::large_enum_variant)] // one per run, never moved in a loop
 pub(super) enum Scan {
     /// The dataset's files.
     Files(RangeReader),
