@@ -479,3 +479,64 @@ fn a_streamed_read_within_a_quarter_of_the_dataset_holds_it_and_gets_each_object
         "{err}"
     );
 }
+
+#[test]
+fn plan_of_an_s3_dataset_past_its_cache_limit_shows_staged_against_streamed_two_pass() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("p");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..3 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 2000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "p");
+    let url = format!("s3://{BUCKET}/p/");
+    let plan = |limit: u64, json: bool| {
+        let mut c = s3.cmd(&sb);
+        c.args([
+            "plan",
+            &url,
+            "--batch-size",
+            "16",
+            "--epochs",
+            "2",
+            "--world",
+            "4",
+        ])
+        .args(["--cache-limit", &limit.to_string()]);
+        if json {
+            c.arg("--json");
+        }
+        let o = c.output().unwrap();
+        assert_ok(&o);
+        o.stdout
+    };
+    let v: serde_json::Value = serde_json::from_slice(&plan(total / 2, true)).unwrap();
+    assert_eq!(v["choice"], "streamed two-pass", "{v}");
+    let (s, t) = (&v["staged"], &v["streamed_two_pass"]);
+    assert_eq!(
+        (s["fits"].as_bool(), t["fits"].as_bool()),
+        (Some(false), Some(true)),
+        "{v}"
+    );
+    // Objects smaller than a scatter read: one GET each an epoch, all their bytes.
+    assert_eq!(t["gets_per_epoch"], 3, "{v}");
+    assert!(t["bytes_per_epoch"].as_u64().unwrap() <= total, "{v}");
+    assert!(t["local_disk"].as_u64().unwrap() <= total / 2, "{v}");
+    assert_eq!(
+        (s["gets_later_epoch"].as_u64(), s["local_disk"].as_u64()),
+        (Some(0), Some(total))
+    );
+    let text = String::from_utf8(plan(total / 2, false)).unwrap();
+    assert!(
+        text.contains("streamed two-pass") && text.contains("<- runs") && text.contains("staged"),
+        "{text}"
+    );
+    // Fitting the limit, the objects are staged, and the local modes' plan follows.
+    let text = String::from_utf8(plan(total * 2, false)).unwrap();
+    assert!(
+        text.contains("the staged copy is read by the local modes"),
+        "{text}"
+    );
+}

@@ -11,6 +11,9 @@ use super::{Dataset, DatasetFile, Layout, OffsetIndex};
 use crate::format::Format;
 use crate::Result;
 
+/// Ranged GETs a streamed read keeps in flight (their bodies are its read buffers).
+pub const GETS_IN_FLIGHT: usize = 16;
+
 /// GETs and bytes fetched from one object in one epoch, for the read's report.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ObjectCount {

@@ -131,6 +131,54 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
     Ok((plan.memory_bytes, plan.scratch_bytes, piles))
 }
 
+/// What a streamed two-pass read of a dataset in object storage takes (see
+/// [`streamed_figures`]), for the planner.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StreamedFigures {
+    /// Ranged GETs per epoch (each object read once, in ranges of the scatter's reads).
+    pub gets_per_epoch: u64,
+    /// Bytes fetched per epoch.
+    pub bytes_per_epoch: u64,
+    /// Local disk at the peak: one epoch's piles of this read's streams' share of the
+    /// records, the other units' skip frames, and the piles' slack.
+    pub local_disk: u64,
+    /// Engine memory: the two-pass plan's and the GET bodies in flight.
+    pub memory: u64,
+}
+
+/// What a two-pass read of `ds` with `opts` would take were its files objects streamed
+/// from a store (what `riffle plan` shows against a staged copy).
+pub fn streamed_figures(ds: &Dataset, opts: &ReadOptions) -> Result<StreamedFigures> {
+    let units = Units::new(&ds.layout(), opts.grouping);
+    let (_, plan, resources) =
+        crate::resources::two_pass_plan(&super::demand(ds, &units, opts), &Limits::here(None))?;
+    let chunks = Chunker {
+        ds,
+        units: &units,
+        target: plan.scan_size - 8192,
+        next: 0,
+    };
+    let (gets, bytes) = chunks.fold((0, 0), |(n, b), c| (n + 1, b + c.stop - c.start));
+    // One stream keeps about 1/world of the units; a shared pass (or one stream) all.
+    let kept = if opts.world > 1 && opts.ranks.is_none() {
+        1.0 / opts.world as f64
+    } else {
+        1.0
+    };
+    let skip = (crate::piles::frame::HEAD + 12) as f64 * units.len() as f64 * (1.0 - kept);
+    let local = plan.frames as f64 * kept + skip + plan.layout.disk_slack(STREAMED_STEP) as f64;
+    Ok(StreamedFigures {
+        gets_per_epoch: gets,
+        bytes_per_epoch: bytes,
+        local_disk: local as u64,
+        memory: resources.memory_bytes + scan::GETS_IN_FLIGHT as u64 * plan.scan_size,
+    })
+}
+
+/// How far ahead of its writes a streamed read grows its pile files (its local disk is
+/// capped, and this is part of what it charges).
+const STREAMED_STEP: u64 = 1 << 20;
+
 /// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).
 #[derive(Clone, Copy, Debug)]
 struct Chunk {
@@ -264,7 +312,7 @@ impl Run<'_> {
             (self.ds, self.units, self.opts, self.plan, &self.reader);
         r.mode = "two-pass".into();
         r.grouping = opts.grouping.name().into();
-        let (backend, direct, buffers) = reader.describe();
+        let (backend, direct, buffers) = reader.describe(plan.scan_size);
         r.backend = backend.into();
         r.direct = direct;
         r.queue_depth = scan.depth;
@@ -684,11 +732,13 @@ fn scatter(
         }
         Ok(())
     };
-    const STEP: u64 = 1 << 20;
-    charge(plan.layout.disk_slack(STEP), "the piles' allocation")?;
+    charge(
+        plan.layout.disk_slack(STREAMED_STEP),
+        "the piles' allocation",
+    )?;
     let mut sink = PileWriter::new(scratch, plan.layout, io)?;
     if objects.is_some() {
-        sink.grow_at_most(STEP);
+        sink.grow_at_most(STREAMED_STEP);
     }
     let mut failure: Option<Error> = None;
     let mut skip = Vec::new();

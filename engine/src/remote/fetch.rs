@@ -17,9 +17,9 @@ use crate::scratch::{self, TempFile};
 use crate::{Error, Result};
 
 /// Bytes per ranged GET.
-pub(super) const CHUNK: u64 = 8 << 20;
+pub const CHUNK: u64 = 8 << 20;
 /// Ranged GETs in flight per object.
-pub(super) const IN_FLIGHT: usize = 16;
+pub const IN_FLIGHT: usize = 16;
 
 /// What the cache records beside a staged object: its identity when it was fetched.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]

@@ -21,6 +21,9 @@
 mod fetch;
 mod stream;
 
+/// Staging: bytes per ranged GET, and GETs in flight per object.
+pub use fetch::{CHUNK as STAGE_RANGE, IN_FLIGHT as STAGE_IN_FLIGHT};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

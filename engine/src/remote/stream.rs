@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use futures::stream::{self, StreamExt};
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
-use super::fetch::{self, IN_FLIGHT};
+use super::fetch;
 use super::{runtime, S3Config, S3Url};
 use crate::dataset::{
     Dataset, DatasetFile, ObjectCount, OffsetIndex, OpenOptions, RemoteBytes, RemoteLayout,
@@ -113,7 +113,7 @@ impl RemoteBytes for Objects {
             let asked = std::iter::from_fn(|| if stop() { None } else { ranges.next() });
             let mut gets = stream::iter(asked)
                 .map(|(f, a, len)| self.get(epoch, f, a, len))
-                .buffered(IN_FLIGHT);
+                .buffered(crate::dataset::GETS_IN_FLIGHT);
             let mut i = 0;
             while let Some(got) = gets.next().await {
                 done(i, &got?);

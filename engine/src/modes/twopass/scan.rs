@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use crate::dataset::RemoteBytes;
+pub(super) use crate::dataset::GETS_IN_FLIGHT;
 use crate::io::RangeReader;
 use crate::order::{EpochKey, EpochTable, Split, Units};
 use crate::Result;
@@ -57,11 +58,12 @@ impl Scan {
         }
     }
 
-    /// The backend's name, whether reads bypass the page cache, and its buffers' bytes.
-    pub(super) fn describe(&self) -> (&'static str, bool, u64) {
+    /// The backend's name, whether reads bypass the page cache, and its buffers' bytes
+    /// (reads of `scan` bytes).
+    pub(super) fn describe(&self, scan: u64) -> (&'static str, bool, u64) {
         match self {
             Scan::Files(r) => (r.backend_kind().name(), r.direct(), r.buffer_bytes() as u64),
-            Scan::Objects(_) => ("s3", false, 0),
+            Scan::Objects(_) => ("s3", false, GETS_IN_FLIGHT as u64 * scan),
         }
     }
 
