@@ -540,3 +540,66 @@ fn plan_of_an_s3_dataset_past_its_cache_limit_shows_staged_against_streamed_two_
         "{text}"
     );
 }
+
+#[test]
+fn two_daemons_standing_for_two_nodes_stream_each_its_ranks_records_within_the_cache_limit() {
+    use crate::serve::{in_process, read_all, same_batches, Daemon};
+    use riffle::serve::proto::OpenRequest;
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("n");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..2 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "n");
+    // Below the dataset (so streamed), above a node's half of it and the piles' slack:
+    // a node that kept every record would pass it.
+    let limit = (total * 4 / 5).to_string();
+    let url = PathBuf::from(format!("s3://{BUCKET}/n/"));
+    let nodes: Vec<Daemon> = (0..2)
+        .map(|n| {
+            let sock = sb.path().join(format!("node-{n}.sock"));
+            let extra = ["--mode", "two-pass", "--cache-limit", &limit];
+            Daemon::start_from(s3.cmd(&sb), &sock, &[("train", &url)], &extra)
+        })
+        .collect();
+    let req = |rank: u64| {
+        let mut r = OpenRequest::new("train", 50);
+        r.seed = 4;
+        r.epochs = 2;
+        r.rank = rank;
+        r.world = 4;
+        // Each node serves two ranks: its pass waits for both.
+        r.streams = Some(2);
+        r
+    };
+    let got = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|rank| {
+                let node = &nodes[(rank / 2) as usize];
+                s.spawn(move || read_all(&mut node.client(), req(rank)))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let mut ids = [Vec::new(), Vec::new()];
+    for (rank, g) in got.iter().enumerate() {
+        // Ids, offsets and payload bytes: the local files' batches of that rank.
+        same_batches(g, &in_process(&local, &req(rank as u64)));
+        for b in g {
+            ids[b.0 as usize].extend(b.2.iter().copied());
+        }
+    }
+    for (epoch, mut e) in ids.into_iter().enumerate() {
+        e.sort_unstable();
+        assert_eq!(
+            e,
+            (0..6000).collect::<Vec<u64>>(),
+            "epoch {epoch}: every record once"
+        );
+    }
+}

@@ -158,6 +158,7 @@ impl Emitter<'_> {
             && g < self.split.global_batches
             && g % self.split.world == self.split.rank
             && g / self.split.world >= self.first_batch
+            && self.ranks.as_ref().is_none_or(|r| r.in_frozen(g))
     }
 
     fn place(&mut self, p: u64, id: u64, bytes: &[u8], padding: bool) {

@@ -423,7 +423,7 @@ impl Run<'_> {
             let split = opts.split_for(epoch, ds.len())?;
             // A streamed read keeps only its streams' units (a node's share).
             let wanted = match self.reader.objects() {
-                Some(_) => wanted_units(units, &split, *first_batch, &key, opts.ranks.is_some()),
+                Some(_) => wanted_units(units, &split, *first_batch, &key, opts.ranks.as_deref()),
                 None => None,
             };
             let scattered = scatter(

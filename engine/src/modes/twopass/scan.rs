@@ -102,21 +102,28 @@ impl Bits {
 }
 
 /// The units whose records this read's streams take in the epoch keyed by `key`, with
-/// `split` (from batch `first` on), or `None` when it takes every unit (one stream, or
-/// a shared pass whose ranks are not fixed). What the others' nodes take is left out of
-/// this node's piles.
+/// `split` (from batch `first` on), or `None` when it takes every unit (one stream of
+/// one). A shared pass (`ranks`) takes the batches of the ranks it froze; one stream
+/// its own. What the other nodes take is left out of this node's piles.
 pub(super) fn wanted_units(
     units: &Units,
     split: &Split,
     first: u64,
     key: &EpochKey,
-    shared: bool,
+    ranks: Option<&crate::modes::Ranks>,
 ) -> Option<Bits> {
-    if shared || split.world <= 1 {
+    let frozen = ranks.map(|r| r.freeze());
+    if frozen.is_none() && split.world <= 1 {
         return None;
     }
     let mut positions = Bits::new(split.records);
     for j in first..split.batches() {
+        if let Some((world, set)) = &frozen {
+            // A shared pass's batches are global: batch `j` is rank `j % world`'s.
+            if !set.contains(&(split.global(j) % world)) {
+                continue;
+            }
+        }
         for p in split.positions(j) {
             // Padding takes records from the epoch's start again.
             positions.set(p % split.records);
