@@ -184,6 +184,27 @@ fn shuffle_takes_an_object_like_its_file() {
         std::fs::read(out).unwrap()
     };
     let local = shuffled(sb.cmd(), file.to_str().unwrap(), "local.jsonl");
+    // Under a --cache-limit its staged copy does not fit: refused, naming both, nothing
+    // fetched.
+    let o = s3
+        .cmd(&sb)
+        .args([
+            "shuffle",
+            &format!("s3://{BUCKET}/s/x.jsonl"),
+            "--cache-limit",
+            "1K",
+            "-o",
+        ])
+        .arg(sb.path().join("never.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("s3://data/s/x.jsonl") && err.contains("--cache-limit"),
+        "{err}"
+    );
+    assert!(!sb.path().join("s3-cache").exists(), "an object was staged");
     let remote = shuffled(
         s3.cmd(&sb),
         &format!("s3://{BUCKET}/s/x.jsonl"),

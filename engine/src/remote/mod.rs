@@ -247,6 +247,37 @@ pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Refuses `paths` when their `s3://` URLs name more bytes than `limit` (the local disk
+/// their staged copies may take), naming both; nothing is fetched.
+pub fn check_fits(paths: &[PathBuf], limit: Option<u64>) -> Result<()> {
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    let cfg = S3Config::from_env();
+    let rt = runtime()?;
+    for p in paths {
+        let Some(u) = p.to_str().filter(|s| s.starts_with(SCHEME)) else {
+            continue;
+        };
+        let url = S3Url::parse(u)?;
+        let store = cfg.store(&url.bucket)?;
+        let total: u64 = rt
+            .block_on(fetch::list(&store, &url))?
+            .iter()
+            .map(|m| m.size)
+            .sum();
+        if total > limit {
+            return Err(Error::OverBudget(format!(
+                "{u}: its objects take {} and --cache-limit is {}: their staged copies do not \
+                 fit (riffle shuffle reads staged copies; riffle read streams them)",
+                crate::size::human_bytes(total as f64),
+                crate::size::human_bytes(limit as f64)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Opens `paths` as a dataset streamed from object storage when they are one `s3://` URL
 /// whose objects do not fit `opts.cache_limit` (see `stream`); `None` when there is no
 /// limit, no URL, or the objects fit it (they are then staged, [`resolve`]). URLs beside
