@@ -499,6 +499,23 @@ fn a_streamed_read_within_a_quarter_of_the_dataset_holds_it_and_gets_each_object
         err.contains("--cache-limit") && err.contains("the piles"),
         "{err}"
     );
+    // Streamed, it is read by two-pass only: lirs and cat would read it at random.
+    for words in [
+        &["read", "--batch-size", "16", "--mode", "lirs"][..],
+        &["cat", "--ids", "0"],
+    ] {
+        let o = s3
+            .cmd(&sb)
+            .args(&words[..1])
+            .arg(&url)
+            .args(&words[1..])
+            .args(["--cache-limit", &l])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{words:?}");
+        let err = text(&o.stderr);
+        assert!(err.contains("only two-pass reads"), "{words:?}: {err}");
+    }
 }
 
 #[test]
