@@ -247,9 +247,16 @@ pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// [`resolve`] within `limit`: refused, naming the URL and the limit, when a URL's objects
+/// take more (nothing is fetched then).
+pub fn resolve_within(paths: &[PathBuf], limit: Option<u64>) -> Result<Vec<PathBuf>> {
+    check_fits(paths, limit)?;
+    resolve(paths)
+}
+
 /// Refuses `paths` when their `s3://` URLs name more bytes than `limit` (the local disk
 /// their staged copies may take), naming both; nothing is fetched.
-pub fn check_fits(paths: &[PathBuf], limit: Option<u64>) -> Result<()> {
+fn check_fits(paths: &[PathBuf], limit: Option<u64>) -> Result<()> {
     let Some(limit) = limit else {
         return Ok(());
     };

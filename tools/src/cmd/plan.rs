@@ -36,21 +36,9 @@ pub fn run(a: Args) -> Result<()> {
     let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
     // A mixture is planned by its first epoch's view (what that epoch reads).
     let job = a.job.request()?.prepare(&src)?;
-    // An s3:// dataset under --cache-limit: staged against streamed first; a streamed one
-    // has no local device to plan on.
-    let remote = a.data.dataset.iter().any(|p| riffle::remote::is_remote(p));
-    let objects = match a.data.cache_limit.filter(|_| remote) {
-        Some(limit) => Some(object_storage(&job, limit, a.job.epochs, a.world)?),
-        None => None,
-    };
-    if job.first.remote().is_some() {
-        let v = objects.unwrap_or_default();
-        match a.json {
-            true => outln!("{v}")?,
-            false => print_object_storage(&v)?,
-        }
+    let Some(objects) = objects_first(&a, &job)? else {
         return Ok(());
-    }
+    };
     let (dev, _) = super::read::device_model(&job.first, a.json)?;
     let free = riffle::probe::free_bytes(&job.scratch).ok();
     let plan = riffle::plan::plan(&job.first, &job.opts, &dev, free)?;
@@ -60,17 +48,13 @@ pub fn run(a: Args) -> Result<()> {
     };
     if a.json {
         let mut v = serde_json::to_value(&plan)?;
-        if let Some(o) = objects {
-            v["object_storage"] = o;
+        if !objects.is_null() {
+            v["object_storage"] = objects;
         }
         outln!("{v}")?;
         return Ok(());
     }
-    if let Some(o) = &objects {
-        print_object_storage(o)?;
-        outln!("the staged copy is read by the local modes:")?;
-        outln!()?;
-    }
+    print_object_storage(&objects)?;
     let w = &plan.workload;
     outln!(
         "dataset   {} records, {} ({} mean, {} max)",
@@ -237,8 +221,12 @@ fn object_storage(
     }))
 }
 
-/// Prints [`object_storage`]'s figures as a table.
+/// Prints [`object_storage`]'s figures as a table (nothing for `Value::Null`), followed
+/// by a line saying the local plan follows when the dataset was staged.
 fn print_object_storage(v: &Value) -> Result<()> {
+    if v.is_null() {
+        return Ok(());
+    }
     let h = |v: &Value| human_bytes(v.as_u64().unwrap_or(0) as f64);
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     outln!(
@@ -289,5 +277,28 @@ fn print_object_storage(v: &Value) -> Result<()> {
         note("streamed two-pass", &t["fits"], "one epoch's piles"),
     )?;
     outln!()?;
+    if v["choice"] == "staged" {
+        outln!("the staged copy is read by the local modes:")?;
+        outln!()?;
+    }
     Ok(())
+}
+
+/// An s3:// dataset under --cache-limit: its choices ([`object_storage`]), printed at once
+/// and `None` (nothing more to plan) when it is streamed, which has no local device to plan
+/// on; else the figures to show beside the local plan (`Value::Null` for other datasets).
+fn objects_first(a: &Args, job: &riffle::request::ReadJob) -> Result<Option<Value>> {
+    let remote = a.data.dataset.iter().any(|p| riffle::remote::is_remote(p));
+    let v = match a.data.cache_limit.filter(|_| remote) {
+        Some(limit) => object_storage(job, limit, a.job.epochs, a.world)?,
+        None => Value::Null,
+    };
+    if job.first.remote().is_none() {
+        return Ok(Some(v));
+    }
+    match a.json {
+        true => outln!("{v}")?,
+        false => print_object_storage(&v)?,
+    }
+    Ok(None)
 }

@@ -76,9 +76,7 @@ pub fn is_dash(p: &Path) -> bool {
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
-    // s3:// inputs: their staged copies, within --cache-limit.
-    riffle::remote::check_fits(&a.inputs, a.cache_limit)?;
-    let staged = riffle::remote::resolve(&a.inputs)?;
+    let staged = riffle::remote::resolve_within(&a.inputs, a.cache_limit)?; // s3://: staged
     let inputs: Vec<Input> = staged
         .iter()
         .map(|i| {
