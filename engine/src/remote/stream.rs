@@ -342,7 +342,9 @@ async fn layout_of(
             return Ok((f.clone(), l));
         }
     }
-    let dest = dir.join(fetch::local_rel(&object, key)?);
+    // Per process: two indexing the same object at once do not remove each other's copy.
+    let scratch = dir.join(format!(".indexing-{}", std::process::id()));
+    let dest = scratch.join(fetch::local_rel(&object, key)?);
     h.charge(
         meta.size,
         &format!("indexing {object} (fetched alone, then removed)"),
@@ -361,6 +363,7 @@ async fn layout_of(
     for p in [dest.clone(), fetch::sidecar(&dest), beside, elsewhere] {
         let _ = std::fs::remove_file(p);
     }
+    let _ = std::fs::remove_dir_all(&scratch);
     h.release(meta.size);
     let ds = opened.map_err(|e| match e {
         Error::BadInput { offset, what, .. } => Error::BadInput {
@@ -391,7 +394,8 @@ async fn mds(
     Vec<crate::dataset::MdsColumn>,
     Vec<ObjectMeta>,
 )> {
-    let skeleton = dir.join(".mds-skeleton");
+    // Per process: two opening the same dataset at once do not share it.
+    let skeleton = dir.join(format!(".mds-skeleton-{}", std::process::id()));
     let mut by_path = BTreeMap::new();
     let mut charged = 0;
     for m in objects
