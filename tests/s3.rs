@@ -641,3 +641,35 @@ fn two_daemons_standing_for_two_nodes_stream_each_its_ranks_records_within_the_c
         );
     }
 }
+
+#[test]
+fn a_staged_copy_under_a_cache_limit_leaves_two_pass_only_the_room_beside_it() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("st");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..2 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 2000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "st");
+    // The copy fits; its piles beside it would not.
+    let limit = (total * 6 / 5).to_string();
+    let url = format!("s3://{BUCKET}/st/");
+    let o = s3
+        .cmd(&sb)
+        .args(["read", &url, "--batch-size", "16", "--mode", "two-pass"])
+        .args(["--cache-limit", &limit])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "two-pass piles passed the cache limit");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("beside the staged copy") && err.contains("--cache-limit"),
+        "{err}"
+    );
+    // lirs reads the copy in place, as the files.
+    let args = ["--mode", "lirs", "--cache-limit", &limit];
+    let want = ids(&sb, sb.cmd(), local.to_str().unwrap(), &["--mode", "lirs"]);
+    assert_eq!(ids(&sb, s3.cmd(&sb), &url, &args), want);
+}

@@ -230,6 +230,11 @@ impl ReadJob {
         let free = crate::probe::free_bytes(&self.scratch)
             .ok()
             .map(|f| f.saturating_sub(others.0));
+        // A staged copy's --cache-limit bounds the piles beside it.
+        let free = match (free, self.first.staged_room()) {
+            (Some(f), Some(r)) => Some(f.min(r)),
+            (f, r) => f.or(r),
+        };
         self.choose_within(model, free)
     }
 

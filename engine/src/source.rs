@@ -67,7 +67,12 @@ impl DatasetSpec {
                     return Ok(Source::Dataset(Arc::new(ds)));
                 }
                 let local = crate::remote::resolve(p)?;
-                Source::Dataset(Arc::new(Dataset::open(&local, opts, progress)?))
+                let ds = Dataset::open(&local, opts, progress)?;
+                let staged = p.iter().any(|p| crate::remote::is_remote(p));
+                Source::Dataset(Arc::new(match opts.cache_limit.filter(|_| staged) {
+                    Some(limit) => ds.staged_within(limit),
+                    None => ds,
+                }))
             }
             DatasetSpec::Mixture(m) => Source::Mixture(Arc::new(crate::mix::open(m, opts)?)),
         })

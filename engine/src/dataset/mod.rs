@@ -171,6 +171,8 @@ pub struct Dataset {
     /// Where the files' bytes are when they are objects streamed from a store (their paths
     /// are then `s3://` URLs and only a sequential read through this reaches them).
     remote: Option<Arc<dyn RemoteBytes>>,
+    /// A copy staged under `--cache-limit`: the local disk left beside it for piles.
+    staged_room: Option<u64>,
 }
 
 impl Dataset {
@@ -256,6 +258,7 @@ impl Dataset {
             classes: Vec::new(),
             columns: Vec::new(),
             remote: None,
+            staged_room: None,
         }
     }
 
@@ -401,6 +404,7 @@ impl Dataset {
             classes: self.classes.clone(),
             columns: self.columns.clone(),
             remote: self.remote.clone(),
+            staged_room: self.staged_room,
         })
     }
 

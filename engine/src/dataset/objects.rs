@@ -132,6 +132,18 @@ impl Dataset {
         Ok(ds)
     }
 
+    /// Marks this as objects staged whole under a `--cache-limit` of `limit`: what the
+    /// limit leaves beside the copy is all a two-pass read's piles may take.
+    pub fn staged_within(mut self, limit: u64) -> Dataset {
+        self.staged_room = Some(limit.saturating_sub(self.bytes()));
+        self
+    }
+
+    /// The local disk a staged copy's `--cache-limit` leaves for piles, if it has one.
+    pub fn staged_room(&self) -> Option<u64> {
+        self.staged_room
+    }
+
     /// The store its files' bytes are streamed from, when they are (see [`RemoteBytes`]).
     pub fn remote(&self) -> Option<&Arc<dyn RemoteBytes>> {
         self.remote.as_ref()

@@ -81,8 +81,14 @@ pub fn check_scratch(
     let units = Units::new(&ds.layout(), opts.grouping);
     let d = super::demand(ds, &units, opts);
     let here = Limits::here(Some(scratch));
+    // A staged copy's --cache-limit bounds its piles too.
+    let room = ds.staged_room();
+    let free = match (here.scratch_free, room) {
+        (Some(f), Some(r)) => Some(f.saturating_sub(others.0).min(r)),
+        (f, r) => f.map(|f| f.saturating_sub(others.0)).or(r),
+    };
     let limits = Limits {
-        scratch_free: here.scratch_free.map(|f| f.saturating_sub(others.0)),
+        scratch_free: free,
         scratch_inodes: here.scratch_inodes.map(|i| i.saturating_sub(others.1)),
         ..here
     };
@@ -99,6 +105,19 @@ pub fn check_scratch(
             plan.scratch_bytes,
             plan.figure("scratch_files").map_or(0, |f| f.value),
         )),
+        Err(Error::Exhausted {
+            resource,
+            asked,
+            limit,
+        }) if resource == crate::resources::SCRATCH_SPACE && room == Some(limit) => {
+            Err(Error::OverBudget(format!(
+                "two-pass needs {} of local disk for its piles beside the staged copy, and \
+                 --cache-limit leaves {}; give a larger --cache-limit, or --mode lirs (which \
+                 reads the copy in place)",
+                crate::size::human_bytes(asked as f64),
+                crate::size::human_bytes(limit as f64),
+            )))
+        }
         Err(Error::Exhausted {
             resource,
             asked,
