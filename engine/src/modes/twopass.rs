@@ -8,6 +8,12 @@
 //! units in global key order, which is exactly the LIRS table's order. Batches and ranks
 //! are cut from that sequence the same way.
 //!
+//! The scatter reads the dataset's files, or (a dataset streamed from object storage,
+//! past `--cache-limit`) its objects with ranged GETs in object order, keeping only the
+//! units of the read's streams and charging every pile byte against the limit: the one
+//! seam is `scan::Scan`, a sequential byte source of file `i`'s ranges. Such a read
+//! scatters every epoch from the store (its piles hold one epoch's share: nothing rolls).
+//!
 //! A pile larger than its memory share (unlucky, or the budget was tight) is not loaded
 //! whole: it is read again for each of several key sub-ranges, which keeps the order exact
 //! and the memory bounded.
