@@ -184,6 +184,27 @@ fn shuffle_takes_an_object_like_its_file() {
         std::fs::read(out).unwrap()
     };
     let local = shuffled(sb.cmd(), file.to_str().unwrap(), "local.jsonl");
+    // Under a --cache-limit its staged copy does not fit: refused, naming both, nothing
+    // fetched.
+    let o = s3
+        .cmd(&sb)
+        .args([
+            "shuffle",
+            &format!("s3://{BUCKET}/s/x.jsonl"),
+            "--cache-limit",
+            "1K",
+            "-o",
+        ])
+        .arg(sb.path().join("never.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("s3://data/s/x.jsonl") && err.contains("--cache-limit"),
+        "{err}"
+    );
+    assert!(!sb.path().join("s3-cache").exists(), "an object was staged");
     let remote = shuffled(
         s3.cmd(&sb),
         &format!("s3://{BUCKET}/s/x.jsonl"),
@@ -279,4 +300,376 @@ fn a_503_storm_then_a_stopped_and_restarted_server_resumes_with_the_same_batches
         .map(str::to_string)
         .collect();
     assert_eq!(got, want, "the resumed read differs from the file's");
+}
+
+/// Uploads every file under `dir` as `prefix/RELATIVE_PATH`; returns their bytes.
+fn upload(s3: &Server, dir: &std::path::Path, prefix: &str) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let bytes = std::fs::read(&p).unwrap();
+        total += bytes.len() as u64;
+        let name = p.file_name().unwrap().to_str().unwrap();
+        s3.put(&format!("{prefix}/{name}"), &bytes);
+    }
+    total
+}
+
+/// The batches' ids and the JSON report of `riffle read SPEC ARGS --json` run by `c`.
+fn ids_and_report(
+    sb: &Sandbox,
+    mut c: Command,
+    spec: &str,
+    args: &[&str],
+) -> (Vec<String>, serde_json::Value) {
+    let out = sb.path().join("ids-json.txt");
+    let o = c
+        .arg("read")
+        .arg(spec)
+        .args(["--batch-size", "16", "--seed", "7", "--json"])
+        .args(args)
+        .arg("--ids-out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let t = std::fs::read_to_string(&out).unwrap();
+    let report = serde_json::from_slice(&o.stdout).unwrap();
+    (t.lines().map(str::to_string).collect(), report)
+}
+
+/// A streamed read's report: it ran two-pass from the store, its local disk stayed within
+/// `limit`, and every object of `sizes` was fetched in each of `epochs`, no byte of it
+/// twice.
+fn check_streamed(r: &serde_json::Value, limit: u64, sizes: &[(String, u64)], epochs: u64) {
+    assert_eq!(
+        (r["mode"].as_str(), r["backend"].as_str()),
+        (Some("two-pass"), Some("s3"))
+    );
+    assert_eq!(r["cache_limit"].as_u64(), Some(limit));
+    let peak = r["peak_local_bytes"].as_u64().unwrap();
+    assert!(
+        peak > 0 && peak <= limit,
+        "peak local disk {peak} past the limit {limit}"
+    );
+    let objects = r["objects"].as_array().unwrap();
+    assert_eq!(
+        objects.len() as u64,
+        sizes.len() as u64 * epochs,
+        "{objects:?}"
+    );
+    for o in objects {
+        let name = o["object"].as_str().unwrap();
+        let size = sizes.iter().find(|(n, _)| n == name).expect(name).1;
+        let bytes = o["bytes"].as_u64().unwrap();
+        assert!(
+            bytes > 0 && bytes <= size,
+            "{name} in epoch {}: {bytes} bytes fetched of {size}",
+            o["epoch"]
+        );
+    }
+}
+
+/// Every file under `dir` as the object `s3://BUCKET/prefix/NAME`, with its size.
+fn objects_of(dir: &std::path::Path, prefix: &str, only: &str) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_str().unwrap().ends_with(only))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap().to_string();
+            (
+                format!("s3://{BUCKET}/{prefix}/{name}"),
+                p.metadata().unwrap().len(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn s3_tar_mds_and_jsonl_streamed_past_the_cache_limit_read_like_the_same_files() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let args = [
+        "--world",
+        "4",
+        "--rank",
+        "1",
+        "--drop-last",
+        "--epochs",
+        "2",
+    ];
+    for (format, ext) in [("lines", "jsonl"), ("tar", "tar"), ("mds", "mds")] {
+        let local = sb.data().join(format);
+        if format == "mds" {
+            gen(&sb, &local, "mds", 6000, 2000, &["--seed", "3"]);
+        } else {
+            std::fs::create_dir_all(&local).unwrap();
+            for i in 0..2 {
+                let p = local.join(format!("shard-{i}.{ext}"));
+                gen(&sb, &p, format, 3000, 2000, &["--seed", &i.to_string()]);
+            }
+        }
+        let total = upload(&s3, &local, format);
+        let spec = local.to_str().unwrap();
+        let lirs = ids(
+            &sb,
+            sb.cmd(),
+            spec,
+            &[&args[..], &["--mode", "lirs"]].concat(),
+        );
+        let two_pass = ids(
+            &sb,
+            sb.cmd(),
+            spec,
+            &[&args[..], &["--mode", "two-pass"]].concat(),
+        );
+        assert!(
+            lirs.len() > 50 && lirs == two_pass,
+            "{format}: lirs and two-pass differ"
+        );
+        let limit = total * 3 / 4;
+        let l = limit.to_string();
+        let (got, report) = ids_and_report(
+            &sb,
+            s3.cmd(&sb),
+            &format!("s3://{BUCKET}/{format}/"),
+            &[&args[..], &["--cache-limit", &l]].concat(),
+        );
+        assert_eq!(
+            got, lirs,
+            "{format}: streamed two-pass differs from the files read locally"
+        );
+        check_streamed(&report, limit, &objects_of(&local, format, ext), 2);
+    }
+}
+
+#[test]
+fn a_streamed_read_within_a_quarter_of_the_dataset_holds_it_and_gets_each_object_once_an_epoch() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("q");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..4 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 8000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "q");
+    // One node of eight: its piles hold an eighth of the records, and the rest of the
+    // quarter is the piles' own slack.
+    let args = [
+        "--world",
+        "8",
+        "--rank",
+        "3",
+        "--drop-last",
+        "--epochs",
+        "2",
+    ];
+    let want = ids(
+        &sb,
+        sb.cmd(),
+        local.to_str().unwrap(),
+        &[&args[..], &["--mode", "lirs"]].concat(),
+    );
+    let limit = total / 4;
+    let l = limit.to_string();
+    let url = format!("s3://{BUCKET}/q/");
+    let (got, report) = ids_and_report(
+        &sb,
+        s3.cmd(&sb),
+        &url,
+        &[&args[..], &["--cache-limit", &l]].concat(),
+    );
+    assert_eq!(got, want);
+    check_streamed(&report, limit, &objects_of(&local, "q", "jsonl"), 2);
+    // A limit the node's piles do not fit is refused as they reach it, naming it.
+    let tight = (total * 5 / 32).to_string();
+    let o = s3
+        .cmd(&sb)
+        .args(["read", &url, "--batch-size", "16", "--cache-limit", &tight])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "a read past its cache limit succeeded");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--cache-limit") && err.contains("the piles"),
+        "{err}"
+    );
+    // Streamed, it is read by two-pass only: lirs and cat would read it at random.
+    for words in [
+        &["read", "--batch-size", "16", "--mode", "lirs"][..],
+        &["cat", "--ids", "0"],
+    ] {
+        let o = s3
+            .cmd(&sb)
+            .args(&words[..1])
+            .arg(&url)
+            .args(&words[1..])
+            .args(["--cache-limit", &l])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{words:?}");
+        let err = text(&o.stderr);
+        assert!(err.contains("only two-pass reads"), "{words:?}: {err}");
+    }
+}
+
+#[test]
+fn plan_of_an_s3_dataset_past_its_cache_limit_shows_staged_against_streamed_two_pass() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("p");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..3 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 2000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "p");
+    let url = format!("s3://{BUCKET}/p/");
+    let plan = |limit: u64, json: bool| {
+        let mut c = s3.cmd(&sb);
+        c.args([
+            "plan",
+            &url,
+            "--batch-size",
+            "16",
+            "--epochs",
+            "2",
+            "--world",
+            "4",
+        ])
+        .args(["--cache-limit", &limit.to_string()]);
+        if json {
+            c.arg("--json");
+        }
+        let o = c.output().unwrap();
+        assert_ok(&o);
+        o.stdout
+    };
+    let v: serde_json::Value = serde_json::from_slice(&plan(total / 2, true)).unwrap();
+    assert_eq!(v["choice"], "streamed two-pass", "{v}");
+    let (s, t) = (&v["staged"], &v["streamed_two_pass"]);
+    assert_eq!(
+        (s["fits"].as_bool(), t["fits"].as_bool()),
+        (Some(false), Some(true)),
+        "{v}"
+    );
+    // Objects smaller than a scatter read: one GET each an epoch, all their bytes.
+    assert_eq!(t["gets_per_epoch"], 3, "{v}");
+    assert!(t["bytes_per_epoch"].as_u64().unwrap() <= total, "{v}");
+    assert!(t["local_disk"].as_u64().unwrap() <= total / 2, "{v}");
+    assert_eq!(
+        (s["gets_later_epoch"].as_u64(), s["local_disk"].as_u64()),
+        (Some(0), Some(total))
+    );
+    let text = String::from_utf8(plan(total / 2, false)).unwrap();
+    assert!(
+        text.contains("streamed two-pass") && text.contains("<- runs") && text.contains("staged"),
+        "{text}"
+    );
+    // Fitting the limit, the objects are staged, and the local modes' plan follows.
+    let text = String::from_utf8(plan(total * 2, false)).unwrap();
+    assert!(
+        text.contains("the staged copy is read by the local modes"),
+        "{text}"
+    );
+}
+
+#[test]
+fn two_daemons_standing_for_two_nodes_stream_each_its_ranks_records_within_the_cache_limit() {
+    use crate::serve::{in_process, read_all, same_batches, Daemon};
+    use riffle::serve::proto::OpenRequest;
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("n");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..2 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "n");
+    // Below the dataset (so streamed), above a node's half of it and the piles' slack:
+    // a node that kept every record would pass it.
+    let limit = (total * 4 / 5).to_string();
+    let url = PathBuf::from(format!("s3://{BUCKET}/n/"));
+    let nodes: Vec<Daemon> = (0..2)
+        .map(|n| {
+            let sock = sb.path().join(format!("node-{n}.sock"));
+            let extra = ["--mode", "two-pass", "--cache-limit", &limit];
+            Daemon::start_from(s3.cmd(&sb), &sock, &[("train", &url)], &extra)
+        })
+        .collect();
+    let req = |rank: u64| {
+        let mut r = OpenRequest::new("train", 50);
+        r.seed = 4;
+        r.epochs = 2;
+        r.rank = rank;
+        r.world = 4;
+        // Each node serves two ranks: its pass waits for both.
+        r.streams = Some(2);
+        r
+    };
+    let got = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|rank| {
+                let node = &nodes[(rank / 2) as usize];
+                s.spawn(move || read_all(&mut node.client(), req(rank)))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let mut ids = [Vec::new(), Vec::new()];
+    for (rank, g) in got.iter().enumerate() {
+        // Ids, offsets and payload bytes: the local files' batches of that rank.
+        same_batches(g, &in_process(&local, &req(rank as u64)));
+        for b in g {
+            ids[b.0 as usize].extend(b.2.iter().copied());
+        }
+    }
+    for (epoch, mut e) in ids.into_iter().enumerate() {
+        e.sort_unstable();
+        assert_eq!(
+            e,
+            (0..6000).collect::<Vec<u64>>(),
+            "epoch {epoch}: every record once"
+        );
+    }
+}
+
+#[test]
+fn a_staged_copy_under_a_cache_limit_leaves_two_pass_only_the_room_beside_it() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("st");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..2 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 2000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "st");
+    // The copy fits; its piles beside it would not.
+    let limit = (total * 6 / 5).to_string();
+    let url = format!("s3://{BUCKET}/st/");
+    let o = s3
+        .cmd(&sb)
+        .args(["read", &url, "--batch-size", "16", "--mode", "two-pass"])
+        .args(["--cache-limit", &limit])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "two-pass piles passed the cache limit");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("beside the staged copy") && err.contains("--cache-limit"),
+        "{err}"
+    );
+    // lirs reads the copy in place, as the files.
+    let args = ["--mode", "lirs", "--cache-limit", &limit];
+    let want = ids(&sb, sb.cmd(), local.to_str().unwrap(), &["--mode", "lirs"]);
+    assert_eq!(ids(&sb, s3.cmd(&sb), &url, &args), want);
 }

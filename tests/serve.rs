@@ -137,7 +137,7 @@ pub(crate) fn dataset(sb: &Sandbox, name: &str, records: u64, size: u64) -> Path
 }
 
 /// The batches of a job read in process (the reference the daemon must equal).
-fn in_process(path: &Path, req: &OpenRequest) -> Vec<riffle::modes::Batch> {
+pub(crate) fn in_process(path: &Path, req: &OpenRequest) -> Vec<riffle::modes::Batch> {
     use riffle::dataset::{Dataset, OpenOptions};
     let ds = Dataset::open(&[path], &OpenOptions::default(), &mut |_, _, _| {}).unwrap();
     let mut o = riffle::modes::ReadOptions::new(req.batch_size);
@@ -157,9 +157,9 @@ fn in_process(path: &Path, req: &OpenRequest) -> Vec<riffle::modes::Batch> {
 }
 
 /// What a stream delivered: (epoch, index, ids, offsets, payload) per batch.
-type Got = Vec<(u64, u64, Vec<u64>, Vec<u64>, Vec<u8>)>;
+pub(crate) type Got = Vec<(u64, u64, Vec<u64>, Vec<u64>, Vec<u8>)>;
 
-fn read_all(client: &mut Client, req: OpenRequest) -> Got {
+pub(crate) fn read_all(client: &mut Client, req: OpenRequest) -> Got {
     let mut s = client.open(req).unwrap();
     let mut out = Vec::new();
     while let Some(b) = s.next_batch().unwrap() {
@@ -174,7 +174,7 @@ fn read_all(client: &mut Client, req: OpenRequest) -> Got {
     out
 }
 
-fn same_batches(got: &Got, want: &[riffle::modes::Batch]) {
+pub(crate) fn same_batches(got: &Got, want: &[riffle::modes::Batch]) {
     assert_eq!(got.len(), want.len(), "batch count");
     for (g, w) in got.iter().zip(want) {
         assert_eq!((g.0, g.1), (w.epoch, w.index));

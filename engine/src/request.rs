@@ -165,9 +165,23 @@ impl ReadRequest {
         opts.epoch_range()?;
         let first_split =
             opts.split_for(resume.map_or(self.first_epoch, |c| c.epoch), first.len())?;
-        let scratch = crate::scratch::location(self.scratch.as_deref(), &first.files()[0].path);
+        // A dataset streamed from object storage: two-pass only, its piles in its cache.
+        let (mode, scratch) = match (first.remote(), self.mode) {
+            (None, mode) => (
+                mode,
+                crate::scratch::location(self.scratch.as_deref(), &first.files()[0].path),
+            ),
+            (Some(o), Mode::Auto | Mode::TwoPass) => (
+                Mode::TwoPass,
+                self.scratch.clone().unwrap_or_else(|| o.scratch_home()),
+            ),
+            (Some(_), other) => {
+                first.refuse_if_streamed(other.name())?;
+                (other, self.scratch.clone().unwrap_or_default())
+            }
+        };
         Ok(ReadJob {
-            mode: self.mode,
+            mode,
             opts,
             first,
             split,
@@ -216,6 +230,11 @@ impl ReadJob {
         let free = crate::probe::free_bytes(&self.scratch)
             .ok()
             .map(|f| f.saturating_sub(others.0));
+        // A staged copy's --cache-limit bounds the piles beside it.
+        let free = match (free, self.first.staged_room()) {
+            (Some(f), Some(r)) => Some(f.min(r)),
+            (f, r) => f.or(r),
+        };
         self.choose_within(model, free)
     }
 

@@ -61,9 +61,18 @@ impl DatasetSpec {
     ) -> Result<Source> {
         Ok(match self {
             DatasetSpec::Paths(p) => {
-                // `s3://` URLs are staged into the local cache first (`remote`).
+                // An `s3://` URL past `--cache-limit` is streamed; others are staged into
+                // the local cache first (`remote`).
+                if let Some(ds) = crate::remote::open_within(p, opts)? {
+                    return Ok(Source::Dataset(Arc::new(ds)));
+                }
                 let local = crate::remote::resolve(p)?;
-                Source::Dataset(Arc::new(Dataset::open(&local, opts, progress)?))
+                let ds = Dataset::open(&local, opts, progress)?;
+                let staged = p.iter().any(|p| crate::remote::is_remote(p));
+                Source::Dataset(Arc::new(match opts.cache_limit.filter(|_| staged) {
+                    Some(limit) => ds.staged_within(limit),
+                    None => ds,
+                }))
             }
             DatasetSpec::Mixture(m) => Source::Mixture(Arc::new(crate::mix::open(m, opts)?)),
         })

@@ -10,6 +10,7 @@ mod freshness;
 pub mod index;
 mod layout;
 pub(crate) mod mds;
+mod objects;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use layout::open_file;
 
 pub use index::{IndexOrigin, OffsetIndex, StalePolicy};
 pub use mds::MdsColumn;
+pub use objects::{ObjectCount, RemoteBytes, RemoteLayout, GETS_IN_FLIGHT};
 
 /// How to open a dataset.
 #[derive(Clone, Debug)]
@@ -34,6 +36,9 @@ pub struct OpenOptions {
     pub scan_io: IoConfig,
     /// Refuse records longer than this (the memory budget), naming the first one.
     pub max_record: Option<u64>,
+    /// The local disk an `s3://` dataset may take (`--cache-limit`): staged whole when it
+    /// fits, streamed through two-pass piles within it when not; `None`: staged.
+    pub cache_limit: Option<u64>,
 }
 
 impl Default for OpenOptions {
@@ -43,6 +48,7 @@ impl Default for OpenOptions {
             stale: StalePolicy::Rebuild,
             scan_io: io::scan_config(),
             max_record: None,
+            cache_limit: None,
         }
     }
 }
@@ -162,6 +168,11 @@ pub struct Dataset {
     classes: Vec<String>,
     /// An MDS dataset's columns (empty for other formats).
     columns: Vec<MdsColumn>,
+    /// Where the files' bytes are when they are objects streamed from a store (their paths
+    /// are then `s3://` URLs and only a sequential read through this reaches them).
+    remote: Option<Arc<dyn RemoteBytes>>,
+    /// A copy staged under `--cache-limit`: the local disk left beside it for piles.
+    staged_room: Option<u64>,
 }
 
 impl Dataset {
@@ -246,6 +257,8 @@ impl Dataset {
             labels: None,
             classes: Vec::new(),
             columns: Vec::new(),
+            remote: None,
+            staged_room: None,
         }
     }
 
@@ -390,6 +403,8 @@ impl Dataset {
             labels,
             classes: self.classes.clone(),
             columns: self.columns.clone(),
+            remote: self.remote.clone(),
+            staged_room: self.staged_room,
         })
     }
 

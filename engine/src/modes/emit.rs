@@ -140,6 +140,27 @@ impl Emitter<'_> {
         self.place(p, id, bytes, false);
     }
 
+    /// Takes the next position of the epoch's sequence without its record (a unit a
+    /// streamed read left out of its piles); returns whether this emitter needed it (the
+    /// caller's error).
+    pub(crate) fn pass(&mut self, id: u64) -> bool {
+        let p = self.pos;
+        self.pos += 1;
+        if p < self.pad_needed {
+            // Kept in its place; a padding position of this rank's would have wanted it.
+            self.pad_keep.push((id, Vec::new()));
+        }
+        let Some(local) = p.checked_sub(self.split.start) else {
+            return false;
+        };
+        let g = local / self.split.batch;
+        !self.stopped
+            && g < self.split.global_batches
+            && g % self.split.world == self.split.rank
+            && g / self.split.world >= self.first_batch
+            && self.ranks.as_ref().is_none_or(|r| r.in_frozen(g))
+    }
+
     fn place(&mut self, p: u64, id: u64, bytes: &[u8], padding: bool) {
         if self.stopped {
             return;

@@ -406,6 +406,17 @@ pub struct ReadReport {
     pub scratch_bytes: u64,
     /// Seconds each epoch took (two-pass: the first includes the scatter).
     pub epoch_seconds: Vec<f64>,
+    /// A dataset streamed from object storage: the local disk the read may use
+    /// (`--cache-limit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_limit: Option<u64>,
+    /// A streamed dataset: the most local disk charged at once (piles, and objects fetched
+    /// alone to be indexed), never above `cache_limit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_local_bytes: Option<u64>,
+    /// A streamed dataset: ranged GETs and bytes fetched, per object and epoch.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<crate::dataset::ObjectCount>,
 }
 
 impl ReadReport {

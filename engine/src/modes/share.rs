@@ -60,6 +60,9 @@ struct RanksState {
     seen: BTreeSet<u64>,
     /// Streams the job expects (the most any of its OPENs said; 0: none said).
     expected: u64,
+    /// The ranks the pass reads for, fixed before any batch is decided (a streamed
+    /// two-pass read's piles hold only theirs): no rank joins once this is set.
+    frozen: Option<BTreeSet<u64>>,
     /// The first decision's wait for the expected streams is over (or was never needed).
     waited: bool,
 }
@@ -133,7 +136,7 @@ impl Ranks {
         if rank >= self.world || s.joined.contains(&rank) {
             return Err(Refused::Taken);
         }
-        if s.closed || s.decided > first {
+        if s.closed || s.frozen.is_some() || s.decided > first {
             return Err(Refused::Late);
         }
         s.joined.insert(rank);
@@ -168,6 +171,28 @@ impl Ranks {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+    }
+
+    /// Fixes the ranks the pass reads for: waits for the streams the job expects (as the
+    /// first decision does), then refuses any later join (`Refused::Late`). Returns the
+    /// world and those ranks.
+    pub(crate) fn freeze(&self) -> (u64, BTreeSet<u64>) {
+        let mut s = self.lock();
+        if !s.waited {
+            s = self.wait_expected(s);
+        }
+        let joined = s.joined.clone();
+        let set = s.frozen.get_or_insert(joined).clone();
+        (self.world, set)
+    }
+
+    /// Whether global batch `g` is one of the frozen ranks' ([`Ranks::freeze`]); every
+    /// batch is while the ranks are not frozen. No decision is made.
+    pub(crate) fn in_frozen(&self, g: u64) -> bool {
+        let s = self.lock();
+        s.frozen
+            .as_ref()
+            .is_none_or(|set| set.contains(&(g % self.world)))
     }
 
     fn leave(&self, rank: u64) {

@@ -8,11 +8,18 @@
 //! units in global key order, which is exactly the LIRS table's order. Batches and ranks
 //! are cut from that sequence the same way.
 //!
+//! The scatter reads the dataset's files, or (a dataset streamed from object storage,
+//! past `--cache-limit`) its objects with ranged GETs in object order, keeping only the
+//! units of the read's streams and charging every pile byte against the limit: the one
+//! seam is `scan::Scan`, a sequential byte source of file `i`'s ranges. Such a read
+//! scatters every epoch from the store (its piles hold one epoch's share: nothing rolls).
+//!
 //! A pile larger than its memory share (unlucky, or the budget was tight) is not loaded
 //! whole: it is read again for each of several key sub-ranges, which keeps the order exact
 //! and the memory bounded.
 
 mod body;
+mod scan;
 
 use std::cell::RefCell;
 use std::ops::{ControlFlow, Range};
@@ -26,13 +33,14 @@ use hdrhistogram::Histogram;
 use super::emit::Emitter;
 use super::{Batch, BatchStream, Latency, ReadOptions, ReadReport};
 use crate::dataset::Dataset;
-use crate::io::{IoConfig, RangeReader};
+use crate::io::IoConfig;
 use crate::order::{EpochKey, Split, Units};
 use crate::piles::{PileBuf, PileReader, PileSet, PileWriter};
 use crate::pipeline::Stop;
 use crate::resources::{Limits, PilePlan};
 use crate::{Error, Result};
-use body::{emit_frames, rescatter, Body};
+use body::{emit_frames, encode_skip, rescatter, Body};
+use scan::{wanted_units, Scan, Sequential};
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
 pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> Result<BatchStream> {
@@ -45,7 +53,13 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     // the scatter (a neighbour filled it) is an error of the run like any other.
     let (prefetch, plan, resources) =
         crate::resources::two_pass_plan(&super::demand(&ds, &units, &opts), &Limits::here(None))?;
-    let opts = ReadOptions { prefetch, ..opts };
+    // A dataset streamed from object storage is read sequentially only: no LIRS lead.
+    let lead = opts.lead && ds.remote().is_none();
+    let opts = ReadOptions {
+        prefetch,
+        lead,
+        ..opts
+    };
     // One private directory for the run (made in `scratch`, which is made too if it is
     // missing, and removed again), locked while this process lives; each epoch's piles in
     // a directory inside it. It goes when the I/O thread ends, or on SIGINT/SIGTERM.
@@ -73,8 +87,14 @@ pub fn check_scratch(
     let units = Units::new(&ds.layout(), opts.grouping);
     let d = super::demand(ds, &units, opts);
     let here = Limits::here(Some(scratch));
+    // A staged copy's --cache-limit bounds its piles too.
+    let room = ds.staged_room();
+    let free = match (here.scratch_free, room) {
+        (Some(f), Some(r)) => Some(f.saturating_sub(others.0).min(r)),
+        (f, r) => f.map(|f| f.saturating_sub(others.0)).or(r),
+    };
     let limits = Limits {
-        scratch_free: here.scratch_free.map(|f| f.saturating_sub(others.0)),
+        scratch_free: free,
         scratch_inodes: here.scratch_inodes.map(|i| i.saturating_sub(others.1)),
         ..here
     };
@@ -91,6 +111,19 @@ pub fn check_scratch(
             plan.scratch_bytes,
             plan.figure("scratch_files").map_or(0, |f| f.value),
         )),
+        Err(Error::Exhausted {
+            resource,
+            asked,
+            limit,
+        }) if resource == crate::resources::SCRATCH_SPACE && room == Some(limit) => {
+            Err(Error::OverBudget(format!(
+                "two-pass needs {} of local disk for its piles beside the staged copy, and \
+                 --cache-limit leaves {}; give a larger --cache-limit, or --mode lirs (which \
+                 reads the copy in place)",
+                crate::size::human_bytes(asked as f64),
+                crate::size::human_bytes(limit as f64),
+            )))
+        }
         Err(Error::Exhausted {
             resource,
             asked,
@@ -122,6 +155,54 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
     let piles = plan.figure("piles").map_or(0, |f| f.value);
     Ok((plan.memory_bytes, plan.scratch_bytes, piles))
 }
+
+/// What a streamed two-pass read of a dataset in object storage takes (see
+/// [`streamed_figures`]), for the planner.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StreamedFigures {
+    /// Ranged GETs per epoch (each object read once, in ranges of the scatter's reads).
+    pub gets_per_epoch: u64,
+    /// Bytes fetched per epoch.
+    pub bytes_per_epoch: u64,
+    /// Local disk at the peak: one epoch's piles of this read's streams' share of the
+    /// records, the other units' skip frames, and the piles' slack.
+    pub local_disk: u64,
+    /// Engine memory: the two-pass plan's and the GET bodies in flight.
+    pub memory: u64,
+}
+
+/// What a two-pass read of `ds` with `opts` would take were its files objects streamed
+/// from a store (what `riffle plan` shows against a staged copy).
+pub fn streamed_figures(ds: &Dataset, opts: &ReadOptions) -> Result<StreamedFigures> {
+    let units = Units::new(&ds.layout(), opts.grouping);
+    let (_, plan, resources) =
+        crate::resources::two_pass_plan(&super::demand(ds, &units, opts), &Limits::here(None))?;
+    let chunks = Chunker {
+        ds,
+        units: &units,
+        target: plan.scan_size - 8192,
+        next: 0,
+    };
+    let (gets, bytes) = chunks.fold((0, 0), |(n, b), c| (n + 1, b + c.stop - c.start));
+    // One stream keeps about 1/world of the units; a shared pass (or one stream) all.
+    let kept = if opts.world > 1 && opts.ranks.is_none() {
+        1.0 / opts.world as f64
+    } else {
+        1.0
+    };
+    let skip = (crate::piles::frame::HEAD + 12) as f64 * units.len() as f64 * (1.0 - kept);
+    let local = plan.frames as f64 * kept + skip + plan.layout.disk_slack(STREAMED_STEP) as f64;
+    Ok(StreamedFigures {
+        gets_per_epoch: gets,
+        bytes_per_epoch: bytes,
+        local_disk: local as u64,
+        memory: resources.memory_bytes + scan::GETS_IN_FLIGHT as u64 * plan.scan_size,
+    })
+}
+
+/// How far ahead of its writes a streamed read grows its pile files (its local disk is
+/// capped, and this is part of what it charges).
+const STREAMED_STEP: u64 = 1 << 20;
 
 /// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).
 #[derive(Clone, Copy, Debug)]
@@ -196,7 +277,10 @@ fn run(
     };
     // The scatter goes through the files in order: it keeps few open, which leaves the
     // rest of the open-file budget to a LIRS lead reading beside it.
-    let reader = ds.reader_capped(&scan, 16)?;
+    let reader = match ds.remote() {
+        Some(objects) => Scan::Objects(objects.clone()),
+        None => Scan::Files(ds.reader_capped(&scan, 16)?),
+    };
     let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     let mut run = Run {
         ds,
@@ -213,6 +297,7 @@ fn run(
         pile_reads: 0,
         lead_ops: 0,
         lead_bytes: 0,
+        charged: 0,
     };
     run.describe(r, &scan);
     let epochs = opts.epoch_range()?;
@@ -233,13 +318,15 @@ struct Run<'a> {
     tx: &'a Sender<Result<Batch>>,
     stop: &'a Stop,
     started: Instant,
-    reader: RangeReader,
+    reader: Scan,
     hist: Histogram<u64>,
     /// Pile buffers, kept from pile to pile and epoch to epoch (two in use at once).
     pool: std::sync::Mutex<Vec<LoadedPile>>,
     pile_reads: u64,
     lead_ops: u64,
     lead_bytes: u64,
+    /// Local disk charged for this epoch's piles (a streamed read's).
+    charged: u64,
 }
 
 impl Run<'_> {
@@ -250,14 +337,15 @@ impl Run<'_> {
             (self.ds, self.units, self.opts, self.plan, &self.reader);
         r.mode = "two-pass".into();
         r.grouping = opts.grouping.name().into();
-        r.backend = reader.backend_kind().name().into();
-        r.direct = reader.direct();
+        let (backend, direct, buffers) = reader.describe(plan.scan_size);
+        r.backend = backend.into();
+        r.direct = direct;
         r.queue_depth = scan.depth;
         r.units_bytes = units.bytes();
         r.index_bytes = ds.index_bytes();
         // The scatter's reader, the pile loader's reads (no more), and one pile writer (the
         // next epoch's while rolling; this epoch's is closed by then).
-        r.buffer_bytes = reader.buffer_bytes() as u64 + plan.writer_bytes();
+        r.buffer_bytes = buffers + plan.writer_bytes();
         r.prefetch_bytes = (opts.prefetch as u64 + 1) * plan.batch_bytes;
         r.pile_bytes = plan.loaded_memory();
         r.memory_bytes =
@@ -293,13 +381,19 @@ impl Run<'_> {
             };
             // Rolling: while this epoch is emitted, its frames are re-keyed and scattered
             // for the next one, so a later epoch costs one sequential read and one write.
-            let rolling = epoch + 1 < last_epoch;
+            // A streamed dataset's next epoch is scattered from the store again: its piles
+            // hold only this epoch's units of the node's streams.
+            let rolling = epoch + 1 < last_epoch && self.reader.objects().is_none();
             let mut next = if rolling {
                 Some(PileWriter::new(self.scratch, self.plan.layout, &opts.io)?)
             } else {
                 None
             };
             let stopped = self.pile_pass(set, split, first_batch, epoch, &mut next, r)?;
+            // The epoch's piles are gone: their local disk is free again.
+            if let Some(o) = self.reader.objects() {
+                o.release(std::mem::take(&mut self.charged));
+            }
             // Stopped, the next epoch's piles may be partial (the re-scatter gave up): they
             // are dropped, never read.
             if stopped {
@@ -334,7 +428,7 @@ impl Run<'_> {
             self.tx,
             self.stop,
         );
-        let (scattered, led) = if opts.lead {
+        let (scattered, led) = if opts.lead && self.reader.files().is_some() {
             let (scattered, led, end) = scatter_led(
                 ds,
                 units,
@@ -351,12 +445,22 @@ impl Run<'_> {
             (scattered, led)
         } else {
             let key = EpochKey::new(opts.seed, epoch);
+            let split = opts.split_for(epoch, ds.len())?;
+            // A streamed read keeps only its streams' units (a node's share).
+            let wanted = match self.reader.objects() {
+                Some(_) => wanted_units(units, &split, *first_batch, &key, opts.ranks.as_deref()),
+                None => None,
+            };
             let scattered = scatter(
                 ds,
                 units,
                 plan,
                 &opts.io,
-                &mut self.reader,
+                &mut Sequential {
+                    scan: &mut self.reader,
+                    epoch,
+                    wanted,
+                },
                 &key,
                 scratch,
                 stop,
@@ -377,6 +481,7 @@ impl Run<'_> {
             r.table_seconds += l.table_seconds;
         }
         r.scratch_bytes += scattered.bytes;
+        self.charged += scattered.charged;
         Ok(scattered.piles)
     }
 
@@ -472,10 +577,15 @@ impl Run<'_> {
     /// Fills in the report's totals: the reads of the scatter, the pile loads and the lead,
     /// the run's time and its batch latencies.
     fn report(&self, r: &mut ReadReport) {
-        let s = self.reader.stats();
+        let (ops, bytes) = self.reader.stats();
         r.pile_loads = self.pile_reads;
-        r.read_ops = s.read_ops + self.pile_reads + self.lead_ops;
-        r.device_bytes = s.device_bytes + self.lead_bytes;
+        r.read_ops = ops + self.pile_reads + self.lead_ops;
+        r.device_bytes = bytes + self.lead_bytes;
+        if let Some(o) = self.reader.objects() {
+            r.cache_limit = Some(o.cache_limit());
+            r.peak_local_bytes = Some(o.peak());
+            r.objects = o.counts();
+        }
         r.seconds = self.started.elapsed().as_secs_f64();
         r.batch_latency_us = Latency::of(&self.hist);
     }
@@ -538,7 +648,7 @@ fn scatter_led(
     units: &Units,
     opts: &ReadOptions,
     plan: &PilePlan,
-    reader: &mut RangeReader,
+    reader: &mut Scan,
     epoch: u64,
     first: u64,
     scratch: &Path,
@@ -559,7 +669,12 @@ fn scatter_led(
         if led.is_ok() {
             lead.wait_first(std::time::Duration::from_millis(250));
         }
-        let scattered = scatter(ds, units, plan, &opts.io, reader, &key, scratch, stop);
+        let mut from = Sequential {
+            scan: reader,
+            epoch,
+            wanted: None,
+        };
+        let scattered = scatter(ds, units, plan, &opts.io, &mut from, &key, scratch, stop);
         #[cfg(test)]
         if let (Some((n, _)), Ok(h)) = (tests_hold::of(opts.seed), &led) {
             // Tests: hand over only once the lead has claimed `n` batches (or ended).
@@ -607,6 +722,8 @@ pub(crate) mod tests_hold {
 struct Scattered {
     piles: Option<PileSet>,
     bytes: u64,
+    /// Local disk charged for the piles (a streamed read's; 0 otherwise).
+    charged: u64,
 }
 
 /// The first epoch's piles: the dataset read in large sequential pieces, every unit framed
@@ -619,13 +736,37 @@ fn scatter(
     units: &Units,
     plan: &PilePlan,
     io: &IoConfig,
-    reader: &mut RangeReader,
+    from: &mut Sequential<'_>,
     key: &EpochKey,
     scratch: &Path,
     stop: &Stop,
 ) -> Result<Scattered> {
+    let Sequential {
+        scan,
+        epoch,
+        wanted,
+    } = from;
+    // A streamed read charges the piles' local disk before writing it: their slack first
+    // (space allocated ahead, last chunks written whole), then every frame.
+    let objects = scan.objects().cloned();
+    let mut charged = 0u64;
+    let mut charge = |bytes: u64, what: &str| -> Result<()> {
+        if let Some(o) = &objects {
+            o.charge(bytes, what)?;
+            charged += bytes;
+        }
+        Ok(())
+    };
+    charge(
+        plan.layout.disk_slack(STREAMED_STEP),
+        "the piles' allocation",
+    )?;
     let mut sink = PileWriter::new(scratch, plan.layout, io)?;
+    if objects.is_some() {
+        sink.grow_at_most(STREAMED_STEP);
+    }
     let mut failure: Option<Error> = None;
+    let mut skip = Vec::new();
     let mut head = Vec::new();
     let mut locs = Vec::new();
     // A little under a slot, so an unaligned chunk's aligned extent still fits one read.
@@ -637,7 +778,8 @@ fn scatter(
     };
     // The chunks handed to the reader, by request index.
     let chunks = RefCell::new(Vec::new());
-    reader.read_ranges(
+    let read = scan.read_ranges(
+        *epoch,
         std::iter::from_fn(|| {
             if stop.is_set() {
                 return None;
@@ -652,20 +794,35 @@ fn scatter(
             }
             let c = chunks.borrow()[i];
             for u in c.first..c.end {
+                if wanted.as_ref().is_some_and(|w| !w.has(u)) {
+                    // Another node's: its positions only.
+                    skip.clear();
+                    encode_skip(&mut skip, u);
+                    let done = charge((piles_frame_head() + skip.len()) as u64, "the piles")
+                        .and_then(|()| sink.frame(key.key(u), &[&skip]));
+                    if let Err(e) = done {
+                        failure = Some(e);
+                        stop.set();
+                        return;
+                    }
+                    continue;
+                }
                 let ids = units.records(u);
                 locs.clear();
                 locs.extend(ids.clone().map(|id| ds.locate(id)));
                 head.clear();
                 let body = Body::encode(&mut head, u, locs.iter().map(|l| l.len));
                 // Straight into the pile's buffer: the head, then each record's bytes.
-                let framed = sink.begin(key.key(u), body).and_then(|pile| {
-                    sink.append(pile, &head)?;
-                    for l in &locs {
-                        let from = (l.offset - c.start) as usize;
-                        sink.append(pile, &bytes[from..from + l.len as usize])?;
-                    }
-                    Ok(())
-                });
+                let framed = charge(piles_frame_head() as u64 + body, "the piles")
+                    .and_then(|()| sink.begin(key.key(u), body))
+                    .and_then(|pile| {
+                        sink.append(pile, &head)?;
+                        for l in &locs {
+                            let from = (l.offset - c.start) as usize;
+                            sink.append(pile, &bytes[from..from + l.len as usize])?;
+                        }
+                        Ok(())
+                    });
                 if let Err(e) = framed {
                     // A full scratch disk: read nothing more of the dataset.
                     failure = Some(e);
@@ -674,20 +831,37 @@ fn scatter(
                 }
             }
         },
-    )?;
+        &|| stop.is_set(),
+    );
+    // The charge goes back with the piles when the scatter fails (they are removed).
+    let give_back = |e| {
+        if let Some(o) = scan.objects() {
+            o.release(charged);
+        }
+        e
+    };
+    read.map_err(give_back)?;
     if let Some(e) = failure {
-        return Err(e);
+        return Err(give_back(e));
     }
     if stop.is_set() {
         return Ok(Scattered {
             piles: None,
             bytes: sink.bytes(),
+            charged,
         });
     }
-    let piles = sink.finish()?;
+    let piles = sink.finish().map_err(give_back)?;
+    // The piles as the filesystem holds them: charged too, where more than the estimate.
+    if let Some(o) = scan.objects() {
+        let more = scan::disk_used(scratch).saturating_sub(charged);
+        o.charge(more, "the piles, as written").map_err(give_back)?;
+        charged += more;
+    }
     Ok(Scattered {
         bytes: piles.bytes(),
         piles: Some(piles),
+        charged,
     })
 }
 
@@ -698,4 +872,9 @@ struct LoadedPile {
     data: PileBuf,
     frames: Vec<(u64, usize)>,
     scratch: Vec<(u64, usize)>,
+}
+
+/// Bytes of a pile frame's own head (before its body).
+fn piles_frame_head() -> usize {
+    crate::piles::frame::HEAD
 }

@@ -129,6 +129,13 @@ impl Layout {
         (pile as u128 * width, (pile as u128 + 1) * width)
     }
 
+    /// Local disk a set of piles may take beyond its frames' bytes when its group files
+    /// are grown at most `step` ahead of their writes ([`PileWriter::grow_at_most`]): that
+    /// per group file, and each pile's last chunk written whole.
+    pub(crate) fn disk_slack(&self, step: u64) -> u64 {
+        self.groups() as u64 * step + self.piles() as u64 * self.chunk as u64
+    }
+
     /// Memory a writer of this layout holds: the fill pool (a share per pile), a write
     /// being gathered per group, and the writes in flight.
     pub(crate) fn writer_bytes(&self) -> u64 {
@@ -207,6 +214,8 @@ pub(crate) struct PileWriter {
     groups: Vec<GroupOut>,
     piles: Vec<Fill>,
     done: Vec<Completion>,
+    /// The most a group file is grown ahead of its writes at once ([`reserve_step`]).
+    step_cap: u64,
     /// Short writes in a row without progress, per slot.
     stalled: Vec<u32>,
     written: u64,
@@ -283,12 +292,19 @@ impl PileWriter {
             piles,
             done: Vec::new(),
             written: 0,
+            step_cap: u64::MAX,
         })
     }
 
     /// Bytes of frames given so far.
     pub(crate) fn bytes(&self) -> u64 {
         self.piles.iter().map(|p| p.bytes).sum()
+    }
+
+    /// Grows group files at most `step` bytes ahead of their writes (a read whose local
+    /// disk is capped: see [`Layout::disk_slack`]).
+    pub(crate) fn grow_at_most(&mut self, step: u64) {
+        self.step_cap = step.max(1);
     }
 
     /// Appends the head of a frame under `key` whose body is `len` bytes to the pile of
@@ -449,7 +465,7 @@ impl PileWriter {
         if out.reserved >= need {
             return Ok(());
         }
-        let step = reserve_step(self.backend.slot_size());
+        let step = reserve_step(self.backend.slot_size()).min(self.step_cap);
         let upto = need.div_ceil(step) * step;
         let file = &out.file.file;
         match nix::fcntl::fallocate(

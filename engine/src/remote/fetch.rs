@@ -17,9 +17,9 @@ use crate::scratch::{self, TempFile};
 use crate::{Error, Result};
 
 /// Bytes per ranged GET.
-pub(super) const CHUNK: u64 = 8 << 20;
+pub const CHUNK: u64 = 8 << 20;
 /// Ranged GETs in flight per object.
-pub(super) const IN_FLIGHT: usize = 16;
+pub const IN_FLIGHT: usize = 16;
 
 /// What the cache records beside a staged object: its identity when it was fetched.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -37,7 +37,7 @@ impl Identity {
     }
 }
 
-fn url_of(bucket: &str, key: &str) -> String {
+pub(super) fn url_of(bucket: &str, key: &str) -> String {
     format!("s3://{bucket}/{key}")
 }
 
@@ -73,7 +73,7 @@ pub(super) fn store_error(
 
 /// The key as a relative local path, refused when it could leave the cache or name a
 /// directory (`..`, `.`, an empty component).
-fn local_rel(url: &str, key: &str) -> Result<PathBuf> {
+pub(super) fn local_rel(url: &str, key: &str) -> Result<PathBuf> {
     let ok = !key.is_empty()
         && key
             .split('/')
@@ -156,7 +156,7 @@ pub(super) async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Ve
 }
 
 /// The sidecar recording a staged copy's identity: `.NAME.riffle-object` beside it.
-fn sidecar(dest: &Path) -> PathBuf {
+pub(super) fn sidecar(dest: &Path) -> PathBuf {
     let name = dest.file_name().unwrap_or_default().to_string_lossy();
     scratch::parent_dir(dest).join(format!(".{name}.riffle-object"))
 }

@@ -20,6 +20,10 @@
 
 mod fetch;
 pub mod probe;
+mod stream;
+
+/// Staging: bytes per ranged GET, and GETs in flight per object.
+pub use fetch::{CHUNK as STAGE_RANGE, IN_FLIGHT as STAGE_IN_FLIGHT};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -116,6 +120,9 @@ pub struct S3Config {
     pub credentials: Option<(String, String)>,
     /// The region (`AWS_REGION`, `AWS_DEFAULT_REGION`); `us-east-1` when unset.
     pub region: Option<String>,
+    /// How long a request is retried before its error is returned (3 minutes when
+    /// `None`; `RIFFLE_S3_RETRY_SECONDS` sets it from the environment).
+    pub retry_timeout: Option<Duration>,
 }
 
 impl S3Config {
@@ -132,6 +139,10 @@ impl S3Config {
             endpoint: var(&["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]),
             credentials: None,
             region: var(&["AWS_REGION", "AWS_DEFAULT_REGION"]),
+            retry_timeout: var(&["RIFFLE_S3_RETRY_SECONDS"])
+                .and_then(|s| s.parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64),
         }
     }
 
@@ -175,7 +186,7 @@ impl S3Config {
                 base: 2.0,
             },
             max_retries: 10,
-            retry_timeout: Duration::from_secs(180),
+            retry_timeout: self.retry_timeout.unwrap_or(Duration::from_secs(180)),
         };
         let store = b.with_retry(retry).build().map_err(|e| {
             Error::Invalid(format!("s3://{bucket}: cannot configure the store: {e}"))
@@ -235,6 +246,114 @@ pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(out)
+}
+
+/// [`resolve`] within `limit`: refused, naming the URL and the limit, when a URL's objects
+/// take more (nothing is fetched then).
+pub fn resolve_within(paths: &[PathBuf], limit: Option<u64>) -> Result<Vec<PathBuf>> {
+    check_fits(paths, limit)?;
+    resolve(paths)
+}
+
+/// Refuses `paths` when their `s3://` URLs name more bytes than `limit` (the local disk
+/// their staged copies may take), naming both; nothing is fetched.
+fn check_fits(paths: &[PathBuf], limit: Option<u64>) -> Result<()> {
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    let cfg = S3Config::from_env();
+    let rt = runtime()?;
+    for p in paths {
+        let Some(u) = p.to_str().filter(|s| s.starts_with(SCHEME)) else {
+            continue;
+        };
+        let url = S3Url::parse(u)?;
+        let store = cfg.store(&url.bucket)?;
+        let total: u64 = rt
+            .block_on(fetch::list(&store, &url))?
+            .iter()
+            .map(|m| m.size)
+            .sum();
+        if total > limit {
+            return Err(Error::OverBudget(format!(
+                "{u}: its objects take {} and --cache-limit is {}: their staged copies do not \
+                 fit (riffle shuffle reads staged copies; riffle read streams them)",
+                crate::size::human_bytes(total as f64),
+                crate::size::human_bytes(limit as f64)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens `paths` as a dataset streamed from object storage when they are one `s3://` URL
+/// whose objects do not fit `opts.cache_limit` (see `stream`); `None` when there is no
+/// limit, no URL, or the objects fit it (they are then staged, [`resolve`]). URLs beside
+/// other paths are streamed only when they fit, else refused.
+pub fn open_within(
+    paths: &[PathBuf],
+    opts: &crate::dataset::OpenOptions,
+) -> Result<Option<crate::dataset::Dataset>> {
+    open_with(paths, opts, &S3Config::from_env(), None)
+}
+
+/// As [`open_within`], with the store `cfg` and the cache `root` ([`cache_root`] when
+/// `None`).
+pub fn open_with(
+    paths: &[PathBuf],
+    opts: &crate::dataset::OpenOptions,
+    cfg: &S3Config,
+    root: Option<&Path>,
+) -> Result<Option<crate::dataset::Dataset>> {
+    let Some(limit) = opts.cache_limit else {
+        return Ok(None);
+    };
+    let urls: Vec<&str> = paths
+        .iter()
+        .filter_map(|p| p.to_str().filter(|s| s.starts_with(SCHEME)))
+        .collect();
+    if urls.is_empty() {
+        return Ok(None);
+    }
+    let rt = runtime()?;
+    let mut total = 0u64;
+    let mut listed = Vec::new();
+    for u in &urls {
+        let url = S3Url::parse(u)?;
+        let store = cfg.store(&url.bucket)?;
+        let objects = rt.block_on(fetch::list(&store, &url))?;
+        total += objects.iter().map(|m| m.size).sum::<u64>();
+        listed.push((url, objects));
+    }
+    if total <= limit {
+        return Ok(None);
+    }
+    let [(url, objects)] = &mut listed[..] else {
+        return Err(Error::Invalid(format!(
+            "{}: {} of objects do not fit --cache-limit {}, and only one s3:// URL alone is \
+             streamed",
+            urls.join(" "),
+            crate::size::human_bytes(total as f64),
+            crate::size::human_bytes(limit as f64)
+        )));
+    };
+    if paths.len() > 1 {
+        return Err(Error::Invalid(format!(
+            "{}: streamed from object storage (it does not fit --cache-limit), it is read alone, \
+             not beside local paths",
+            url.text
+        )));
+    }
+    let root = match root {
+        Some(r) => r.to_path_buf(),
+        None => cache_root()?,
+    };
+    let dir = root
+        .join(cfg.cache_dir())
+        .join(".streamed")
+        .join(&url.bucket);
+    let objects = std::mem::take(objects);
+    stream::open(url, cfg, &dir, objects, limit, opts).map(Some)
 }
 
 #[cfg(test)]

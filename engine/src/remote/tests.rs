@@ -135,3 +135,105 @@ fn an_object_replaced_while_it_is_fetched_is_an_error_naming_it_and_the_range() 
     assert!(e.to_string().contains(&url.text), "{e}");
     assert!(!dest.exists());
 }
+
+/// `n` JSON lines of about `len` bytes, their text depending on `seed`.
+fn jsonl(n: usize, len: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let pad = "x".repeat(len.saturating_sub(40) + (i * 7 + seed as usize) % 13);
+        out.extend_from_slice(
+            format!("{{\"id\": {i}, \"seed\": {seed}, \"p\": \"{pad}\"}}\n").as_bytes(),
+        );
+    }
+    out
+}
+
+/// A streamed read over `s3` of `s3://BUCKET/e/` (two objects), world 4 with this reader
+/// rank 1, two epochs, one batch read ahead: the stream, once its first batch (so its
+/// first scatter) is in.
+fn streamed_read(
+    s3: &crate::testing::s3::S3Server,
+    cache: &Path,
+) -> (crate::modes::BatchStream, crate::modes::Batch) {
+    use crate::dataset::OpenOptions;
+    use crate::modes::ReadOptions;
+    let bucket = crate::testing::s3::BUCKET;
+    let total = 2 * jsonl(10000, 400, 0).len() as u64;
+    let mut cfg = s3.config();
+    cfg.retry_timeout = Some(Duration::from_secs(2));
+    let opts = OpenOptions {
+        cache_limit: Some(total * 3 / 4),
+        ..OpenOptions::default()
+    };
+    let url = PathBuf::from(format!("s3://{bucket}/e/"));
+    let ds = open_with(&[url], &opts, &cfg, Some(cache))
+        .unwrap()
+        .expect("streamed: it does not fit the limit");
+    let mut ro =
+        ReadOptions::new(8)
+            .with_epochs(0, 2)
+            .with_rank(1, 4, crate::order::Tail::DropLast);
+    ro.prefetch = 1;
+    let mut stream = crate::modes::read_two_pass(Arc::new(ds), ro, cache.join("piles")).unwrap();
+    let first = stream.next().expect("a first batch").unwrap();
+    assert_eq!(first.epoch, 0);
+    (stream, first)
+}
+
+/// What the rest of `stream` gives: the epochs of its batches, and its error.
+fn rest(stream: crate::modes::BatchStream) -> (Vec<u64>, Option<String>) {
+    let mut epochs = Vec::new();
+    for b in stream {
+        match b {
+            Ok(b) => epochs.push(b.epoch),
+            Err(e) => return (epochs, Some(e.to_string())),
+        }
+    }
+    (epochs, None)
+}
+
+#[test]
+fn a_streamed_read_names_an_object_replaced_between_epochs_never_reading_its_new_bytes() {
+    let Some(s3) = crate::testing::s3::S3Server::start() else {
+        return;
+    };
+    let cache = tempfile::tempdir().unwrap();
+    s3.put("e/a.jsonl", &jsonl(10000, 400, 0));
+    s3.put("e/b.jsonl", &jsonl(10000, 400, 0));
+    let (stream, _) = streamed_read(&s3, cache.path());
+    // Epoch 0 is scattered (its first batch is out); epoch 1 is not, and cannot be until
+    // this consumer takes epoch 0's batches.
+    s3.put("e/b.jsonl", &jsonl(10000, 400, 9));
+    let (epochs, err) = rest(stream);
+    assert!(
+        epochs.iter().all(|&e| e == 0),
+        "a batch of epoch 1: {epochs:?}"
+    );
+    let err = err.expect("the replaced object is an error");
+    assert!(
+        err.contains("s3://data/e/b.jsonl") && err.contains("bytes ") && err.contains("replaced"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_streamed_read_whose_server_stops_mid_read_ends_with_an_error_naming_the_range() {
+    let Some(mut s3) = crate::testing::s3::S3Server::start() else {
+        return;
+    };
+    let cache = tempfile::tempdir().unwrap();
+    s3.put("e/a.jsonl", &jsonl(10000, 400, 0));
+    s3.put("e/b.jsonl", &jsonl(10000, 400, 1));
+    let (stream, _) = streamed_read(&s3, cache.path());
+    s3.stop();
+    let (epochs, err) = rest(stream);
+    assert!(
+        epochs.iter().all(|&e| e == 0),
+        "a batch of epoch 1: {epochs:?}"
+    );
+    let err = err.expect("a stopped server is an error, not a hang");
+    assert!(
+        err.contains("s3://data/e/a.jsonl") && err.contains("bytes 0.."),
+        "{err}"
+    );
+}

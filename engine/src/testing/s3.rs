@@ -102,6 +102,7 @@ impl S3Server {
             endpoint: Some(self.endpoint.clone()),
             credentials: Some((ACCESS_KEY.into(), SECRET_KEY.into())),
             region: Some("us-east-1".into()),
+            retry_timeout: None,
         }
     }
 

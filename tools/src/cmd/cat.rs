@@ -96,6 +96,8 @@ pub fn run(a: Args) -> Result<()> {
     let opts = a.data.options(false, false, None)?;
     // A mixture's records are its sources side by side (the ids its batches carry).
     let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
+    // Records by id are read at random: not from a dataset streamed from object storage.
+    src.dataset().refuse_if_streamed("cat")?;
     let ds = src.dataset();
     let ranges = parse_ids(&a.ids, ds.len())?;
     let mut reader = ds.reader(&IoConfig::default())?;

@@ -28,6 +28,14 @@ pub struct DatasetArgs {
     /// Lines: header lines to skip at the top of each file (csv skips 1 by default).
     #[arg(long)]
     pub skip: Option<u64>,
+    /// s3:// datasets: the local disk riffle may use for the dataset (1T, 500G, ...). When
+    /// its objects fit, they are staged whole into the local cache and read like local
+    /// files; when not, nothing is staged: two-pass reads the objects in order with ranged
+    /// GETs and scatters their records into local piles kept within this limit (each
+    /// object's layout is found once by fetching it alone, so the largest object must fit).
+    /// Without it, s3:// datasets are staged whole.
+    #[arg(long, value_parser = riffle::size::parse_size)]
+    pub cache_limit: Option<u64>,
 }
 
 /// Parses a separator: one ASCII character or an escape.
@@ -93,6 +101,7 @@ impl DatasetArgs {
                 StalePolicy::Rebuild
             },
             max_record: memory,
+            cache_limit: self.cache_limit,
             ..OpenOptions::default()
         })
     }

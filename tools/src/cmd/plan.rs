@@ -5,6 +5,7 @@ use crate::out::outln;
 use anyhow::Result;
 use riffle::modes::Mode;
 use riffle::size::human_bytes;
+use serde_json::{json, Value};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -23,6 +24,10 @@ pub struct Args {
     /// or resident.
     #[arg(long, default_value = "auto")]
     pub mode: String,
+    /// s3:// datasets under --cache-limit: the ranks the job's epochs are split over, each
+    /// node's streamed piles holding about 1/WORLD of the records (one rank a node).
+    #[arg(long, default_value_t = 1)]
+    pub world: u64,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -31,6 +36,9 @@ pub fn run(a: Args) -> Result<()> {
     let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
     // A mixture is planned by its first epoch's view (what that epoch reads).
     let job = a.job.request()?.prepare(&src)?;
+    let Some(objects) = objects_first(&a, &job)? else {
+        return Ok(());
+    };
     let (dev, _) = super::read::device_model(&job.first, a.json)?;
     let free = riffle::probe::free_bytes(&job.scratch).ok();
     let plan = riffle::plan::plan(&job.first, &job.opts, &dev, free)?;
@@ -39,9 +47,14 @@ pub fn run(a: Args) -> Result<()> {
         m => m,
     };
     if a.json {
-        outln!("{}", serde_json::to_string(&plan)?)?;
+        let mut v = serde_json::to_value(&plan)?;
+        if !objects.is_null() {
+            v["object_storage"] = objects;
+        }
+        outln!("{v}")?;
         return Ok(());
     }
+    print_object_storage(&objects)?;
     let w = &plan.workload;
     outln!(
         "dataset   {} records, {} ({} mean, {} max)",
@@ -158,4 +171,134 @@ fn explain(plan: &riffle::plan::Plan, mode: &str) -> Result<()> {
     }
     outln!()?;
     Ok(())
+}
+
+/// The choices for an `s3://` dataset under `--cache-limit` `limit`, over `epochs` (one
+/// node of `world` ranks reading): the
+/// staged copy (GETs the first epoch only, local disk the dataset) and the streamed
+/// two-pass read (every epoch's GETs, local disk its piles), with the one that runs.
+fn object_storage(
+    job: &riffle::request::ReadJob,
+    limit: u64,
+    epochs: u64,
+    world: u64,
+) -> Result<Value> {
+    let ds = &job.first;
+    let total = ds.bytes();
+    let opts = riffle::modes::ReadOptions {
+        world: world.max(1),
+        ..job.opts.clone()
+    };
+    let f = riffle::modes::twopass::streamed_figures(ds, &opts)?;
+    let range = riffle::remote::STAGE_RANGE;
+    let stage_gets: u64 = ds.files().iter().map(|f| f.size.div_ceil(range)).sum();
+    let staged = total <= limit;
+    let largest = ds.files().iter().map(|f| f.size).max().unwrap_or(0);
+    Ok(json!({
+        "cache_limit": limit,
+        "dataset_bytes": total,
+        "objects": ds.files().len(),
+        "epochs": epochs,
+        "world": world,
+        "choice": if staged { "staged" } else { "streamed two-pass" },
+        "staged": {
+            "fits": staged,
+            "gets_first_epoch": stage_gets,
+            "bytes_first_epoch": total,
+            "gets_later_epoch": 0,
+            "bytes_later_epoch": 0,
+            "local_disk": total,
+            "memory": riffle::remote::STAGE_IN_FLIGHT as u64 * range,
+        },
+        "streamed_two_pass": {
+            "fits": f.local_disk.max(largest) <= limit,
+            "gets_per_epoch": f.gets_per_epoch,
+            "bytes_per_epoch": f.bytes_per_epoch,
+            // The largest object is fetched alone once to find its layout.
+            "local_disk": f.local_disk.max(largest),
+            "memory": f.memory,
+        },
+    }))
+}
+
+/// Prints [`object_storage`]'s figures as a table (nothing for `Value::Null`), followed
+/// by a line saying the local plan follows when the dataset was staged.
+fn print_object_storage(v: &Value) -> Result<()> {
+    if v.is_null() {
+        return Ok(());
+    }
+    let h = |v: &Value| human_bytes(v.as_u64().unwrap_or(0) as f64);
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    outln!(
+        "objects   {} object(s), {}; --cache-limit {} on each of {} node(s)",
+        v["objects"],
+        h(&v["dataset_bytes"]),
+        h(&v["cache_limit"]),
+        v["world"]
+    )?;
+    outln!()?;
+    outln!(
+        "{:<18} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}  note",
+        "choice",
+        "GETs ep 1",
+        "bytes ep 1",
+        "GETs ep 2+",
+        "bytes ep 2+",
+        "local disk",
+        "memory"
+    )?;
+    let s = &v["staged"];
+    let t = &v["streamed_two_pass"];
+    let note = |name: &str, fits: &Value, what: &str| match (fits.as_bool(), v["choice"] == name) {
+        (Some(false), _) => format!("cannot run: {what} does not fit --cache-limit"),
+        (_, true) => "<- runs".to_string(),
+        _ => String::new(),
+    };
+    outln!(
+        "{:<18} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}  {}",
+        "staged",
+        n(&s["gets_first_epoch"]),
+        h(&s["bytes_first_epoch"]),
+        n(&s["gets_later_epoch"]),
+        h(&s["bytes_later_epoch"]),
+        h(&s["local_disk"]),
+        h(&s["memory"]),
+        note("staged", &s["fits"], "the copy"),
+    )?;
+    outln!(
+        "{:<18} {:>12} {:>12} {:>12} {:>12} {:>10} {:>10}  {}",
+        "streamed two-pass",
+        n(&t["gets_per_epoch"]),
+        h(&t["bytes_per_epoch"]),
+        n(&t["gets_per_epoch"]),
+        h(&t["bytes_per_epoch"]),
+        h(&t["local_disk"]),
+        h(&t["memory"]),
+        note("streamed two-pass", &t["fits"], "one epoch's piles"),
+    )?;
+    outln!()?;
+    if v["choice"] == "staged" {
+        outln!("the staged copy is read by the local modes:")?;
+        outln!()?;
+    }
+    Ok(())
+}
+
+/// An s3:// dataset under --cache-limit: its choices ([`object_storage`]), printed at once
+/// and `None` (nothing more to plan) when it is streamed, which has no local device to plan
+/// on; else the figures to show beside the local plan (`Value::Null` for other datasets).
+fn objects_first(a: &Args, job: &riffle::request::ReadJob) -> Result<Option<Value>> {
+    let remote = a.data.dataset.iter().any(|p| riffle::remote::is_remote(p));
+    let v = match a.data.cache_limit.filter(|_| remote) {
+        Some(limit) => object_storage(job, limit, a.job.epochs, a.world)?,
+        None => Value::Null,
+    };
+    if job.first.remote().is_none() {
+        return Ok(Some(v));
+    }
+    match a.json {
+        true => outln!("{v}")?,
+        false => print_object_storage(&v)?,
+    }
+    Ok(None)
 }

@@ -59,6 +59,11 @@ pub struct Args {
     /// it and opened again when its files change. Implied by --user.
     #[arg(long)]
     pub open_paths: bool,
+    /// s3:// datasets given with --dataset: the local disk each may use (see `riffle read
+    /// --cache-limit`): staged whole when it fits, else streamed through two-pass piles
+    /// (--mode two-pass or auto) kept within it.
+    #[arg(long, value_parser = riffle::size::parse_size)]
+    pub cache_limit: Option<u64>,
     /// Exit after this many seconds with no client connected, removing the socket and
     /// scratch (0: never). Default 300 with --user, else 0.
     #[arg(long)]
@@ -196,6 +201,7 @@ fn open_datasets(a: &Args, mode: ServeMode) -> Result<Vec<(String, Source)>> {
         }
         let opts = OpenOptions {
             format: d.format.clone(),
+            cache_limit: a.cache_limit,
             ..OpenOptions::default()
         };
         let src = (d.spec.open(&opts, &mut |_, _, _| {}))
@@ -293,6 +299,12 @@ fn stats_thread(handle: riffle::serve::Shutdown, every: u64) -> Result<()> {
 fn on_open(mode: ServeMode, scratch: Option<PathBuf>) -> OnOpen {
     std::sync::Arc::new(move |src: &Source| {
         let _ = src.dataset().size_stats();
+        // A dataset streamed from object storage: no device to profile, its piles in its
+        // cache.
+        if let Some(objects) = src.dataset().remote() {
+            riffle::scratch::reclaim(&scratch.clone().unwrap_or_else(|| objects.scratch_home()));
+            return Ok(());
+        }
         if mode == ServeMode::Auto {
             super::read::device_model(src.dataset(), false)
                 .map_err(|e| riffle::Error::Invalid(format!("profiling its device: {e:#}")))?;

@@ -51,6 +51,11 @@ pub struct Args {
     /// the next riffle command that uses the location, which says how much it reclaimed.
     #[arg(long)]
     pub tmpdir: Option<PathBuf>,
+    /// s3:// inputs: the local disk their staged copies may take; inputs past it are
+    /// refused before any is fetched (shuffle reads the copies, and writes its output
+    /// locally).
+    #[arg(long, value_parser = parse_size)]
+    pub cache_limit: Option<u64>,
     /// Record format: lines (also jsonl, csv, libsvm), tfrecord (whole frames are moved and
     /// both CRCs checked, so the output is TFRecord), or fixed:SIZE[:HEADER] (records of
     /// SIZE bytes after HEADER bytes at the top of each input; the first input's header is
@@ -71,7 +76,7 @@ pub fn is_dash(p: &Path) -> bool {
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
-    let staged = riffle::remote::resolve(&a.inputs)?; // s3:// inputs: their staged copies
+    let staged = riffle::remote::resolve_within(&a.inputs, a.cache_limit)?; // s3://: staged
     let inputs: Vec<Input> = staged
         .iter()
         .map(|i| {

@@ -90,6 +90,23 @@ impl Body {
     }
 }
 
+/// The count word of a skip frame: a unit this node does not read this epoch (a streamed
+/// read keeps only its streams' units, `scan::wanted_units`). Its body is the head alone,
+/// which no frame of records can be (a count this large has lengths after it).
+const SKIPPED: u32 = u32::MAX;
+
+/// Appends the body of the skip frame of `unit` to `out`.
+pub(super) fn encode_skip(out: &mut Vec<u8>, unit: u64) {
+    out.extend_from_slice(&unit.to_le_bytes());
+    out.extend_from_slice(&SKIPPED.to_le_bytes());
+}
+
+/// The unit of a skip frame's body, if it is one.
+fn skipped(body: &[u8]) -> Option<u64> {
+    (body.len() == BODY_HEAD && body[8..12] == SKIPPED.to_le_bytes())
+        .then(|| u64::from_le_bytes(body[..8].try_into().expect("8 bytes")))
+}
+
 /// A frame whose body does not hold what its head says (the scratch was changed).
 fn damaged(what: &str) -> Error {
     Error::Internal(format!(
@@ -154,6 +171,20 @@ pub(super) fn emit_frames(
         }
         let f = frame::at(data, at);
         let body = &data[f.body..f.end];
+        if let Some(unit) = skipped(body) {
+            if unit >= units.len() {
+                return Err(damaged(&format!("unit {unit} of {}", units.len())));
+            }
+            for id in units.records(unit) {
+                if em.pass(id) {
+                    return Err(Error::Internal(format!(
+                        "record {id} is in this read's batches but its unit was left out of \
+                         the piles"
+                    )));
+                }
+            }
+            continue;
+        }
         let b = Body::parse(body).ok_or_else(|| damaged("a body shorter than its head"))?;
         if b.unit >= units.len() {
             return Err(damaged(&format!("unit {} of {}", b.unit, units.len())));
