@@ -194,7 +194,20 @@ fn object_storage(
     let stage_gets: u64 = ds.files().iter().map(|f| f.size.div_ceil(range)).sum();
     let staged = total <= limit;
     let largest = ds.files().iter().map(|f| f.size).max().unwrap_or(0);
+    // The endpoint's cached probe, if it was measured (`riffle probe s3://...`): the time
+    // the GETs take at its best throughput.
+    let cfg = riffle::remote::S3Config::from_env();
+    let predicted = match riffle::remote::probe::load_cached(&cfg, true) {
+        Some(p) if p.best_bytes_per_s > 0.0 => json!({
+            "best_get_bytes_per_s": p.best_bytes_per_s,
+            "first_byte_s": p.first_byte_s[0],
+            "staged_fetch_s": total as f64 / p.best_bytes_per_s,
+            "streamed_fetch_s_per_epoch": f.bytes_per_epoch as f64 / p.best_bytes_per_s,
+        }),
+        _ => Value::Null,
+    };
     Ok(json!({
+        "predicted": predicted,
         "cache_limit": limit,
         "dataset_bytes": total,
         "objects": ds.files().len(),
@@ -276,6 +289,22 @@ fn print_object_storage(v: &Value) -> Result<()> {
         h(&t["memory"]),
         note("streamed two-pass", &t["fits"], "one epoch's piles"),
     )?;
+    let p = &v["predicted"];
+    match p["best_get_bytes_per_s"].as_f64() {
+        Some(best) => outln!(
+            "\nfrom the endpoint's probe (GETs at best {}/s, first byte {:.1} ms): staged fetches \
+             for {:.1} s once; streamed two-pass fetches for {:.1} s every epoch, beside its \
+             piles' local writes and reads",
+            human_bytes(best),
+            p["first_byte_s"].as_f64().unwrap_or(0.0) * 1e3,
+            p["staged_fetch_s"].as_f64().unwrap_or(0.0),
+            p["streamed_fetch_s_per_epoch"].as_f64().unwrap_or(0.0)
+        )?,
+        None => outln!(
+            "\n(no probe of this endpoint is cached: `riffle probe s3://...` measures it, and \
+             the times of the GETs are then predicted here)"
+        )?,
+    }
     outln!()?;
     if v["choice"] == "staged" {
         outln!("the staged copy is read by the local modes:")?;
