@@ -1895,3 +1895,4 @@ fn a_resume_past_the_end_of_a_ranks_epoch_is_a_bad_request_at_open() {
 }
 
 mod join;
+mod resident;

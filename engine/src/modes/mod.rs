@@ -20,7 +20,7 @@ pub use cursor::{Cursor, Resume};
 pub use lirs::{read, BatchStream};
 pub use mode::Mode;
 pub use payload::{Lender, Lent, Payload, PayloadLender};
-pub use resident::read_resident;
+pub use resident::{read_held, read_resident, Held};
 pub use share::{Joining, PassEnded, Ranks, Refused, SharedPass, StartPass};
 pub use twopass::read_two_pass;
 

@@ -118,11 +118,7 @@ impl Server {
                 .map(|(_, d)| d.dataset().index_bytes())
                 .sum::<u64>(),
         );
-        Ok(Server {
-            listener,
-            socket_id,
-            spare: Mutex::new(Some(spare)),
-            shared: Arc::new(Shared {
+        let shared = Arc::new(Shared {
                 catalog: super::catalog::Catalog::new(
                     cfg.datasets.clone(),
                     cfg.open_paths,
@@ -145,6 +141,7 @@ impl Server {
                     records: 0,
                     bytes: 0,
                     read_ops: 0,
+                    device_bytes: 0,
                     jobs_total: 0,
                     jobs_now: 0,
                     streams_shared: 0,
@@ -157,6 +154,7 @@ impl Server {
                 }),
                 ring_bytes_now: AtomicU64::new(0),
                 jobs: Default::default(),
+                residents: Default::default(),
                 telemetry: Default::default(),
                 next_stream: AtomicU64::new(0),
                 budget: Budget::new(cfg_memory, index_bytes, "--memory", Unit::Bytes),
@@ -164,7 +162,18 @@ impl Server {
                     .map(|l| Budget::new(l, 0, "--scratch-limit", Unit::Bytes)),
                 space: super::space::ScratchSpace::new(),
                 files,
-            }),
+        });
+        // An admission short of memory first drops the resident copies no pass uses.
+        let weak = Arc::downgrade(&shared);
+        shared.budget.on_short(Box::new(move |need| {
+            weak.upgrade()
+                .is_some_and(|s| s.residents.evict_idle(need))
+        }));
+        Ok(Server {
+            listener,
+            socket_id,
+            spare: Mutex::new(Some(spare)),
+            shared,
         })
     }
 
