@@ -50,7 +50,9 @@ fn read_with_mode(c: &mut riffle::serve::Client, r: &OpenRequest) -> (Got, Strin
 /// Waits until no stream and no pass is left (a pass's device bytes are counted when it
 /// ends).
 fn idle(d: &Daemon) -> Value {
-    d.wait_stats("passes end", |s| s["streams_now"] == 0 && s["jobs_now"] == 0)
+    d.wait_stats("passes end", |s| {
+        s["streams_now"] == 0 && s["jobs_now"] == 0
+    })
 }
 
 /// Two jobs of other seeds (two ranks each) and a stream of its own, all at once, over a
@@ -111,7 +113,10 @@ fn jobs_ranks_and_seeds_over_a_resident_dataset_read_the_device_once() {
     assert!(s["memory_used"].as_u64().unwrap() >= size, "{s}");
     // A later job, of another seed: from memory, no I/O.
     let r = req("train", 11, 0, 1);
-    same_batches(&read_all(&mut d.client_when_free(), r.clone()), &in_process(&data, &r));
+    same_batches(
+        &read_all(&mut d.client_when_free(), r.clone()),
+        &in_process(&data, &r),
+    );
     let s = idle(&d);
     assert_eq!(s["device_bytes"].as_u64().unwrap(), counted, "{s}");
     assert_eq!(copy(&s, "train").unwrap()["loads"], 1);
@@ -153,12 +158,18 @@ fn an_idle_copy_is_evicted_for_another_dataset_and_a_copy_in_use_never() {
     assert_eq!(mode, "lirs");
     same_batches(&got, &want_b);
     let s = d.stats();
-    assert!(copy(&s, "a").is_some(), "a copy in use is never evicted: {s}");
+    assert!(
+        copy(&s, "a").is_some(),
+        "a copy in use is never evicted: {s}"
+    );
     assert!(copy(&s, "b").is_none(), "{s}");
     assert_eq!(s["resident"]["evicted"], 0, "{s}");
     assert_eq!(s["resident"]["fallbacks"], 1, "{s}");
     let why = s["resident"]["last_fallback"].as_str().unwrap();
-    assert!(why.contains("dataset 'b'") && why.contains("passes use them"), "{why}");
+    assert!(
+        why.contains("dataset 'b'") && why.contains("passes use them"),
+        "{why}"
+    );
     // The stream on a ends: its copy is idle, kept until b's admission needs the room.
     let mut rest = 1;
     while sa.next_batch().unwrap().is_some() {
@@ -211,7 +222,10 @@ fn a_file_changed_after_its_copy_loaded_is_never_served_from_it() {
     assert_eq!(copy(&idle(&d), "train").unwrap()["loads"], 1);
     rewrite_records(&data);
     let new = in_process(&data, &r);
-    assert!(new[0].payload[..] != old[0].payload[..], "the records changed");
+    assert!(
+        new[0].payload[..] != old[0].payload[..],
+        "the records changed"
+    );
     same_batches(&read_all(&mut d.client_when_free(), r.clone()), &new);
     let s = idle(&d);
     assert_eq!(s["resident"]["replaced"], 1, "{s}");

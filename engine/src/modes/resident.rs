@@ -138,13 +138,14 @@ const LOOK_AGAIN: Duration = Duration::from_millis(100);
 impl Held {
     /// Empty memory for `ds`'s files; nothing is allocated until a read loads it.
     pub fn new(ds: &Dataset) -> Result<Held> {
-        let total = ds.files().iter().try_fold(0u64, |t, f| t.checked_add(f.size));
+        let total = ds
+            .files()
+            .iter()
+            .try_fold(0u64, |t, f| t.checked_add(f.size));
         let bytes = total
             .and_then(crate::resources::resident_bytes)
             .ok_or_else(|| {
-                Error::OverBudget(
-                    "the dataset's files do not fit this address space whole".into(),
-                )
+                Error::OverBudget("the dataset's files do not fit this address space whole".into())
             })?;
         Ok(Held {
             sizes: ds.files().iter().map(|f| f.size).collect(),

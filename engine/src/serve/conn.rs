@@ -13,8 +13,8 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use std::os::unix::net::UnixStream;
 
 use super::budget::{admit_pass, admit_view, Admitted, Grant};
-use super::held::HeldCopy;
 use super::codes::reply_code;
+use super::held::HeldCopy;
 use super::job::NewPass;
 use super::open::{self, Refusal};
 use super::proto::error_frame;
@@ -712,7 +712,13 @@ impl Conn {
         // its own memory and the copy's.
         let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, Refusal> {
             let view = view.lock().unwrap_or_else(|p| p.into_inner()).take();
-            let admitted = admit_pass(&self.shared.budgets(), &job.first, o, piles.as_deref(), view)?;
+            let admitted = admit_pass(
+                &self.shared.budgets(),
+                &job.first,
+                o,
+                piles.as_deref(),
+                view,
+            )?;
             if let Some(h) = &held {
                 o.memory = o.memory.map(|m| m.saturating_add(h.charge()));
             }
@@ -733,7 +739,8 @@ impl Conn {
         };
         let scratch = job.scratch.clone();
         let resident = held.as_ref().map(|h| h.held.clone());
-        let got = (self.shared.jobs).open(key, &job.opts, src, scratch, resident, lender, new_pass)?;
+        let got =
+            (self.shared.jobs).open(key, &job.opts, src, scratch, resident, lender, new_pass)?;
         if got.new {
             let mut s = self.shared.stats();
             s.jobs_total += 1;

@@ -161,8 +161,7 @@ pub(super) fn prepare(
         Ok(h) => Ok((job, Some(h))),
         Err(why) => {
             // The streaming mode the plan would run without it.
-            job.mode =
-                (job.plan.as_ref().and_then(|p| p.streaming)).map_or(Mode::Lirs, Mode::from);
+            job.mode = (job.plan.as_ref().and_then(|p| p.streaming)).map_or(Mode::Lirs, Mode::from);
             (shared.residents).fell_back(&req.dataset, job.mode.name(), &why);
             Ok((job, None))
         }
@@ -339,10 +338,7 @@ mod tests {
             let served: ServeMode = m.name().parse().unwrap();
             assert_eq!(Mode::from(served), m);
         }
-        assert_eq!(
-            "resident".parse::<ServeMode>(),
-            Ok(ServeMode::Resident)
-        );
+        assert_eq!("resident".parse::<ServeMode>(), Ok(ServeMode::Resident));
         assert_eq!(
             "bmf".parse::<ServeMode>(),
             Err("unknown mode 'bmf': expected auto, lirs, two-pass or resident".into())
