@@ -6,7 +6,8 @@ Per run:
 - in process: `riffle read DATA --mode resident --memory 3G --epochs 3 --json`: the later
   epochs' records/s (median of epochs 2 and 3) and the device bytes;
 - through a fresh daemon (`riffle serve --mode resident --memory 4G`): N clients (separate
-  processes, the Python client over shared memory, each its own job: seed i), started
+  processes, the Python client over shared memory or, with `--client rust`, the engine's
+  Rust client, neither touching the payload; each its own job: seed i), started
   together, each reading 3 epochs; per client the records/s over epochs 2-3 (from its first
   batch of epoch 2 to its last), and the daemon's device bytes (its stats' `device_bytes`
   and the kernel's read_bytes of the daemon).
@@ -77,6 +78,12 @@ def client(sock, seed, batch, q):
            "later_records_per_s": later_records / max(end - first_later, 1e-9)})
 
 
+def rust_client(a, sock, seed, q):
+    out = subprocess.run([a.rust_client, sock, str(seed), str(a.batch)], check=True,
+                         capture_output=True, text=True).stdout
+    q.put(json.loads(out))
+
+
 def daemon(a, n):
     tmp = tempfile.mkdtemp(prefix="rrn")
     sock = os.path.join(tmp, "s.sock")
@@ -92,8 +99,12 @@ def daemon(a, n):
         time.sleep(0.2)
         before = read_bytes(d.pid)
         q = multiprocessing.Queue()
-        ps = [multiprocessing.Process(target=client, args=(sock, 1 + i, a.batch, q))
-              for i in range(n)]
+        if a.client == "rust":
+            ps = [multiprocessing.Process(target=rust_client, args=(a, sock, 1 + i, q))
+                  for i in range(n)]
+        else:
+            ps = [multiprocessing.Process(target=client, args=(sock, 1 + i, a.batch, q))
+                  for i in range(n)]
         for p in ps:
             p.start()
         got = [q.get() for _ in ps]
@@ -122,6 +133,10 @@ def main():
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--clients", default="2,4")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--client", choices=["python", "rust"], default="python",
+                   help="rust: target/release/examples/resident_client (cargo build --release "
+                        "-p riffle-bench --example resident_client)")
+    p.add_argument("--rust-client", default=str(ROOT / "target/release/examples/resident_client"))
     a = p.parse_args()
     ns = [int(x) for x in a.clients.split(",")]
     runs = {"in-process": []}
