@@ -159,18 +159,23 @@ impl Residents {
             held: Arc::new(held),
             grant,
         });
-        self.lock().push(Entry {
-            name: name.to_string(),
-            stamps,
-            copy: copy.clone(),
-            used: Instant::now(),
-        });
+        self.insert(name, stamps, copy.clone());
         eprintln!(
             "riffle serve: dataset '{name}' is held resident: {} of --memory, loaded by its \
              first pass and shared by every stream of it",
             human_bytes(need as f64)
         );
         Ok(copy)
+    }
+
+    /// Keeps `copy`, of dataset `name`'s files as `stamps` say, for the next streams.
+    fn insert(&self, name: &str, stamps: Vec<Stamp>, copy: Arc<HeldCopy>) {
+        self.lock().push(Entry {
+            name: name.to_string(),
+            stamps,
+            copy,
+            used: Instant::now(),
+        });
     }
 
     /// Drops copies no pass uses, least recently used first, until the copies held leave
@@ -272,5 +277,73 @@ impl Residents {
             "fallbacks": self.fallbacks.load(Ordering::Relaxed),
             "last_fallback": *last,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::super::budget::{Budget, Unit};
+    use super::*;
+    use crate::dataset::OpenOptions;
+
+    /// The eviction rule, through `--memory`'s admission: a request short of memory drops
+    /// the copies no pass uses, least recently used first, and never one a pass uses (it
+    /// waits, then is refused, instead).
+    #[test]
+    fn an_admission_short_of_memory_drops_idle_copies_oldest_first_never_one_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.bin");
+        std::fs::write(&path, vec![7u8; 4096]).unwrap();
+        let opts = OpenOptions {
+            format: Some(crate::format::Format::Fixed {
+                size: 64,
+                header: 0,
+            }),
+            ..OpenOptions::default()
+        };
+        let ds = Dataset::open(&[path], &opts, &mut |_, _, _| {}).unwrap();
+        const MB: u64 = 1 << 20;
+        let budget = Budget::new(100 * MB, 0, "--memory", Unit::Bytes);
+        let residents = Arc::new(Residents::default());
+        let weak = Arc::downgrade(&residents);
+        budget.on_short(Box::new(move |need| {
+            weak.upgrade().is_some_and(|r| r.evict_idle(need))
+        }));
+        let stopping = AtomicBool::new(false);
+        let take = |n: u64| {
+            let ask = Ask {
+                what: "a test's request",
+                most: (u64::MAX, ""),
+                fit: move |free| if n <= free { Ok(n) } else { Err(n) },
+            };
+            budget.take(ask, Duration::ZERO, &stopping)
+        };
+        let names = || -> Vec<String> { residents.lock().iter().map(|e| e.name.clone()).collect() };
+        for name in ["old", "busy", "new"] {
+            let copy = Arc::new(HeldCopy {
+                held: Arc::new(Held::new(&ds).unwrap()),
+                grant: take(30 * MB).unwrap(),
+            });
+            residents.insert(name, Vec::new(), copy);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let busy = residents.lock()[1].copy.clone();
+        // 10 MiB free: 20 more drops the least recently used idle copy.
+        let _a = take(20 * MB).unwrap();
+        assert_eq!(names(), ["busy", "new"]);
+        let _b = take(40 * MB).unwrap();
+        assert_eq!(names(), ["busy", "new"][..1]);
+        // Only the copy in use is left: a request that needs its room is refused.
+        let e = take(20 * MB).err().expect("refused");
+        assert_eq!(e.0, "busy", "{}", e.1);
+        assert_eq!(names(), ["busy"]);
+        assert_eq!(residents.evicted.load(Ordering::Relaxed), 2);
+        // Once no pass uses it, it goes too.
+        drop(busy);
+        let _c = take(20 * MB).unwrap();
+        assert!(names().is_empty());
+        assert_eq!(budget.used(), 80 * MB);
     }
 }
