@@ -110,6 +110,8 @@ fn auto_plans_lirs_when_two_pass_piles_do_not_fit_the_scratch_limit() {
     crate::plan::fake_profile(&sb, 600.0, 150e6);
     let mut req = OpenRequest::new("train", 64);
     req.epochs = 2;
+    // --memory 80M: held copies may take 59 MiB, less than the 64 MiB holding the records
+    // resident takes, so the stream is read by the plan's streaming mode (issue 33).
     let start = |name: &str, limit: &str| {
         Daemon::start(
             &sb,
@@ -122,6 +124,8 @@ fn auto_plans_lirs_when_two_pass_piles_do_not_fit_the_scratch_limit() {
                 limit,
                 "--admit-wait",
                 "0",
+                "--memory",
+                "80M",
             ],
         )
     };

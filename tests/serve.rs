@@ -1363,7 +1363,10 @@ fn auto_mode_plans_each_stream_from_the_device_profile() {
     // A disk: random reads of 16 KB records lose to sequential passes.
     crate::plan::fake_profile(&sb, 600.0, 150e6);
     let sock = sb.path().join("s.sock");
-    let d = Daemon::start(&sb, &sock, &[("train", &data)], &["--mode", "auto"]);
+    // --memory 80M: held copies may take 59 MiB, less than the 64 MiB holding the records
+    // resident takes, so the stream is read by the plan's streaming mode (issue 33).
+    let flags = ["--mode", "auto", "--memory", "80M"];
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &flags);
     let mut req = OpenRequest::new("train", 64);
     req.epochs = 2;
     let want = in_process(&data, &req);
@@ -1377,10 +1380,25 @@ fn auto_mode_plans_each_stream_from_the_device_profile() {
     drop(d);
     // A device whose random reads are as fast as its bandwidth: LIRS.
     crate::plan::fake_profile(&sb, 5e6, 3e9);
+    let d = Daemon::start(&sb, &sock, &[("train", &data)], &flags);
+    let mut c = d.client();
+    {
+        let s = c.open(req.clone()).unwrap();
+        assert_eq!(s.opened.mode, "lirs");
+    }
+    drop(c);
+    drop(d);
+    // Memory that holds them: the planner's resident choice is held by the daemon (it was
+    // read by the streaming mode before, issue 33), the same batches.
     let d = Daemon::start(&sb, &sock, &[("train", &data)], &["--mode", "auto"]);
     let mut c = d.client();
-    let s = c.open(req).unwrap();
-    assert_eq!(s.opened.mode, "lirs");
+    {
+        let s = c.open(req.clone()).unwrap();
+        assert_eq!(s.opened.mode, "resident");
+    }
+    same_batches(&read_all(&mut c, req), &want);
+    let s = c.stats().unwrap();
+    assert_eq!(s["resident"]["held"][0]["dataset"], "train", "{s}");
 }
 
 #[test]
@@ -1895,3 +1913,4 @@ fn a_resume_past_the_end_of_a_ranks_epoch_is_a_bad_request_at_open() {
 }
 
 mod join;
+mod resident;

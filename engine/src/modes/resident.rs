@@ -4,9 +4,15 @@
 //! record of it has arrived; every later epoch is a permutation of that memory, with no
 //! I/O. Batches are decided by the same table and walker as LIRS's: the same batches, in
 //! the same order, as `lirs` and `two-pass`.
+//!
+//! The memory is a [`Held`]: an object apart from the read, which a daemon keeps and shares
+//! between every read of the dataset (other jobs, seeds, ranks, later passes). The first
+//! read that finds it empty loads it (sending its own batches as they complete); reads that
+//! come meanwhile wait for the load, and every read after copies out of it with no I/O.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
@@ -26,6 +32,26 @@ use crate::{Error, Result};
 /// from the device ([`super::read_partly_resident`]); refused, with the figures, when that
 /// is too little to be worth it.
 pub fn read_resident(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
+    if !ds.is_empty() && opts.baseline.is_none() {
+        let units = super::lirs::units_for(&ds, &opts);
+        // Not whole: what the budget holds of it, if that is worth holding.
+        if let Err(Error::OverBudget(whole)) = needs(&ds, &units, &opts, &Limits::here(None)) {
+            return super::partial::read_partly_resident(ds, opts).map_err(|e| match e {
+                Error::OverBudget(part) => Error::OverBudget(format!("{whole}; partly: {part}")),
+                e => e,
+            });
+        }
+    }
+    let held = Arc::new(Held::new(&ds)?);
+    read_held(ds, opts, held)
+}
+
+/// [`read_resident`] out of `held`, the memory of `ds`'s files that other reads may share:
+/// loaded by this read if nobody has loaded it yet, waited for while another read loads
+/// it, else only copied out of (no I/O). `opts.memory` is the budget of the read with the
+/// copy in it (a daemon adds the copy's bytes, which it charges once for all its reads, to
+/// each read's own). Refused when `held` was made for files of other sizes.
+pub fn read_held(ds: Arc<Dataset>, opts: ReadOptions, held: Arc<Held>) -> Result<BatchStream> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
@@ -34,23 +60,186 @@ pub fn read_resident(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream>
             "resident mode reads the order contract's batches, not a baseline's".into(),
         ));
     }
+    let sizes: Vec<u64> = ds.files().iter().map(|f| f.size).collect();
+    if sizes != held.sizes {
+        return Err(Error::Invalid(format!(
+            "the memory held for {} file(s) of {} bytes is not that of this dataset's {} \
+             file(s) of {} bytes",
+            held.sizes.len(),
+            held.sizes.iter().sum::<u64>(),
+            sizes.len(),
+            ds.bytes()
+        )));
+    }
     opts.check(ds.len())?;
     let units = super::lirs::units_for(&ds, &opts);
-    let (plan, resources) = match needs(&ds, &units, &opts, &Limits::here(None)) {
-        Ok(fits) => fits,
-        // Not whole: what the budget holds of it, if that is worth holding.
-        Err(Error::OverBudget(whole)) => {
-            return super::partial::read_partly_resident(ds, opts).map_err(|e| match e {
-                Error::OverBudget(part) => Error::OverBudget(format!("{whole}; partly: {part}")),
-                e => e,
-            })
-        }
-        Err(e) => return Err(e),
-    };
+    let (plan, resources) = needs(&ds, &units, &opts, &Limits::here(None))?;
     BatchStream::spawn("riffle-resident", plan.prefetch, move |tx, stop, r| {
         r.resources = Some(resources);
-        run(&ds, &units, &opts, &plan, tx, stop, r)
+        let _reading = held.reading();
+        run(&ds, &units, &opts, &plan, &held, tx, stop, r)
     })
+}
+
+/// A dataset's files held whole in memory, shared by the reads of it (see the module
+/// docs): empty, being loaded by one read, or loaded. A load its read gave up (the
+/// consumer stopped, or an error) leaves it empty again, and the next read loads it.
+pub struct Held {
+    /// The size of each file it holds, in order.
+    sizes: Vec<u64>,
+    /// The bytes it takes when loaded (huge-page rounded).
+    bytes: u64,
+    state: Mutex<HeldState>,
+    changed: Condvar,
+    /// What its loads read from the device, and in how many reads.
+    device_bytes: AtomicU64,
+    read_ops: AtomicU64,
+    /// Loads finished, and reads using it now.
+    loads: AtomicU64,
+    readers: AtomicU64,
+}
+
+enum HeldState {
+    Empty,
+    Loading,
+    Loaded(Arc<Memory>),
+}
+
+/// What a read finds when it needs the memory: loaded, or its turn to load it.
+enum Claim<'a> {
+    Loaded(Arc<Memory>),
+    Load(Loading<'a>),
+    Stopped,
+}
+
+/// A read's turn to load a [`Held`]: given back (empty, the waiting reads woken) unless
+/// [`Loading::done`].
+struct Loading<'a>(&'a Held);
+
+impl Loading<'_> {
+    /// Publishes the loaded memory to every read.
+    fn done(self, mem: Memory) -> Arc<Memory> {
+        let mem = Arc::new(mem);
+        *self.0.lock() = HeldState::Loaded(mem.clone());
+        self.0.loads.fetch_add(1, Ordering::Relaxed);
+        self.0.changed.notify_all();
+        std::mem::forget(self);
+        mem
+    }
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        *self.0.lock() = HeldState::Empty;
+        self.0.changed.notify_all();
+    }
+}
+
+/// Counts a read of a [`Held`] while it lasts.
+struct Reading<'a>(&'a Held);
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        self.0.readers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How often a read waiting for another's load looks whether its own stream stopped.
+const LOOK_AGAIN: Duration = Duration::from_millis(100);
+
+impl Held {
+    /// Empty memory for `ds`'s files; nothing is allocated until a read loads it.
+    pub fn new(ds: &Dataset) -> Result<Held> {
+        let total = ds
+            .files()
+            .iter()
+            .try_fold(0u64, |t, f| t.checked_add(f.size));
+        let bytes = total
+            .and_then(crate::resources::resident_bytes)
+            .ok_or_else(|| {
+                Error::OverBudget("the dataset's files do not fit this address space whole".into())
+            })?;
+        Ok(Held {
+            sizes: ds.files().iter().map(|f| f.size).collect(),
+            bytes,
+            state: Mutex::new(HeldState::Empty),
+            changed: Condvar::new(),
+            device_bytes: AtomicU64::new(0),
+            read_ops: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
+            readers: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HeldState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The bytes it takes loaded (the files' bytes, huge-page rounded).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether it holds the files now.
+    pub fn is_loaded(&self) -> bool {
+        matches!(*self.lock(), HeldState::Loaded(_))
+    }
+
+    /// `empty`, `loading` or `loaded`.
+    pub fn state(&self) -> &'static str {
+        match *self.lock() {
+            HeldState::Empty => "empty",
+            HeldState::Loading => "loading",
+            HeldState::Loaded(_) => "loaded",
+        }
+    }
+
+    /// Bytes its loads read from the device, in all.
+    pub fn device_bytes(&self) -> u64 {
+        self.device_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Reads its loads issued, in all.
+    pub fn read_ops(&self) -> u64 {
+        self.read_ops.load(Ordering::Relaxed)
+    }
+
+    /// Loads finished: 1 once loaded (a load given up leaves it empty and counts none).
+    pub fn loads(&self) -> u64 {
+        self.loads.load(Ordering::Relaxed)
+    }
+
+    /// Reads using it now.
+    pub fn readers(&self) -> u64 {
+        self.readers.load(Ordering::Relaxed)
+    }
+
+    fn reading(&self) -> Reading<'_> {
+        self.readers.fetch_add(1, Ordering::Relaxed);
+        Reading(self)
+    }
+
+    /// The loaded memory, or this read's turn to load it; waits while another read loads
+    /// it, until `stop`.
+    fn claim(&self, stop: &Stop) -> Claim<'_> {
+        let mut st = self.lock();
+        loop {
+            match &*st {
+                HeldState::Loaded(m) => return Claim::Loaded(m.clone()),
+                HeldState::Empty => {
+                    *st = HeldState::Loading;
+                    return Claim::Load(Loading(self));
+                }
+                HeldState::Loading if stop.is_set() => return Claim::Stopped,
+                HeldState::Loading => {
+                    st = (self.changed)
+                        .wait_timeout(st, LOOK_AGAIN)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
 }
 
 /// The sizes and resource plan of a resident read of `ds` over `units` with `opts`, or the
@@ -405,11 +594,40 @@ fn load_files(
     Ok(false)
 }
 
+/// The memory of `held`, for the first epoch `e` this read sends: loaded by this read when
+/// it is empty (sending `e`'s batches as they complete), else waited for while another
+/// read loads it. `None` when the stream stopped.
+fn obtain(
+    ds: &Dataset,
+    held: &Held,
+    e: &mut EpochEmit<'_>,
+    out: &mut Out<'_>,
+    stop: &Stop,
+) -> Result<Option<Arc<Memory>>> {
+    let turn = match held.claim(stop) {
+        Claim::Loaded(m) => return Ok(Some(m)),
+        Claim::Stopped => return Ok(None),
+        Claim::Load(turn) => turn,
+    };
+    let mut mem = Memory::new(ds)?;
+    let before = (out.r.device_bytes, out.r.read_ops);
+    let halted = load(ds, &mut mem, e, out, stop);
+    (held.device_bytes).fetch_add(out.r.device_bytes - before.0, Ordering::Relaxed);
+    (held.read_ops).fetch_add(out.r.read_ops - before.1, Ordering::Relaxed);
+    // Given up (stopped, or an error): `turn` leaves it empty for the next read.
+    if halted? {
+        return Ok(None);
+    }
+    Ok(Some(turn.done(mem)))
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run(
     ds: &Dataset,
     units: &Units,
     opts: &ReadOptions,
     plan: &LirsPlan,
+    held: &Held,
     tx: &Sender<Result<Batch>>,
     stop: &Stop,
     r: &mut ReadReport,
@@ -419,9 +637,7 @@ fn run(
     r.grouping = opts.grouping.name().into();
     let (depth, slot) = resident_scan(ds.bytes());
     r.queue_depth = depth;
-    let mut mem = Memory::new(ds)?;
-    r.resident_bytes = mem.buf.capacity() as u64;
-    let mut held: Option<Arc<Memory>> = None;
+    r.resident_bytes = held.bytes;
     let buffer = crate::io::footprint(depth * slot) as u64;
     r.set_sizes(plan, units, ds, buffer, r.resident_bytes);
     let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
@@ -433,7 +649,8 @@ fn run(
         hist,
         r,
     };
-    for (k, epoch) in opts.epoch_range()?.enumerate() {
+    let mut mem: Option<Arc<Memory>> = None;
+    for epoch in opts.epoch_range()? {
         if stop.is_set() {
             break;
         }
@@ -441,14 +658,16 @@ fn run(
         let table = EpochTable::build(units.len(), &EpochKey::new(opts.seed, epoch));
         out.r.table_seconds += t.elapsed().as_secs_f64();
         let mut e = EpochEmit::new(&table, units, opts, epoch, ds.len())?;
-        // The first epoch loads the files, sending batches as they complete; the rest of
-        // it and every later epoch only view the memory loaded.
-        if k == 0 && load(ds, &mut mem, &mut e, &mut out, stop)? {
-            out.r.epoch_seconds.push(t.elapsed().as_secs_f64());
-            break;
+        // The first epoch loads the files if nobody has, sending batches as they complete;
+        // the rest of it, every later epoch (and every epoch of a read that finds them
+        // loaded) only view the memory loaded (or copy it into a lender's regions).
+        if mem.is_none() {
+            mem = obtain(ds, held, &mut e, &mut out, stop)?;
         }
-        let m = held.get_or_insert_with(|| Arc::new(std::mem::take(&mut mem)));
-        let halted = e.advance(Store::Loaded(m), u64::MAX, &mut out, stop);
+        let halted = match &mem {
+            Some(m) => e.advance(Store::Loaded(m), u64::MAX, &mut out, stop),
+            None => true,
+        };
         out.r.epoch_seconds.push(t.elapsed().as_secs_f64());
         if halted {
             break;

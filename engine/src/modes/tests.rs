@@ -483,6 +483,74 @@ fn a_partly_resident_read_holds_what_fits_and_reads_the_rest() {
     assert_eq!(resumed, all(&ds, o));
 }
 
+/// Issue 33 deliverable 3: one copy shared by several reads (other seeds, ranks, a later
+/// pass), started together: the device is read once for all of them (the copy's count and
+/// the reports' sum), and each read gets exactly its LIRS batches. A read whose consumer
+/// stops mid-load gives the load up, and the next read loads the copy again.
+#[test]
+fn reads_sharing_one_held_copy_read_the_device_once_and_get_their_batches() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Npy, 4000, 900, 0.0);
+    let held = Arc::new(super::Held::new(&ds).unwrap());
+    let opts: Vec<ReadOptions> = [(1, 0, 1), (2, 0, 2), (2, 1, 2), (9, 0, 1)]
+        .into_iter()
+        .map(|(seed, rank, world)| {
+            let mut o = ReadOptions::new(50);
+            o.seed = seed;
+            o.rank = rank;
+            o.world = world;
+            o.epochs = 2;
+            o
+        })
+        .collect();
+    let got: Vec<(Vec<Batch>, u64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (opts.iter())
+            .map(|o| {
+                let (ds, o, held) = (ds.clone(), o.clone(), held.clone());
+                s.spawn(move || {
+                    let mut st = super::read_held(ds, o, held).unwrap();
+                    let b: Vec<Batch> = st.by_ref().map(|b| b.unwrap()).collect();
+                    (b, st.report().device_bytes)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((b, _), o) in got.iter().zip(&opts) {
+        assert_eq!(b, &all(&ds, o.clone()), "seed {} rank {}", o.seed, o.rank);
+    }
+    let read: u64 = got.iter().map(|g| g.1).sum();
+    assert_eq!(held.loads(), 1);
+    assert_eq!(read, held.device_bytes(), "one load, counted once");
+    assert!(read >= ds.bytes() && read <= ds.bytes() + 4096, "{read}");
+    // A later read finds it loaded: no I/O at all.
+    let mut later = super::read_held(ds.clone(), opts[0].clone(), held.clone()).unwrap();
+    assert_eq!(later.by_ref().count(), got[0].0.len());
+    assert_eq!(later.report().device_bytes, 0);
+    assert_eq!((held.loads(), held.readers()), (1, 0));
+    // A copy made for other files is refused, not read.
+    let od = dir.path().join("o");
+    std::fs::create_dir_all(&od).unwrap();
+    let other = make(&od, GenFormat::Npy, 10, 900, 0.0);
+    let e = super::read_held(other, opts[0].clone(), held.clone())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("is not that of this dataset"), "{e}");
+    // A load given up (its consumer gone at once) leaves the copy empty; the next read
+    // loads it.
+    let fresh = Arc::new(super::Held::new(&ds).unwrap());
+    let mut first = super::read_held(ds.clone(), opts[0].clone(), fresh.clone()).unwrap();
+    let _ = first.next();
+    drop(first);
+    assert_ne!(fresh.state(), "loading");
+    let again: Vec<Batch> = super::read_held(ds.clone(), opts[1].clone(), fresh.clone())
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(again, all(&ds, opts[1].clone()));
+    assert_eq!(fresh.state(), "loaded");
+}
+
 /// A resident read stopped by its consumer stops at its next batch, in memory as while
 /// loading: finished after one batch of a read of 1,000 epochs, it has sent a handful.
 #[test]

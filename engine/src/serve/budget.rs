@@ -9,7 +9,7 @@
 //! time for room, then is refused with `busy` (wait and retry).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::open::Refusal;
@@ -46,7 +46,13 @@ pub(super) struct Budget {
     unit: Unit,
     used: Mutex<u64>,
     freed: Condvar,
+    /// Gives back memory held for later (the daemon's idle resident copies) when a request
+    /// does not fit: called with the bytes missing, says whether any were given back.
+    reclaim: OnceLock<Reclaim>,
 }
+
+/// See [`Budget::on_short`].
+pub(super) type Reclaim = Box<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// What is taken from a [`Budget`], given back when dropped.
 pub(super) struct Grant {
@@ -95,7 +101,14 @@ impl Budget {
             unit,
             used: Mutex::new(base.min(total)),
             freed: Condvar::new(),
+            reclaim: OnceLock::new(),
         })
+    }
+
+    /// Sets what gives back memory held for later when a request does not fit (the
+    /// daemon's idle resident copies, `held.rs`); called without the budget's lock.
+    pub(super) fn on_short(&self, reclaim: Reclaim) {
+        let _ = self.reclaim.set(reclaim);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
@@ -172,6 +185,12 @@ impl Budget {
                 }
                 Ok(n) | Err(n) => n,
             };
+            // Memory held for later goes before a request waits or is refused.
+            if let Some(reclaim) = self.reclaim.get() {
+                if reclaim(least.saturating_sub(free).max(1)) {
+                    continue;
+                }
+            }
             if stopping.load(Ordering::SeqCst) {
                 return Err(("shutdown", "the daemon is shutting down".into()));
             }
@@ -265,7 +284,7 @@ pub(super) struct Admitted {
 }
 
 /// The most memory one pass may have of a budget of `total`, and why.
-fn pass_most(total: u64) -> (u64, String) {
+pub(super) fn pass_most(total: u64) -> (u64, String) {
     let most = PASS_MAX.min(total / 4);
     let why = if most == PASS_MAX {
         format!("a read takes at most {}", human_bytes(PASS_MAX as f64))

@@ -32,7 +32,7 @@ pub(super) const MAX_KEPT: usize = 64;
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
 /// What a file was when its dataset was opened: (device, inode, size, mtime in ns).
-type Stamp = (u64, u64, u64, i128);
+pub(super) type Stamp = (u64, u64, u64, i128);
 
 /// A hook run on every dataset opened by path before it is served (the command profiles
 /// its device for the planner and reclaims scratch a killed daemon left beside it).
@@ -242,7 +242,7 @@ fn in_use(src: &Source) -> bool {
 }
 
 /// The file at `path` as it is now.
-fn stamp(path: &Path) -> std::io::Result<Stamp> {
+pub(super) fn stamp(path: &Path) -> std::io::Result<Stamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path)?;
     let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());

@@ -14,6 +14,7 @@ use std::os::unix::net::UnixStream;
 
 use super::budget::{admit_pass, admit_view, Admitted, Grant};
 use super::codes::reply_code;
+use super::held::HeldCopy;
 use super::job::NewPass;
 use super::open::{self, Refusal};
 use super::proto::error_frame;
@@ -65,8 +66,9 @@ impl From<std::io::Error> for Leave {
 struct Stream {
     /// The engine (two-pass's scratch directory is its thread's, removed when it ends).
     batches: BatchStream,
-    /// The daemon memory its ring and its own pass hold (given back when it closes).
-    _grants: (Option<Grant>, Option<Admitted>),
+    /// The daemon memory its ring and its own pass hold (given back when it closes), and
+    /// the resident copy its own pass reads (in use until then).
+    _grants: (Option<Grant>, Option<Admitted>, Option<Arc<HeldCopy>>),
     transport: Transport,
     ring: Option<Arc<SharedRing>>,
     /// Inline: batches sent and not yet acknowledged (slot ids).
@@ -629,7 +631,7 @@ impl Conn {
         let src = &src;
         // A mixture's draws are counted before they are drawn (and then by its pass).
         let view = admit_view(&shared.budgets(), src)?;
-        let mut job = open::prepare(req, src, &shared)?;
+        let (mut job, held) = open::prepare(req, src, &shared)?;
         // The ring: room for several of the largest possible batches, within the share.
         let largest = open::largest_batch(req.batch_size, &job.first, shared.ring_share())?;
         open::sane_padding(&job.split)?;
@@ -641,12 +643,14 @@ impl Conn {
         // the engine's thread as they complete (once OPENED is out).
         let lender = ring.as_ref().map(|r| self.ring_lender(r, &waits, credits));
         let (batches, job_id, pass_grant) = if req.world > 1 {
-            let (batches, id) = self.join_job(req, src, &job, lender, view)?;
+            let (batches, id) = self.join_job(req, src, &job, lender, view, held.clone())?;
             (batches, Some(id), None)
         } else {
-            let (batches, grant) = self.own_pass(&mut job, src, lender, view)?;
+            let (batches, grant) = self.own_pass(&mut job, src, lender, view, held.as_ref())?;
             (batches, None, Some(grant))
         };
+        // A pass of the job holds the copy it reads; this stream's own pass, through it.
+        let held = held.filter(|_| job_id.is_none());
         let ring_bytes = ring.as_ref().map_or(0, |r| r.len() as u64);
         let stream_id = shared.next_stream.fetch_add(1, Ordering::Relaxed) + 1;
         let opened = proto::Opened {
@@ -674,7 +678,7 @@ impl Conn {
         shared.telemetry.add(stream_id, job_id, waits.clone());
         self.stream = Some(Stream {
             batches,
-            _grants: (ring_grant, pass_grant),
+            _grants: (ring_grant, pass_grant, held),
             transport: req.transport,
             ring,
             inline_outstanding: Vec::new(),
@@ -697,21 +701,28 @@ impl Conn {
         job: &ReadJob,
         lender: Option<PayloadLender>,
         view: Option<Grant>,
+        held: Option<Arc<HeldCopy>>,
     ) -> Result<(BatchStream, u64), Refusal> {
         let key = open::job_key(req, job);
         let piles = job.piles();
         // A new pass takes over what the OPEN took for its draws; a rank joining a live
         // pass gives it back.
         let view = Mutex::new(view);
+        // A resident pass holds the copy it reads (in use) until it ends, and reads with
+        // its own memory and the copy's.
         let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, Refusal> {
             let view = view.lock().unwrap_or_else(|p| p.into_inner()).take();
-            Ok(Box::new(admit_pass(
+            let admitted = admit_pass(
                 &self.shared.budgets(),
                 &job.first,
                 o,
                 piles.as_deref(),
                 view,
-            )?))
+            )?;
+            if let Some(h) = &held {
+                o.memory = o.memory.map(|m| m.saturating_add(h.charge()));
+            }
+            Ok(Box::new((admitted, held.clone())))
         };
         let sh = self.shared.clone();
         let new_pass = NewPass {
@@ -722,11 +733,14 @@ impl Conn {
             ended: Box::new(move |r| {
                 let mut s = sh.stats();
                 s.read_ops += r.read_ops;
+                s.device_bytes += r.device_bytes;
                 s.jobs_now = s.jobs_now.saturating_sub(1);
             }),
         };
         let scratch = job.scratch.clone();
-        let got = (self.shared.jobs).open(key, &job.opts, src, scratch, lender, new_pass)?;
+        let resident = held.as_ref().map(|h| h.held.clone());
+        let got =
+            (self.shared.jobs).open(key, &job.opts, src, scratch, resident, lender, new_pass)?;
         if got.new {
             let mut s = self.shared.stats();
             s.jobs_total += 1;
@@ -743,6 +757,7 @@ impl Conn {
         src: &Source,
         lender: Option<PayloadLender>,
         view: Option<Grant>,
+        held: Option<&Arc<HeldCopy>>,
     ) -> Result<(BatchStream, Admitted), Refusal> {
         job.opts.lender = lender;
         let piles = job.piles();
@@ -754,8 +769,17 @@ impl Conn {
             view,
         )?;
         // Two-pass: the engine makes its own private scratch directory where the piles go
-        // and removes it when its thread ends.
-        let stream = job.read(src).map_err(|e| (reply_code(&e), e.to_string()))?;
+        // and removes it when its thread ends. Resident: out of the dataset's copy, with
+        // the pass's memory and the copy's.
+        let stream = match held {
+            Some(h) => {
+                let mut opts = job.opts.clone();
+                opts.memory = opts.memory.map(|m| m.saturating_add(h.charge()));
+                crate::modes::read_held(src.dataset().clone(), opts, h.held.clone())
+            }
+            None => job.read(src),
+        };
+        let stream = stream.map_err(|e| (reply_code(&e), e.to_string()))?;
         Ok((stream, grant))
     }
 
@@ -804,6 +828,7 @@ impl Conn {
         let mut s = self.shared.stats();
         s.streams_now -= 1;
         s.read_ops += report.read_ops;
+        s.device_bytes += report.device_bytes;
         announced
     }
 }

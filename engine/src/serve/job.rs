@@ -51,7 +51,8 @@ pub(super) struct JobKey {
     pub(super) resume: Option<(u64, u64)>,
     /// A global resume point inside a round of batches (see `ReadOptions::resume_start`).
     pub(super) resume_start: Option<u64>,
-    /// The mode that runs: [`Mode::TwoPass`] or [`Mode::Lirs`].
+    /// The mode that runs: [`Mode::TwoPass`], [`Mode::Lirs`] or [`Mode::Resident`] (out of
+    /// the dataset's held copy).
     pub(super) mode: Mode,
 }
 
@@ -205,13 +206,16 @@ impl Jobs {
     /// The stream of rank `opts.rank` of job `key`: from the job's pass when it can join
     /// it, else from a new pass of the job (which then stands for the job). A stream
     /// refused because the pass began emitting before it came is late: counted on the
-    /// job it missed, logged, and served by the new pass.
+    /// job it missed, logged, and served by the new pass. A resident job's pass reads out
+    /// of `resident`, the dataset's copy.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn open(
         &self,
         key: JobKey,
         opts: &ReadOptions,
         src: &Source,
         root: PathBuf,
+        resident: Option<Arc<modes::Held>>,
         lender: Option<PayloadLender>,
         new_pass: NewPass<'_>,
     ) -> std::result::Result<Opened, (&'static str, String)> {
@@ -255,7 +259,13 @@ impl Jobs {
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (src, two_pass) = (src.clone(), key.two_pass());
-        let start: modes::StartPass = Box::new(move |all| src.read(all, two_pass.then_some(root)));
+        let start: modes::StartPass = match resident {
+            Some(h) => {
+                let ds = src.dataset().clone();
+                Box::new(move |all| modes::read_held(ds, all, h))
+            }
+            None => Box::new(move |all| src.read(all, two_pass.then_some(root))),
+        };
         let on_end = new_pass.ended;
         let ended: modes::PassEnded = Box::new(move |r| {
             drop(held);

@@ -13,6 +13,7 @@
 //!   its flags one), its ring and its job;
 //! - `catalog.rs`: the datasets served: those started with, and those OPENs name by path;
 //! - `job.rs`: the jobs whose ranks share one engine pass;
+//! - `held.rs`: datasets held resident, one copy per node shared by every stream of them;
 //! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
 //! - `budget.rs`: the daemon's budgets (memory, scratch, open files), which rings and
 //!   passes take from: `too_large` for what never fits, `busy` for what must wait;
@@ -35,6 +36,7 @@ mod catalog;
 pub mod client;
 mod codes;
 mod conn;
+mod held;
 mod job;
 mod open;
 pub mod proto;

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use super::budget::{Ask, Grant};
+use super::held::HeldCopy;
 use super::job::JobKey;
 use super::proto::{OpenRequest, Opened, Transport};
 use super::ring::ALIGN;
@@ -29,23 +30,20 @@ impl From<ServeMode> for Mode {
             ServeMode::Lirs => Mode::Lirs,
             ServeMode::TwoPass => Mode::TwoPass,
             ServeMode::Auto => Mode::Auto,
+            ServeMode::Resident => Mode::Resident,
         }
     }
 }
 
 impl TryFrom<Mode> for ServeMode {
     type Error = String;
-    /// The daemon serves the contract's modes and `auto`, not the baselines.
+    /// The daemon serves the contract's modes, resident and `auto`, not the baselines.
     fn try_from(m: Mode) -> Result<ServeMode, String> {
         match m {
             Mode::Lirs => Ok(ServeMode::Lirs),
             Mode::TwoPass => Ok(ServeMode::TwoPass),
             Mode::Auto => Ok(ServeMode::Auto),
-            Mode::Resident => Err(
-                "the daemon does not hold a dataset resident yet: it serves auto, lirs or \
-                 two-pass"
-                    .into(),
-            ),
+            Mode::Resident => Ok(ServeMode::Resident),
             other => Err(format!(
                 "the daemon serves the order contract: mode {other} is a baseline"
             )),
@@ -55,9 +53,9 @@ impl TryFrom<Mode> for ServeMode {
 
 impl std::str::FromStr for ServeMode {
     type Err = String;
-    /// `auto`, `lirs` or `two-pass`.
+    /// `auto`, `lirs`, `two-pass` or `resident`.
     fn from_str(s: &str) -> Result<ServeMode, String> {
-        Mode::parse_among(s, &Mode::CONTRACT)?.try_into()
+        Mode::parse_among(s, &Mode::PLANNED)?.try_into()
     }
 }
 
@@ -110,11 +108,15 @@ fn request(req: &OpenRequest, cfg: &ServeConfig) -> Result<ReadRequest, String> 
 /// device seeks. `auto` plans within the scratch two-pass could ever have here: the
 /// `--scratch-limit`, and the filesystem's free space when none of the daemon's passes
 /// holds any (so the ranks of a job choose alike, whatever other jobs hold).
+///
+/// A resident read (`--mode resident`, or the planner's choice) reads the dataset's held
+/// copy, returned beside the job (`held.rs`); when it cannot be held, the streaming mode
+/// the plan names (LIRS without a plan), as the log and the stats say.
 pub(super) fn prepare(
     req: &OpenRequest,
     src: &Source,
     shared: &Shared,
-) -> Result<ReadJob, Refusal> {
+) -> Result<(ReadJob, Option<Arc<HeldCopy>>), Refusal> {
     let cfg = &shared.cfg;
     let bad = |m: String| ("bad_request", wire_words(&m));
     if req.world > MAX_WORLD {
@@ -146,12 +148,24 @@ pub(super) fn prepare(
         job.mode = Mode::Lirs;
         job.opts.lead = false;
     }
-    if job.mode == Mode::Resident {
-        // The daemon does not hold datasets resident (yet): the streaming mode the plan
-        // would run without it.
-        job.mode = (job.plan.as_ref().and_then(|p| p.streaming)).map_or(Mode::Lirs, Mode::from);
+    if job.mode != Mode::Resident {
+        return Ok((job, None));
     }
-    Ok(job)
+    let held = match src {
+        Source::Dataset(ds) => (shared.residents).acquire(&req.dataset, ds, shared),
+        Source::Mixture(_) => Err("a mixture (a new view of its sources each epoch) is read \
+                                   by lirs or two-pass"
+            .into()),
+    };
+    match held {
+        Ok(h) => Ok((job, Some(h))),
+        Err(why) => {
+            // The streaming mode the plan would run without it.
+            job.mode = (job.plan.as_ref().and_then(|p| p.streaming)).map_or(Mode::Lirs, Mode::from);
+            (shared.residents).fell_back(&req.dataset, job.mode.name(), &why);
+            Ok((job, None))
+        }
+    }
 }
 
 /// The most ranks a job may have. A pass walks (and decides) every global batch of its
@@ -324,9 +338,10 @@ mod tests {
             let served: ServeMode = m.name().parse().unwrap();
             assert_eq!(Mode::from(served), m);
         }
+        assert_eq!("resident".parse::<ServeMode>(), Ok(ServeMode::Resident));
         assert_eq!(
             "bmf".parse::<ServeMode>(),
-            Err("unknown mode 'bmf': expected auto, lirs or two-pass".into())
+            Err("unknown mode 'bmf': expected auto, lirs, two-pass or resident".into())
         );
         assert!(ServeMode::try_from(Mode::Sequential).is_err());
     }

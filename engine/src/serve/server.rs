@@ -118,53 +118,61 @@ impl Server {
                 .map(|(_, d)| d.dataset().index_bytes())
                 .sum::<u64>(),
         );
+        let shared = Arc::new(Shared {
+            catalog: super::catalog::Catalog::new(
+                cfg.datasets.clone(),
+                cfg.open_paths,
+                cfg.on_open.clone(),
+            ),
+            cfg,
+            stopping: AtomicBool::new(false),
+            wake,
+            conns: Mutex::new(HashMap::new()),
+            stats: Mutex::new(Stats {
+                started: Instant::now(),
+                connections_total: 0,
+                refused_busy: 0,
+                refused_strangers: 0,
+                streams_total: 0,
+                streams_now: 0,
+                batches: 0,
+                batches_in_place: 0,
+                batches_announced_early: 0,
+                records: 0,
+                bytes: 0,
+                read_ops: 0,
+                device_bytes: 0,
+                jobs_total: 0,
+                jobs_now: 0,
+                streams_shared: 0,
+                streams_own: 0,
+                late_streams: 0,
+                errors: HashMap::new(),
+                panics_before: panics(),
+                batch_us: hist(),
+                send_us: hist(),
+            }),
+            ring_bytes_now: AtomicU64::new(0),
+            jobs: Default::default(),
+            residents: Default::default(),
+            telemetry: Default::default(),
+            next_stream: AtomicU64::new(0),
+            budget: Budget::new(cfg_memory, index_bytes, "--memory", Unit::Bytes),
+            scratch_budget: scratch_limit
+                .map(|l| Budget::new(l, 0, "--scratch-limit", Unit::Bytes)),
+            space: super::space::ScratchSpace::new(),
+            files,
+        });
+        // An admission short of memory first drops the resident copies no pass uses.
+        let weak = Arc::downgrade(&shared);
+        shared.budget.on_short(Box::new(move |need| {
+            weak.upgrade().is_some_and(|s| s.residents.evict_idle(need))
+        }));
         Ok(Server {
             listener,
             socket_id,
             spare: Mutex::new(Some(spare)),
-            shared: Arc::new(Shared {
-                catalog: super::catalog::Catalog::new(
-                    cfg.datasets.clone(),
-                    cfg.open_paths,
-                    cfg.on_open.clone(),
-                ),
-                cfg,
-                stopping: AtomicBool::new(false),
-                wake,
-                conns: Mutex::new(HashMap::new()),
-                stats: Mutex::new(Stats {
-                    started: Instant::now(),
-                    connections_total: 0,
-                    refused_busy: 0,
-                    refused_strangers: 0,
-                    streams_total: 0,
-                    streams_now: 0,
-                    batches: 0,
-                    batches_in_place: 0,
-                    batches_announced_early: 0,
-                    records: 0,
-                    bytes: 0,
-                    read_ops: 0,
-                    jobs_total: 0,
-                    jobs_now: 0,
-                    streams_shared: 0,
-                    streams_own: 0,
-                    late_streams: 0,
-                    errors: HashMap::new(),
-                    panics_before: panics(),
-                    batch_us: hist(),
-                    send_us: hist(),
-                }),
-                ring_bytes_now: AtomicU64::new(0),
-                jobs: Default::default(),
-                telemetry: Default::default(),
-                next_stream: AtomicU64::new(0),
-                budget: Budget::new(cfg_memory, index_bytes, "--memory", Unit::Bytes),
-                scratch_budget: scratch_limit
-                    .map(|l| Budget::new(l, 0, "--scratch-limit", Unit::Bytes)),
-                space: super::space::ScratchSpace::new(),
-                files,
-            }),
+            shared,
         })
     }
 

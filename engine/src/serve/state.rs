@@ -24,6 +24,9 @@ pub enum ServeMode {
     /// The planner's choice for each stream (its batch size, epochs and the dataset's
     /// device, from the cached profile); LIRS when no profile of the device is cached.
     Auto,
+    /// Every dataset held in memory, one copy shared by all its streams, when it fits
+    /// (`held.rs`); else LIRS.
+    Resident,
 }
 
 /// What `riffle serve` was started with.
@@ -95,6 +98,8 @@ pub(super) struct Shared {
     pub(super) ring_bytes_now: AtomicU64,
     /// The jobs whose ranks share a pass.
     pub(super) jobs: super::job::Jobs,
+    /// The datasets held resident.
+    pub(super) residents: super::held::Residents,
     /// `--memory`: indexes, rings and passes.
     pub(super) budget: Arc<super::budget::Budget>,
     /// Every live stream's waits.
@@ -127,6 +132,8 @@ pub(super) struct Stats {
     pub(super) records: u64,
     pub(super) bytes: u64,
     pub(super) read_ops: u64,
+    /// Bytes the passes that ended read from the device.
+    pub(super) device_bytes: u64,
     /// Shared passes started, and running now.
     pub(super) jobs_total: u64,
     pub(super) jobs_now: u64,
@@ -211,6 +218,8 @@ impl Shared {
             "records": s.records,
             "bytes": s.bytes,
             "read_ops": s.read_ops,
+            "device_bytes": s.device_bytes,
+            "resident": self.residents.json(self),
             "jobs_total": s.jobs_total,
             "jobs_now": s.jobs_now,
             "streams_shared": s.streams_shared,

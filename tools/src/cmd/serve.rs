@@ -88,9 +88,14 @@ pub struct Args {
     /// most half of the rest for connections), as the log's first line says.
     #[arg(long)]
     pub max_clients: Option<usize>,
-    /// lirs (random reads), two-pass (sequential, scratch piles per stream) or auto (the
-    /// planner's choice per stream, from the datasets' device profiles; a device with no
-    /// cached profile is probed quickly at start).
+    /// lirs (random reads), two-pass (sequential, scratch piles per stream), resident
+    /// (each dataset held in memory, one copy shared by every job, rank and worker reading
+    /// it, charged to --memory while held; a dataset that does not fit is read by lirs) or
+    /// auto (the planner's choice per stream, resident among them, from the datasets'
+    /// device profiles; a device with no cached profile is probed quickly at start). A
+    /// held copy no stream uses is kept for the next job, and dropped (least recently
+    /// used first) when another admission needs its memory; all copies together take at
+    /// most --memory less one read's and one ring's share (see docs/protocol.md).
     #[arg(long, default_value = "auto")]
     pub mode: String,
     /// two-pass: where the piles go (default: the directory of each dataset's first file).

@@ -171,6 +171,8 @@ pub fn status(place: &Place, json: bool) -> Result<()> {
             "memory_used": s["memory_used"],
             "memory_limit": s["memory_limit"],
             "datasets": datasets,
+            "resident": s["resident"],
+            "device_bytes": s["device_bytes"],
         });
         outln!("{v}")?;
         return Ok(());
@@ -190,6 +192,15 @@ pub fn status(place: &Place, json: bool) -> Result<()> {
     )?;
     for d in datasets {
         outln!("  {d}")?;
+    }
+    for h in s["resident"]["held"].as_array().into_iter().flatten() {
+        outln!(
+            "  held resident: {} ({}, {}, {} pass(es) using it)",
+            h["dataset"].as_str().unwrap_or("?"),
+            riffle::size::human_bytes(h["bytes"].as_f64().unwrap_or(0.0)),
+            h["state"].as_str().unwrap_or("?"),
+            h["users"]
+        )?;
     }
     Ok(())
 }
