@@ -617,7 +617,10 @@ fn a_refused_buffer_registration_reads_the_same_batches_through_plain_memory() {
         let ids = std::fs::read_to_string(&ids).unwrap();
         (
             ids.lines().map(str::to_owned).collect(),
-            r["io_features"].as_str().unwrap_or_default().to_owned(),
+            r["io_features"]
+                .as_str()
+                .expect("read --json names the backend's features (io_features)")
+                .to_owned(),
         )
     };
     let (want, features) = read(false, "wait");
