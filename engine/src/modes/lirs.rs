@@ -245,7 +245,7 @@ fn run(
     let started = Instant::now();
     let io = read_io(ds, opts, plan, r);
     let mut reader = ds.reader_capped(&io, open_files_of(opts))?;
-    r.io_features = reader.backend_features();
+    said_io(r, &reader);
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     r.mode = opts.baseline.map(|b| b.name()).unwrap_or("lirs").into();
     r.grouping = opts.grouping.name().into();
@@ -308,6 +308,15 @@ fn read_io(ds: &Dataset, opts: &ReadOptions, plan: &LirsPlan, r: &mut ReadReport
         depth: plan.depth,
         submit_batch: choice.batch,
         ..opts.io.clone()
+    }
+}
+
+/// The backend's features in the report; a read the pread pool carries (io_uring
+/// unavailable, or `RIFFLE_IO=pread`) submits nothing in batches, whatever was chosen.
+fn said_io(r: &mut ReadReport, reader: &RangeReader) {
+    r.io_features = reader.backend_features();
+    if reader.backend_kind() != crate::io::BackendKind::Uring {
+        r.io_submit = "each at once: the pread thread pool".into();
     }
 }
 
@@ -483,7 +492,7 @@ pub(crate) fn lead(
     };
     let io = read_io(ds, opts, &plan, &mut r);
     let mut reader = ds.reader_capped(&io, open_files_of(opts))?;
-    r.io_features = reader.backend_features();
+    said_io(&mut r, &reader);
     r.buffer_bytes = reader.buffer_bytes() as u64;
     r.prefetch_bytes = plan.batches_bytes();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
