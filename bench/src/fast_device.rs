@@ -502,12 +502,8 @@ fn measure_features(
                 cold &= report::drop_caches();
                 let run = match v {
                     Variant::Engine(_, cfg) => {
-                        ran_with[i] = backend_name(cfg, point)?
-                            + &match cfg.submit_batch {
-                                io::SUBMIT_AT_WAIT => ", submitted at each wait".to_owned(),
-                                0 | 1 => ", submitted each at once".to_owned(),
-                                n => format!(", submit batch {n}"),
-                            };
+                        // The backend's features say how it submits (unsaid: each at once).
+                        ran_with[i] = backend_name(cfg, point)?;
                         run_engine(file, point, opts.seconds, (rep * 31 + i) as u64, cfg)?
                     }
                     Variant::Fio(_, extra) => {
