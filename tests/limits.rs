@@ -556,3 +556,100 @@ fn a_memory_budget_of_zero_is_refused_as_such() {
         );
     }
 }
+
+/// Under a locked-memory limit too small for its slots (and, as root, without
+/// CAP_IPC_LOCK, which lifts the limit), a read's ring cannot register its buffers: it
+/// reads through plain memory, says so in its report, and delivers the same batches as
+/// with registered buffers, submitted at each wait or each at once; the pread pool reads
+/// them too, and its report says it submits each at once (issue 34).
+#[test]
+fn a_refused_buffer_registration_reads_the_same_batches_through_plain_memory() {
+    let root = nix::unistd::Uid::effective().is_root();
+    if root && Command::new("setpriv").arg("--help").output().is_err() {
+        crate::skip("setpriv (util-linux) is not installed: root cannot drop CAP_IPC_LOCK");
+        return;
+    }
+    let sb = Sandbox::new();
+    let data = sb.data().join("small.fixed");
+    gen(&sb, &data, "fixed", 20_000, 512, &[]);
+    let read = |limited: bool, batch: &str, io: &str| -> (Vec<String>, String) {
+        let ids = sb.path().join(format!("ids-{limited}-{batch}-{io}.txt"));
+        let mut c = if limited && root {
+            let mut c = Command::new("setpriv");
+            c.args(["--bounding-set=-ipc_lock", "--inh-caps=-ipc_lock"])
+                .arg(env!("CARGO_BIN_EXE_riffle"));
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_riffle"))
+        };
+        c.env("XDG_CACHE_HOME", sb.cache())
+            .env("RIFFLE_URING", format!("batch={batch}"))
+            .env("RIFFLE_IO", io)
+            .arg("read")
+            .arg(&data)
+            .args([
+                "--format",
+                "fixed:512",
+                "--mode",
+                "lirs",
+                "--grouping",
+                "page",
+            ])
+            .args([
+                "--unit",
+                "4096",
+                "--queue-depth",
+                "64",
+                "--batch-size",
+                "256",
+            ])
+            .args(["--json", "--ids-out"])
+            .arg(&ids);
+        if limited {
+            // The ring's own pages fit in 64 KiB; 64 slots of 16 KiB do not.
+            with_rlimit(
+                &mut c,
+                nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+                64 << 10,
+            );
+        }
+        let r = report(&c.output().unwrap());
+        if io == "pread" {
+            // The pool submits nothing in batches, whatever was chosen for the device.
+            assert_eq!(r["backend"], "pread", "{r}");
+            assert_eq!(r["io_submit"], "each at once: the pread thread pool", "{r}");
+        } else {
+            assert_eq!(r["backend"], "io_uring", "{r}");
+        }
+        let ids = std::fs::read_to_string(&ids).unwrap();
+        (
+            ids.lines().map(str::to_owned).collect(),
+            r["io_features"]
+                .as_str()
+                .expect("read --json names the backend's features (io_features)")
+                .to_owned(),
+        )
+    };
+    let (want, features) = read(false, "wait", "auto");
+    assert_eq!(want.len(), 20_000 / 256 + 1);
+    if !features.contains("registered buffers") {
+        crate::skip(&format!(
+            "this kernel gives no registered buffers: {features}"
+        ));
+        return;
+    }
+    assert!(features.contains("submitted at each wait"), "{features}");
+    for batch in ["wait", "1"] {
+        let (got, features) = read(true, batch, "auto");
+        assert!(
+            features.contains("plain buffers (registration refused: see ulimit -l)"),
+            "batch={batch}: {features}"
+        );
+        assert!(
+            got == want,
+            "batch={batch}: other batches than with registered buffers"
+        );
+    }
+    let (got, _) = read(false, "wait", "pread");
+    assert!(got == want, "other batches through the pread pool");
+}

@@ -177,6 +177,7 @@ fn variants() -> Vec<Variant> {
             &["--fixedbufs", "--registerfiles"],
         ),
         engine("submit batch 16", f, 16),
+        engine("submit at each wait", f, io::SUBMIT_AT_WAIT),
         Variant::Fio("submit batch 16", &["--iodepth_batch_submit=16"]),
         engine(
             "no COOP_TASKRUN",
@@ -501,8 +502,8 @@ fn measure_features(
                 cold &= report::drop_caches();
                 let run = match v {
                     Variant::Engine(_, cfg) => {
-                        ran_with[i] = backend_name(cfg, point)?
-                            + &format!(", submit batch {}", cfg.submit_batch);
+                        // The backend's features say how it submits (unsaid: each at once).
+                        ran_with[i] = backend_name(cfg, point)?;
                         run_engine(file, point, opts.seconds, (rep * 31 + i) as u64, cfg)?
                     }
                     Variant::Fio(_, extra) => {
@@ -803,6 +804,12 @@ pub fn markdown(r: &FastReport) -> String {
                     "{:.3}",
                     m.records_per_s / (8.0 * f)
                 ))
+        ));
+    }
+    for m in r.modes.iter().filter(|m| !m.report.io_submit.is_empty()) {
+        s.push_str(&format!(
+            "\n{}: requests submitted {} ({}).\n",
+            m.case, m.report.io_submit, m.report.io_features
         ));
     }
     for m in r.modes.iter().filter(|m| !m.fio_runs.is_empty()) {

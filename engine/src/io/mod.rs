@@ -121,6 +121,16 @@ pub struct BackendLimits {
     pub memlock: Option<u64>,
 }
 
+/// [`IoConfig::submit_batch`]: queued requests go to the kernel only when the caller waits,
+/// in one io_uring_enter with the wait (a reader refilling after a burst of completions
+/// submits the whole refill at once). Pays on a device that answers in microseconds, where
+/// the system call per request is most of the CPU per read; see `docs/issue34.md`.
+pub const SUBMIT_AT_WAIT: usize = usize::MAX;
+
+/// [`IoConfig::submit_batch`]: not chosen by the caller. A LIRS read chooses from its
+/// device (`probe::submit_choice`); the backend itself reads it as 1 (each request at once).
+pub const SUBMIT_AUTO: usize = 0;
+
 /// The kernel's cap on a ring's submission entries (IORING_MAX_ENTRIES).
 pub(crate) const URING_MAX_ENTRIES: usize = 32768;
 
@@ -178,9 +188,14 @@ pub struct IoConfig {
     /// Whether to try O_DIRECT (falls back to buffered where refused).
     pub direct: bool,
     /// io_uring: submit once this many requests are queued (1 = each request as soon as it
-    /// is pushed, as fio does by default). Larger batches save system calls but let the
-    /// block layer plug requests together, which adds latency on devices such as virtio
-    /// disks (measured: 4 KiB QD 32 random reads, 64k IOPS batched vs 75k one by one).
+    /// is pushed, as fio does by default; [`SUBMIT_AT_WAIT`] = with the caller's next wait,
+    /// in the same io_uring_enter). Larger batches save system calls but hold requests back
+    /// from the device while the caller handles a burst of completions, which costs
+    /// throughput on devices such as virtio disks (measured: 4 KiB QD 32 random reads, 64k
+    /// IOPS batched vs 75k one by one; page-grouped 512 B records, 0.84-0.88 x the
+    /// records/s submitted at each wait). [`SUBMIT_AUTO`] (the default): a read that knows
+    /// its device chooses (a LIRS read: `probe::submit_choice`, at each wait on a
+    /// memory-speed device), any other request goes at once as with 1.
     pub submit_batch: usize,
     /// The most requests in flight when that is fewer than the slots (slots that also hold
     /// data between reads, as a loaded pile's do); 0 for `depth` (up to the backend's
@@ -235,7 +250,7 @@ impl Default for IoConfig {
             slot_size: 256 << 10,
             backend: BackendChoice::Auto,
             direct: true,
-            submit_batch: 1,
+            submit_batch: SUBMIT_AUTO,
             in_flight: 0,
             uring: UringFeatures::default(),
             throttled: false,

@@ -21,6 +21,7 @@ use super::*;
 
 mod faults;
 mod limits;
+mod submit;
 pub(crate) use faults::with_short_transfers;
 use faults::{close_gate, open_gate, taken_by_drop, within, WATCHED};
 pub(super) use faults::{pread_gate, reaped_by_drop, wrap_backend};

@@ -19,7 +19,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{
     Backend, BackendKind, Completion, DataFile, FileKey, Op, OpKind, Slab, SlotId, UringFeatures,
-    URING_MAX_ENTRIES, URING_MAX_REG_BUFFERS,
+    SUBMIT_AT_WAIT, URING_MAX_ENTRIES, URING_MAX_REG_BUFFERS,
 };
 use crate::{Error, Result};
 
@@ -383,6 +383,12 @@ impl UringBackend {
         self.requeue.len()
     }
 
+    /// Entries in the submission queue the kernel has not taken (tests only).
+    #[cfg(test)]
+    pub(super) fn sq_queued(&mut self) -> usize {
+        self.ring.submission().len()
+    }
+
     /// Completions posted and not reaped yet (tests only).
     #[cfg(test)]
     pub(super) fn cq_ready(&mut self) -> usize {
@@ -568,7 +574,12 @@ impl Backend for UringBackend {
             ", no COOP_TASKRUN"
         };
         let sqpoll = if self.sqpoll { ", SQPOLL" } else { "" };
-        format!("{bufs}, {files}{coop}{sqpoll}")
+        let submit = match self.submit_batch {
+            1 => String::new(),
+            SUBMIT_AT_WAIT => ", submitted at each wait".to_owned(),
+            n => format!(", submitted {n} at a time"),
+        };
+        format!("{bufs}, {files}{coop}{sqpoll}{submit}")
     }
 
     fn depth(&self) -> usize {
@@ -678,9 +689,11 @@ impl Backend for UringBackend {
         self.in_flight += 1;
         // Submit now so the device starts at once, unless this is the only request in
         // flight: then the caller's next call is a wait, which submits and waits in one
-        // system call (at queue depth 1 that saves a call per request). The request is
-        // queued whatever happens here, so an error is left to the next wait, which submits
-        // the same queue and reports it.
+        // system call (at queue depth 1 that saves a call per request). With a batch
+        // ([`IoConfig::submit_batch`](super::IoConfig::submit_batch)) the queue goes once
+        // it holds that many, and with [`SUBMIT_AT_WAIT`] only with the caller's next wait.
+        // The request is queued whatever happens here, so an error is left to the next
+        // wait, which submits the same queue and reports it.
         if self.queued >= self.submit_batch && self.at_kernel() > 1 {
             let _ = self.submit(0);
         }

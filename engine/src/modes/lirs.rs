@@ -243,14 +243,9 @@ fn run(
     r: &mut ReadReport,
 ) -> Result<()> {
     let started = Instant::now();
-    // The depth as planned: lower than asked for a dataset of more files than the reader
-    // keeps open (`resources::read_depth`).
-    let io = IoConfig {
-        slot_size: plan.slot_size,
-        depth: plan.depth,
-        ..opts.io.clone()
-    };
+    let io = read_io(ds, opts, plan, r);
     let mut reader = ds.reader_capped(&io, open_files_of(opts))?;
+    said_io(r, &reader);
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     r.mode = opts.baseline.map(|b| b.name()).unwrap_or("lirs").into();
     r.grouping = opts.grouping.name().into();
@@ -293,6 +288,36 @@ fn run(
     }
     finish_report(r, &reader, total_reads, started, &hist);
     Ok(())
+}
+
+/// The I/O of a LIRS read planned as `plan`: the depth as planned (lower than asked for a
+/// dataset of more files than the reader keeps open, `resources::read_depth`), and its
+/// requests submitted as its device pays for (`probe::submit_choice`, said in the report).
+fn read_io(ds: &Dataset, opts: &ReadOptions, plan: &LirsPlan, r: &mut ReadReport) -> IoConfig {
+    let asked = opts.io.submit_batch;
+    let choice = match ds.files().first() {
+        Some(f) => crate::probe::submit_choice(&f.path, asked),
+        None => crate::probe::SubmitChoice {
+            batch: asked.max(1),
+            why: "a dataset of no files".into(),
+        },
+    };
+    r.io_submit = format!("{}: {}", choice.shown(), choice.why);
+    IoConfig {
+        slot_size: plan.slot_size,
+        depth: plan.depth,
+        submit_batch: choice.batch,
+        ..opts.io.clone()
+    }
+}
+
+/// The backend's features in the report; a read the pread pool carries (io_uring
+/// unavailable, or `RIFFLE_IO=pread`) submits nothing in batches, whatever was chosen.
+fn said_io(r: &mut ReadReport, reader: &RangeReader) {
+    r.io_features = reader.backend_features();
+    if reader.backend_kind() != crate::io::BackendKind::Uring {
+        r.io_submit = "each at once: the pread thread pool".into();
+    }
 }
 
 /// What a LIRS read did, once it has: its reads per batch, the reader's counts, its time
@@ -465,12 +490,9 @@ pub(crate) fn lead(
         table_bytes: table.bytes(),
         ..Default::default()
     };
-    let io = IoConfig {
-        slot_size: plan.slot_size,
-        depth: plan.depth,
-        ..opts.io.clone()
-    };
+    let io = read_io(ds, opts, &plan, &mut r);
     let mut reader = ds.reader_capped(&io, open_files_of(opts))?;
+    said_io(&mut r, &reader);
     r.buffer_bytes = reader.buffer_bytes() as u64;
     r.prefetch_bytes = plan.batches_bytes();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");

@@ -394,6 +394,14 @@ pub struct ReadReport {
     pub table_seconds: f64,
     /// `io_uring` or `pread`.
     pub backend: String,
+    /// The backend's features as it got them (registered buffers and files, ring flags,
+    /// how requests are submitted); empty where a mode does not say.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub io_features: String,
+    /// How the random reads were submitted and why (LIRS: chosen per device, see
+    /// `probe::submit_choice`); empty where a mode does not say.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub io_submit: String,
     /// Whether reads bypassed the page cache.
     pub direct: bool,
     /// Queue depth.

@@ -249,16 +249,48 @@ fn the_same_batches_whatever_the_queue_depth_memory_or_backend() {
         let mut base = ReadOptions::new(100);
         base.grouping = grouping;
         let reference: Vec<Vec<u64>> = all(&ds, base.clone()).into_iter().map(|b| b.ids).collect();
-        for (depth, backend, memory, prefetch) in [
-            (1, BackendChoice::Uring, None, 1),
-            (128, BackendChoice::Uring, Some(8 << 20), 8),
-            (16, BackendChoice::Pread, None, 2),
-            (64, BackendChoice::Pread, Some(4 << 20), 3),
+        // Submitted at each wait (a memory-speed device's choice) and without registered
+        // buffers (a registration refused) as well as by default.
+        let plain = crate::io::UringFeatures {
+            fixed_buffers: false,
+            ..Default::default()
+        };
+        let at_wait = crate::io::SUBMIT_AT_WAIT;
+        for (depth, backend, memory, prefetch, submit_batch, uring) in [
+            (1, BackendChoice::Uring, None, 1, 1, Default::default()),
+            (
+                128,
+                BackendChoice::Uring,
+                Some(8 << 20),
+                8,
+                1,
+                Default::default(),
+            ),
+            (
+                64,
+                BackendChoice::Uring,
+                None,
+                4,
+                at_wait,
+                Default::default(),
+            ),
+            (64, BackendChoice::Uring, Some(4 << 20), 2, at_wait, plain),
+            (16, BackendChoice::Pread, None, 2, 1, Default::default()),
+            (
+                64,
+                BackendChoice::Pread,
+                Some(4 << 20),
+                3,
+                1,
+                Default::default(),
+            ),
         ] {
             let mut o = base.clone();
             o.io = IoConfig {
                 depth,
                 backend,
+                submit_batch,
+                uring,
                 ..IoConfig::default()
             };
             o.memory = memory;
@@ -266,7 +298,7 @@ fn the_same_batches_whatever_the_queue_depth_memory_or_backend() {
             let got: Vec<Vec<u64>> = all(&ds, o).into_iter().map(|b| b.ids).collect();
             assert_eq!(
                 got, reference,
-                "{grouping:?} depth {depth} {backend:?} {memory:?}"
+                "{grouping:?} depth {depth} {backend:?} {memory:?} batch {submit_batch} {uring:?}"
             );
         }
     }

@@ -7,6 +7,7 @@
 
 mod cache;
 mod measure;
+mod submit;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cache::{cache_dir, cache_path, load_cached, store};
 pub use measure::{read_point, Point, ReadSpec};
+pub use submit::{submit_choice, SubmitChoice, AT_WAIT_BELOW_US};
 
 use crate::device::{self, DeviceId};
 use crate::emulate::{self, DeviceClass};
