@@ -327,7 +327,9 @@ def test_torchrun_with_a_dataset_path_needs_no_set_up(rundir, tmp_path, monkeypa
     if torchrun is None:
         pytest.skip("torchrun is not on PATH: the job cannot be started")
     monkeypatch.setenv("RIFFLE_DAEMON_MODE", "two-pass")
-    monkeypatch.setenv("RIFFLE_DAEMON_IDLE", "5")
+    # Long enough that torchrun's teardown (seconds after the ranks hung up) leaves the
+    # daemon there for the stats below; a daemon gone by then would be started afresh.
+    monkeypatch.setenv("RIFFLE_DAEMON_IDLE", "15")
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "python"))
     n = 20000
     data = tmp_path / "train.npy"
@@ -346,18 +348,18 @@ def test_torchrun_with_a_dataset_path_needs_no_set_up(rundir, tmp_path, monkeypa
         scratch.update(p.name for p in tmp_path.iterdir() if p.name.startswith(".riffle"))
         time.sleep(0.05)
     text = job.communicate()[0]
-    assert scratch, "the two-pass daemon made no scratch beside the dataset"
     assert job.returncode == 0, text[-3000:]
+    with riffle.node.client() as c:
+        st = c.stats()
+    assert scratch, "the two-pass daemon made no scratch beside the dataset"
     assert len(seen) == 1, f"daemons seen: {seen}"
     import torch
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(4)]
     assert len({r["steps"] for r in ranks}) == 1, [r["steps"] for r in ranks]
     ids = np.concatenate([np.asarray(r["ids"], dtype=np.int64) for r in ranks])
     assert np.array_equal(np.sort(ids), np.arange(n)), "the union is the epoch, once"
-    with riffle.node.client() as c:
-        st = c.stats()
-        assert st["jobs_total"] == 1 and st["late_streams"] == 0, st["jobs"]
-    assert wait_gone(rundir, 5 + 10), "the daemon outlived its idle time"
+    assert st["jobs_total"] == 1 and st["late_streams"] == 0, st["jobs"]
+    assert wait_gone(rundir, 15 + 10), "the daemon outlived its idle time"
     assert not (rundir / "riffle.sock").exists()
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".riffle")]
     assert left == [], left
