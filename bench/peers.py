@@ -61,23 +61,27 @@ def join(samples):
 
 def write(kind, npy, out):
     m, n, size = records_of(npy)
+    # Shards (chunks) of 64 MiB, each writer's usual size; RIFFLE_PEERS_SHARD sets another
+    # (the object-store suite writes 2 MiB, so that a cache of a tenth of its dataset holds
+    # the four shards Mosaic asks for at least).
+    shard = int(os.environ.get("RIFFLE_PEERS_SHARD", str(1 << 26)))
     t = time.perf_counter()
     if kind == "mds":
         from streaming import MDSWriter
         with MDSWriter(out=out, columns={"x": "bytes"}, compression=None,
-                       size_limit=1 << 26) as w:
+                       size_limit=shard) as w:
             for i in range(n):
                 w.write({"x": m[i].tobytes()})
     elif kind == "litdata":
         import litdata
         litdata.optimize(fn=_litdata_item, inputs=[(npy, s, min(s + 4096, n)) for s in
                                                     range(0, n, 4096)],
-                         output_dir=out, chunk_bytes="64MB", num_workers=2,
+                         output_dir=out, chunk_bytes=shard, num_workers=2,
                          mode="overwrite")
     elif kind == "wds":
         import webdataset as wds
         os.makedirs(out, exist_ok=True)
-        with wds.ShardWriter(os.path.join(out, "shard-%06d.tar"), maxsize=1 << 26,
+        with wds.ShardWriter(os.path.join(out, "shard-%06d.tar"), maxsize=shard,
                              verbose=0) as w:
             for i in range(n):
                 w.write({"__key__": f"{i:010d}", "bin": m[i].tobytes()})

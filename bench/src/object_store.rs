@@ -118,6 +118,12 @@ const READERS: &[(&str, &str, Option<&str>)] = &[
     ),
 ];
 
+/// Bytes per shard (chunk) every format is written in: small enough that a cache of a
+/// tenth of the quick dataset holds the four shards Mosaic asks for at least, and that
+/// riffle's streamed read, which fetches the largest object alone once to index it, fits
+/// that cache too.
+const SHARD: u64 = 2 << 20;
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("object_store.py")
 }
@@ -322,6 +328,7 @@ pub fn run(
                 .args(["write", format])
                 .arg(&npy)
                 .arg(&dir)
+                .env("RIFFLE_PEERS_SHARD", SHARD.to_string())
                 .output()?;
             if !o.status.success() {
                 bail!("writing {format}: {}", String::from_utf8_lossy(&o.stderr));
