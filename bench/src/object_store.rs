@@ -58,7 +58,7 @@ pub struct OsRun {
     pub reader: String,
     /// The link (`none` or `s3`).
     pub link: String,
-    /// The cache limit's share of the dataset.
+    /// The cache limit's share of the dataset as stored in the reader's format.
     pub limit_share: f64,
     /// The cache limit, bytes.
     pub limit_bytes: u64,
@@ -368,8 +368,12 @@ pub fn run(
         let endpoint = format!("http://{}", proxy.addr());
         let link_name = if link.is_some() { "s3" } else { "none" };
         for &share in &opts.limits {
-            let limit = (dataset_bytes as f64 * share) as u64;
             for (name, format, kind) in READERS {
+                // A share of the format's bytes on the server (tar's headers make it
+                // larger than the records).
+                let stored = (uploaded.iter().find(|(f, _)| f == format))
+                    .map_or(dataset_bytes, |u| u.1);
+                let limit = (stored as f64 * share) as u64;
                 step += 1;
                 progress(
                     step,
