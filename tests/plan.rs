@@ -215,36 +215,57 @@ fn a_dataset_that_fits_the_budget_is_read_resident_and_the_plan_says_why() {
         device >= file && device <= file + 4096,
         "read once: {device} of {file}"
     );
-    // 24 MiB cannot hold it: a streaming mode, and the reason says why resident lost.
+    // 24 MiB cannot hold it whole: a streaming mode; the resident candidate is the partly
+    // resident read (what 24 MiB holds of it, the rest read from the device), which auto
+    // leaves to --mode resident, and the reason says so.
     let p = plan_json(&sb, &data, &["--epochs", "3", "--memory", "24M"]);
     assert_eq!(p["choice"], "two-pass", "{}", p["reason"]);
-    assert!(candidate(&p, "resident")["unfit"].is_string(), "{p}");
+    let res = candidate(&p, "resident");
+    assert!(res["unfit"].is_null(), "{p}");
+    assert!(
+        res["bound"]
+            .as_str()
+            .unwrap()
+            .starts_with("partly resident"),
+        "{p}"
+    );
     assert!(
         p["reason"]
             .as_str()
             .unwrap()
-            .contains("resident cannot run"),
+            .contains("partly resident: --mode resident runs it"),
         "{}",
         p["reason"]
     );
-    let o = sb
-        .cmd()
-        .arg("read")
-        .arg(&data)
-        .args([
-            "--batch-size",
-            "64",
-            "--mode",
-            "resident",
-            "--memory",
-            "24M",
-        ])
-        .output()
-        .unwrap();
+    let read = |memory: &str| {
+        sb.cmd()
+            .arg("read")
+            .arg(&data)
+            .args([
+                "--batch-size",
+                "64",
+                "--mode",
+                "resident",
+                "--memory",
+                memory,
+            ])
+            .arg("--json")
+            .output()
+            .unwrap()
+    };
+    let o = read("24M");
+    assert_ok(&o);
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["mode"], "resident", "{r}");
+    let held = r["resident_bytes"].as_u64().unwrap();
+    assert!(held > 0 && held < 32_000_000, "partly: {held} held");
+    assert_eq!(r["records"], 2000);
+    // Too little to hold even a part: refused, saying why for the whole and the part.
+    let o = read("4M");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
     let err = text(&o.stderr);
     assert!(
-        err.contains("resident mode needs") && err.contains("--memory 25165824"),
+        err.contains("resident mode needs") && err.contains("partly: "),
         "{err}"
     );
 }

@@ -18,13 +18,16 @@ const CLOSED_STDOUT: i32 = 141;
 /// Runs `cmd` with stdout a pipe whose reading end is closed before the child writes
 /// anything (so every write to it fails with EPIPE, whatever the pipe buffer holds).
 fn with_closed_stdout(mut cmd: Command) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
+    // The reading end is closed before the child starts: closing it after the spawn raced
+    // a fast child under load, whose output then fitted the pipe and ended with 0.
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    cmd.stdout(Stdio::from(write))
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    child.wait_with_output().unwrap()
+        .unwrap()
+        .wait_with_output()
+        .unwrap()
 }
 
 /// Entries riffle made in `dir` (scratch directories, temporary files).

@@ -371,8 +371,8 @@ pub fn run(
             for (name, format, kind) in READERS {
                 // A share of the format's bytes on the server (tar's headers make it
                 // larger than the records).
-                let stored = (uploaded.iter().find(|(f, _)| f == format))
-                    .map_or(dataset_bytes, |u| u.1);
+                let stored =
+                    (uploaded.iter().find(|(f, _)| f == format)).map_or(dataset_bytes, |u| u.1);
                 let limit = (stored as f64 * share) as u64;
                 step += 1;
                 progress(

@@ -247,7 +247,8 @@ pub struct Candidate {
     pub reads_per_epoch: f64,
     /// Mean bytes per read.
     pub read_bytes: f64,
-    /// What bounds it: `iops`, `bandwidth` or `cpu`.
+    /// What bounds it: `iops`, `bandwidth` or `cpu` (a partly resident candidate: `partly
+    /// resident, ` before it).
     pub bound: String,
     /// Engine memory it would own.
     pub memory_bytes: u64,

@@ -69,6 +69,11 @@ pub(super) fn candidate(
     (c, plan)
 }
 
+/// How a partly resident candidate's `bound` starts: `auto` runs it only when no streaming
+/// mode fits (it is new, and on a disk the planner prices it under two-pass); `--mode
+/// resident` runs it whenever the whole dataset does not fit.
+pub(super) const PARTLY: &str = "partly resident, ";
+
 /// The partly resident candidate: `held` of the files' `file_bytes` loaded once, then every
 /// epoch copies the held records out of memory and reads the rest as LIRS reads records.
 fn partly(
@@ -104,7 +109,7 @@ fn partly(
         total_s: first + later * (e - 1.0),
         reads_per_epoch: rest,
         read_bytes: record,
-        bound: if reads >= cpu { bound } else { "cpu" }.into(),
+        bound: format!("{PARTLY}{}", if reads >= cpu { bound } else { "cpu" }),
         memory_bytes: plan.memory_bytes,
         scratch_bytes: 0,
         unfit: None,
@@ -129,6 +134,19 @@ pub(super) fn weigh(
             human_bytes(c.memory_bytes as f64)
         )
     };
+    if res.bound.starts_with(PARTLY) && res.unfit.is_none() {
+        if let Some((b, choice, why)) = best {
+            return Some((
+                choice,
+                format!(
+                    "{why}; {} (partly resident: --mode resident runs it) against {:.2} s for {}",
+                    said(res),
+                    b.total_s,
+                    b.mode
+                ),
+            ));
+        }
+    }
     match (best, &res.unfit) {
         (None, None) => Some((
             Choice::Resident,

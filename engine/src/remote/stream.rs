@@ -463,7 +463,15 @@ async fn shard_head(h: &Objects, object: &str, m: &ObjectMeta, dest: &Path) -> R
     let parent = crate::scratch::parent_dir(dest);
     std::fs::create_dir_all(parent)
         .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
-    let f = std::fs::File::create(dest).map_err(|e| Error::io(dest, "create", None, e))?;
+    // Made afresh through the door: whatever was at the name (a stale header, a link
+    // planted there) goes, and a new file is made without following a link.
+    match std::fs::remove_file(dest) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(Error::io(dest, "remove the stale header", None, e))
+        }
+        _ => {}
+    }
+    let f = crate::door::create_new(dest).map_err(|e| Error::io(dest, "create", None, e))?;
     f.set_len(m.size)
         .and_then(|()| f.write_all_at(&head, 0))
         .map_err(|e| Error::io(dest, "write", Some(0), e))?;
