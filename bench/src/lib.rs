@@ -15,6 +15,7 @@
 //! link (latency, a bandwidth cap per connection) for the object-store benches.
 
 pub mod au;
+pub mod child;
 pub mod convergence;
 pub mod data;
 pub mod fast_device;

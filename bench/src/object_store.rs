@@ -13,9 +13,7 @@
 //! and bytes fetched, and the local disk's peak.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -152,85 +150,17 @@ fn du(dir: &Path) -> u64 {
     total
 }
 
-/// Runs `cmd` to its end (or `limit`), sampling `cache`'s size every 50 ms: its last JSON
+/// Runs `cmd` to its end (or `limit`), sampling `cache`'s size as it runs: its last JSON
 /// line, and the peak.
 fn run_sampled(
     cmd: &mut Command,
     cache: &Path,
     limit: Duration,
 ) -> (Result<serde_json::Value>, u64) {
-    use std::os::unix::process::CommandExt;
-    let peak = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (peak, done, cache) = (peak.clone(), done.clone(), cache.to_path_buf());
-        std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(du(&cache), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
-    let res = (|| -> Result<serde_json::Value> {
-        let mut child = cmd
-            .process_group(0)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("cannot start the reader")?;
-        let out = child.stdout.take();
-        let err = child.stderr.take();
-        let read = |p: Option<Box<dyn std::io::Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut s = String::new();
-                if let Some(mut p) = p {
-                    let _ = p.read_to_string(&mut s);
-                }
-                s
-            })
-        };
-        let (out, err) = (
-            read(out.map(|p| Box::new(p) as _)),
-            read(err.map(|p| Box::new(p) as _)),
-        );
-        let started = Instant::now();
-        let status = loop {
-            if let Some(st) = child.try_wait()? {
-                break st;
-            }
-            if started.elapsed() > limit {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(child.id() as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                let _ = child.wait();
-                bail!("hung: stopped after {} s", limit.as_secs());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let (out, err) = (
-            out.join().unwrap_or_default(),
-            err.join().unwrap_or_default(),
-        );
-        if !status.success() {
-            let last = err
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            bail!("{} ({status})", last.trim());
-        }
-        let line = out.lines().rev().find(|l| l.starts_with('{')).unwrap_or("");
-        serde_json::from_str(line).with_context(|| format!("no JSON result in {out:?}"))
-    })();
-    done.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
-    peak.fetch_max(du(cache), Ordering::Relaxed);
-    (res, peak.load(Ordering::Relaxed))
+    let mut peak = 0;
+    let res = crate::child::run(cmd, limit, &mut || peak = peak.max(du(cache)))
+        .and_then(|(status, out, err)| crate::child::json_result(status, &out, &err));
+    (res, peak.max(du(cache)))
 }
 
 /// Scores `riffle read --ids-out` batches of label-sorted data: (labels per batch, position

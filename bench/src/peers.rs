@@ -366,8 +366,6 @@ fn anon_bytes(dir: &Path) -> Option<u64> {
 /// and shared memory (sampled every 20 ms), or why it failed. A reader that runs past
 /// [`RUN_LIMIT`] is killed with its whole process group and reported as hung.
 fn measured(cmd: &mut Command, memory: Option<u64>, cold: &mut bool) -> Measured {
-    use std::io::Read;
-    use std::os::unix::process::CommandExt;
     *cold &= report::drop_caches();
     let limit = match MemoryLimit::enter(memory.unwrap_or_else(machine_memory)) {
         Ok(l) => l,
@@ -377,51 +375,9 @@ fn measured(cmd: &mut Command, memory: Option<u64>, cold: &mut bool) -> Measured
     use nix::sys::resource::UsageWho::RUSAGE_CHILDREN;
     let cpu0 = report::cpu_seconds(RUSAGE_CHILDREN);
     let mut anon_peak = None;
-    let run = (|| -> Result<(std::process::ExitStatus, String, String)> {
-        let mut child = cmd
-            .process_group(0)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .context("cannot start the reader")?;
-        let pipe = |p: Option<Box<dyn Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut s = String::new();
-                if let Some(mut p) = p {
-                    let _ = p.read_to_string(&mut s);
-                }
-                s
-            })
-        };
-        let out = pipe(child.stdout.take().map(|p| Box::new(p) as _));
-        let err = pipe(child.stderr.take().map(|p| Box::new(p) as _));
-        let started = Instant::now();
-        let status = loop {
-            if let Some(st) = child.try_wait()? {
-                break st;
-            }
-            anon_peak = anon_peak.max(anon_bytes(limit.cgroup()));
-            if started.elapsed() > RUN_LIMIT {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(child.id() as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                let _ = child.wait();
-                bail!("hung: stopped after {} s", RUN_LIMIT.as_secs());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
-        // Workers the reader left behind go with it.
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        Ok((
-            status,
-            out.join().unwrap_or_default(),
-            err.join().unwrap_or_default(),
-        ))
-    })();
+    let run = crate::child::run(cmd, RUN_LIMIT, &mut || {
+        anon_peak = anon_peak.max(anon_bytes(limit.cgroup()));
+    });
     // cgroup v2 calls it memory.peak, v1 memory.max_usage_in_bytes.
     let peak = ["memory.peak", "memory.max_usage_in_bytes"]
         .iter()
@@ -429,19 +385,7 @@ fn measured(cmd: &mut Command, memory: Option<u64>, cold: &mut bool) -> Measured
         .and_then(|s| s.trim().parse().ok());
     drop(limit);
     let cpu = report::cpu_seconds(RUSAGE_CHILDREN) - cpu0;
-    let res = (|| {
-        let (status, out, err) = run?;
-        if !status.success() {
-            let last = err
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            bail!("{} ({status})", last.trim());
-        }
-        let line = out.lines().rev().find(|l| l.starts_with('{')).unwrap_or("");
-        serde_json::from_str(line).with_context(|| format!("no JSON result in {out:?}"))
-    })();
+    let res = run.and_then(|(status, out, err)| crate::child::json_result(status, &out, &err));
     (res, peak, anon_peak, Some(cpu))
 }
 

@@ -21,6 +21,22 @@ const RESIDENT_PER_FILE: f64 = 1e-3;
 /// its page faulted in, beside the reads in flight: seconds per byte that do not overlap.
 const RESIDENT_LOAD_PER_BYTE: f64 = 0.05e-9;
 
+/// An epoch's work in memory: the table, each record located and copied, each batch.
+fn in_memory(w: &Workload, units: f64) -> f64 {
+    let batches = (w.records as f64 / w.batch.max(1) as f64).ceil();
+    units * TABLE_PER_UNIT
+        + w.bytes as f64 * RESIDENT_COPY_PER_BYTE
+        + w.records as f64 * RESIDENT_CPU_PER_RECORD
+        + batches * CPU_PER_BATCH
+}
+
+/// Loading `bytes` of the files with sequential reads, copied and faulted in as they come.
+fn loading(dev: &DeviceModel, demand: &Demand, bytes: u64) -> f64 {
+    bytes as f64 / dev.seq_read_bps.max(1.0)
+        + bytes as f64 * RESIDENT_LOAD_PER_BYTE
+        + demand.files as f64 * RESIDENT_PER_FILE
+}
+
 /// The resident candidate with grouping `g` over `units` shuffling units, and its resource
 /// plan if it fits: `file_bytes` of files held whole within the budget.
 pub(super) fn candidate(
@@ -33,14 +49,8 @@ pub(super) fn candidate(
     limits: &Limits,
 ) -> (Candidate, Option<ResourcePlan>) {
     let e = w.epochs as f64;
-    let batches = (w.records as f64 / w.batch.max(1) as f64).ceil();
-    let later = units * TABLE_PER_UNIT
-        + w.bytes as f64 * RESIDENT_COPY_PER_BYTE
-        + w.records as f64 * RESIDENT_CPU_PER_RECORD
-        + batches * CPU_PER_BATCH;
-    let load = file_bytes as f64 / dev.seq_read_bps.max(1.0)
-        + file_bytes as f64 * RESIDENT_LOAD_PER_BYTE
-        + demand.files as f64 * RESIDENT_PER_FILE;
+    let later = in_memory(w, units);
+    let load = loading(dev, demand, file_bytes);
     // A batch is complete once every record of it is loaded: with records spread over the
     // files, most are complete only near the end of the load, so the copies add to it.
     let first = load + later;
@@ -86,18 +96,12 @@ fn partly(
 ) -> (Candidate, Option<ResourcePlan>) {
     let e = w.epochs as f64;
     let share = held as f64 / file_bytes.max(1) as f64;
-    let batches = (w.records as f64 / w.batch.max(1) as f64).ceil();
     let record = w.bytes as f64 / w.records.max(1) as f64;
     let rest = w.records as f64 * (1.0 - share);
     let (reads, bound) = super::random_read_time(dev, w, rest, record + w.align as f64);
-    let cpu = units * TABLE_PER_UNIT
-        + w.bytes as f64 * RESIDENT_COPY_PER_BYTE
-        + w.records as f64 * RESIDENT_CPU_PER_RECORD
-        + batches * CPU_PER_BATCH;
+    let cpu = in_memory(w, units);
     let later = reads.max(cpu);
-    let load = held as f64 / dev.seq_read_bps.max(1.0)
-        + held as f64 * RESIDENT_LOAD_PER_BYTE
-        + demand.files as f64 * RESIDENT_PER_FILE;
+    let load = loading(dev, demand, held);
     let first = load + later;
     let c = Candidate {
         mode: Choice::Resident.name().into(),
