@@ -61,7 +61,14 @@ pub fn partial_plan(
         memory_from: from,
         ..d.clone()
     };
-    let sizes = LirsPlan::new(&sized, d.units)?;
+    let sizes = LirsPlan::new(&sized, d.units).map_err(|e| match e {
+        Error::OverBudget(why) => Error::OverBudget(format!(
+            "{} less the load's reads ({}) leaves too little to read the rest ({why})",
+            from.words(m),
+            human_bytes(scan as f64)
+        )),
+        e => e,
+    })?;
     let lirs = sizes.figures(&sized, limits);
     let rest: u64 = (lirs.0.iter())
         .filter(|f| f.kind == Kind::Memory)
