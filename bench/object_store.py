@@ -179,16 +179,8 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-seconds", type=float, default=None)
-    a = p.parse_args()
-    try:
-        r = read(a)
-    except BaseException as e:  # noqa: B036  (the reason goes to the bench, then out)
-        import traceback
-        traceback.print_exc()
-        print(f"{type(e).__module__}.{type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        os._exit(1)
-    print(json.dumps(r), flush=True)
-    os._exit(0)
+    from peers import report
+    report(read, p.parse_args(), exit_now=True)
 
 
 if __name__ == "__main__":

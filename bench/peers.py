@@ -318,20 +318,23 @@ def main():
     p.add_argument("--epochs", type=int, default=1, help="epochs to read (samples/s over all)")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="stop a loader this slow after this long and report the rate so far")
-    a = p.parse_args()
+    report(read, p.parse_args())
+
+
+def report(read_with, a, exit_now=False):
+    """Runs `read_with(a)` and prints its result as one JSON line, or the error and exit 1.
+    Not through the interpreter's exit after an error, a partial run or `exit_now`: a
+    DataLoader left mid-epoch would be joined there, worker by worker (the bench ends the
+    process group)."""
     try:
-        r = read(a)
+        r = read_with(a)
     except BaseException as e:  # noqa: B036  (the reason goes to the bench, then out)
         import traceback
         traceback.print_exc()
         print(f"{type(e).__module__}.{type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        # Not through the interpreter's exit: a DataLoader left mid-epoch by the error
-        # would be joined there, worker by worker.
         os._exit(1)
     print(json.dumps(r), flush=True)
-    if r.get("partial"):
-        # Left mid-epoch: not through the interpreter's exit, which would join the
-        # DataLoader's workers one by one (the bench ends the process group).
+    if exit_now or r.get("partial"):
         os._exit(0)
 
 

@@ -81,27 +81,53 @@ pub fn run(args: Args) -> Result<()> {
     }
     let (profile, cached) = cached_or_probe(&args.path, &opts, args.refresh, args.json)?;
     let cache = probe::cache_path(&profile.device, profile.quick, profile.emulated);
-    if args.json {
-        let mut v = serde_json::to_value(&profile)?;
-        v["cached"] = cached.into();
-        v["cache_path"] = cache.display().to_string().into();
-        outln!("{v}")?;
-        return Ok(());
+    let shown = Shown {
+        cached,
+        cache: &cache,
+        seconds: profile.probe_seconds,
+    };
+    shown.print(args.json, serde_json::to_value(&profile)?, || {
+        render(&profile)
+    })
+}
+
+/// How a profile came (cached or just measured, and where it is kept), for [`Shown::print`].
+struct Shown<'a> {
+    cached: bool,
+    cache: &'a std::path::Path,
+    seconds: f64,
+}
+
+impl Shown<'_> {
+    /// Prints a profile: one JSON object (`value` with where it is cached) or its table
+    /// and a line saying whether it was measured now.
+    fn print(
+        &self,
+        json: bool,
+        mut value: serde_json::Value,
+        table: impl Fn() -> String,
+    ) -> Result<()> {
+        if json {
+            value["cached"] = self.cached.into();
+            value["cache_path"] = self.cache.display().to_string().into();
+            outln!("{value}")?;
+            return Ok(());
+        }
+        out!("{}", table())?;
+        if self.cached {
+            outln!(
+                "(cached profile {}; --refresh measures again)",
+                self.cache.display()
+            )?;
+        } else {
+            outln!(
+                "measured in {:.1} s; cached in {}",
+                self.seconds,
+                self.cache.display()
+            )?;
+        }
+        Ok(())
     }
-    out!("{}", render(&profile))?;
-    if cached {
-        outln!(
-            "(cached profile {}; --refresh measures again)",
-            cache.display()
-        )?;
-    } else {
-        outln!(
-            "measured in {:.1} s; cached in {}",
-            profile.probe_seconds,
-            cache.display()
-        )?;
-    }
-    Ok(())
 }
 
 /// The profile as a readable table.
@@ -213,27 +239,14 @@ fn remote(url: &str, args: &Args) -> Result<()> {
         }
     };
     let cache = rp::cache_path(&cfg, profile.quick);
-    if args.json {
-        let mut v = serde_json::to_value(&profile)?;
-        v["cached"] = was_cached.into();
-        v["cache_path"] = cache.display().to_string().into();
-        outln!("{v}")?;
-        return Ok(());
-    }
-    out!("{}", render_remote(&profile))?;
-    if was_cached {
-        outln!(
-            "(cached profile {}; --refresh measures again)",
-            cache.display()
-        )?;
-    } else {
-        outln!(
-            "measured in {:.1} s; cached in {}",
-            profile.probe_seconds,
-            cache.display()
-        )?;
-    }
-    Ok(())
+    let shown = Shown {
+        cached: was_cached,
+        cache: &cache,
+        seconds: profile.probe_seconds,
+    };
+    shown.print(args.json, serde_json::to_value(&profile)?, || {
+        render_remote(&profile)
+    })
 }
 
 /// A remote profile as a readable table.
