@@ -260,6 +260,19 @@ fn a_dataset_that_fits_the_budget_is_read_resident_and_the_plan_says_why() {
     let held = r["resident_bytes"].as_u64().unwrap();
     assert!(held > 0 && held < 32_000_000, "partly: {held} held");
     assert_eq!(r["records"], 2000);
+    // With room in the scratch, the part not held goes through two-pass piles: the file
+    // is read once (the held part by the load, the rest by the scatter), and the plan
+    // says so.
+    assert!(r["scratch_bytes"].as_u64().unwrap() > 0, "{r}");
+    let device = r["device_bytes"].as_u64().unwrap();
+    assert!(
+        device >= file && device <= file + (4 << 20),
+        "read once: {device} of {file}"
+    );
+    assert!(
+        (res["bound"].as_str().unwrap()).starts_with("partly resident, rest by two-pass"),
+        "{p}"
+    );
     // Too little to hold even a part: refused, saying why for the whole and the part.
     let o = read("4M");
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));

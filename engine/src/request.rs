@@ -270,11 +270,23 @@ impl ReadJob {
         (self.mode == Mode::TwoPass).then(|| self.scratch.clone())
     }
 
-    /// Starts reading `src` (the source the job was prepared against) with the options.
+    /// Starts reading `src` (the source the job was prepared against) with the options. A
+    /// partly resident read reads the part it does not hold as LIRS reads (a daemon's
+    /// scratch is for the passes its budget admitted).
     pub fn read(&self, src: &Source) -> Result<BatchStream> {
         match self.mode {
-            Mode::Resident => src.read_resident(self.opts.clone()),
+            Mode::Resident => src.read_resident(self.opts.clone(), None),
             _ => src.read(self.opts.clone(), self.piles()),
+        }
+    }
+
+    /// [`ReadJob::read`] for a run of its own (`riffle read`): a partly resident read may
+    /// put the part it does not hold through two-pass piles in the job's scratch, when
+    /// they fit its free space.
+    pub fn read_alone(&self, src: &Source) -> Result<BatchStream> {
+        match self.mode {
+            Mode::Resident => src.read_resident(self.opts.clone(), Some(self.scratch.clone())),
+            _ => self.read(src),
         }
     }
 

@@ -187,9 +187,15 @@ impl Source {
 
     /// Reads the source with the dataset held in memory ([`crate::modes::read_resident`]);
     /// a mixture (a new view of its sources each epoch) is not read this way.
-    pub fn read_resident(&self, opts: ReadOptions) -> Result<BatchStream> {
+    /// `scratch` is where a partly resident read may put piles for the part it does not
+    /// hold ([`crate::modes::read_resident_in`]).
+    pub fn read_resident(
+        &self,
+        opts: ReadOptions,
+        scratch: Option<std::path::PathBuf>,
+    ) -> Result<BatchStream> {
         match self {
-            Source::Dataset(d) => crate::modes::read_resident(d.clone(), opts),
+            Source::Dataset(d) => crate::modes::read_resident_in(d.clone(), opts, scratch),
             Source::Mixture(_) => Err(crate::Error::Invalid(
                 "a mixture is read by lirs or two-pass (--mode resident)".into(),
             )),

@@ -22,7 +22,7 @@ pub use lirs::{read, BatchStream};
 pub use mode::Mode;
 pub use partial::read_partly_resident;
 pub use payload::{Lender, Lent, Payload, PayloadLender, Viewed};
-pub use resident::{read_held, read_resident, Held};
+pub use resident::{read_held, read_resident, read_resident_in, Held};
 pub use share::{Joining, PassEnded, Ranks, Refused, SharedPass, StartPass};
 pub use twopass::read_two_pass;
 

@@ -23,7 +23,11 @@ use crate::{Error, Result};
 
 /// Reads `opts.epochs` epochs of `ds` with its first bytes held in memory (see the module
 /// documentation). Refused, with the figures, when the budget holds too little of it.
-pub fn read_partly_resident(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
+pub fn read_partly_resident(
+    ds: Arc<Dataset>,
+    opts: ReadOptions,
+    scratch: Option<std::path::PathBuf>,
+) -> Result<BatchStream> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
@@ -34,6 +38,15 @@ pub fn read_partly_resident(ds: Arc<Dataset>, opts: ReadOptions) -> Result<Batch
     }
     opts.check(ds.len())?;
     let units = super::lirs::units_for(&ds, &opts);
+    // The rest through piles when they fit the scratch's free space, else as LIRS reads.
+    if let Some(dir) = scratch {
+        let d = super::demand(&ds, &units, &opts);
+        let limits = Limits::here(Some(&dir));
+        if let Ok((plan, resources)) = crate::resources::partial_piled_plan(&d, ds.bytes(), &limits)
+        {
+            return super::twopass::read_partly_piled(ds, opts, dir, plan, resources);
+        }
+    }
     let (plan, resources) = needs(&ds, &units, &opts, &Limits::here(None))?;
     BatchStream::spawn("riffle-partial", plan.rest.prefetch, move |tx, stop, r| {
         r.resources = Some(resources);
@@ -56,7 +69,7 @@ pub fn needs(
 }
 
 /// The dataset's first bytes, back to back in file order.
-struct Held {
+pub(super) struct Held {
     buf: LargeBuf,
     /// Where each file starts, as if every file were held.
     bases: Vec<u64>,
@@ -64,10 +77,20 @@ struct Held {
 
 impl Held {
     /// Where record `l` lies in the buffer, if it is held whole.
-    fn range(&self, l: &RecordLoc) -> Option<Range<usize>> {
+    pub(super) fn range(&self, l: &RecordLoc) -> Option<Range<usize>> {
         let start = self.bases[l.file] + l.offset;
         let end = start + l.len;
         (end <= self.buf.len() as u64).then_some(start as usize..end as usize)
+    }
+
+    /// The held bytes.
+    pub(super) fn bytes(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+
+    /// The memory holding them.
+    pub(super) fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
 }
 
@@ -79,7 +102,7 @@ fn full() -> Error {
 }
 
 /// Loads the files' first `held` bytes in file order. `None` when the run stopped.
-fn load(
+pub(super) fn load(
     ds: &Dataset,
     plan: &PartialPlan,
     io: &IoConfig,

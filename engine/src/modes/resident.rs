@@ -32,11 +32,22 @@ use crate::{Error, Result};
 /// from the device ([`super::read_partly_resident`]); refused, with the figures, when that
 /// is too little to be worth it.
 pub fn read_resident(ds: Arc<Dataset>, opts: ReadOptions) -> Result<BatchStream> {
+    read_resident_in(ds, opts, None)
+}
+
+/// [`read_resident`] with `scratch` for piles: a partly resident read then takes the part
+/// it does not hold through two-pass piles there (sequential reads and writes of that
+/// part each epoch) when they fit its free space, rather than with random reads.
+pub fn read_resident_in(
+    ds: Arc<Dataset>,
+    opts: ReadOptions,
+    scratch: Option<std::path::PathBuf>,
+) -> Result<BatchStream> {
     if !ds.is_empty() && opts.baseline.is_none() {
         let units = super::lirs::units_for(&ds, &opts);
         // Not whole: what the budget holds of it, if that is worth holding.
         if let Err(Error::OverBudget(whole)) = needs(&ds, &units, &opts, &Limits::here(None)) {
-            return super::partial::read_partly_resident(ds, opts).map_err(|e| match e {
+            return super::partial::read_partly_resident(ds, opts, scratch).map_err(|e| match e {
                 Error::OverBudget(part) => Error::OverBudget(format!("{whole}; partly: {part}")),
                 e => e,
             });

@@ -515,6 +515,77 @@ fn a_partly_resident_read_holds_what_fits_and_reads_the_rest() {
     assert_eq!(resumed, all(&ds, o));
 }
 
+/// Issue 33 deliverable 2: given a scratch, a partly resident read takes the part it does
+/// not hold through two-pass piles: the held part and the rest are each read from the
+/// device once (the first epoch), later epochs only roll the rest's piles, and the batches
+/// are LIRS's: for ranks, page grouping, a resumed read and a lender too.
+#[test]
+fn a_partly_resident_read_with_a_scratch_rolls_the_rest_through_piles() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    // 6,000 records of 4 KiB (23.4 MiB) in a 20 MiB budget: about 17 MiB held.
+    let ds = make(dir.path(), GenFormat::Fixed, 6000, 4096, 0.0);
+    let scratch = dir.path().join("scratch");
+    let read = |o: &ReadOptions| {
+        let mut s = super::read_resident_in(ds.clone(), o.clone(), Some(scratch.clone())).unwrap();
+        let got: Vec<Batch> = s.by_ref().map(|b| b.unwrap()).collect();
+        (got, s.report())
+    };
+    let mut o = ReadOptions::new(64);
+    o.memory = Some(20 << 20);
+    o.epochs = 3;
+    let (got, r) = read(&o);
+    assert_eq!(r.mode, "resident (partly)");
+    assert!(
+        r.piles > 0 && r.pile_loads >= 3,
+        "{} piles, {} loads",
+        r.piles,
+        r.pile_loads
+    );
+    assert_eq!(got, all(&ds, o.clone()), "the LIRS batches");
+    check_payloads(&got);
+    let held = r.resident_bytes.min(ds.bytes());
+    assert!(
+        held > ds.bytes() / 2 && held < ds.bytes(),
+        "{held} of {}",
+        ds.bytes()
+    );
+    // The dataset once: the held part by the load, the rest by the scatter (whole 4 KiB
+    // records, read in aligned pieces of at most a few MiB past the held part's end).
+    assert!(
+        r.device_bytes >= ds.bytes() && r.device_bytes <= ds.bytes() + (4 << 20),
+        "{} read of {}",
+        r.device_bytes,
+        ds.bytes()
+    );
+    // The piles hold the rest (and a frame head per held record), written in epochs 1
+    // and 2 (for epochs 2 and 3).
+    let rest = ds.bytes() - held;
+    assert!(
+        r.scratch_bytes >= 2 * rest && r.scratch_bytes <= 3 * (rest + 6000 * 64),
+        "{} of scratch for a rest of {rest}",
+        r.scratch_bytes
+    );
+    assert_eq!(r.epoch_seconds.len(), 3);
+    assert!(!scratch.exists() || std::fs::read_dir(&scratch).unwrap().next().is_none());
+    // Ranks, page grouping, a resumed read, a lender: the same batches as LIRS's.
+    let mut o2 = o.clone();
+    o2.world = 2;
+    o2.rank = 1;
+    o2.tail = Tail::Pad;
+    o2.grouping = Grouping::Page { unit: 16384 };
+    o2.resume = Some(Cursor { epoch: 1, batch: 5 });
+    o2.lender = Some(super::PayloadLender(Arc::new(
+        super::payload::boxes::Boxes {
+            room: 1 << 20,
+            shrunk: Default::default(),
+        },
+    )));
+    let (got, r) = read(&o2);
+    assert_eq!(r.mode, "resident (partly)");
+    o2.lender = None;
+    assert_eq!(got, all(&ds, o2));
+}
+
 /// Issue 33 deliverable 3: one copy shared by several reads (other seeds, ranks, a later
 /// pass), started together: the device is read once for all of them (the copy's count and
 /// the reports' sum), and each read gets exactly its LIRS batches. A read whose consumer

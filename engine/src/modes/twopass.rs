@@ -19,7 +19,10 @@
 //! and the memory bounded.
 
 mod body;
+mod held;
 mod scan;
+
+pub(super) use held::read_partly_piled;
 
 use std::cell::RefCell;
 use std::ops::{ControlFlow, Range};
@@ -40,6 +43,7 @@ use crate::pipeline::Stop;
 use crate::resources::{Limits, PilePlan};
 use crate::{Error, Result};
 use body::{emit_frames, encode_skip, rescatter, Body};
+use held::HeldPart;
 use scan::{wanted_units, Scan, Sequential};
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
@@ -66,7 +70,7 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
     let dir = crate::scratch::ScratchDir::new_in(&scratch, "two-pass")?;
     BatchStream::spawn("riffle-two-pass", opts.prefetch, move |tx, stop, r| {
         r.resources = Some(resources);
-        run(&ds, &units, &opts, &plan, dir.path(), tx, stop, r)
+        run(&ds, &units, &opts, &plan, dir.path(), None, tx, stop, r)
     })
 }
 
@@ -265,6 +269,7 @@ fn run(
     opts: &ReadOptions,
     plan: &PilePlan,
     scratch: &Path,
+    held: Option<&HeldPart<'_>>,
     tx: &Sender<Result<Batch>>,
     stop: &Stop,
     r: &mut ReadReport,
@@ -288,6 +293,7 @@ fn run(
         opts,
         plan,
         scratch,
+        held,
         tx,
         stop,
         started,
@@ -315,6 +321,8 @@ struct Run<'a> {
     opts: &'a ReadOptions,
     plan: &'a PilePlan,
     scratch: &'a Path,
+    /// A partly resident read's held part: its units are not read, only emitted.
+    held: Option<&'a HeldPart<'a>>,
     tx: &'a Sender<Result<Batch>>,
     stop: &'a Stop,
     started: Instant,
@@ -460,6 +468,7 @@ impl Run<'_> {
                     scan: &mut self.reader,
                     epoch,
                     wanted,
+                    from: self.held.map_or(0, HeldPart::units),
                 },
                 &key,
                 scratch,
@@ -498,7 +507,7 @@ impl Run<'_> {
         r: &mut ReadReport,
     ) -> Result<bool> {
         let (ds, units, opts, plan, stop) = (self.ds, self.units, self.opts, self.plan, self.stop);
-        let (pool, pile_reads) = (&self.pool, &mut self.pile_reads);
+        let (pool, pile_reads, held) = (&self.pool, &mut self.pile_reads, self.held);
         let next_key = EpochKey::new(opts.seed, epoch + 1);
         let mut em = Emitter::new(
             split,
@@ -552,7 +561,7 @@ impl Run<'_> {
                 *pile_reads += 1;
                 emit_and_roll(
                     &p,
-                    units,
+                    (units, held),
                     &mut em,
                     next.as_mut(),
                     &next_key,
@@ -596,7 +605,7 @@ impl Run<'_> {
 /// turn for the re-scatter's writes.
 fn emit_and_roll<'t>(
     p: &LoadedPile,
-    units: &Units,
+    (units, held): (&Units, Option<&HeldPart<'_>>),
     em: &mut Emitter<'_>,
     next: Option<&mut PileWriter>,
     next_key: &EpochKey,
@@ -621,7 +630,7 @@ fn emit_and_roll<'t>(
                     done
                 })
         });
-        let emitted = emit_frames(data, &p.frames, units, em);
+        let emitted = emit_frames(data, &p.frames, units, held, em);
         if emitted.is_err() {
             stop.set();
         }
@@ -673,6 +682,7 @@ fn scatter_led(
             scan: reader,
             epoch,
             wanted: None,
+            from: 0,
         };
         let scattered = scatter(ds, units, plan, &opts.io, &mut from, &key, scratch, stop);
         #[cfg(test)]
@@ -745,6 +755,7 @@ fn scatter(
         scan,
         epoch,
         wanted,
+        from,
     } = from;
     // A streamed read charges the piles' local disk before writing it: their slack first
     // (space allocated ahead, last chunks written whole), then every frame.
@@ -769,12 +780,18 @@ fn scatter(
     let mut skip = Vec::new();
     let mut head = Vec::new();
     let mut locs = Vec::new();
+    // Units held in memory are not read: their skip frames give them their places.
+    for u in 0..*from {
+        skip.clear();
+        encode_skip(&mut skip, u);
+        sink.frame(key.key(u), &[&skip])?;
+    }
     // A little under a slot, so an unaligned chunk's aligned extent still fits one read.
     let mut chunker = Chunker {
         ds,
         units,
         target: plan.scan_size - 8192,
-        next: 0,
+        next: *from,
     };
     // The chunks handed to the reader, by request index.
     let chunks = RefCell::new(Vec::new());

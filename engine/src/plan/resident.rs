@@ -56,9 +56,18 @@ pub(super) fn candidate(
     let first = load + later;
     let (memory, plan, unfit) = match crate::resources::resident_plan(demand, file_bytes, limits) {
         Ok((_, r)) => (r.memory_bytes, Some(r), None),
-        Err(whole) => match crate::resources::partial_plan(demand, file_bytes, limits) {
-            Ok((p, r)) => return partly(dev, w, (g, units), demand, (file_bytes, p.held), r),
-            Err(part) => (0, None, Some(format!("{whole}; partly: {part}"))),
+        // What `--mode resident` runs: the rest through piles when they fit the scratch,
+        // else read as LIRS reads.
+        Err(whole) => match (limits.scratch_free)
+            .and_then(|_| crate::resources::partial_piled_plan(demand, file_bytes, limits).ok())
+        {
+            Some((p, r)) => {
+                return partly_piled(dev, w, (g, units), demand, (file_bytes, p.held), r)
+            }
+            None => match crate::resources::partial_plan(demand, file_bytes, limits) {
+                Ok((p, r)) => return partly(dev, w, (g, units), demand, (file_bytes, p.held), r),
+                Err(part) => (0, None, Some(format!("{whole}; partly: {part}"))),
+            },
         },
     };
     let c = Candidate {
@@ -116,6 +125,57 @@ fn partly(
         bound: format!("{PARTLY}{}", if reads >= cpu { bound } else { "cpu" }),
         memory_bytes: plan.memory_bytes,
         scratch_bytes: 0,
+        unfit: None,
+    };
+    (c, Some(plan))
+}
+
+/// The partly resident candidate whose rest goes through two-pass piles: `held` of the
+/// files' `file_bytes` loaded once, the rest scattered once and then rolled from epoch to
+/// epoch as two-pass rolls the whole, the held records copied out of memory in their
+/// places.
+fn partly_piled(
+    dev: &DeviceModel,
+    w: &Workload,
+    (g, units): (crate::order::Grouping, f64),
+    demand: &Demand,
+    (file_bytes, held): (u64, u64),
+    plan: ResourcePlan,
+) -> (Candidate, Option<ResourcePlan>) {
+    let e = w.epochs as f64;
+    let share = held as f64 / file_bytes.max(1) as f64;
+    let part = |s: f64| Workload {
+        records: (w.records as f64 * s) as u64,
+        bytes: (w.bytes as f64 * s) as u64,
+        ..w.clone()
+    };
+    let rest = part(1.0 - share);
+    let (first, rolling, last, bound) = super::two_pass_epochs(dev, &rest, units * (1.0 - share));
+    // (With one epoch, two_pass_epochs's first is the scatter and the last pass.)
+    // The held records, copied out of memory by the pile pass (their table is the rest's).
+    let copies = in_memory(&part(share), 0.0);
+    let load = loading(dev, demand, held);
+    let first = load + first + copies;
+    let later = rolling + copies;
+    // The first epoch rolls unless it is the only one; the last one does not roll.
+    let total = if w.epochs > 1 {
+        first + later * (e - 2.0) + last + copies
+    } else {
+        first
+    };
+    let c = Candidate {
+        mode: Choice::Resident.name().into(),
+        grouping: grouping_name(g),
+        contract: true,
+        first_epoch_s: first,
+        first_batch_s: load,
+        later_epoch_s: later,
+        total_s: total,
+        reads_per_epoch: rest.bytes as f64 / (4 << 20) as f64,
+        read_bytes: (4 << 20) as f64,
+        bound: format!("{PARTLY}rest by two-pass, {bound}"),
+        memory_bytes: plan.memory_bytes,
+        scratch_bytes: plan.scratch_bytes,
         unfit: None,
     };
     (c, Some(plan))

@@ -35,6 +35,9 @@ pub struct PartialPlan {
     pub load_depth: usize,
     /// Bytes of each of them.
     pub load_slot: usize,
+    /// When the rest goes through two-pass piles instead of LIRS reads: the read-ahead and
+    /// pile plan it runs with (`partial_piled_plan`).
+    pub(crate) piles: Option<(usize, super::PilePlan)>,
 }
 
 /// The sizes of a partly resident read of `d` over `file_bytes` of files and its resource
@@ -122,6 +125,117 @@ pub fn partial_plan(
         held,
         load_depth: depth,
         load_slot: slot,
+        piles: None,
+    };
+    Ok((sizes, plan))
+}
+
+/// Share of the budget a piled rest's two-pass and the load's reads each take at most
+/// (1/16): what is left is held.
+const PILED_SHARE: u64 = 16;
+
+/// [`partial_plan`] with the rest read through two-pass piles (scattered once from the
+/// device, then rolled from epoch to epoch: sequential reads and writes of the part not
+/// held, no random reads). The piles' two-pass takes a sixteenth of the budget (an eighth
+/// or a quarter, if less is too little for it), the load's reads another sixteenth, and the rest
+/// is held: a pure function of the budget. Its scratch is the piles of the whole dataset's
+/// units less what is held (a unit held is a frame head in them). Refused, with the
+/// figures, as `partial_plan` is, or when even a quarter is too small for two-pass.
+pub fn partial_piled_plan(
+    d: &Demand,
+    file_bytes: u64,
+    limits: &Limits,
+) -> Result<(PartialPlan, ResourcePlan)> {
+    let (m, from): (u64, MemoryFrom) = resident_budget(d, limits).ok_or_else(|| {
+        Error::OverBudget(
+            "a partly resident read holds what a memory budget leaves: give --memory".into(),
+        )
+    })?;
+    let (depth, slot) = resident_scan(file_bytes);
+    let depth = depth.min((m / PILED_SHARE / slot as u64).max(1) as usize);
+    let scan = footprint(depth * slot) as u64;
+    let piled = [
+        m / PILED_SHARE,
+        m / (PILED_SHARE / 2),
+        m / (PILED_SHARE / 4),
+    ]
+    .into_iter()
+    .find_map(|rest| {
+        let sized = Demand {
+            memory: Some(rest),
+            memory_from: from,
+            ..d.clone()
+        };
+        super::two_pass_plan(&sized, limits)
+            .ok()
+            .filter(|p| p.2.memory_bytes <= rest)
+            .map(|p| (sized, p))
+    });
+    let Some((_, (prefetch, piles, two_pass))) = piled else {
+        return Err(Error::OverBudget(format!(
+            "a quarter of {} is too little for the rest's two-pass piles",
+            from.words(m)
+        )));
+    };
+    let rest_memory = two_pass.memory_bytes;
+    let room = m.saturating_sub(scan).saturating_sub(rest_memory);
+    let held = (room / HELD_GRANULE * HELD_GRANULE).min(file_bytes);
+    if held < file_bytes / MIN_HELD_SHARE || held == 0 {
+        return Err(Error::OverBudget(format!(
+            "{} holds {} of the dataset's {} after the rest's two-pass ({}) and the load \
+             ({}): less than a sixteenth, too little to hold in memory",
+            from.words(m),
+            human_bytes(held as f64),
+            human_bytes(file_bytes as f64),
+            human_bytes(rest_memory as f64),
+            human_bytes(scan as f64),
+        )));
+    }
+    let share = 1.0 - held as f64 / file_bytes.max(1) as f64;
+    let mut f = Figures(Vec::new());
+    f.push(
+        "resident",
+        Kind::Memory,
+        footprint(held as usize) as u64,
+        format!(
+            "the dataset's first {} of {} ({:.0}%), held for every epoch: what the budget \
+             leaves after the rest's two-pass and the load's reads",
+            human_bytes(held as f64),
+            human_bytes(file_bytes as f64),
+            100.0 * held as f64 / file_bytes.max(1) as f64
+        ),
+    );
+    f.push(
+        "load_buffers",
+        Kind::Memory,
+        scan,
+        format!(
+            "{depth} sequential read(s) of {} in flight while the held part loads",
+            human_bytes(slot as f64)
+        ),
+    );
+    for mut g in two_pass.figures {
+        // The piles hold the part not held (and a frame head per held unit).
+        if g.kind == Kind::Scratch {
+            g.value = (g.value as f64 * share) as u64 + d.units * super::piles::FRAME_HEAD;
+            g.reason = format!("{} (the part not held)", g.reason);
+        }
+        f.0.push(g);
+    }
+    let plan = ResourcePlan::new("resident", f.0);
+    let checked = Demand {
+        memory: Some(m),
+        memory_from: from,
+        ..d.clone()
+    };
+    plan.check(&checked, limits)?;
+    let sizes = PartialPlan {
+        // Unused (the rest goes through piles): LIRS's sizes within the whole budget.
+        rest: LirsPlan::new(&checked, d.units)?,
+        held,
+        load_depth: depth,
+        load_slot: slot,
+        piles: Some((prefetch, piles)),
     };
     Ok((sizes, plan))
 }

@@ -326,7 +326,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         }
         modes::twopass::check_scratch(&job.first, &job.opts, &job.scratch, others).map(Some)
     })?;
-    let stream = job.read(&src)?;
+    let stream = job.read_alone(&src)?;
     let done = deliver(stream, &job, ids_out.as_mut(), a.labels, a.json)?;
     if let Some(out) = ids_out {
         out.finish()?;

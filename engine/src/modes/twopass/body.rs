@@ -3,6 +3,7 @@
 //! pass ([`emit_frames`]) and the re-scatter ([`rescatter`]).
 
 use super::super::emit::Emitter;
+use super::held::HeldPart;
 use crate::order::{EpochKey, Units};
 use crate::piles::{frame, PileWriter};
 use crate::pipeline::Stop;
@@ -91,7 +92,8 @@ impl Body {
 }
 
 /// The count word of a skip frame: a unit this node does not read this epoch (a streamed
-/// read keeps only its streams' units, `scan::wanted_units`). Its body is the head alone,
+/// read keeps only its streams' units, `scan::wanted_units`), or one held in memory (a
+/// partly resident read's, `held`). Its body is the head alone,
 /// which no frame of records can be (a count this large has lengths after it).
 const SKIPPED: u32 = u32::MAX;
 
@@ -142,9 +144,15 @@ pub(super) fn rescatter(
             }
         };
         let body = &data[f.body..f.end];
-        let unit = Body::parse(body)
-            .ok_or_else(|| damaged("a body shorter than its head"))?
-            .unit;
+        // A skip frame (a unit held in memory) keeps its place under its new key too.
+        let unit = match skipped(body) {
+            Some(u) => u,
+            None => {
+                Body::parse(body)
+                    .ok_or_else(|| damaged("a body shorter than its head"))?
+                    .unit
+            }
+        };
         sink.frame(key.key(unit), &[body])?;
         at = f.end;
     }
@@ -157,6 +165,7 @@ pub(super) fn emit_frames(
     data: &[u8],
     frames: &[(u64, usize)],
     units: &Units,
+    held: Option<&HeldPart<'_>>,
     em: &mut Emitter<'_>,
 ) -> Result<()> {
     // Frames are visited in key order, all over the pile: ask for the next ones' lines
@@ -174,6 +183,19 @@ pub(super) fn emit_frames(
         if let Some(unit) = skipped(body) {
             if unit >= units.len() {
                 return Err(damaged(&format!("unit {unit} of {}", units.len())));
+            }
+            if let Some(h) = held {
+                // Held in memory: its records in their place, out of the held part.
+                for id in units.records(unit) {
+                    let rec = h.record(id).ok_or_else(|| {
+                        damaged(&format!("a skip frame of unit {unit}, which is not held"))
+                    })?;
+                    em.push(id, rec);
+                }
+                if em.stopped {
+                    return Ok(());
+                }
+                continue;
             }
             for id in units.records(unit) {
                 if em.pass(id) {

@@ -150,6 +150,9 @@ pub(super) struct Sequential<'a> {
     pub scan: &'a mut Scan,
     pub epoch: u64,
     pub wanted: Option<Bits>,
+    /// Units before this one are held in memory (a partly resident read): not read, each a
+    /// skip frame in the piles.
+    pub from: u64,
 }
 
 /// Bytes the filesystem holds for the files under `dir` (their allocated blocks).
