@@ -136,11 +136,11 @@ const PILED_SHARE: u64 = 16;
 
 /// [`partial_plan`] with the rest read through two-pass piles (scattered once from the
 /// device, then rolled from epoch to epoch: sequential reads and writes of the part not
-/// held, no random reads). The piles' two-pass takes a sixteenth of the budget (an eighth
-/// or a quarter, if less is too little for it), the load's reads another sixteenth, and the rest
-/// is held: a pure function of the budget. Its scratch is the piles of the whole dataset's
-/// units less what is held (a unit held is a frame head in them). Refused, with the
-/// figures, as `partial_plan` is, or when even a quarter is too small for two-pass.
+/// held, no random reads). The piles' two-pass takes a sixteenth of the budget (up to a
+/// half: the least with which each pile loads once), the load's reads another sixteenth,
+/// and the rest is held: a pure function of the budget. Its scratch is the piles of the
+/// part not held (a unit held is a frame head in them). Refused, with the figures, as
+/// `partial_plan` is, or when even half the budget is too small for two-pass.
 pub fn partial_piled_plan(
     d: &Demand,
     file_bytes: u64,
@@ -154,26 +154,38 @@ pub fn partial_piled_plan(
     let (depth, slot) = resident_scan(file_bytes);
     let depth = depth.min((m / PILED_SHARE / slot as u64).max(1) as usize);
     let scan = footprint(depth * slot) as u64;
-    let piled = [
+    let fitting: Vec<_> = [
         m / PILED_SHARE,
         m / (PILED_SHARE / 2),
         m / (PILED_SHARE / 4),
+        m / (PILED_SHARE / 8),
     ]
     .into_iter()
-    .find_map(|rest| {
+    .filter_map(|rest| {
+        // The piles are sized for the part not held at most (a unit held is a frame
+        // head in them): held is at least what this share leaves, rounded down.
+        let least = (m.saturating_sub(scan).saturating_sub(rest)) / HELD_GRANULE * HELD_GRANULE;
+        let part = 1.0 - least.min(file_bytes) as f64 / file_bytes.max(1) as f64;
         let sized = Demand {
             memory: Some(rest),
             memory_from: from,
+            bytes: (d.bytes as f64 * part).ceil() as u64,
             ..d.clone()
         };
         super::two_pass_plan(&sized, limits)
             .ok()
             .filter(|p| p.2.memory_bytes <= rest)
-            .map(|p| (sized, p))
-    });
-    let Some((_, (prefetch, piles, two_pass))) = piled else {
+    })
+    .collect();
+    // The smallest share whose piles each load once (a pile past its memory is read again
+    // for each key sub-range), else the largest that fits.
+    let once = |p: &&(usize, super::PilePlan, ResourcePlan)| {
+        p.1.pile_budget.saturating_mul(1 << p.1.bits) >= p.1.frames + p.1.frames / 8
+    };
+    let piled = fitting.iter().find(once).or(fitting.last()).cloned();
+    let Some((prefetch, piles, two_pass)) = piled else {
         return Err(Error::OverBudget(format!(
-            "a quarter of {} is too little for the rest's two-pass piles",
+            "half of {} is too little for the rest's two-pass piles",
             from.words(m)
         )));
     };
