@@ -10,6 +10,15 @@ size, with the page cache dropped first (root).
     cargo build --release -p riffle-tools
     python3 bench/torchrun_node.py --riffle target/release/riffle --dir /work/data
 
+Issue 33 (a resident dataset shared by the node's ranks and workers, over epochs):
+
+    python3 bench/torchrun_node.py --data /work/data/d.npy --mode resident --memory 4G \
+        --epochs 3 [--nproc 1 --workers 2: one rank alone, the Python hand-off's ceiling]
+
+With `--epochs`, each rank's samples/s per epoch (its records over its epoch's time) and
+the node's (all ranks' records over the slowest rank's time), every record once per epoch,
+and the daemon's device bytes against the dataset are reported.
+
 Needs torch (torchrun) in this interpreter; says so and exits 2 without it.
 """
 
@@ -56,6 +65,9 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--mode", default="two-pass")
     p.add_argument("--plain", action="store_true", help="a plain DataLoader, not riffle.torch.loader")
+    p.add_argument("--data", help="an existing .npy to read (not removed) instead of one made")
+    p.add_argument("--epochs", type=int, help="epochs each rank reads (set_epoch before each)")
+    p.add_argument("--memory", help="the daemon's --memory")
     a = p.parse_args()
     torchrun = shutil.which("torchrun")
     if torchrun is None:
@@ -64,15 +76,22 @@ def main():
         sys.exit(2)
     work = pathlib.Path(tempfile.mkdtemp(dir=a.dir, prefix="torchrun-node-"))
     try:
-        data = work / "d.npy"
-        subprocess.run([a.riffle, "gen", str(data), "--format", "npy", "--records",
-                        str(a.records), "--record-size", str(a.record_size)], check=True,
-                       stdout=subprocess.DEVNULL)
+        if a.data:
+            data = pathlib.Path(a.data).resolve()
+            a.records = int(json.loads(subprocess.run(
+                [a.riffle, "index", str(data), "--json"], check=True, capture_output=True,
+                text=True).stdout)["records"])
+        else:
+            data = work / "d.npy"
+            subprocess.run([a.riffle, "gen", str(data), "--format", "npy", "--records",
+                            str(a.records), "--record-size", str(a.record_size)], check=True,
+                           stdout=subprocess.DEVNULL)
         sock = str(work / "s.sock")
         scratch = work / "scratch"
         scratch.mkdir()
         d = subprocess.Popen([a.riffle, "serve", "--socket", sock, "--dataset", f"train={data}",
-                              "--mode", a.mode, "--scratch", str(scratch)],
+                              "--mode", a.mode, "--scratch", str(scratch)]
+                             + (["--memory", a.memory] if a.memory else []),
                              stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.time() + 60
@@ -93,7 +112,8 @@ def main():
                    "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
                    str(ROOT / "tests/python/torchrun_job.py"), "--sockets", sock, "--out",
                    str(out), "--batch-size", str(a.batch_size), "--num-workers",
-                   str(a.workers), "--with-padding"] + (["--plain"] if a.plain else [])
+                   str(a.workers), "--with-padding"] + (["--plain"] if a.plain else []) \
+                + (["--epochs", str(a.epochs)] if a.epochs else [])
             t = time.time()
             subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
             took = time.time() - t
@@ -104,6 +124,8 @@ def main():
             d.terminate()
             d.wait()
         got = json.load(open(out))
+        if a.epochs:
+            sys.exit(report_epochs(a, got, st, read, data.stat().st_size, took))
         steps = sorted({g["steps"] for g in got})
         ids = collections.Counter(i for g in got for i in g["ids"])
         padding = sum(g["padding"] for g in got)
@@ -123,6 +145,34 @@ def main():
         sys.exit(0 if ok else 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def report_epochs(a, got, st, read, size, took):
+    """Prints the per-epoch rates of a multi-epoch job; returns the exit status (0 when
+    every epoch had every record, the job one pass per epoch... and the device read the
+    dataset at most 1.1 times)."""
+    ok = True
+    epochs = []
+    for e in range(a.epochs):
+        ids = collections.Counter(i for g in got for i in g["ids"][e])
+        every = set(ids) == set(range(a.records))
+        ok &= every
+        secs = [g["seconds"][e] for g in got]
+        recs = [len(g["ids"][e]) for g in got]
+        epochs.append({
+            "epoch": e, "every_record": every,
+            "rank_samples_per_s": [round(r / s) for r, s in zip(recs, secs)],
+            "node_samples_per_s": round(sum(recs) / max(secs)),
+            "slowest_rank_s": round(max(secs), 3),
+        })
+    row = {
+        "ranks": a.nproc, "workers": a.workers, "mode": a.mode, "memory": a.memory,
+        "loader": "DataLoader" if a.plain else "riffle.torch.loader",
+        "epochs": epochs, "jobs_total": st["jobs_total"], "resident": st.get("resident"),
+        "read_bytes": read, "x_dataset": round(read / size, 3), "seconds": round(took, 2),
+    }
+    print(json.dumps(row))
+    return 0 if ok and read <= 1.1 * size else 1
 
 
 if __name__ == "__main__":

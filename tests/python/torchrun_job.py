@@ -5,11 +5,15 @@ rank of the whole job (torch.distributed, gloo), and writes what it read to `--o
 With `--stop K` it reads K batches and saves the loader's state (every rank's is the same
 global cursor; rank 0's is written); with `--state FILE` it resumes from one. `--num-workers N` reads through N DataLoader
 workers (`--plain`: a plain DataLoader over RiffleDataset instead of `riffle.torch.loader`);
-`--with-padding` keeps the padding records among the ids written (and counts them)."""
+`--with-padding` keeps the padding records among the ids written (and counts them).
+`--epochs E` reads E epochs (`set_epoch` before each); what is written is then per epoch:
+`ids` a list of E lists, `seconds` each epoch's time from the loader's start to its last
+batch (the bench's rates, bench/torchrun_node.py)."""
 
 import argparse
 import json
 import os
+import time
 
 import numpy as np
 import torch.distributed as dist
@@ -25,6 +29,7 @@ p.add_argument("--state")
 p.add_argument("--num-workers", type=int, default=0)
 p.add_argument("--plain", action="store_true")
 p.add_argument("--with-padding", action="store_true")
+p.add_argument("--epochs", type=int)
 a = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -40,18 +45,25 @@ else:
     loader = riffle.torch.loader(sock, "train", a.batch_size, seed=21, num_workers=a.num_workers)
 if a.state:
     loader.load_state_dict(json.load(open(a.state)))
-ids, steps, padding = [], 0, 0
-for b in loader:
-    real = len(b["ids"]) - int(b["padding"])
-    padding += int(b["padding"])
-    ids.extend(b["ids"][: len(b["ids"]) if a.with_padding else real].tolist())
-    steps += 1
-    if a.stop is not None and steps == a.stop:
-        break
+per_epoch, seconds, steps, padding = [], [], 0, 0
+for e in range(a.epochs or 1):
+    if a.epochs:
+        loader.set_epoch(e) if hasattr(loader, "set_epoch") else loader.dataset.set_epoch(e)
+    t, ids = time.perf_counter(), []
+    for b in loader:
+        real = len(b["ids"]) - int(b["padding"])
+        padding += int(b["padding"])
+        ids.extend(b["ids"][: len(b["ids"]) if a.with_padding else real].tolist())
+        steps += 1
+        if a.stop is not None and steps == a.stop:
+            break
+    per_epoch.append(ids)
+    seconds.append(time.perf_counter() - t)
+ids = per_epoch if a.epochs else per_epoch[0]
 state = loader.state_dict() if hasattr(loader, "state_dict") else None
 got = [None] * world
 dist.all_gather_object(got, {"rank": rank, "node": node, "ids": ids, "steps": steps, "padding": padding,
-                         "state": state})
+                         "state": state, "seconds": seconds})
 if rank == 0:
     json.dump(got, open(a.out, "w"))
 dist.barrier()
