@@ -264,6 +264,8 @@ fn a_dataset_that_fits_the_budget_is_read_resident_and_the_plan_says_why() {
     // is read once (the held part by the load, the rest by the scatter), and the plan
     // says so.
     assert!(r["scratch_bytes"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["partly"]["rest"], "two-pass piles", "{r}");
+    assert_eq!(r["partly"]["held_bytes"].as_u64(), Some(held), "{r}");
     let device = r["device_bytes"].as_u64().unwrap();
     assert!(
         device >= file && device <= file + (4 << 20),

@@ -469,6 +469,9 @@ fn json_report(
     let (r, next, handoff) = (&done.report, done.next, &done.handoff);
     let mut v = serde_json::to_value(r)?;
     v["mode"] = job.mode.name().into();
+    if let Some((held, rest)) = partly(r, src) {
+        v["partly"] = json!({"held_bytes": held, "rest": rest});
+    }
     v["records_per_s"] = (r.records as f64 / r.seconds).into();
     v["bytes_per_s"] = (r.bytes as f64 / r.seconds).into();
     v["iops"] = (r.read_ops as f64 / r.seconds).into();
@@ -517,6 +520,21 @@ fn json_report(
         });
     }
     Ok(v)
+}
+
+/// A partly resident read's held bytes (of the files) and how it read the rest.
+fn partly(r: &riffle::modes::ReadReport, src: &Source) -> Option<(u64, &'static str)> {
+    r.mode.starts_with("resident (partly)").then(|| {
+        let held = r.resident_bytes.min(src.dataset().bytes());
+        (
+            held,
+            if r.piles > 0 {
+                "two-pass piles"
+            } else {
+                "random reads"
+            },
+        )
+    })
 }
 
 /// The report as text.
@@ -591,6 +609,22 @@ fn print_report(
         human_bytes(r.buffer_bytes as f64),
         human_bytes(r.prefetch_bytes as f64)
     )?;
+    if let Some((held, rest)) = partly(r, src) {
+        let how = if r.piles > 0 {
+            format!(
+                "through {rest} ({} piles, {} written to scratch)",
+                r.piles,
+                human_bytes(r.scratch_bytes as f64)
+            )
+        } else {
+            format!("with {rest} (no room for piles in the scratch)")
+        };
+        outln!(
+            "  partly resident: {} of the files' {} held; the rest read {how}",
+            human_bytes(held as f64),
+            human_bytes(src.dataset().bytes() as f64),
+        )?;
+    }
     outln!(
         "  resume after this run: --resume {rank_form} (any world or batch size: --resume {global_form})"
     )?;
