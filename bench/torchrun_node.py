@@ -17,7 +17,9 @@ Issue 33 (a resident dataset shared by the node's ranks and workers, over epochs
 
 With `--epochs`, each rank's samples/s per epoch (its records over its epoch's time) and
 the node's (all ranks' records over the slowest rank's time), every record once per epoch,
-and the daemon's device bytes against the dataset are reported.
+the daemon's device bytes against the dataset, and the CPU seconds of the daemon and of the
+ranks (torchrun and every process under it) over the job are reported: where the two cores
+went.
 
 Needs torch (torchrun) in this interpreter; says so and exits 2 without it.
 """
@@ -46,6 +48,13 @@ def read_bytes(pid):
             if line.startswith("read_bytes:"):
                 return int(line.split()[1])
     raise SystemExit(f"no read_bytes in /proc/{pid}/io")
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port():
@@ -107,6 +116,10 @@ def main():
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
             before = read_bytes(d.pid)
+            daemon_cpu = cpu_seconds(d.pid)
+            import resource
+            job_cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+            job_cpu = job_cpu.ru_utime + job_cpu.ru_stime
             out = work / "out.json"
             cmd = [torchrun, "--nnodes", "1", "--nproc_per_node", str(a.nproc),
                    "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
@@ -118,6 +131,9 @@ def main():
             subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
             took = time.time() - t
             read = read_bytes(d.pid) - before
+            daemon_cpu = cpu_seconds(d.pid) - daemon_cpu
+            used = resource.getrusage(resource.RUSAGE_CHILDREN)
+            job_cpu = used.ru_utime + used.ru_stime - job_cpu
             with riffle.Client(sock) as c:
                 st = c.stats()
         finally:
@@ -125,7 +141,8 @@ def main():
             d.wait()
         got = json.load(open(out))
         if a.epochs:
-            sys.exit(report_epochs(a, got, st, read, data.stat().st_size, took))
+            cpu = {"daemon_cpu_s": round(daemon_cpu, 2), "ranks_cpu_s": round(job_cpu, 2)}
+            sys.exit(report_epochs(a, got, st, read, data.stat().st_size, took, cpu))
         steps = sorted({g["steps"] for g in got})
         ids = collections.Counter(i for g in got for i in g["ids"])
         padding = sum(g["padding"] for g in got)
@@ -147,7 +164,7 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report_epochs(a, got, st, read, size, took):
+def report_epochs(a, got, st, read, size, took, cpu):
     """Prints the per-epoch rates of a multi-epoch job; returns the exit status (0 when
     every epoch had every record, the job one pass per epoch... and the device read the
     dataset at most 1.1 times)."""
@@ -170,6 +187,7 @@ def report_epochs(a, got, st, read, size, took):
         "loader": "DataLoader" if a.plain else "riffle.torch.loader",
         "epochs": epochs, "jobs_total": st["jobs_total"], "resident": st.get("resident"),
         "read_bytes": read, "x_dataset": round(read / size, 3), "seconds": round(took, 2),
+        **cpu,
     }
     print(json.dumps(row))
     return 0 if ok and read <= 1.1 * size else 1
