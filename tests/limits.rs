@@ -472,7 +472,19 @@ fn a_killed_run_not_yet_reaped_is_reclaimed_at_once() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    // Not reaped: the victim is a zombie while the next run starts.
+    // Not reaped: the victim is a zombie while the next run starts. SIGKILL is delivered
+    // asynchronously: under load the victim still ran (and held its lock) when the next
+    // run looked, so wait until the kernel says it is a zombie.
+    let state = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+            .unwrap_or(false)
+    };
+    while !state(victim.id()) {
+        assert!(std::time::Instant::now() < deadline, "the victim never died");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let o = sb
         .cmd()
         .arg("read")

@@ -112,6 +112,20 @@ fn partly(
     let later = reads.max(cpu);
     let load = loading(dev, demand, held);
     let first = load + later;
+    let bound = format!("{PARTLY}{}", if reads >= cpu { bound } else { "cpu" });
+    let times = (first, load, later, first + later * (e - 1.0));
+    partly_candidate(g, times, (rest, record), bound, plan)
+}
+
+/// A partly resident candidate with grouping `g`: its (first epoch, first batch, later
+/// epoch, total) seconds, (reads per epoch, bytes per read), bound and resource plan.
+fn partly_candidate(
+    g: crate::order::Grouping,
+    (first, load, later, total): (f64, f64, f64, f64),
+    (reads, read_bytes): (f64, f64),
+    bound: String,
+    plan: ResourcePlan,
+) -> (Candidate, Option<ResourcePlan>) {
     let c = Candidate {
         mode: Choice::Resident.name().into(),
         grouping: grouping_name(g),
@@ -119,12 +133,12 @@ fn partly(
         first_epoch_s: first,
         first_batch_s: load,
         later_epoch_s: later,
-        total_s: first + later * (e - 1.0),
-        reads_per_epoch: rest,
-        read_bytes: record,
-        bound: format!("{PARTLY}{}", if reads >= cpu { bound } else { "cpu" }),
+        total_s: total,
+        reads_per_epoch: reads,
+        read_bytes,
+        bound,
         memory_bytes: plan.memory_bytes,
-        scratch_bytes: 0,
+        scratch_bytes: plan.scratch_bytes,
         unfit: None,
     };
     (c, Some(plan))
@@ -163,22 +177,9 @@ fn partly_piled(
     } else {
         first
     };
-    let c = Candidate {
-        mode: Choice::Resident.name().into(),
-        grouping: grouping_name(g),
-        contract: true,
-        first_epoch_s: first,
-        first_batch_s: load,
-        later_epoch_s: later,
-        total_s: total,
-        reads_per_epoch: rest.bytes as f64 / (4 << 20) as f64,
-        read_bytes: (4 << 20) as f64,
-        bound: format!("{PARTLY}rest by two-pass, {bound}"),
-        memory_bytes: plan.memory_bytes,
-        scratch_bytes: plan.scratch_bytes,
-        unfit: None,
-    };
-    (c, Some(plan))
+    let reads = (rest.bytes as f64 / (4 << 20) as f64, (4 << 20) as f64);
+    let bound = format!("{PARTLY}rest by two-pass, {bound}");
+    partly_candidate(g, (first, load, later, total), reads, bound, plan)
 }
 
 /// Whether the resident candidate `res` beats the streaming choice `best` (the faster of

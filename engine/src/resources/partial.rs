@@ -77,41 +77,12 @@ pub fn partial_plan(
         .filter(|f| f.kind == Kind::Memory)
         .map(|f| f.value)
         .fold(0, u64::saturating_add);
-    let room = m.saturating_sub(scan).saturating_sub(rest);
-    let held = (room / HELD_GRANULE * HELD_GRANULE).min(file_bytes);
-    if held < file_bytes / MIN_HELD_SHARE || held == 0 {
-        return Err(Error::OverBudget(format!(
-            "{} holds {} of the dataset's {} after the reads of the rest ({}) and of the \
-             load ({}): less than a sixteenth, too little to hold in memory",
-            from.words(m),
-            human_bytes(held as f64),
-            human_bytes(file_bytes as f64),
-            human_bytes(rest as f64),
-            human_bytes(scan as f64),
-        )));
-    }
-    let mut f = Figures(Vec::new());
-    f.push(
-        "resident",
-        Kind::Memory,
-        footprint(held as usize) as u64,
-        format!(
-            "the dataset's first {} of {} ({:.0}%), held for every epoch: what the budget \
-             leaves after the rest's reads and the load's",
-            human_bytes(held as f64),
-            human_bytes(file_bytes as f64),
-            100.0 * held as f64 / file_bytes.max(1) as f64
-        ),
-    );
-    f.push(
-        "load_buffers",
-        Kind::Memory,
-        scan,
-        format!(
-            "{depth} sequential read(s) of {} in flight while the held part loads",
-            human_bytes(slot as f64)
-        ),
-    );
+    let (held, mut f) = held_part(
+        (m, from),
+        file_bytes,
+        (depth, slot),
+        (rest, "the rest's reads"),
+    )?;
     f.0.extend(lirs.0);
     let plan = ResourcePlan::new("resident", f.0);
     let checked = Demand {
@@ -128,6 +99,55 @@ pub fn partial_plan(
         piles: None,
     };
     Ok((sizes, plan))
+}
+
+/// What budget `m` (set by `from`) holds of `file_bytes` after the load's `(depth, slot)`
+/// reads and `rest` bytes of memory for the rest (`what` reads it), rounded down to the
+/// huge-page granule, and the figures of the held part and the load; refused, with the
+/// figures, under a sixteenth of the files.
+fn held_part(
+    (m, from): (u64, MemoryFrom),
+    file_bytes: u64,
+    (depth, slot): (usize, usize),
+    (rest, what): (u64, &str),
+) -> Result<(u64, Figures)> {
+    let scan = footprint(depth * slot) as u64;
+    let room = m.saturating_sub(scan).saturating_sub(rest);
+    let held = (room / HELD_GRANULE * HELD_GRANULE).min(file_bytes);
+    if held < file_bytes / MIN_HELD_SHARE || held == 0 {
+        return Err(Error::OverBudget(format!(
+            "{} holds {} of the dataset's {} after {what} ({}) and the load's reads ({}): \
+             less than a sixteenth, too little to hold in memory",
+            from.words(m),
+            human_bytes(held as f64),
+            human_bytes(file_bytes as f64),
+            human_bytes(rest as f64),
+            human_bytes(scan as f64),
+        )));
+    }
+    let mut f = Figures(Vec::new());
+    f.push(
+        "resident",
+        Kind::Memory,
+        footprint(held as usize) as u64,
+        format!(
+            "the dataset's first {} of {} ({:.0}%), held for every epoch: what the budget \
+             leaves after {what} and the load's reads",
+            human_bytes(held as f64),
+            human_bytes(file_bytes as f64),
+            100.0 * held as f64 / file_bytes.max(1) as f64
+        ),
+    );
+    f.push(
+        "load_buffers",
+        Kind::Memory,
+        scan,
+        format!(
+            "{depth} sequential read(s) of {} in flight while the held part loads",
+            human_bytes(slot as f64)
+        ),
+    );
+    Ok((held, f))
 }
 
 /// Share of the budget a piled rest's two-pass and the load's reads each take at most
@@ -189,51 +209,14 @@ pub fn partial_piled_plan(
             from.words(m)
         )));
     };
-    let rest_memory = two_pass.memory_bytes;
-    let room = m.saturating_sub(scan).saturating_sub(rest_memory);
-    let held = (room / HELD_GRANULE * HELD_GRANULE).min(file_bytes);
-    if held < file_bytes / MIN_HELD_SHARE || held == 0 {
-        return Err(Error::OverBudget(format!(
-            "{} holds {} of the dataset's {} after the rest's two-pass ({}) and the load \
-             ({}): less than a sixteenth, too little to hold in memory",
-            from.words(m),
-            human_bytes(held as f64),
-            human_bytes(file_bytes as f64),
-            human_bytes(rest_memory as f64),
-            human_bytes(scan as f64),
-        )));
-    }
-    let share = 1.0 - held as f64 / file_bytes.max(1) as f64;
-    let mut f = Figures(Vec::new());
-    f.push(
-        "resident",
-        Kind::Memory,
-        footprint(held as usize) as u64,
-        format!(
-            "the dataset's first {} of {} ({:.0}%), held for every epoch: what the budget \
-             leaves after the rest's two-pass and the load's reads",
-            human_bytes(held as f64),
-            human_bytes(file_bytes as f64),
-            100.0 * held as f64 / file_bytes.max(1) as f64
-        ),
-    );
-    f.push(
-        "load_buffers",
-        Kind::Memory,
-        scan,
-        format!(
-            "{depth} sequential read(s) of {} in flight while the held part loads",
-            human_bytes(slot as f64)
-        ),
-    );
-    for mut g in two_pass.figures {
-        // The piles hold the part not held (and a frame head per held unit).
-        if g.kind == Kind::Scratch {
-            g.value = (g.value as f64 * share) as u64 + d.units * super::piles::FRAME_HEAD;
-            g.reason = format!("{} (the part not held)", g.reason);
-        }
-        f.0.push(g);
-    }
+    let (held, mut f) = held_part(
+        (m, from),
+        file_bytes,
+        (depth, slot),
+        (two_pass.memory_bytes, "the rest's two-pass"),
+    )?;
+    // Its piles were sized for the part not held (a frame head per held unit besides).
+    f.0.extend(two_pass.figures);
     let plan = ResourcePlan::new("resident", f.0);
     let checked = Demand {
         memory: Some(m),
