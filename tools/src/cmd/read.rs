@@ -69,8 +69,10 @@ pub struct Args {
     /// lirs (random reads straight from the device), two-pass (sequential scatter into
     /// piles, each pile ordered in memory: the same batches with sequential I/O), resident
     /// (the files read once, sequentially, into memory, every later epoch a permutation of
-    /// that memory with no I/O: the same batches; refused with the figures when the files
-    /// do not fit the memory budget), auto (the planner picks lirs, two-pass or resident
+    /// that memory with no I/O: the same batches; when the files do not fit the memory
+    /// budget, their first bytes are held and the rest goes through two-pass piles in
+    /// --scratch, rolled from epoch to epoch, or is read at random when the scratch has no
+    /// room; refused with the figures when the budget holds under a sixteenth), auto (the planner picks lirs, two-pass or resident
     /// from the device's cached profile, probing it quickly on first use; see `riffle
     /// plan`), or a baseline for comparisons: buffer (a shuffle
     /// buffer of --buffer records over a sequential read), bmf (blocks of --block records,
