@@ -2,7 +2,7 @@
 //! a directory over the S3 API; `scripts/s3-server` installs it): the same batches as the
 //! same files read locally, and a missing or replaced object never a wrong batch.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use riffle::testing::s3::{S3Server, BUCKET};
@@ -213,6 +213,86 @@ fn shuffle_takes_an_object_like_its_file() {
     assert!(
         local.len() > 1000 && remote == local,
         "the shuffled object differs"
+    );
+}
+
+/// A `riffle` command of `sb` with no AWS variable but `vars`: the endpoint, keys and
+/// region come from the profile files alone.
+fn profile_cmd(sb: &Sandbox, vars: &[(&str, &std::path::Path)]) -> Command {
+    let mut c = sb.cmd();
+    for k in [
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ENDPOINT",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_CONFIG_FILE",
+    ] {
+        c.env_remove(k);
+    }
+    c.env("RIFFLE_S3_CACHE", sb.path().join("s3-cache"));
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    c
+}
+
+#[test]
+fn an_aws_profile_alone_names_the_endpoint_and_keys_and_a_missing_or_bad_one_is_an_error() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let file = sb.data().join("x.jsonl");
+    gen(&sb, &file, "lines", 120, 64, &[]);
+    s3.put("prof/x.jsonl", &std::fs::read(&file).unwrap());
+    let want = ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"]);
+    let url = format!("s3://{BUCKET}/prof/x.jsonl");
+    let lirs = ["--mode", "lirs"];
+    // A named profile in files the variables name.
+    let named = sb.path().join("named");
+    std::fs::create_dir_all(&named).unwrap();
+    let (creds, config) = s3.0.profile_files(&named, "team");
+    let team = Path::new("team");
+    let files = [
+        ("AWS_SHARED_CREDENTIALS_FILE", creds.as_path()),
+        ("AWS_CONFIG_FILE", config.as_path()),
+    ];
+    let c = profile_cmd(&sb, &[&files[..], &[("AWS_PROFILE", team)]].concat());
+    assert_eq!(ids(&sb, c, &url, &lirs), want, "read through profile team");
+    // The default profile in ~/.aws, nothing named.
+    let home = sb.path().join("home");
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    s3.0.profile_files(&home.join(".aws"), "default");
+    let c = profile_cmd(&sb, &[("HOME", home.as_path())]);
+    assert_eq!(ids(&sb, c, &url, &lirs), want, "read through ~/.aws");
+    let refused = |mut c: Command, says: &[&str]| {
+        let o = c
+            .args(["read", &url, "--batch-size", "16", "--mode", "lirs"])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{says:?}: the read succeeded");
+        assert!(o.stdout.is_empty(), "{says:?}: a batch was printed");
+        let err = text(&o.stderr);
+        for s in says {
+            assert!(err.contains(s), "the error does not say {s:?}:\n{err}");
+        }
+    };
+    // AWS_PROFILE names a profile neither file has: an error naming it and the files.
+    let nope = Path::new("nope");
+    refused(
+        profile_cmd(&sb, &[&files[..], &[("AWS_PROFILE", nope)]].concat()),
+        &["`nope`", creds.to_str().unwrap(), config.to_str().unwrap()],
+    );
+    // A malformed config file: an error naming it and the line.
+    std::fs::write(&config, "[profile team]\nregion = us-east-1\nendpoint_url\n").unwrap();
+    refused(
+        profile_cmd(&sb, &[&files[..], &[("AWS_PROFILE", team)]].concat()),
+        &[&format!("{}: line 3", config.display())],
     );
 }
 
