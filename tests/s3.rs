@@ -289,7 +289,11 @@ fn an_aws_profile_alone_names_the_endpoint_and_keys_and_a_missing_or_bad_one_is_
         &["`nope`", creds.to_str().unwrap(), config.to_str().unwrap()],
     );
     // A malformed config file: an error naming it and the line.
-    std::fs::write(&config, "[profile team]\nregion = us-east-1\nendpoint_url\n").unwrap();
+    std::fs::write(
+        &config,
+        "[profile team]\nregion = us-east-1\nendpoint_url\n",
+    )
+    .unwrap();
     refused(
         profile_cmd(&sb, &[&files[..], &[("AWS_PROFILE", team)]].concat()),
         &[&format!("{}: line 3", config.display())],

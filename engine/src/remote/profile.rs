@@ -69,7 +69,10 @@ fn parse(text: &str, file: &Path) -> Result<Ini> {
         let indented = raw.starts_with([' ', '\t']);
         if let Some(head) = line.strip_prefix('[') {
             let Some(name) = head.strip_suffix(']') else {
-                return Err(bad(n, format!("a section header without its `]`: {line:?}")));
+                return Err(bad(
+                    n,
+                    format!("a section header without its `]`: {line:?}"),
+                ));
             };
             let name = name.split_whitespace().collect::<Vec<_>>().join(" ");
             if name.is_empty() {
@@ -80,7 +83,10 @@ fn parse(text: &str, file: &Path) -> Result<Ini> {
             continue;
         }
         let Some((section, keys)) = ini.sections.last_mut() else {
-            return Err(bad(n, format!("{line:?} comes before any [section] header")));
+            return Err(bad(
+                n,
+                format!("{line:?} comes before any [section] header"),
+            ));
         };
         let Some((key, value)) = line.split_once('=') else {
             return Err(bad(
@@ -91,7 +97,10 @@ fn parse(text: &str, file: &Path) -> Result<Ini> {
         let key = key.trim().to_ascii_lowercase();
         let value = value.trim().to_string();
         if key.is_empty() {
-            return Err(bad(n, format!("a value with no key in [{section}]: {line:?}")));
+            return Err(bad(
+                n,
+                format!("a value with no key in [{section}]: {line:?}"),
+            ));
         }
         match (&parent, indented) {
             (Some(p), true) => keys.push((format!("{p}.{key}"), value)),
@@ -186,8 +195,16 @@ pub(super) fn config(var: &dyn Fn(&str) -> Option<String>) -> Result<S3Config> {
     };
     let creds_file = file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
     let config_file = file("AWS_CONFIG_FILE", ".aws/config");
-    let creds = creds_file.as_deref().map(read).transpose()?.unwrap_or_default();
-    let conf = config_file.as_deref().map(read).transpose()?.unwrap_or_default();
+    let creds = creds_file
+        .as_deref()
+        .map(read)
+        .transpose()?
+        .unwrap_or_default();
+    let conf = config_file
+        .as_deref()
+        .map(read)
+        .transpose()?
+        .unwrap_or_default();
     let named = first(&["AWS_PROFILE", "AWS_DEFAULT_PROFILE"]);
     let name = named.as_deref().unwrap_or("default");
     let p = match profile(name, &creds, &conf) {
@@ -283,11 +300,19 @@ mod tests {
         std::fs::write(&c, credentials).unwrap();
         std::fs::write(&f, config).unwrap();
         let mut all: Vec<(String, String)> = vec![
-            ("AWS_SHARED_CREDENTIALS_FILE".into(), c.display().to_string()),
+            (
+                "AWS_SHARED_CREDENTIALS_FILE".into(),
+                c.display().to_string(),
+            ),
             ("AWS_CONFIG_FILE".into(), f.display().to_string()),
         ];
         all.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        super::config(&|k| all.iter().rev().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        super::config(&|k| {
+            all.iter()
+                .rev()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        })
     }
 
     const CREDS: &str = "[default]\naws_access_key_id = DK\naws_secret_access_key = DS\n\n\
@@ -347,12 +372,7 @@ mod tests {
             "{err}"
         );
         // Neither file, nor a default profile in them: the environment alone.
-        let c = with_files(
-            &[("AWS_CONFIG_FILE", "/nonexistent/c")],
-            "[dev]\n",
-            "",
-        )
-        .unwrap();
+        let c = with_files(&[("AWS_CONFIG_FILE", "/nonexistent/c")], "[dev]\n", "").unwrap();
         assert_eq!((c.credentials, c.endpoint, c.region), (None, None, None));
         // A config file's `[dev]` is not the profile dev (it needs `[profile dev]`).
         let err = with_files(&[("AWS_PROFILE", "dev")], "", "[dev]\nregion = x\n");
