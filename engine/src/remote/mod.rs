@@ -12,8 +12,8 @@
 //! The endpoint and credentials come the standard AWS way (`AWS_ENDPOINT_URL`,
 //! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
 //! `AWS_ALLOW_HTTP`, then the profile `AWS_PROFILE` names in `~/.aws/credentials` and
-//! `~/.aws/config`: [`profile`]); plain HTTP is allowed without asking for a loopback endpoint. The
-//! cache is `RIFFLE_S3_CACHE`, else `$XDG_CACHE_HOME/riffle/s3`, else `~/.cache/riffle/s3`.
+//! `~/.aws/config`, read by `profile.rs`); plain HTTP is allowed without asking for a
+//! loopback endpoint. The cache is `RIFFLE_S3_CACHE`, else `$XDG_CACHE_HOME/riffle/s3`, else `~/.cache/riffle/s3`.
 //!
 //! The crate is async: all of it stays in this module, on a current-thread tokio runtime
 //! made per call and driven by the calling thread (`block_on`), so nothing else in the
@@ -130,8 +130,8 @@ pub struct S3Config {
 }
 
 impl S3Config {
-    /// From the environment and the AWS profile, as the AWS CLI reads them (see
-    /// [`profile`]): `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT`),
+    /// From the environment and the AWS profile, as the AWS CLI reads them
+    /// (`docs/object-storage.md`): `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT`),
     /// `AWS_REGION` (or `AWS_DEFAULT_REGION`) and `AWS_ACCESS_KEY_ID` beat the profile's
     /// `endpoint_url`, `region` and keys; keys in neither are left to `object_store`'s
     /// chain (instance and container credentials). An unreadable or malformed profile
