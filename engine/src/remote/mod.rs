@@ -13,7 +13,8 @@
 //! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
 //! `AWS_ALLOW_HTTP`, then the profile `AWS_PROFILE` names in `~/.aws/credentials` and
 //! `~/.aws/config`, read by `profile.rs`); plain HTTP is allowed without asking for a
-//! loopback endpoint. The cache is `RIFFLE_S3_CACHE`, else `$XDG_CACHE_HOME/riffle/s3`, else `~/.cache/riffle/s3`.
+//! loopback endpoint. The cache is `RIFFLE_S3_CACHE`, else `$XDG_CACHE_HOME/riffle/s3`,
+//! else `~/.cache/riffle/s3`.
 //!
 //! The crate is async: all of it stays in this module, on a current-thread tokio runtime
 //! made per call and driven by the calling thread (`block_on`), so nothing else in the
