@@ -21,6 +21,7 @@ mod read;
 mod reruns;
 mod s3;
 mod s3_probe;
+mod s3_throttle;
 mod scratch;
 mod serve;
 mod shuffle;

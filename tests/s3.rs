@@ -2,7 +2,7 @@
 //! a directory over the S3 API; `scripts/s3-server` installs it): the same batches as the
 //! same files read locally, and a missing or replaced object never a wrong batch.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use riffle::testing::s3::{S3Server, BUCKET};
@@ -213,6 +213,90 @@ fn shuffle_takes_an_object_like_its_file() {
     assert!(
         local.len() > 1000 && remote == local,
         "the shuffled object differs"
+    );
+}
+
+/// A `riffle` command of `sb` with no AWS variable but `vars`: the endpoint, keys and
+/// region come from the profile files alone.
+fn profile_cmd(sb: &Sandbox, vars: &[(&str, &std::path::Path)]) -> Command {
+    let mut c = sb.cmd();
+    for k in [
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ENDPOINT",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_CONFIG_FILE",
+    ] {
+        c.env_remove(k);
+    }
+    c.env("RIFFLE_S3_CACHE", sb.path().join("s3-cache"));
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    c
+}
+
+#[test]
+fn an_aws_profile_alone_names_the_endpoint_and_keys_and_a_missing_or_bad_one_is_an_error() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let file = sb.data().join("x.jsonl");
+    gen(&sb, &file, "lines", 120, 64, &[]);
+    s3.put("prof/x.jsonl", &std::fs::read(&file).unwrap());
+    let want = ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"]);
+    let url = format!("s3://{BUCKET}/prof/x.jsonl");
+    let lirs = ["--mode", "lirs"];
+    // A named profile in files the variables name.
+    let named = sb.path().join("named");
+    std::fs::create_dir_all(&named).unwrap();
+    let (creds, config) = s3.0.profile_files(&named, "team");
+    let team = Path::new("team");
+    let files = [
+        ("AWS_SHARED_CREDENTIALS_FILE", creds.as_path()),
+        ("AWS_CONFIG_FILE", config.as_path()),
+    ];
+    let c = profile_cmd(&sb, &[&files[..], &[("AWS_PROFILE", team)]].concat());
+    assert_eq!(ids(&sb, c, &url, &lirs), want, "read through profile team");
+    // The default profile in ~/.aws, nothing named.
+    let home = sb.path().join("home");
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    s3.0.profile_files(&home.join(".aws"), "default");
+    let c = profile_cmd(&sb, &[("HOME", home.as_path())]);
+    assert_eq!(ids(&sb, c, &url, &lirs), want, "read through ~/.aws");
+    let refused = |mut c: Command, says: &[&str]| {
+        let o = c
+            .args(["read", &url, "--batch-size", "16", "--mode", "lirs"])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{says:?}: the read succeeded");
+        assert!(o.stdout.is_empty(), "{says:?}: a batch was printed");
+        let err = text(&o.stderr);
+        for s in says {
+            assert!(err.contains(s), "the error does not say {s:?}:\n{err}");
+        }
+    };
+    // AWS_PROFILE names a profile neither file has: an error naming it and the files.
+    let nope = Path::new("nope");
+    refused(
+        profile_cmd(&sb, &[&files[..], &[("AWS_PROFILE", nope)]].concat()),
+        &["`nope`", creds.to_str().unwrap(), config.to_str().unwrap()],
+    );
+    // A malformed config file: an error naming it and the line.
+    std::fs::write(
+        &config,
+        "[profile team]\nregion = us-east-1\nendpoint_url\n",
+    )
+    .unwrap();
+    refused(
+        profile_cmd(&sb, &[&files[..], &[("AWS_PROFILE", team)]].concat()),
+        &[&format!("{}: line 3", config.display())],
     );
 }
 
@@ -579,10 +663,103 @@ fn plan_of_an_s3_dataset_past_its_cache_limit_shows_staged_against_streamed_two_
     );
 }
 
-#[test]
-fn two_daemons_standing_for_two_nodes_stream_each_its_ranks_records_within_the_cache_limit() {
+/// `nodes` daemons standing for `nodes` nodes, each serving two ranks of a world of
+/// `2 x nodes` over the shards `s3://BUCKET/prefix/` (the files of `local`, of `records`
+/// records) streamed two-pass within `--cache-limit` `limit` on each, over `epochs`: each
+/// rank gets the local files' batches, every record comes once an epoch, and each node's
+/// counters show its local disk within the limit and each object fetched at most once an
+/// epoch (no byte of it twice).
+fn nodes_stream_their_ranks(
+    s3: &Server,
+    sb: &Sandbox,
+    (local, prefix, ext): (&Path, &str, &str),
+    records: u64,
+    nodes: u64,
+    limit: u64,
+    epochs: u64,
+) {
     use crate::serve::{in_process, read_all, same_batches, Daemon};
     use riffle::serve::proto::OpenRequest;
+    let l = limit.to_string();
+    let url = PathBuf::from(format!("s3://{BUCKET}/{prefix}/"));
+    let daemons: Vec<Daemon> = (0..nodes)
+        .map(|n| {
+            let sock = sb.path().join(format!("node-{n}.sock"));
+            let extra = ["--mode", "two-pass", "--cache-limit", &l];
+            Daemon::start_from(s3.cmd(sb), &sock, &[("train", &url)], &extra)
+        })
+        .collect();
+    let world = 2 * nodes;
+    let req = |rank: u64| {
+        let mut r = OpenRequest::new("train", 50);
+        r.seed = 4;
+        r.epochs = epochs;
+        r.rank = rank;
+        r.world = world;
+        // Each node serves two ranks: its pass waits for both.
+        r.streams = Some(2);
+        r
+    };
+    let got = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..world)
+            .map(|rank| {
+                let node = &daemons[(rank / 2) as usize];
+                s.spawn(move || read_all(&mut node.client(), req(rank)))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let mut ids = vec![Vec::new(); epochs as usize];
+    for (rank, g) in got.iter().enumerate() {
+        // Ids, offsets and payload bytes: the local files' batches of that rank.
+        same_batches(g, &in_process(local, &req(rank as u64)));
+        for b in g {
+            ids[b.0 as usize].extend(b.2.iter().copied());
+        }
+    }
+    for (epoch, mut e) in ids.into_iter().enumerate() {
+        e.sort_unstable();
+        assert_eq!(
+            e,
+            (0..records).collect::<Vec<u64>>(),
+            "epoch {epoch}: every record once"
+        );
+    }
+    let sizes = objects_of(local, prefix, ext);
+    for (n, d) in daemons.iter().enumerate() {
+        let st = d.wait_stats("the pass's report", |s| {
+            s["streamed"]["last_pass_objects"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+        });
+        let peak = st["streamed"]["peak_local_bytes"].as_u64().unwrap();
+        assert!(
+            peak > 0 && peak <= limit,
+            "node {n}: peak local disk {peak} past the limit {limit}"
+        );
+        let objects = st["streamed"]["last_pass_objects"].as_array().unwrap();
+        assert_eq!(
+            objects.len() as u64,
+            sizes.len() as u64 * epochs,
+            "node {n}: {objects:?}"
+        );
+        for o in objects {
+            let name = o["object"].as_str().unwrap();
+            let size = sizes.iter().find(|(s, _)| s == name).expect(name).1;
+            let bytes = o["bytes"].as_u64().unwrap();
+            assert!(
+                bytes > 0 && bytes <= size,
+                "node {n}: {name} in epoch {}: {bytes} bytes fetched of {size}",
+                o["epoch"]
+            );
+        }
+    }
+}
+
+#[test]
+fn two_daemons_standing_for_two_nodes_stream_each_its_ranks_records_within_the_cache_limit() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
     let local = sb.data().join("n");
@@ -594,52 +771,28 @@ fn two_daemons_standing_for_two_nodes_stream_each_its_ranks_records_within_the_c
     let total = upload(&s3, &local, "n");
     // Below the dataset (so streamed), above a node's half of it and the piles' slack:
     // a node that kept every record would pass it.
-    let limit = (total * 4 / 5).to_string();
-    let url = PathBuf::from(format!("s3://{BUCKET}/n/"));
-    let nodes: Vec<Daemon> = (0..2)
-        .map(|n| {
-            let sock = sb.path().join(format!("node-{n}.sock"));
-            let extra = ["--mode", "two-pass", "--cache-limit", &limit];
-            Daemon::start_from(s3.cmd(&sb), &sock, &[("train", &url)], &extra)
-        })
-        .collect();
-    let req = |rank: u64| {
-        let mut r = OpenRequest::new("train", 50);
-        r.seed = 4;
-        r.epochs = 2;
-        r.rank = rank;
-        r.world = 4;
-        // Each node serves two ranks: its pass waits for both.
-        r.streams = Some(2);
-        r
-    };
-    let got = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..4u64)
-            .map(|rank| {
-                let node = &nodes[(rank / 2) as usize];
-                s.spawn(move || read_all(&mut node.client(), req(rank)))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap())
-            .collect::<Vec<_>>()
-    });
-    let mut ids = [Vec::new(), Vec::new()];
-    for (rank, g) in got.iter().enumerate() {
-        // Ids, offsets and payload bytes: the local files' batches of that rank.
-        same_batches(g, &in_process(&local, &req(rank as u64)));
-        for b in g {
-            ids[b.0 as usize].extend(b.2.iter().copied());
-        }
+    let limit = total * 4 / 5;
+    nodes_stream_their_ranks(&s3, &sb, (&local, "n", "jsonl"), 6000, 2, limit, 2);
+}
+
+#[test]
+#[ignore = "fails today (issue 32 acceptance): a node holds its quarter of the records whole in \
+            its piles, 25.7% of the tar objects with their frames, 31.2% with the piles' write \
+            buffers; it fits once a node scatters an epoch in windows"]
+fn four_daemons_standing_for_four_nodes_stream_their_ranks_within_a_quarter_of_the_dataset() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("n4");
+    std::fs::create_dir_all(&local).unwrap();
+    // Tar shards (WebDataset), 3,584 bytes a sample (three members). Measured at a limit
+    // of 40%: each node's peak is 13,411,296 bytes of 43,012,096 (31.2%): its quarter of
+    // the samples, 100 bytes of frame each (11,052,000) and 2 x 1,179,648 of write buffers.
+    for i in 0..4 {
+        let p = local.join(format!("shard-{i}.tar"));
+        gen(&sb, &p, "tar", 3000, 1000, &["--seed", &i.to_string()]);
     }
-    for (epoch, mut e) in ids.into_iter().enumerate() {
-        e.sort_unstable();
-        assert_eq!(
-            e,
-            (0..6000).collect::<Vec<u64>>(),
-            "epoch {epoch}: every record once"
-        );
-    }
+    let total = upload(&s3, &local, "n4");
+    nodes_stream_their_ranks(&s3, &sb, (&local, "n4", "tar"), 12000, 4, total / 4, 2);
 }
 
 #[test]

@@ -11,8 +11,10 @@
 //!
 //! The endpoint and credentials come the standard AWS way (`AWS_ENDPOINT_URL`,
 //! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
-//! `AWS_ALLOW_HTTP`); plain HTTP is allowed without asking for a loopback endpoint. The
-//! cache is `RIFFLE_S3_CACHE`, else `$XDG_CACHE_HOME/riffle/s3`, else `~/.cache/riffle/s3`.
+//! `AWS_ALLOW_HTTP`, then the profile `AWS_PROFILE` names in `~/.aws/credentials` and
+//! `~/.aws/config`, read by `profile.rs`); plain HTTP is allowed without asking for a
+//! loopback endpoint. The cache is `RIFFLE_S3_CACHE`, else `$XDG_CACHE_HOME/riffle/s3`,
+//! else `~/.cache/riffle/s3`.
 //!
 //! The crate is async: all of it stays in this module, on a current-thread tokio runtime
 //! made per call and driven by the calling thread (`block_on`), so nothing else in the
@@ -20,6 +22,7 @@
 
 mod fetch;
 pub mod probe;
+mod profile;
 mod stream;
 
 /// Staging: bytes per ranged GET, and GETs in flight per object.
@@ -118,6 +121,8 @@ pub struct S3Config {
     /// The access key and secret; when `None`, `object_store`'s own chain (the
     /// environment, then the instance's or container's credentials).
     pub credentials: Option<(String, String)>,
+    /// The session token that goes with `credentials` (a profile's `aws_session_token`).
+    pub session_token: Option<String>,
     /// The region (`AWS_REGION`, `AWS_DEFAULT_REGION`); `us-east-1` when unset.
     pub region: Option<String>,
     /// How long a request is retried before its error is returned (3 minutes when
@@ -126,24 +131,14 @@ pub struct S3Config {
 }
 
 impl S3Config {
-    /// From `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT`) and `AWS_REGION` (or
-    /// `AWS_DEFAULT_REGION`); credentials are left to `object_store`'s environment chain
-    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, then instance
-    /// and container credentials).
-    pub fn from_env() -> S3Config {
-        let var = |keys: &[&str]| {
-            keys.iter()
-                .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-        };
-        S3Config {
-            endpoint: var(&["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]),
-            credentials: None,
-            region: var(&["AWS_REGION", "AWS_DEFAULT_REGION"]),
-            retry_timeout: var(&["RIFFLE_S3_RETRY_SECONDS"])
-                .and_then(|s| s.parse::<f64>().ok())
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(Duration::from_secs_f64),
-        }
+    /// From the environment and the AWS profile, as the AWS CLI reads them
+    /// (`docs/object-storage.md`): `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT`),
+    /// `AWS_REGION` (or `AWS_DEFAULT_REGION`) and `AWS_ACCESS_KEY_ID` beat the profile's
+    /// `endpoint_url`, `region` and keys; keys in neither are left to `object_store`'s
+    /// chain (instance and container credentials). An unreadable or malformed profile
+    /// file, or `AWS_PROFILE` naming a profile neither file has, is an error.
+    pub fn from_env() -> Result<S3Config> {
+        profile::config(&|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
 
     /// The directory of the cache this endpoint's objects go under: its host and port,
@@ -178,6 +173,9 @@ impl S3Config {
         }
         if let Some((key, secret)) = &self.credentials {
             b = b.with_access_key_id(key).with_secret_access_key(secret);
+            if let Some(token) = &self.session_token {
+                b = b.with_token(token);
+            }
         }
         let retry = RetryConfig {
             backoff: BackoffConfig {
@@ -238,7 +236,7 @@ pub fn stage_in(url: &str, cfg: &S3Config, root: &Path) -> Result<Vec<PathBuf>> 
 /// each URL replaced by its objects' local copies.
 pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::with_capacity(paths.len());
-    let cfg = S3Config::from_env();
+    let cfg = S3Config::from_env()?;
     for p in paths {
         match p.to_str().filter(|s| s.starts_with(SCHEME)) {
             Some(url) => out.extend(stage(url, &cfg)?),
@@ -261,7 +259,7 @@ fn check_fits(paths: &[PathBuf], limit: Option<u64>) -> Result<()> {
     let Some(limit) = limit else {
         return Ok(());
     };
-    let cfg = S3Config::from_env();
+    let cfg = S3Config::from_env()?;
     let rt = runtime()?;
     for p in paths {
         let Some(u) = p.to_str().filter(|s| s.starts_with(SCHEME)) else {
@@ -294,7 +292,7 @@ pub fn open_within(
     paths: &[PathBuf],
     opts: &crate::dataset::OpenOptions,
 ) -> Result<Option<crate::dataset::Dataset>> {
-    open_with(paths, opts, &S3Config::from_env(), None)
+    open_with(paths, opts, &S3Config::from_env()?, None)
 }
 
 /// As [`open_within`], with the store `cfg` and the cache `root` ([`cache_root`] when

@@ -732,8 +732,7 @@ impl Conn {
             admit: &admit,
             ended: Box::new(move |r| {
                 let mut s = sh.stats();
-                s.read_ops += r.read_ops;
-                s.device_bytes += r.device_bytes;
+                s.count_pass(&r);
                 s.jobs_now = s.jobs_now.saturating_sub(1);
             }),
         };
@@ -827,8 +826,7 @@ impl Conn {
             .fetch_sub(ring_bytes, Ordering::Relaxed);
         let mut s = self.shared.stats();
         s.streams_now -= 1;
-        s.read_ops += report.read_ops;
-        s.device_bytes += report.device_bytes;
+        s.count_pass(&report);
         announced
     }
 }

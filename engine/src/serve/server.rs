@@ -151,6 +151,7 @@ impl Server {
                 panics_before: panics(),
                 batch_us: hist(),
                 send_us: hist(),
+                streamed: Default::default(),
             }),
             ring_bytes_now: AtomicU64::new(0),
             jobs: Default::default(),

@@ -153,9 +153,22 @@ pub(super) struct Stats {
     /// Per batch: from the ring write's start (the arrays, when the engine assembled it in
     /// the ring) to the notification written (us).
     pub(super) send_us: Histogram<u64>,
+    /// Passes over a dataset streamed from object storage: the most local disk one charged
+    /// at once, and the last one's GETs and bytes per object and epoch.
+    pub(super) streamed: (Option<u64>, Vec<crate::dataset::ObjectCount>),
 }
 
 impl Stats {
+    /// Counts what a pass (or a stream of its own) that ended read.
+    pub(super) fn count_pass(&mut self, r: &crate::modes::ReadReport) {
+        self.read_ops += r.read_ops;
+        self.device_bytes += r.device_bytes;
+        self.streamed.0 = self.streamed.0.max(r.peak_local_bytes);
+        if !r.objects.is_empty() {
+            self.streamed.1 = r.objects.clone();
+        }
+    }
+
     /// Counts a batch announced (`in_place`: assembled in the ring by the engine).
     pub(super) fn count_batch(&mut self, h: &super::proto::BatchHeader, in_place: bool) {
         self.batches += 1;
@@ -204,7 +217,7 @@ impl Shared {
         if panics > 0 {
             errors.insert("panic".into(), panics);
         }
-        json!({
+        let mut v = json!({
             "uptime_s": secs,
             "clients": self.conns.lock().unwrap_or_else(|p| p.into_inner()).len(),
             "connections_total": s.connections_total,
@@ -253,6 +266,11 @@ impl Shared {
                 }
                 v
             }).collect::<Vec<_>>(),
-        })
+        });
+        v["streamed"] = json!({
+            "peak_local_bytes": s.streamed.0,
+            "last_pass_objects": s.streamed.1,
+        });
+        v
     }
 }

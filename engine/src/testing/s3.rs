@@ -101,19 +101,61 @@ impl S3Server {
         S3Config {
             endpoint: Some(self.endpoint.clone()),
             credentials: Some((ACCESS_KEY.into(), SECRET_KEY.into())),
+            session_token: None,
             region: Some("us-east-1".into()),
             retry_timeout: None,
         }
     }
 
-    /// Points `c` (a `riffle` command) at this server the standard AWS way.
+    /// Points `c` (a `riffle` command) at this server the standard AWS way, with no
+    /// profile (the profile files named are ones that do not exist, not the user's).
     pub fn env(&self, c: &mut Command) {
+        let none = self.root.path().join("no-aws-profile");
         c.env("AWS_ENDPOINT_URL", &self.endpoint)
             .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
             .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
             .env("AWS_REGION", "us-east-1")
-            .env_remove("AWS_SESSION_TOKEN")
-            .env_remove("AWS_PROFILE");
+            .env("AWS_SHARED_CREDENTIALS_FILE", &none)
+            .env("AWS_CONFIG_FILE", &none);
+        for k in [
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_DEFAULT_PROFILE",
+            "AWS_ENDPOINT_URL_S3",
+        ] {
+            c.env_remove(k);
+        }
+    }
+
+    /// Writes an AWS credentials file and config file into `dir` giving this server's
+    /// keys and endpoint as profile `name` (`[default]` when it is `default`); returns
+    /// their paths, for `AWS_SHARED_CREDENTIALS_FILE` and `AWS_CONFIG_FILE`.
+    pub fn profile_files(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let creds = dir.join("credentials");
+        let config = dir.join("config");
+        let header = match name {
+            "default" => "[default]".to_string(),
+            n => format!("[profile {n}]"),
+        };
+        let write = |p: &Path, text: String| {
+            std::fs::write(p, text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        };
+        write(
+            &creds,
+            format!(
+                "# riffle's test server\n[{name}]\naws_access_key_id = {ACCESS_KEY}\n\
+                 aws_secret_access_key = {SECRET_KEY}\n"
+            ),
+        );
+        write(
+            &config,
+            format!(
+                "{header}\nregion = us-east-1\nservices = here\n\n[services here]\ns3 =\n  \
+                 endpoint_url = {}\n",
+                self.endpoint
+            ),
+        );
+        (creds, config)
     }
 }
 

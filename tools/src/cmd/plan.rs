@@ -196,7 +196,7 @@ fn object_storage(
     let largest = ds.files().iter().map(|f| f.size).max().unwrap_or(0);
     // The endpoint's cached probe, if it was measured (`riffle probe s3://...`): the time
     // the GETs take at its best throughput.
-    let cfg = riffle::remote::S3Config::from_env();
+    let cfg = riffle::remote::S3Config::from_env()?;
     let predicted = match riffle::remote::probe::load_cached(&cfg, true) {
         Some(p) if p.best_bytes_per_s > 0.0 => json!({
             "best_get_bytes_per_s": p.best_bytes_per_s,

@@ -210,7 +210,7 @@ pub fn render(p: &Profile) -> String {
 /// size and requests in flight), cached per endpoint.
 fn remote(url: &str, args: &Args) -> Result<()> {
     use riffle::remote::probe as rp;
-    let cfg = riffle::remote::S3Config::from_env();
+    let cfg = riffle::remote::S3Config::from_env()?;
     let cached = (!args.refresh)
         .then(|| rp::load_cached(&cfg, args.quick))
         .flatten();

@@ -1,0 +1,289 @@
+//! `s3://` reads over a throttled connection: a proxy between riffle and the real server
+//! (s3s-fs) that caps each connection's bandwidth and answers some requests with 503
+//! SlowDown, S3's throttling reply. A read the retries outlast gives the same batches as
+//! an unthrottled read; throttling that outlasts `RIFFLE_S3_RETRY_SECONDS` is an error
+//! naming the object and the byte range, with no batch out.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use riffle::testing::s3::{S3Server, BUCKET};
+
+use super::{assert_ok, gen, text, Sandbox};
+
+/// Which requests are answered 503 SlowDown, given their number (from 0, as they arrive)
+/// and head (lower-cased).
+type SlowDown = dyn Fn(usize, &str) -> bool + Send + Sync;
+
+/// A throttling HTTP proxy on a loopback port in front of a server on `upstream`: one
+/// request a connection (it adds `connection: close`), each response sent at most `rate`
+/// bytes a second, and the requests `slow_down` picks answered 503 SlowDown instead.
+struct Throttle {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    requests: Arc<AtomicUsize>,
+    slowed: Arc<AtomicUsize>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Throttle {
+    fn start(upstream: u16, rate: u64, slow_down: Box<SlowDown>) -> Throttle {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let slowed = Arc::new(AtomicUsize::new(0));
+        let slow_down: Arc<SlowDown> = Arc::from(slow_down);
+        let (s, r, sl) = (stop.clone(), requests.clone(), slowed.clone());
+        let acceptor = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let (r, sl, sd) = (r.clone(), sl.clone(), slow_down.clone());
+                        std::thread::spawn(move || {
+                            // A connection the client dropped is its business.
+                            let _ = serve(conn, upstream, rate, &r, &sl, &*sd);
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    Err(e) => panic!("accept: {e}"),
+                }
+            }
+        });
+        Throttle {
+            port,
+            stop,
+            requests,
+            slowed,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+    }
+}
+
+/// One connection: its request's head, then 503 SlowDown or the server's response at
+/// `rate`.
+fn serve(
+    conn: TcpStream,
+    upstream: u16,
+    rate: u64,
+    requests: &AtomicUsize,
+    slowed: &AtomicUsize,
+    slow_down: &SlowDown,
+) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    let mut r = BufReader::new(conn);
+    let mut head = Vec::new();
+    let mut line = String::new();
+    // The request's head; riffle's GETs and LISTs have no body.
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        if line == "\r\n" {
+            break;
+        }
+        if !line.to_ascii_lowercase().starts_with("connection:") {
+            head.extend_from_slice(line.as_bytes());
+        }
+    }
+    head.extend_from_slice(b"connection: close\r\n\r\n");
+    let mut client = r.into_inner();
+    let n = requests.fetch_add(1, Ordering::SeqCst);
+    if slow_down(n, &String::from_utf8_lossy(&head).to_ascii_lowercase()) {
+        slowed.fetch_add(1, Ordering::SeqCst);
+        let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>\
+                    <Message>Please reduce your request rate.</Message></Error>";
+        let reply = format!(
+            "HTTP/1.1 503 Slow Down\r\ncontent-type: application/xml\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        client.write_all(reply.as_bytes())?;
+        return client.shutdown(Shutdown::Write);
+    }
+    let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
+    up.write_all(&head)?;
+    let start = Instant::now();
+    let mut sent = 0u64;
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let n = up.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        client.write_all(&buf[..n])?;
+        sent += n as u64;
+        let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    client.shutdown(Shutdown::Write)
+}
+
+/// A `riffle` command of `sb` pointed at `endpoint` (the server's keys), its object cache
+/// in the sandbox.
+fn cmd(sb: &Sandbox, s3: &S3Server, endpoint: &str) -> Command {
+    let mut c = sb.cmd();
+    s3.env(&mut c);
+    c.env("AWS_ENDPOINT_URL", endpoint)
+        .env("RIFFLE_S3_CACHE", sb.path().join("s3-cache"));
+    c
+}
+
+/// `riffle read SPEC --ids-out FILE ARGS` by `c`: its output and the ids file, when
+/// written.
+fn read(
+    sb: &Sandbox,
+    mut c: Command,
+    spec: &str,
+    args: &[&str],
+) -> (std::process::Output, Option<String>) {
+    let out = sb.path().join("ids.txt");
+    let _ = std::fs::remove_file(&out);
+    let o = c
+        .arg("read")
+        .arg(spec)
+        .args(["--batch-size", "16", "--seed", "7"])
+        .args(args)
+        .arg("--ids-out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    (o, std::fs::read_to_string(&out).ok())
+}
+
+/// Four JSONL shards of about 3 MB in `sb`'s data directory `t`, each uploaded as
+/// `t/NAME`; returns the directory and their bytes.
+fn dataset(sb: &Sandbox, s3: &S3Server) -> (std::path::PathBuf, u64) {
+    let dir = sb.data().join("t");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut total = 0;
+    for i in 0..4 {
+        let p = dir.join(format!("shard-{i}.jsonl"));
+        gen(sb, &p, "lines", 1500, 2000, &["--seed", &i.to_string()]);
+        let bytes = std::fs::read(&p).unwrap();
+        total += bytes.len() as u64;
+        s3.put(&format!("t/shard-{i}.jsonl"), &bytes);
+    }
+    (dir, total)
+}
+
+/// The two reads of the dataset, each as (the `s3://` read's words, the same job's on the
+/// local files): staged (lirs), and streamed two-pass past a cache limit (one rank of four,
+/// two epochs), whose batches are the local lirs read's.
+fn reads(total: u64) -> [(Vec<String>, Vec<String>); 2] {
+    let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let job = [
+        "--world",
+        "2",
+        "--rank",
+        "1",
+        "--drop-last",
+        "--epochs",
+        "2",
+    ];
+    let limit = (total * 3 / 4).to_string();
+    [
+        (words(&["--mode", "lirs"]), words(&["--mode", "lirs"])),
+        (
+            words(&[&job[..], &["--cache-limit", &limit]].concat()),
+            words(&[&job[..], &["--mode", "lirs"]].concat()),
+        ),
+    ]
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn a_throttled_connection_with_slow_downs_resumes_with_the_same_batches() {
+    let Some(s3) = S3Server::start() else { return };
+    let sb = Sandbox::new();
+    let (dir, total) = dataset(&sb, &s3);
+    let spec = format!("s3://{BUCKET}/t/");
+    for (args, local) in reads(total) {
+        let (args, local) = (strs(&args), strs(&local));
+        let (o, want) = read(&sb, sb.cmd(), dir.to_str().unwrap(), &local);
+        assert_ok(&o);
+        let want = want.unwrap();
+        assert!(want.lines().count() > 50, "{args:?}: {want}");
+        // 2 MB/s a connection, and every third request slowed down.
+        let t = Throttle::start(s3.port(), 2 << 20, Box::new(|n, _| n % 3 == 1));
+        let (o, got) = read(&sb, cmd(&sb, &s3, &t.endpoint()), &spec, &args);
+        assert_ok(&o);
+        let (slowed, requests) = (
+            t.slowed.load(Ordering::SeqCst),
+            t.requests.load(Ordering::SeqCst),
+        );
+        assert!(
+            slowed > 0 && requests > slowed,
+            "{slowed} of {requests} slowed"
+        );
+        assert_eq!(
+            got.unwrap(),
+            want,
+            "{args:?}: throttled, the batches differ"
+        );
+    }
+}
+
+#[test]
+fn throttling_past_the_retry_time_is_an_error_naming_the_object_and_range_with_no_batch() {
+    let Some(s3) = S3Server::start() else { return };
+    let sb = Sandbox::new();
+    let (_, total) = dataset(&sb, &s3);
+    let spec = format!("s3://{BUCKET}/t/");
+    for (args, _) in reads(total) {
+        let args = strs(&args);
+        // The listing, the HEADs and the first ranged GET pass; every later ranged GET is
+        // slowed down.
+        let ranged = AtomicUsize::new(0);
+        let after_one = move |_: usize, head: &str| {
+            head.contains("\r\nrange:") && ranged.fetch_add(1, Ordering::SeqCst) >= 1
+        };
+        let t = Throttle::start(s3.port(), 2 << 20, Box::new(after_one));
+        let mut c = cmd(&sb, &s3, &t.endpoint());
+        c.env("RIFFLE_S3_RETRY_SECONDS", "1");
+        let (o, ids) = read(&sb, c, &spec, &args);
+        assert!(!o.status.success(), "{args:?}: the read succeeded");
+        assert!(o.stdout.is_empty(), "{args:?}: a batch was printed");
+        assert_eq!(ids, None, "{args:?}: ids were written");
+        let err = text(&o.stderr);
+        assert!(
+            err.contains(&format!("s3://{BUCKET}/t/shard-")) && err.contains("bytes "),
+            "{args:?}: the error does not name the object and range:\n{err}"
+        );
+        assert!(
+            err.contains("503") || err.contains("SlowDown"),
+            "{args:?}: the error does not say the store slowed it down:\n{err}"
+        );
+        assert!(
+            t.slowed.load(Ordering::SeqCst) > 1,
+            "{args:?}: never slowed"
+        );
+    }
+}
