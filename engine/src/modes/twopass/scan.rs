@@ -144,12 +144,14 @@ pub(super) fn wanted_units(
     Some(wanted)
 }
 
-/// What one scatter reads from: the source, the epoch its fetches count under, and the
-/// units it keeps (`None`: all).
+/// What one scatter reads from: the source, the epoch its fetches count under, the units
+/// it keeps (`None`: all), and its round's key range.
 pub(super) struct Sequential<'a> {
     pub scan: &'a mut Scan,
     pub epoch: u64,
     pub wanted: Option<Bits>,
+    /// The round whose key range it frames (`None`: every unit).
+    pub round: Option<super::rounds::Round>,
 }
 
 /// Bytes the filesystem holds for the files under `dir` (their allocated blocks).
