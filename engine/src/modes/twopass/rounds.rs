@@ -258,7 +258,15 @@ pub fn streamed_figures(ds: &Dataset, opts: &ReadOptions, limit: u64) -> Result<
     let slack = plan.layout.disk_slack(STREAMED_STEP);
     let local = (plan.frames as f64 * kept + skip) as u64;
     let key = EpochKey::new(opts.seed, 0);
-    let split = opts.split_for(0, ds.len())?;
+    // A plan of several nodes may not have chosen how an uneven tail goes: its share is
+    // about the same with the tail dropped.
+    let split = opts.split_for(0, ds.len()).or_else(|_| {
+        ReadOptions {
+            tail: crate::order::Tail::DropLast,
+            ..opts.clone()
+        }
+        .split_for(0, ds.len())
+    })?;
     let wanted = wanted_units(&units, &split, 0, &key, opts.ranks.as_deref());
     let (rounds, local_disk, unfit) =
         match plan_within(ds, &units, &key, wanted.as_ref(), limit, &plan) {
