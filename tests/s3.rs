@@ -630,6 +630,21 @@ fn one_node_streamed_within_a_quarter_and_a_tenth_reads_in_rounds_in_the_same_or
             "{v}"
         );
     }
+    // A limit that leaves no room beside the piles' own slack: no number of rounds fits,
+    // refused before any pile is written, naming the figures.
+    let o = s3
+        .cmd(&sb)
+        .args(["read", &url, "--batch-size", "16", "--cache-limit", "1M"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "a read no round fits succeeded");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--cache-limit 1.0 MiB")
+            && err.contains("a round of")
+            && err.contains("slack"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -193,7 +193,12 @@ fn object_storage(
     let range = riffle::remote::STAGE_RANGE;
     let stage_gets: u64 = ds.files().iter().map(|f| f.size.div_ceil(range)).sum();
     let staged = total <= limit;
-    let largest = ds.files().iter().map(|f| f.size).max().unwrap_or(0);
+    // The largest object is fetched alone once to find its layout; an MDS shard's header
+    // is enough (its index.json gives the rest).
+    let largest = match ds.format() {
+        riffle::format::Format::Mds => 0,
+        _ => ds.files().iter().map(|f| f.size).max().unwrap_or(0),
+    };
     // The endpoint's cached probe, if it was measured (`riffle probe s3://...`): the time
     // the GETs take at its best throughput.
     let cfg = riffle::remote::S3Config::from_env();
@@ -230,7 +235,6 @@ fn object_storage(
             "rounds": f.rounds,
             "gets_per_epoch": f.gets_per_epoch,
             "bytes_per_epoch": f.bytes_per_epoch,
-            // The largest object is fetched alone once to find its layout.
             "local_disk": f.local_disk.max(largest),
             "memory": f.memory,
         },
@@ -290,7 +294,7 @@ fn print_object_storage(v: &Value) -> Result<()> {
         h(&t["bytes_per_epoch"]),
         h(&t["local_disk"]),
         h(&t["memory"]),
-        note("streamed two-pass", &t["fits"], "a round's piles"),
+        note("streamed two-pass", &t["fits"], "a round of its piles"),
     )?;
     match (t["rounds"].as_u64(), t["unfit"].as_str()) {
         (_, Some(why)) => outln!("\nstreamed two-pass cannot run: {why}")?,
