@@ -111,6 +111,30 @@ fn s3_jsonl_tar_and_fixed_shards_read_like_the_same_files_in_lirs_and_two_pass()
 }
 
 #[test]
+fn a_staged_mds_prefix_reads_like_the_same_local_directory() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("mds");
+    gen(&sb, &local, "mds", 3000, 500, &["--seed", "5"]);
+    let total = upload(&s3, &local, "mds").to_string();
+    let url = format!("s3://{BUCKET}/mds/");
+    let want = ids(&sb, sb.cmd(), local.to_str().unwrap(), &["--mode", "lirs"]);
+    assert!(want.len() > 100, "{want:?}");
+    // Staged whole (no limit), and within a --cache-limit of its size (the bench's 100%,
+    // the mode left to the planner): its index.json is the dataset's, as in the local
+    // directory, not a data file of unknown format.
+    for args in [
+        &["--mode", "lirs"][..],
+        &["--mode", "two-pass"],
+        &["--cache-limit", &total],
+        &["--cache-limit", &total, "--mode", "lirs"],
+    ] {
+        let got = ids(&sb, s3.cmd(&sb), &url, args);
+        assert_eq!(got, want, "{url} {args:?} differs from {}", local.display());
+    }
+}
+
+#[test]
 fn a_missing_object_or_prefix_is_an_error_naming_it() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
@@ -424,8 +448,9 @@ fn ids_and_report(
 
 /// A streamed read's report: it ran two-pass from the store, its local disk stayed within
 /// `limit`, and every object of `sizes` was fetched in each of `epochs`, no byte of it
-/// twice.
-fn check_streamed(r: &serde_json::Value, limit: u64, sizes: &[(String, u64)], epochs: u64) {
+/// more than once a round (`rounds` per epoch, each a sequential read of the objects).
+/// Returns the rounds.
+fn check_streamed(r: &serde_json::Value, limit: u64, sizes: &[(String, u64)], epochs: u64) -> u64 {
     assert_eq!(
         (r["mode"].as_str(), r["backend"].as_str()),
         (Some("two-pass"), Some("s3"))
@@ -436,6 +461,7 @@ fn check_streamed(r: &serde_json::Value, limit: u64, sizes: &[(String, u64)], ep
         peak > 0 && peak <= limit,
         "peak local disk {peak} past the limit {limit}"
     );
+    let rounds = r["rounds"].as_u64().unwrap();
     let objects = r["objects"].as_array().unwrap();
     assert_eq!(
         objects.len() as u64,
@@ -447,11 +473,12 @@ fn check_streamed(r: &serde_json::Value, limit: u64, sizes: &[(String, u64)], ep
         let size = sizes.iter().find(|(n, _)| n == name).expect(name).1;
         let bytes = o["bytes"].as_u64().unwrap();
         assert!(
-            bytes > 0 && bytes <= size,
-            "{name} in epoch {}: {bytes} bytes fetched of {size}",
+            bytes > 0 && bytes <= size * rounds,
+            "{name} in epoch {}: {bytes} bytes fetched of {size} in {rounds} round(s)",
             o["epoch"]
         );
     }
+    rounds
 }
 
 /// Every file under `dir` as the object `s3://BUCKET/prefix/NAME`, with its size.
@@ -526,7 +553,11 @@ fn s3_tar_mds_and_jsonl_streamed_past_the_cache_limit_read_like_the_same_files()
             got, lirs,
             "{format}: streamed two-pass differs from the files read locally"
         );
-        check_streamed(&report, limit, &objects_of(&local, format, ext), 2);
+        let rounds = check_streamed(&report, limit, &objects_of(&local, format, ext), 2);
+        assert_eq!(
+            rounds, 1,
+            "{format}: a node's piles within the limit take one round"
+        );
     }
 }
 
@@ -568,21 +599,35 @@ fn a_streamed_read_within_a_quarter_of_the_dataset_holds_it_and_gets_each_object
         &[&args[..], &["--cache-limit", &l]].concat(),
     );
     assert_eq!(got, want);
-    check_streamed(&report, limit, &objects_of(&local, "q", "jsonl"), 2);
-    // A limit the node's piles do not fit is refused as they reach it, naming it.
-    let tight = (total * 5 / 32).to_string();
+    let rounds = check_streamed(&report, limit, &objects_of(&local, "q", "jsonl"), 2);
+    assert_eq!(
+        rounds, 1,
+        "the node's piles fit: one round, each object once an epoch"
+    );
+    // A limit the node's piles do not fit at once: the epoch is read in rounds, each a
+    // sequential read of the objects scattering one key range of the piles, in the
+    // same order.
+    let tight = total * 5 / 32;
+    let (got, report) = ids_and_report(
+        &sb,
+        s3.cmd(&sb),
+        &url,
+        &[&args[..], &["--cache-limit", &tight.to_string()]].concat(),
+    );
+    assert_eq!(got, want, "read in rounds, the order differs");
+    let rounds = check_streamed(&report, tight, &objects_of(&local, "q", "jsonl"), 2);
+    assert!(rounds >= 2, "{rounds} round(s) within {tight} bytes");
+    // A limit no round fits (the objects indexed alone, or the piles' own slack) is
+    // refused, naming it.
     let o = s3
         .cmd(&sb)
-        .args(["read", &url, "--batch-size", "16", "--cache-limit", &tight])
+        .args(["read", &url, "--batch-size", "16", "--cache-limit", "300K"])
         .args(args)
         .output()
         .unwrap();
     assert!(!o.status.success(), "a read past its cache limit succeeded");
     let err = text(&o.stderr);
-    assert!(
-        err.contains("--cache-limit") && err.contains("the piles"),
-        "{err}"
-    );
+    assert!(err.contains("--cache-limit 300"), "{err}");
     // Streamed, it is read by two-pass only: lirs and cat would read it at random.
     for words in [
         &["read", "--batch-size", "16", "--mode", "lirs"][..],
@@ -600,6 +645,90 @@ fn a_streamed_read_within_a_quarter_of_the_dataset_holds_it_and_gets_each_object
         let err = text(&o.stderr);
         assert!(err.contains("only two-pass reads"), "{words:?}: {err}");
     }
+}
+
+#[test]
+fn one_node_streamed_within_a_quarter_and_a_tenth_reads_in_rounds_in_the_same_order() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("r");
+    gen(&sb, &local, "mds", 12000, 2000, &["--seed", "9"]);
+    let total = upload(&s3, &local, "r");
+    let url = format!("s3://{BUCKET}/r/");
+    let spec = local.to_str().unwrap();
+    for (share, epochs) in [(4, "2"), (10, "1")] {
+        let args = ["--epochs", epochs];
+        let lirs = ids(
+            &sb,
+            sb.cmd(),
+            spec,
+            &[&args[..], &["--mode", "lirs"]].concat(),
+        );
+        let two_pass = ids(
+            &sb,
+            sb.cmd(),
+            spec,
+            &[&args[..], &["--mode", "two-pass"]].concat(),
+        );
+        assert!(
+            lirs.len() > 500 && lirs == two_pass,
+            "lirs and two-pass differ"
+        );
+        // One node holds the whole dataset: its piles take R rounds within the limit.
+        let limit = total / share;
+        let (got, report) = ids_and_report(
+            &sb,
+            s3.cmd(&sb),
+            &url,
+            &[&args[..], &["--cache-limit", &limit.to_string()]].concat(),
+        );
+        assert_eq!(got, lirs, "1/{share}: read in rounds, the order differs");
+        let n: u64 = epochs.parse().unwrap();
+        let rounds = check_streamed(&report, limit, &objects_of(&local, "r", "mds"), n);
+        assert!(rounds >= 2, "1/{share}: {rounds} round(s)");
+        // Each object is read once a round: a GET (or more) in each.
+        for o in report["objects"].as_array().unwrap() {
+            let gets = o["gets"].as_u64().unwrap();
+            assert!(gets >= rounds, "1/{share}: {o} in {rounds} rounds");
+        }
+        // The planner says the same rounds, and GETs and bytes for all of them.
+        let o = s3
+            .cmd(&sb)
+            .args(["plan", &url, "--batch-size", "16", "--json"])
+            .args(["--cache-limit", &limit.to_string()])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let t = &v["streamed_two_pass"];
+        // The plan cuts its first epoch's rounds (of its own seed: the cut may differ
+        // by one where a key bucket falls).
+        let planned = t["rounds"].as_u64().unwrap();
+        assert!(
+            planned >= 2 && planned.abs_diff(rounds) <= 1,
+            "{rounds}: {v}"
+        );
+        let shards: u64 = objects_of(&local, "r", "mds").iter().map(|o| o.1).sum();
+        assert!(
+            t["bytes_per_epoch"].as_u64().unwrap() >= planned * shards * 9 / 10,
+            "{v}"
+        );
+    }
+    // A limit that leaves no room beside the piles' own slack: no number of rounds fits,
+    // refused before any pile is written, naming the figures.
+    let o = s3
+        .cmd(&sb)
+        .args(["read", &url, "--batch-size", "16", "--cache-limit", "1M"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "a read no round fits succeeded");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--cache-limit 1.0 MiB")
+            && err.contains("a round of")
+            && err.contains("slack"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -422,6 +422,11 @@ pub struct ReadReport {
     /// alone to be indexed), never above `cache_limit`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_local_bytes: Option<u64>,
+    /// A streamed dataset: rounds per epoch (the most of any epoch), each a sequential
+    /// read of the node's objects scattering one key range of its piles
+    /// (`twopass::rounds`); 1 when its piles fit `cache_limit` at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<u64>,
     /// A streamed dataset: ranged GETs and bytes fetched, per object and epoch.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<crate::dataset::ObjectCount>,

@@ -20,9 +20,11 @@
 
 mod body;
 mod held;
+mod rounds;
 mod scan;
 
 pub(super) use held::read_partly_piled;
+pub use rounds::{streamed_figures, StreamedFigures};
 
 use std::cell::RefCell;
 use std::ops::{ControlFlow, Range};
@@ -44,6 +46,7 @@ use crate::resources::{Limits, PilePlan};
 use crate::{Error, Result};
 use body::{emit_frames, encode_skip, rescatter, Body};
 use held::HeldPart;
+use rounds::{Pending, STREAMED_STEP};
 use scan::{wanted_units, Scan, Sequential};
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
@@ -160,54 +163,6 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
     Ok((plan.memory_bytes, plan.scratch_bytes, piles))
 }
 
-/// What a streamed two-pass read of a dataset in object storage takes (see
-/// [`streamed_figures`]), for the planner.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct StreamedFigures {
-    /// Ranged GETs per epoch (each object read once, in ranges of the scatter's reads).
-    pub gets_per_epoch: u64,
-    /// Bytes fetched per epoch.
-    pub bytes_per_epoch: u64,
-    /// Local disk at the peak: one epoch's piles of this read's streams' share of the
-    /// records, the other units' skip frames, and the piles' slack.
-    pub local_disk: u64,
-    /// Engine memory: the two-pass plan's and the GET bodies in flight.
-    pub memory: u64,
-}
-
-/// What a two-pass read of `ds` with `opts` would take were its files objects streamed
-/// from a store (what `riffle plan` shows against a staged copy).
-pub fn streamed_figures(ds: &Dataset, opts: &ReadOptions) -> Result<StreamedFigures> {
-    let units = Units::new(&ds.layout(), opts.grouping);
-    let (_, plan, resources) =
-        crate::resources::two_pass_plan(&super::demand(ds, &units, opts), &Limits::here(None))?;
-    let chunks = Chunker {
-        ds,
-        units: &units,
-        target: plan.scan_size - 8192,
-        next: 0,
-    };
-    let (gets, bytes) = chunks.fold((0, 0), |(n, b), c| (n + 1, b + c.stop - c.start));
-    // One stream keeps about 1/world of the units; a shared pass (or one stream) all.
-    let kept = if opts.world > 1 && opts.ranks.is_none() {
-        1.0 / opts.world as f64
-    } else {
-        1.0
-    };
-    let skip = (crate::piles::frame::HEAD + 12) as f64 * units.len() as f64 * (1.0 - kept);
-    let local = plan.frames as f64 * kept + skip + plan.layout.disk_slack(STREAMED_STEP) as f64;
-    Ok(StreamedFigures {
-        gets_per_epoch: gets,
-        bytes_per_epoch: bytes,
-        local_disk: local as u64,
-        memory: resources.memory_bytes + scan::GETS_IN_FLIGHT as u64 * plan.scan_size,
-    })
-}
-
-/// How far ahead of its writes a streamed read grows its pile files (its local disk is
-/// capped, and this is part of what it charges).
-const STREAMED_STEP: u64 = 1 << 20;
-
 /// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).
 #[derive(Clone, Copy, Debug)]
 struct Chunk {
@@ -304,6 +259,7 @@ fn run(
         lead_ops: 0,
         lead_bytes: 0,
         charged: 0,
+        pending: None,
     };
     run.describe(r, &scan);
     let epochs = opts.epoch_range()?;
@@ -335,6 +291,8 @@ struct Run<'a> {
     lead_bytes: u64,
     /// Local disk charged for this epoch's piles (a streamed read's).
     charged: u64,
+    /// A streamed epoch done in rounds: those still to scatter (`rounds`).
+    pending: Option<Pending>,
 }
 
 impl Run<'_> {
@@ -454,26 +412,33 @@ impl Run<'_> {
         } else {
             let key = EpochKey::new(opts.seed, epoch);
             let split = opts.split_for(epoch, ds.len())?;
-            // A streamed read keeps only its streams' units (a node's share).
-            let wanted = match self.reader.objects() {
-                Some(_) => wanted_units(units, &split, *first_batch, &key, opts.ranks.as_deref()),
-                None => None,
+            // A streamed read keeps only its streams' units (a node's share), in as many
+            // rounds as its local disk needs (`rounds`).
+            let (wanted, cut) = match self.reader.objects() {
+                Some(o) => {
+                    let w = wanted_units(units, &split, *first_batch, &key, opts.ranks.as_deref());
+                    let cut =
+                        rounds::plan_within(ds, units, &key, w.as_ref(), o.cache_limit(), plan)?;
+                    r.rounds = Some(r.rounds.unwrap_or(0).max(cut.len() as u64));
+                    (w, Some(cut))
+                }
+                None => (None, None),
             };
-            let scattered = scatter(
-                ds,
-                units,
-                plan,
-                &opts.io,
-                &mut Sequential {
-                    scan: &mut self.reader,
-                    epoch,
-                    wanted,
-                    from: self.held.map_or(0, HeldPart::units),
-                },
-                &key,
-                scratch,
-                stop,
-            );
+            let mut from = Sequential {
+                scan: &mut self.reader,
+                epoch,
+                wanted,
+                round: cut.as_ref().and_then(|c| c.get(0)),
+                from: self.held.map_or(0, HeldPart::units),
+            };
+            let scattered = scatter(ds, units, plan, &opts.io, &mut from, &key, scratch, stop);
+            self.pending = cut.filter(|c| c.len() > 1).map(|rounds| Pending {
+                rounds,
+                next: 1,
+                wanted: from.wanted,
+                epoch,
+                key,
+            });
             (scattered, Ok(None))
         };
         let scattered = scattered?;
@@ -523,9 +488,6 @@ impl Run<'_> {
         .described(ds)
         .shared(opts.ranks.clone())
         .timed(self.started);
-        // The pile pass, double buffered: a loader thread reads and sorts the next pile
-        // (or key sub-range of an oversized pile) while this thread emits the current one.
-        let loads = set.into_loads(|bytes| bytes.div_ceil(plan.pile_budget));
         let mut loader = PileReader::new(&opts.io);
         // The device takes reads and writes in turn: a pile is loaded while no re-scatter
         // writes, and a re-scatter writes (to the end of its last write) while no pile
@@ -534,52 +496,79 @@ impl Run<'_> {
         // s); the emitter, which only copies, runs beside either.
         let io_turn = std::sync::Mutex::new(());
         let take_turn = || io_turn.lock().unwrap_or_else(|e| e.into_inner());
-        crate::pipeline::pipelined(
-            loads.jobs,
-            stop,
-            |load, _| {
-                // Buffers of a pile already emitted, reused: fresh memory would be
-                // faulted in and zeroed page by page for every pile.
-                let mut p = pool
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pop()
-                    .unwrap_or_default();
-                // Sized once with a little room, as far as the pile budget allows, so
-                // the next (slightly larger) pile does not regrow it.
-                let bytes = load.expect;
-                let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
-                p.data.room_for(room as usize);
-                {
-                    let _turn = take_turn();
-                    loader.load(load, &mut p.data, &mut p.frames, stop)?;
-                }
-                crate::order::sort_uniform(&mut p.frames, &mut p.scratch, |f| f.0);
-                Ok(p)
-            },
-            |p| {
-                *pile_reads += 1;
-                emit_and_roll(
-                    &p,
-                    (units, held),
-                    &mut em,
-                    next.as_mut(),
-                    &next_key,
+        // A streamed epoch in rounds passes each round's piles in turn, the next round
+        // scattered once this one's are gone (`rounds`); any other epoch has one set.
+        let (mut set, mut scattered) = (Some(set), 0);
+        while let Some(s) = set.take() {
+            // The pile pass, double buffered: a loader thread reads and sorts the next pile
+            // (or key sub-range of an oversized pile) while this thread emits the current.
+            let loads = s.into_loads(|bytes| bytes.div_ceil(plan.pile_budget));
+            crate::pipeline::pipelined(
+                loads.jobs,
+                stop,
+                |load, _| {
+                    // Buffers of a pile already emitted, reused: fresh memory would be
+                    // faulted in and zeroed page by page for every pile.
+                    let mut p = pool
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .pop()
+                        .unwrap_or_default();
+                    // Sized once with a little room, as far as the pile budget allows, so
+                    // the next (slightly larger) pile does not regrow it.
+                    let bytes = load.expect;
+                    let room = (bytes + bytes / 16).min(plan.pile_budget).max(bytes);
+                    p.data.room_for(room as usize);
+                    {
+                        let _turn = take_turn();
+                        loader.load(load, &mut p.data, &mut p.frames, stop)?;
+                    }
+                    crate::order::sort_uniform(&mut p.frames, &mut p.scratch, |f| f.0);
+                    Ok(p)
+                },
+                |p| {
+                    *pile_reads += 1;
+                    emit_and_roll(
+                        &p,
+                        (units, held),
+                        &mut em,
+                        next.as_mut(),
+                        &next_key,
+                        stop,
+                        &take_turn,
+                    )?;
+                    pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+                    Ok(if em.stopped {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(None)
+                    })
+                },
+            )?;
+            drop(loads.dir);
+            if em.stopped || stop.is_set() {
+                break;
+            }
+            if let Some(p) = self.pending.as_mut() {
+                let (reader, charged) = (&mut self.reader, &mut self.charged);
+                set = p.next(
+                    ds,
+                    units,
+                    plan,
+                    &opts.io,
+                    reader,
+                    self.scratch,
                     stop,
-                    &take_turn,
+                    charged,
+                    &mut scattered,
                 )?;
-                pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
-                Ok(if em.stopped {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(None)
-                })
-            },
-        )?;
+            }
+        }
         em.finish();
         let stopped = em.stopped || stop.is_set();
         drop(em);
-        drop(loads.dir);
+        r.scratch_bytes += scattered;
+        self.pending = None;
         Ok(stopped)
     }
 
@@ -682,6 +671,7 @@ fn scatter_led(
             scan: reader,
             epoch,
             wanted: None,
+            round: None,
             from: 0,
         };
         let scattered = scatter(ds, units, plan, &opts.io, &mut from, &key, scratch, stop);
@@ -755,8 +745,12 @@ fn scatter(
         scan,
         epoch,
         wanted,
+        round,
         from,
     } = from;
+    // A round frames only the units of its key range; it reads no chunk holding none.
+    let round = *round;
+    let outside = |u: u64| round.is_some_and(|r| !r.has(key.key(u)));
     // A streamed read charges the piles' local disk before writing it: their slack first
     // (space allocated ahead, last chunks written whole), then every frame.
     let objects = scan.objects().cloned();
@@ -801,7 +795,8 @@ fn scatter(
             if stop.is_set() {
                 return None;
             }
-            let c = chunker.next()?;
+            let c =
+                std::iter::from_fn(|| chunker.next()).find(|c| !(c.first..c.end).all(outside))?;
             chunks.borrow_mut().push(c);
             Some((c.file, c.start, (c.stop - c.start) as usize))
         }),
@@ -811,6 +806,9 @@ fn scatter(
             }
             let c = chunks.borrow()[i];
             for u in c.first..c.end {
+                if outside(u) {
+                    continue;
+                }
                 if wanted.as_ref().is_some_and(|w| !w.has(u)) {
                     // Another node's: its positions only.
                     skip.clear();

@@ -233,17 +233,32 @@ pub fn stage_in(url: &str, cfg: &S3Config, root: &Path) -> Result<Vec<PathBuf>> 
 }
 
 /// The paths a spec's words name once `s3://` URLs are staged: local paths as they are,
-/// each URL replaced by its objects' local copies.
+/// each URL replaced by its objects' local copies, or by the copy of its MDS `index.json`
+/// when it holds one (the staged directory is then read as a local MDS directory is).
 pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::with_capacity(paths.len());
     let cfg = S3Config::from_env()?;
     for p in paths {
         match p.to_str().filter(|s| s.starts_with(SCHEME)) {
-            Some(url) => out.extend(stage(url, &cfg)?),
+            Some(url) => out.extend(mds_index_or_all(stage(url, &cfg)?)),
             None => out.push(p.clone()),
         }
     }
     Ok(out)
+}
+
+/// Staged copies as a dataset names them: an MDS dataset (the objects hold an
+/// `index.json`) by its shallowest `index.json` alone, which lists its shards (as the
+/// streamed read takes the shallowest one for the root); any other objects all.
+fn mds_index_or_all(staged: Vec<PathBuf>) -> Vec<PathBuf> {
+    let index = staged
+        .iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "index.json"))
+        .min_by_key(|p| p.components().count());
+    match index {
+        Some(i) => vec![i.clone()],
+        None => staged,
+    }
 }
 
 /// [`resolve`] within `limit`: refused, naming the URL and the limit, when a URL's objects

@@ -189,11 +189,16 @@ fn object_storage(
         world: world.max(1),
         ..job.opts.clone()
     };
-    let f = riffle::modes::twopass::streamed_figures(ds, &opts)?;
+    let f = riffle::modes::twopass::streamed_figures(ds, &opts, limit)?;
     let range = riffle::remote::STAGE_RANGE;
     let stage_gets: u64 = ds.files().iter().map(|f| f.size.div_ceil(range)).sum();
     let staged = total <= limit;
-    let largest = ds.files().iter().map(|f| f.size).max().unwrap_or(0);
+    // The largest object is fetched alone once to find its layout; an MDS shard's header
+    // is enough (its index.json gives the rest).
+    let largest = match ds.format() {
+        riffle::format::Format::Mds => 0,
+        _ => ds.files().iter().map(|f| f.size).max().unwrap_or(0),
+    };
     // The endpoint's cached probe, if it was measured (`riffle probe s3://...`): the time
     // the GETs take at its best throughput.
     let cfg = riffle::remote::S3Config::from_env()?;
@@ -224,10 +229,12 @@ fn object_storage(
             "memory": riffle::remote::STAGE_IN_FLIGHT as u64 * range,
         },
         "streamed_two_pass": {
-            "fits": f.local_disk.max(largest) <= limit,
+            "fits": f.unfit.is_none() && f.local_disk.max(largest) <= limit,
+            "unfit": f.unfit,
+            // Each round reads the node's objects once (`twopass::rounds`).
+            "rounds": f.rounds,
             "gets_per_epoch": f.gets_per_epoch,
             "bytes_per_epoch": f.bytes_per_epoch,
-            // The largest object is fetched alone once to find its layout.
             "local_disk": f.local_disk.max(largest),
             "memory": f.memory,
         },
@@ -287,8 +294,18 @@ fn print_object_storage(v: &Value) -> Result<()> {
         h(&t["bytes_per_epoch"]),
         h(&t["local_disk"]),
         h(&t["memory"]),
-        note("streamed two-pass", &t["fits"], "one epoch's piles"),
+        note("streamed two-pass", &t["fits"], "a round of its piles"),
     )?;
+    match (t["rounds"].as_u64(), t["unfit"].as_str()) {
+        (_, Some(why)) => outln!("\nstreamed two-pass cannot run: {why}")?,
+        (Some(1), _) => outln!("\nstreamed two-pass: one round (one epoch's piles fit)")?,
+        (Some(r), _) => outln!(
+            "\nstreamed two-pass: {r} rounds per epoch, each a sequential read of the node's \
+             objects scattering one key range of the piles (the GETs and bytes above are all \
+             {r}), so the piles fit --cache-limit in exact order"
+        )?,
+        _ => {}
+    }
     let p = &v["predicted"];
     match p["best_get_bytes_per_s"].as_f64() {
         Some(best) => outln!(

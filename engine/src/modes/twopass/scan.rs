@@ -144,8 +144,8 @@ pub(super) fn wanted_units(
     Some(wanted)
 }
 
-/// What one scatter reads from: the source, the epoch its fetches count under, and the
-/// units it keeps (`None`: all).
+/// What one scatter reads from: the source, the epoch its fetches count under, the units
+/// it keeps (`None`: all), and its round's key range.
 pub(super) struct Sequential<'a> {
     pub scan: &'a mut Scan,
     pub epoch: u64,
@@ -153,6 +153,8 @@ pub(super) struct Sequential<'a> {
     /// Units before this one are held in memory (a partly resident read): not read, each a
     /// skip frame in the piles.
     pub from: u64,
+    /// The round whose key range it frames (`None`: every unit).
+    pub round: Option<super::rounds::Round>,
 }
 
 /// Bytes the filesystem holds for the files under `dir` (their allocated blocks).
