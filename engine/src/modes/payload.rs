@@ -66,7 +66,7 @@ pub trait Viewed: Send + Sync {
 /// batch handed over to its lender's consumer is no longer a batch, so no payload ever
 /// reads bytes that are not the engine's.
 ///
-/// Memory of the engine's own taken from a [`Recycler`] goes back to it when the payload is
+/// Memory of the engine's own taken from a recycler goes back to it when the payload is
 /// dropped (the consumer is done with the batch), for a later batch of the same read.
 pub struct Payload(Repr, bool, Option<Arc<Recycler>>);
 

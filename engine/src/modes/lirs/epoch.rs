@@ -8,8 +8,8 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
 
-use super::super::walk::Walker;
 use super::super::payload::Recycler;
+use super::super::walk::Walker;
 use super::super::{Batch, Payload, PayloadLender, ReadOptions, ReadReport};
 use super::Lead;
 use crate::dataset::Dataset;
