@@ -8,6 +8,7 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 use hdrhistogram::Histogram;
 
+use super::super::payload::Recycler;
 use super::super::walk::Walker;
 use super::super::{Batch, Payload, PayloadLender, ReadOptions, ReadReport};
 use super::Lead;
@@ -97,6 +98,8 @@ struct EpochState<'a> {
     pieces: InFlight,
     handed: usize,
     scratch: Scratch,
+    /// The payload buffers of batches the consumer has dropped, for the next batches.
+    pool: std::sync::Arc<Recycler>,
     pending: HashMap<u64, Pending>,
     done: BTreeMap<u64, Pending>,
     /// Batches skipped (a shared pass's ranks that did not join) still ahead of
@@ -120,6 +123,7 @@ impl<'a> EpochState<'a> {
             pieces: InFlight::default(),
             handed: 0,
             scratch: Scratch::default(),
+            pool: Recycler::new(KEEP),
             pending: HashMap::new(),
             done: BTreeMap::new(),
             skipped: BTreeSet::new(),
@@ -371,6 +375,10 @@ impl EpochRead<'_> {
     }
 }
 
+/// Payload buffers kept idle for the next batches (a consumer that drops each batch before
+/// taking the next gives one back per batch; the read takes one per batch).
+const KEEP: usize = 4;
+
 /// The most bytes between two records that a merged read may skip over.
 const MAX_GAP: u64 = 4096;
 
@@ -457,7 +465,9 @@ fn plan_batch(st: &mut EpochState<'_>, ds: &Dataset, lender: Option<&PayloadLend
             ids,
             offsets,
             parts,
-            payload: Payload::sized(lender, j, count, total as usize),
+            // Every byte is a record's, copied in before the batch is sent: a recycled
+            // buffer's old bytes never reach the consumer.
+            payload: Payload::sized_in(lender, Some(&st.pool), j, count, total as usize),
             padding,
             missing: reads,
             started: Instant::now(),
