@@ -275,22 +275,32 @@ pub(super) async fn stage(
             ),
         );
     }
-    let mut out = Vec::with_capacity(objects.len());
-    for (meta, stale) in objects.iter().zip(stale) {
-        let key = meta.location.as_ref();
-        let object = url_of(&url.bucket, key);
-        let dest = dir.join(local_rel(&object, key)?);
-        if stale {
-            if scratch::stopping() {
-                return Err(Error::Cancelled {
-                    reason: "stopped while staging objects",
-                });
+    // Several objects at once, so that small objects (a GET each) do not wait on each
+    // other's first byte: as many as keep about IN_FLIGHT ranged GETs in flight in all.
+    let widest = (objects.iter().zip(&stale))
+        .filter(|(_, s)| **s)
+        .map(|(m, _)| m.size.div_ceil(CHUNK).clamp(1, IN_FLIGHT as u64))
+        .max()
+        .unwrap_or(1);
+    let at_once = (IN_FLIGHT as u64 / widest).max(1) as usize;
+    stream::iter(objects.iter().zip(stale))
+        .map(|(meta, stale)| async move {
+            let key = meta.location.as_ref();
+            let object = url_of(&url.bucket, key);
+            let dest = dir.join(local_rel(&object, key)?);
+            if stale {
+                if scratch::stopping() {
+                    return Err(Error::Cancelled {
+                        reason: "stopped while staging objects",
+                    });
+                }
+                fetch(store, &object, meta, &dest).await?;
             }
-            fetch(store, &object, meta, &dest).await?;
-        }
-        out.push(dest);
-    }
-    Ok(out)
+            Ok(dest)
+        })
+        .buffered(at_once)
+        .try_collect()
+        .await
 }
 
 #[cfg(test)]
