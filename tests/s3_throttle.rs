@@ -28,6 +28,8 @@ struct Throttle {
     stop: Arc<AtomicBool>,
     requests: Arc<AtomicUsize>,
     slowed: Arc<AtomicUsize>,
+    /// GETs of objects (not listings) in flight now, and the most at once.
+    live: Arc<(AtomicUsize, AtomicUsize)>,
     acceptor: Option<JoinHandle<()>>,
 }
 
@@ -39,16 +41,18 @@ impl Throttle {
         let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(AtomicUsize::new(0));
         let slowed = Arc::new(AtomicUsize::new(0));
+        let live = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
         let slow_down: Arc<SlowDown> = Arc::from(slow_down);
-        let (s, r, sl) = (stop.clone(), requests.clone(), slowed.clone());
+        let (s, r, sl, lv) = (stop.clone(), requests.clone(), slowed.clone(), live.clone());
         let acceptor = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((conn, _)) => {
-                        let (r, sl, sd) = (r.clone(), sl.clone(), slow_down.clone());
+                        let (r, sl, sd, lv) =
+                            (r.clone(), sl.clone(), slow_down.clone(), lv.clone());
                         std::thread::spawn(move || {
                             // A connection the client dropped is its business.
-                            let _ = serve(conn, upstream, rate, &r, &sl, &*sd);
+                            let _ = serve(conn, upstream, rate, (&r, &sl, &lv), &*sd);
                         });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -63,6 +67,7 @@ impl Throttle {
             stop,
             requests,
             slowed,
+            live,
             acceptor: Some(acceptor),
         }
     }
@@ -87,8 +92,7 @@ fn serve(
     conn: TcpStream,
     upstream: u16,
     rate: u64,
-    requests: &AtomicUsize,
-    slowed: &AtomicUsize,
+    (requests, slowed, live): (&AtomicUsize, &AtomicUsize, &(AtomicUsize, AtomicUsize)),
     slow_down: &SlowDown,
 ) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
@@ -123,24 +127,67 @@ fn serve(
         client.write_all(reply.as_bytes())?;
         return client.shutdown(Shutdown::Write);
     }
+    let first = String::from_utf8_lossy(&head)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let object_get = first.starts_with("GET ") && !first.contains("list-type");
+    if object_get {
+        let now = live.0.fetch_add(1, Ordering::SeqCst) + 1;
+        live.1.fetch_max(now, Ordering::SeqCst);
+    }
+    let relayed = relay(&head, client, upstream, rate);
+    if object_get {
+        live.0.fetch_sub(1, Ordering::SeqCst);
+    }
+    relayed
+}
+
+/// Sends the request `head` to the server on `upstream` and its response to `client`, at
+/// most `rate` bytes a second.
+fn relay(head: &[u8], mut client: TcpStream, upstream: u16, rate: u64) -> std::io::Result<()> {
     let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
-    up.write_all(&head)?;
+    up.write_all(head)?;
     let start = Instant::now();
     let mut sent = 0u64;
     let mut buf = vec![0u8; 16 << 10];
-    loop {
+    // The response ends at its head plus its content-length, when it says one (the server
+    // may keep its side open a while after): the connection is over then.
+    let mut head_bytes = Vec::new();
+    let mut whole: Option<u64> = None;
+    while whole.is_none_or(|w| sent < w) {
         let n = up.read(&mut buf)?;
         if n == 0 {
             break;
         }
-        client.write_all(&buf[..n])?;
-        sent += n as u64;
-        let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+        if whole.is_none() && head_bytes.len() < 64 << 10 {
+            head_bytes.extend_from_slice(&buf[..n]);
+            whole = response_length(&head_bytes);
+        }
+        // Paced before it is sent: the last byte out ends the relay.
+        let due = Duration::from_secs_f64((sent + n as u64) as f64 / rate as f64);
         if let Some(wait) = due.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
         }
+        client.write_all(&buf[..n])?;
+        sent += n as u64;
     }
     client.shutdown(Shutdown::Write)
+}
+
+/// The length of an HTTP response (its head and its content-length's body) whose first
+/// bytes are `bytes`, once its head is whole and says a content-length.
+fn response_length(bytes: &[u8]) -> Option<u64> {
+    let end = bytes.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(end as u64 + len)
 }
 
 /// A `riffle` command of `sb` pointed at `endpoint` (the server's keys), its object cache
@@ -286,4 +333,43 @@ fn throttling_past_the_retry_time_is_an_error_naming_the_object_and_range_with_n
             "{args:?}: never slowed"
         );
     }
+}
+
+/// Staging many small objects fetches several at once (a GET each would otherwise wait on
+/// the one before it): through a slow proxy, more than one connection is open at a time,
+/// and never more than the ranged GETs staging keeps in flight (and the listing's).
+#[test]
+fn staging_small_objects_fetches_several_at_once() {
+    let Some(s3) = S3Server::start() else { return };
+    let sb = Sandbox::new();
+    let dir = sb.data().join("small");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..12 {
+        let p = dir.join(format!("s-{i:02}.jsonl"));
+        gen(&sb, &p, "lines", 200, 500, &["--seed", &i.to_string()]);
+        s3.put(
+            &format!("small/s-{i:02}.jsonl"),
+            &std::fs::read(&p).unwrap(),
+        );
+    }
+    let (o, want) = read(&sb, sb.cmd(), dir.to_str().unwrap(), &["--mode", "lirs"]);
+    assert_ok(&o);
+    // 200 KB/s a connection: each object's GET takes about half a second.
+    let t = Throttle::start(s3.port(), 200 << 10, Box::new(|_, _| false));
+    let spec = format!("s3://{BUCKET}/small/");
+    let (o, got) = read(
+        &sb,
+        cmd(&sb, &s3, &t.endpoint()),
+        &spec,
+        &["--mode", "lirs"],
+    );
+    assert_ok(&o);
+    assert_eq!(got, want, "staged, the batches differ");
+    let most = t.live.1.load(Ordering::SeqCst);
+    let bound = riffle::remote::STAGE_IN_FLIGHT + 1;
+    // One after another (the code before): 1. Several at once: up to all 12.
+    assert!(
+        most >= 2 && most <= bound,
+        "{most} GETs at once (at least 2, at most {bound})"
+    );
 }
