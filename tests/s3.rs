@@ -955,3 +955,36 @@ fn a_staged_copy_under_a_cache_limit_leaves_two_pass_only_the_room_beside_it() {
     let want = ids(&sb, sb.cmd(), local.to_str().unwrap(), &["--mode", "lirs"]);
     assert_eq!(ids(&sb, s3.cmd(&sb), &url, &args), want);
 }
+
+/// A local read never reads the AWS environment's profile files: an unreadable credentials
+/// file (a directory here) fails only what names `s3://`, naming the file. A local read run
+/// as another user whose HOME held root's `~/.aws` failed with "Permission denied" before.
+#[test]
+fn a_local_read_never_reads_the_aws_profile_files() {
+    let sb = Sandbox::new();
+    let data = sb.data().join("d.npy");
+    gen(&sb, &data, "npy", 100, 16, &[]);
+    let bad = sb.path().join("not-a-file");
+    std::fs::create_dir_all(&bad).unwrap();
+    let run = |args: &[&str]| {
+        sb.cmd()
+            .env("AWS_SHARED_CREDENTIALS_FILE", &bad)
+            .env("AWS_CONFIG_FILE", &bad)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let path = data.to_str().unwrap();
+    for args in [
+        &["read", path, "--batch-size", "10"][..],
+        &["read", path, "--batch-size", "10", "--cache-limit", "1M"],
+        &["plan", path, "--batch-size", "10"],
+    ] {
+        let o = run(args);
+        assert_ok(&o);
+    }
+    let o = run(&["read", &format!("s3://{BUCKET}/x/"), "--batch-size", "10"]);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(err.contains("not-a-file"), "{err}");
+}

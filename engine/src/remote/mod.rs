@@ -236,6 +236,10 @@ pub fn stage_in(url: &str, cfg: &S3Config, root: &Path) -> Result<Vec<PathBuf>> 
 /// each URL replaced by its objects' local copies, or by the copy of its MDS `index.json`
 /// when it holds one (the staged directory is then read as a local MDS directory is).
 pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    // Local paths alone never read the AWS environment or profile files.
+    if !names_a_url(paths) {
+        return Ok(paths.to_vec());
+    }
     let mut out = Vec::with_capacity(paths.len());
     let cfg = S3Config::from_env()?;
     for p in paths {
@@ -245,6 +249,13 @@ pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(out)
+}
+
+/// Whether any of `paths` is an `s3://` URL.
+fn names_a_url(paths: &[PathBuf]) -> bool {
+    paths
+        .iter()
+        .any(|p| p.to_str().is_some_and(|s| s.starts_with(SCHEME)))
 }
 
 /// Staged copies as a dataset names them: an MDS dataset (the objects hold an
@@ -271,7 +282,7 @@ pub fn resolve_within(paths: &[PathBuf], limit: Option<u64>) -> Result<Vec<PathB
 /// Refuses `paths` when their `s3://` URLs name more bytes than `limit` (the local disk
 /// their staged copies may take), naming both; nothing is fetched.
 fn check_fits(paths: &[PathBuf], limit: Option<u64>) -> Result<()> {
-    let Some(limit) = limit else {
+    let Some(limit) = limit.filter(|_| names_a_url(paths)) else {
         return Ok(());
     };
     let cfg = S3Config::from_env()?;
@@ -307,6 +318,9 @@ pub fn open_within(
     paths: &[PathBuf],
     opts: &crate::dataset::OpenOptions,
 ) -> Result<Option<crate::dataset::Dataset>> {
+    if opts.cache_limit.is_none() || !names_a_url(paths) {
+        return Ok(None);
+    }
     open_with(paths, opts, &S3Config::from_env()?, None)
 }
 
