@@ -478,11 +478,17 @@ fn a_killed_run_not_yet_reaped_is_reclaimed_at_once() {
     let state = |pid: u32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('Z')))
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('Z'))
+            })
             .unwrap_or(false)
     };
     while !state(victim.id()) {
-        assert!(std::time::Instant::now() < deadline, "the victim never died");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the victim never died"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let o = sb

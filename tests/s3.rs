@@ -826,3 +826,87 @@ fn a_staged_copy_under_a_cache_limit_leaves_two_pass_only_the_room_beside_it() {
     let want = ids(&sb, sb.cmd(), local.to_str().unwrap(), &["--mode", "lirs"]);
     assert_eq!(ids(&sb, s3.cmd(&sb), &url, &args), want);
 }
+
+#[test]
+fn an_open_paths_daemon_serves_an_s3_url_named_by_path_within_its_cache_limit() {
+    use crate::serve::{in_process, read_all, same_batches, Daemon};
+    use riffle::serve::proto::OpenRequest;
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("op");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..2 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "op");
+    let url = format!("s3://{BUCKET}/op/");
+    // Below the dataset (so streamed), above the half of it rank 0 of 2 keeps.
+    let limit = (total * 4 / 5).to_string();
+    let sock = sb.path().join("paths.sock");
+    let extra = [
+        "--open-paths",
+        "--mode",
+        "two-pass",
+        "--cache-limit",
+        &limit,
+    ];
+    let d = Daemon::start_from(s3.cmd(&sb), &sock, &[], &extra);
+    // Ranks 0 and 1 of a world of 4: the node keeps half the records.
+    let req = |rank: u64| {
+        let mut r = OpenRequest::new(&url, 50);
+        r.seed = 4;
+        r.rank = rank;
+        r.world = 4;
+        r.streams = Some(2);
+        r
+    };
+    let (d, local) = (&d, &local);
+    let both = || {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|rank| s.spawn(move || read_all(&mut d.client(), req(rank))))
+                .collect();
+            for (rank, h) in hs.into_iter().enumerate() {
+                let got = h.join().unwrap();
+                assert!(got.len() > 5, "rank {rank}: {} batches", got.len());
+                same_batches(&got, &in_process(local, &req(rank as u64)));
+            }
+        })
+    };
+    both();
+    let st = d.stats();
+    assert!(
+        st["streamed"]["peak_local_bytes"]
+            .as_u64()
+            .is_some_and(|p| p > 0 && p <= total * 4 / 5),
+        "not streamed within the limit: {}",
+        st["streamed"]
+    );
+
+    // An object replaced: the next listing sees it, and the dataset is opened again.
+    let p = local.join("shard-1.jsonl");
+    gen(&sb, &p, "lines", 1000, 1000, &["--seed", "9"]);
+    s3.put("op/shard-1.jsonl", &std::fs::read(&p).unwrap());
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    both();
+
+    // A limit smaller than one object: the client is told, the limit named.
+    let sock = sb.path().join("small.sock");
+    let extra = [
+        "--open-paths",
+        "--mode",
+        "two-pass",
+        "--cache-limit",
+        "4096",
+    ];
+    let small = Daemon::start_from(s3.cmd(&sb), &sock, &[], &extra);
+    let err = match small.client().open(req(0)) {
+        Ok(_) => panic!("{url} opened within a 4 KiB cache limit"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&url) && err.contains("--cache-limit 4.0 KiB"),
+        "{err}"
+    );
+}
