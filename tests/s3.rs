@@ -910,3 +910,56 @@ fn an_open_paths_daemon_serves_an_s3_url_named_by_path_within_its_cache_limit() 
         "{err}"
     );
 }
+
+#[test]
+fn a_streamed_reads_report_counts_the_gets_of_its_open_on_a_cold_and_a_warm_layout_cache() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("oc");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..2 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "oc");
+    let limit = (total * 3 / 4).to_string();
+    let args = [
+        "--world",
+        "4",
+        "--rank",
+        "1",
+        "--drop-last",
+        "--cache-limit",
+        &limit,
+    ];
+    let url = format!("s3://{BUCKET}/oc/");
+    let (cold_ids, cold) = ids_and_report(&sb, s3.cmd(&sb), &url, &args);
+    let o = &cold["open"];
+    // Cold: each object fetched whole once (one ranged GET each, below 8 MiB) to be indexed.
+    assert_eq!(
+        (o["lists"].as_u64(), o["gets"].as_u64(), o["bytes"].as_u64()),
+        (Some(1), Some(2), Some(total)),
+        "{o}"
+    );
+    assert_eq!(
+        (o["layouts_cached"].as_u64(), o["layouts_fetched"].as_u64()),
+        (Some(0), Some(2)),
+        "{o}"
+    );
+    // Warm: the layouts come from the local cache; only the listing asks the store.
+    let (warm_ids, warm) = ids_and_report(&sb, s3.cmd(&sb), &url, &args);
+    let o = &warm["open"];
+    assert_eq!(
+        (o["lists"].as_u64(), o["gets"].as_u64(), o["bytes"].as_u64()),
+        (Some(1), Some(0), Some(0)),
+        "{o}"
+    );
+    assert_eq!(
+        (o["layouts_cached"].as_u64(), o["layouts_fetched"].as_u64()),
+        (Some(2), Some(0)),
+        "{o}"
+    );
+    assert_eq!(warm_ids, cold_ids);
+    // The read's own GETs are counted apart, as before.
+    assert!(!warm["objects"].as_array().unwrap().is_empty());
+}
