@@ -650,9 +650,21 @@ fn plan_of_an_s3_dataset_past_its_cache_limit_shows_staged_against_streamed_two_
         (s["gets_later_epoch"].as_u64(), s["local_disk"].as_u64()),
         (Some(0), Some(total))
     );
+    // Its open fetched each object once to index it (a cold layout cache)...
+    assert_eq!(
+        (v["open"]["gets"].as_u64(), v["open"]["bytes"].as_u64()),
+        (Some(3), Some(total)),
+        "{v}"
+    );
+    // ... and the next finds their layouts in the cache.
     let text = String::from_utf8(plan(total / 2, false)).unwrap();
     assert!(
         text.contains("streamed two-pass") && text.contains("<- runs") && text.contains("staged"),
+        "{text}"
+    );
+    assert!(
+        text.contains("opening it: 1 listing(s), 0 GET(s) of 0 B to find layouts; 3 layout(s) \
+             from the local cache, 0 fetched"),
         "{text}"
     );
     // Fitting the limit, the objects are staged, and the local modes' plan follows.
