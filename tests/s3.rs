@@ -663,8 +663,10 @@ fn plan_of_an_s3_dataset_past_its_cache_limit_shows_staged_against_streamed_two_
         "{text}"
     );
     assert!(
-        text.contains("opening it: 1 listing(s), 0 GET(s) of 0 B to find layouts; 3 layout(s) \
-             from the local cache, 0 fetched"),
+        text.contains(
+            "opening it: 1 listing(s), 0 GET(s) of 0 B to find layouts; 3 layout(s) \
+             from the local cache, 0 fetched"
+        ),
         "{text}"
     );
     // Fitting the limit, the objects are staged, and the local modes' plan follows.
