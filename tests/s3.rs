@@ -779,9 +779,23 @@ fn plan_of_an_s3_dataset_past_its_cache_limit_shows_staged_against_streamed_two_
         (s["gets_later_epoch"].as_u64(), s["local_disk"].as_u64()),
         (Some(0), Some(total))
     );
+    // Its open fetched each object once to index it (a cold layout cache)...
+    assert_eq!(
+        (v["open"]["gets"].as_u64(), v["open"]["bytes"].as_u64()),
+        (Some(3), Some(total)),
+        "{v}"
+    );
+    // ... and the next finds their layouts in the cache.
     let text = String::from_utf8(plan(total / 2, false)).unwrap();
     assert!(
         text.contains("streamed two-pass") && text.contains("<- runs") && text.contains("staged"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "opening it: 1 listing(s), 0 GET(s) of 0 B to find layouts; 3 layout(s) \
+             from the local cache, 0 fetched"
+        ),
         "{text}"
     );
     // Fitting the limit, the objects are staged, and the local modes' plan follows.
@@ -987,4 +1001,141 @@ fn a_local_read_never_reads_the_aws_profile_files() {
     assert!(!o.status.success());
     let err = text(&o.stderr);
     assert!(err.contains("not-a-file"), "{err}");
+}
+
+#[test]
+fn an_open_paths_daemon_serves_an_s3_url_named_by_path_within_its_cache_limit() {
+    use crate::serve::{in_process, read_all, same_batches, Daemon};
+    use riffle::serve::proto::OpenRequest;
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("op");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..2 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "op");
+    let url = format!("s3://{BUCKET}/op/");
+    // Below the dataset (so streamed), above the half of it rank 0 of 2 keeps.
+    let limit = (total * 4 / 5).to_string();
+    let sock = sb.path().join("paths.sock");
+    let extra = [
+        "--open-paths",
+        "--mode",
+        "two-pass",
+        "--cache-limit",
+        &limit,
+    ];
+    let d = Daemon::start_from(s3.cmd(&sb), &sock, &[], &extra);
+    // Ranks 0 and 1 of a world of 4: the node keeps half the records.
+    let req = |rank: u64| {
+        let mut r = OpenRequest::new(&url, 50);
+        r.seed = 4;
+        r.rank = rank;
+        r.world = 4;
+        r.streams = Some(2);
+        r
+    };
+    let (d, local) = (&d, &local);
+    let both = || {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|rank| s.spawn(move || read_all(&mut d.client(), req(rank))))
+                .collect();
+            for (rank, h) in hs.into_iter().enumerate() {
+                let got = h.join().unwrap();
+                assert!(got.len() > 5, "rank {rank}: {} batches", got.len());
+                same_batches(&got, &in_process(local, &req(rank as u64)));
+            }
+        })
+    };
+    both();
+    let st = d.stats();
+    assert!(
+        st["streamed"]["peak_local_bytes"]
+            .as_u64()
+            .is_some_and(|p| p > 0 && p <= total * 4 / 5),
+        "not streamed within the limit: {}",
+        st["streamed"]
+    );
+
+    // An object replaced: the next listing sees it, and the dataset is opened again.
+    let p = local.join("shard-1.jsonl");
+    gen(&sb, &p, "lines", 1000, 1000, &["--seed", "9"]);
+    s3.put("op/shard-1.jsonl", &std::fs::read(&p).unwrap());
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    both();
+
+    // A limit smaller than one object: the client is told, the limit named.
+    let sock = sb.path().join("small.sock");
+    let extra = [
+        "--open-paths",
+        "--mode",
+        "two-pass",
+        "--cache-limit",
+        "4096",
+    ];
+    let small = Daemon::start_from(s3.cmd(&sb), &sock, &[], &extra);
+    let err = match small.client().open(req(0)) {
+        Ok(_) => panic!("{url} opened within a 4 KiB cache limit"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&url) && err.contains("--cache-limit 4.0 KiB"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_streamed_reads_report_counts_the_gets_of_its_open_on_a_cold_and_a_warm_layout_cache() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let local = sb.data().join("oc");
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..2 {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(&s3, &local, "oc");
+    let limit = (total * 3 / 4).to_string();
+    let args = [
+        "--world",
+        "4",
+        "--rank",
+        "1",
+        "--drop-last",
+        "--cache-limit",
+        &limit,
+    ];
+    let url = format!("s3://{BUCKET}/oc/");
+    let (cold_ids, cold) = ids_and_report(&sb, s3.cmd(&sb), &url, &args);
+    let o = &cold["open"];
+    // Cold: each object fetched whole once (one ranged GET each, below 8 MiB) to be indexed.
+    assert_eq!(
+        (o["lists"].as_u64(), o["gets"].as_u64(), o["bytes"].as_u64()),
+        (Some(1), Some(2), Some(total)),
+        "{o}"
+    );
+    assert_eq!(
+        (o["layouts_cached"].as_u64(), o["layouts_fetched"].as_u64()),
+        (Some(0), Some(2)),
+        "{o}"
+    );
+    // Warm: the layouts come from the local cache; only the listing asks the store.
+    let (warm_ids, warm) = ids_and_report(&sb, s3.cmd(&sb), &url, &args);
+    let o = &warm["open"];
+    assert_eq!(
+        (o["lists"].as_u64(), o["gets"].as_u64(), o["bytes"].as_u64()),
+        (Some(1), Some(0), Some(0)),
+        "{o}"
+    );
+    assert_eq!(
+        (o["layouts_cached"].as_u64(), o["layouts_fetched"].as_u64()),
+        (Some(2), Some(0)),
+        "{o}"
+    );
+    assert_eq!(warm_ids, cold_ids);
+    // The read's own GETs are counted apart, as before.
+    assert!(!warm["objects"].as_array().unwrap().is_empty());
 }

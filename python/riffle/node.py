@@ -22,6 +22,11 @@ dict, or else the environment):
 | `idle`    | RIFFLE_DAEMON_IDLE     | --exit-idle         | 300 (seconds)                  |
 | `mode`    | RIFFLE_DAEMON_MODE     | --mode              | auto                           |
 | `scratch` | RIFFLE_DAEMON_SCRATCH  | --scratch           | beside each dataset            |
+| `cache_limit` | RIFFLE_DAEMON_CACHE_LIMIT | --cache-limit | none: an s3:// dataset is staged whole |
+
+An `s3://bucket/prefix/` dataset is opened by the daemon with its own environment (the
+`AWS_*` variables and profile it was started with, those of the process that started it)
+and its `cache_limit`: staged whole when it fits, else streamed two-pass within it.
 
 A daemon already running keeps the options it was started with.
 """
@@ -40,6 +45,8 @@ from .client import (VERSION, Client, RiffleConnectionError, RiffleError,
 
 SOCKET = "riffle.sock"
 START_LOCK = "start.lock"
+# Datasets in object storage, named as they are.
+S3 = "s3://"
 LIFE_LOCK = "daemon.lock"
 LOG = "daemon.log"
 # Exit status of `riffle serve --user` when another daemon serves the directory.
@@ -49,7 +56,8 @@ START_WAIT = 120.0
 _OPTIONS = {"memory": ("RIFFLE_DAEMON_MEMORY", "--memory"),
             "idle": ("RIFFLE_DAEMON_IDLE", "--exit-idle"),
             "mode": ("RIFFLE_DAEMON_MODE", "--mode"),
-            "scratch": ("RIFFLE_DAEMON_SCRATCH", "--scratch")}
+            "scratch": ("RIFFLE_DAEMON_SCRATCH", "--scratch"),
+            "cache_limit": ("RIFFLE_DAEMON_CACHE_LIMIT", "--cache-limit")}
 
 
 class RiffleRuntimeDirError(RiffleError):
@@ -88,10 +96,13 @@ def socket_path():
 
 def dataset_name(path):
     """The name a dataset path (or `mix:` spec, or `PATH:FORMAT`) has in the daemon: its
-    paths made absolute, as the daemon (whose directory is not yours) opens them."""
+    paths made absolute, as the daemon (whose directory is not yours) opens them; an
+    `s3://` URL is left as it is."""
     word = os.fspath(path)
     if not isinstance(word, str):
         word = os.fsdecode(word)
+    if word.startswith(S3):
+        return word
     if word.startswith("mix:"):
         body, size = word[4:], ""
         if ";size=" in body:
@@ -106,7 +117,7 @@ def dataset_name(path):
             p, star, weight = rest.rpartition("*")
             if not star:
                 p, weight = rest, None
-            p = os.path.abspath(p)
+            p = p if p.startswith(S3) else os.path.abspath(p)
             parts.append(f"{name}={p}*{weight}" if weight is not None else f"{name}={p}")
         return "mix:" + ",".join(parts) + size
     return os.path.abspath(word)

@@ -314,6 +314,66 @@ def test_mixture_paths_are_made_absolute(tmp_path):
     name = riffle.node.dataset_name("mix:a=x.npy*1,b=/d/y.npy*2;size=100")
     assert name == f"mix:a={tmp_path}/x.npy*1,b=/d/y.npy*2;size=100"
     assert riffle.node.dataset_name("t.bin:fixed:4K") == f"{tmp_path}/t.bin:fixed:4K"
+    # An s3:// URL is named as it is, alone or in a mixture.
+    assert riffle.node.dataset_name("s3://b/p/") == "s3://b/p/"
+    name = riffle.node.dataset_name("mix:a=s3://b/p/*1,b=y.npy*2")
+    assert name == f"mix:a=s3://b/p/*1,b={tmp_path}/y.npy*2"
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    """A real S3-compatible server (s3s-fs, as tests/s3.rs runs it) serving the bucket
+    `data` from a directory, and this process's AWS environment pointed at it (the node
+    daemon it starts inherits it): yields the bucket's directory."""
+    got = subprocess.run([str(ROOT / "scripts" / "s3-server")], capture_output=True,
+                         text=True, timeout=1200)
+    if got.returncode != 0:
+        pytest.skip(f"s3s-fs cannot be installed: {(got.stderr.strip().splitlines() or ['?'])[-1]}")
+    root = tmp_path / "s3"
+    (root / "data").mkdir(parents=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([got.stdout.strip(), "--host", "127.0.0.1", "--port", str(port),
+                               "--access-key", "riffle", "--secret-key", "riffle-secret",
+                               str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and server.poll() is None, "s3s-fs did not start"
+            time.sleep(0.05)
+    none = tmp_path / "no-aws-profile"
+    for k, v in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "riffle",
+                 "AWS_SECRET_ACCESS_KEY": "riffle-secret", "AWS_REGION": "us-east-1",
+                 "AWS_SHARED_CREDENTIALS_FILE": str(none), "AWS_CONFIG_FILE": str(none),
+                 "RIFFLE_S3_CACHE": str(tmp_path / "s3-cache")}.items():
+        monkeypatch.setenv(k, v)
+    for k in ["AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL_S3"]:
+        monkeypatch.delenv(k, raising=False)
+    yield root / "data"
+    server.kill()
+    server.wait()
+
+
+def test_the_node_daemon_serves_an_s3_url_like_the_same_files(rundir, tmp_path, s3):
+    """riffle.node with an s3:// URL: the daemon opens it with its environment and
+    cache_limit (staged whole here, as it fits), and gives the batches of the same files."""
+    local = tmp_path / "shards"
+    local.mkdir()
+    (s3 / "t").mkdir()
+    for i in range(2):
+        gen(local / f"shard-{i}.npy", 1000 + 500 * i)
+        shutil.copy(local / f"shard-{i}.npy", s3 / "t" / f"shard-{i}.npy")
+    with riffle.node.client(daemon={"cache_limit": "64M"}) as c:
+        want = read_all(c, riffle.node.dataset_name(local), seed=3)
+        got = read_all(c, riffle.node.dataset_name("s3://data/t/"), seed=3)
+        assert sorted(want) == list(range(2500))
+        assert got == want
+        names = [d["name"] for d in c.stats()["datasets"]]
+        assert "s3://data/t/" in names, names
 
 
 def test_torchrun_with_a_dataset_path_needs_no_set_up(rundir, tmp_path, monkeypatch):

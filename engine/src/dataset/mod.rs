@@ -23,7 +23,7 @@ use layout::open_file;
 
 pub use index::{IndexOrigin, OffsetIndex, StalePolicy};
 pub use mds::MdsColumn;
-pub use objects::{ObjectCount, RemoteBytes, RemoteLayout, GETS_IN_FLIGHT};
+pub use objects::{ObjectCount, OpenCount, RemoteBytes, RemoteLayout, GETS_IN_FLIGHT};
 
 /// How to open a dataset.
 #[derive(Clone, Debug)]

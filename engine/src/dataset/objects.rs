@@ -27,6 +27,23 @@ pub struct ObjectCount {
     pub bytes: u64,
 }
 
+/// What opening a streamed dataset asked the store for, beside the read's own GETs
+/// ([`ObjectCount`]), for the read's report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpenCount {
+    /// Listings of the URL (a LIST, paged by the store; a HEAD when it names one object).
+    pub lists: u64,
+    /// GETs made to find the objects' layouts: objects fetched whole to be indexed, an
+    /// MDS dataset's `index.json` and its shards' headers.
+    pub gets: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Objects whose layout came from the local layout cache (no GET).
+    pub layouts_cached: u64,
+    /// Objects whose layout was found by fetching (an MDS shard's header is never cached).
+    pub layouts_fetched: u64,
+}
+
 /// The files' bytes, in a store: read in large ranges, in file order, several in flight.
 /// Also the keeper of the local disk the read may use (`--cache-limit`), which every
 /// byte the read writes locally is charged against.
@@ -44,6 +61,9 @@ pub trait RemoteBytes: Send + Sync + std::fmt::Debug {
 
     /// What each object gave each epoch so far.
     fn counts(&self) -> Vec<ObjectCount>;
+
+    /// What opening the dataset asked the store for.
+    fn opened(&self) -> OpenCount;
 
     /// The local disk the read may use, in bytes.
     fn cache_limit(&self) -> u64;

@@ -272,6 +272,22 @@ fn mds_index_or_all(staged: Vec<PathBuf>) -> Vec<PathBuf> {
     }
 }
 
+/// The identity of the objects `url` names now (one listing, with the endpoint and
+/// credentials of the environment): a digest of their keys, sizes and ETags, which changes
+/// when an object is added, removed or replaced.
+pub fn identity(url: &str) -> Result<u64> {
+    use std::hash::{Hash, Hasher};
+    let cfg = S3Config::from_env()?;
+    let url = S3Url::parse(url)?;
+    let store = cfg.store(&url.bucket)?;
+    let objects = runtime()?.block_on(fetch::list(&store, &url))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for m in &objects {
+        (m.location.as_ref(), m.size, &m.e_tag).hash(&mut h);
+    }
+    Ok(h.finish())
+}
+
 /// [`resolve`] within `limit`: refused, naming the URL and the limit, when a URL's objects
 /// take more (nothing is fetched then).
 pub fn resolve_within(paths: &[PathBuf], limit: Option<u64>) -> Result<Vec<PathBuf>> {

@@ -21,7 +21,8 @@ use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 use super::fetch;
 use super::{runtime, S3Config, S3Url};
 use crate::dataset::{
-    Dataset, DatasetFile, ObjectCount, OffsetIndex, OpenOptions, RemoteBytes, RemoteLayout,
+    Dataset, DatasetFile, ObjectCount, OffsetIndex, OpenCount, OpenOptions, RemoteBytes,
+    RemoteLayout,
 };
 use crate::format::Format;
 use crate::{Error, Result};
@@ -33,6 +34,8 @@ pub struct Objects {
     metas: Vec<ObjectMeta>,
     /// GETs and bytes by (epoch, file).
     counts: Mutex<BTreeMap<(u64, usize), (u64, u64)>>,
+    /// What the open asked for.
+    opened: Mutex<OpenCount>,
     limit: u64,
     used: AtomicU64,
     peak: AtomicU64,
@@ -50,6 +53,11 @@ impl std::fmt::Debug for Objects {
 }
 
 impl Objects {
+    /// Counts what the open asked the store for.
+    fn count_open(&self, f: impl FnOnce(&mut OpenCount)) {
+        f(&mut self.opened.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     fn url(&self, file: usize) -> String {
         format!("s3://{}/{}", self.bucket, self.metas[file].location)
     }
@@ -135,6 +143,10 @@ impl RemoteBytes for Objects {
             .collect()
     }
 
+    fn opened(&self) -> OpenCount {
+        *self.opened.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn cache_limit(&self) -> u64 {
         self.limit
     }
@@ -203,6 +215,11 @@ pub(super) fn open(
         bucket: url.bucket.clone(),
         metas: Vec::new(),
         counts: Mutex::default(),
+        // The listing [`super::open_with`] made.
+        opened: Mutex::new(OpenCount {
+            lists: 1,
+            ..OpenCount::default()
+        }),
         limit,
         used: AtomicU64::new(0),
         peak: AtomicU64::new(0),
@@ -339,6 +356,7 @@ async fn layout_of(
     let cache = layout_path(dir, &object, key)?;
     if let Some(f) = &told {
         if let Some(l) = cached_layout(&cache, meta, f) {
+            h.count_open(|c| c.layouts_cached += 1);
             return Ok((f.clone(), l));
         }
     }
@@ -350,6 +368,13 @@ async fn layout_of(
         &format!("indexing {object} (fetched alone, then removed)"),
     )?;
     let fetched = fetch::fetch(&h.store, &object, meta, &dest).await;
+    if fetched.is_ok() {
+        h.count_open(|c| {
+            c.gets += meta.size.div_ceil(fetch::CHUNK);
+            c.bytes += meta.size;
+            c.layouts_fetched += 1;
+        });
+    }
     let opened = fetched.and_then(|()| {
         let o = OpenOptions {
             format: told,
@@ -409,6 +434,10 @@ async fn mds(
             h.charge(m.size, &object)?;
             charged += m.size;
             fetch::fetch(&h.store, &object, m, &dest).await?;
+            h.count_open(|c| {
+                c.gets += m.size.div_ceil(fetch::CHUNK);
+                c.bytes += m.size;
+            });
         } else {
             charged += shard_head(h, &object, m, &dest).await?;
         }
@@ -459,6 +488,11 @@ async fn shard_head(h: &Objects, object: &str, m: &ObjectMeta, dest: &Path) -> R
     });
     let end = m.size.min(4 + 4 * (n + 1));
     let head = get(0, end).await?;
+    h.count_open(|c| {
+        c.gets += 2;
+        c.bytes += (first.len() + head.len()) as u64;
+        c.layouts_fetched += 1;
+    });
     h.charge(end, &format!("the header of {object}"))?;
     let parent = crate::scratch::parent_dir(dest);
     std::fs::create_dir_all(parent)

@@ -3,15 +3,22 @@
 //! path in an OPEN, opened on first use and kept for the next stream.
 //!
 //! A dataset opened by path is named by the words of the OPEN (`/data/train.npy`,
-//! `/data/t.bin:fixed:4K`, `mix:a=/x*1,b=/y*2`), which must name absolute paths: the
-//! daemon's working directory is not the client's. It is opened as the daemon's user, so
+//! `/data/t.bin:fixed:4K`, `mix:a=/x*1,b=/y*2`, `s3://bucket/prefix/`), which must name
+//! absolute paths or `s3://` URLs: the daemon's working directory is not the client's. An
+//! `s3://` dataset is opened with the daemon's environment (its endpoint and credentials,
+//! `S3Config::from_env`) and `--cache-limit`: staged whole when it fits, else streamed. It is opened as the daemon's user, so
 //! it reads only what that user could: `--user` serves only its own user (`SO_PEERCRED`,
 //! see `server.rs`); an operator's `--open-paths` daemon reads as itself for whoever can
 //! reach its socket. Its index is charged to `--memory` while it is kept. Kept datasets
 //! are checked against their files before a new stream uses them (at most once a second):
 //! a file replaced, grown, shrunk or touched since it was opened, or a directory named
 //! whose entries changed, opens the dataset again, so a rewritten file is never read
-//! through a stale index. At most [`MAX_KEPT`] are kept; past that, the least recently
+//! through a stale index. An `s3://` URL's objects are listed again instead, at most every
+//! [`LIST_AGAIN`]: an object added, removed or replaced (its key, size or ETag) opens the
+//! dataset again. A stream that starts before that listing sees it reads the old index,
+//! and every streamed GET is conditional on the ETag listed at open, so a replaced object
+//! gives that stream an error naming it, never a wrong batch (a staged copy is the old
+//! object's bytes, read whole). At most [`MAX_KEPT`] are kept; past that, the least recently
 //! used one no stream holds goes.
 
 use std::path::{Path, PathBuf};
@@ -31,6 +38,10 @@ pub(super) const MAX_KEPT: usize = 64;
 /// How often a kept dataset's files are looked at again.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
+/// How often a kept dataset's `s3://` URLs are listed again (a listing is a request to
+/// the store, not a local `stat`).
+const LIST_AGAIN: Duration = Duration::from_secs(5);
+
 /// What a file was when its dataset was opened: (device, inode, size, mtime in ns).
 pub(super) type Stamp = (u64, u64, u64, i128);
 
@@ -42,7 +53,10 @@ struct Kept {
     name: String,
     src: Source,
     stamps: Vec<(PathBuf, Stamp)>,
+    /// Each `s3://` URL named, and its objects' identity ([`crate::remote::identity`]).
+    objects: Vec<(String, u64)>,
     checked: Instant,
+    listed: Instant,
     used: Instant,
     /// Its index's bytes, taken from `--memory`.
     _index: Grant,
@@ -93,10 +107,13 @@ impl Catalog {
         if let Some((_, src)) = self.fixed.iter().find(|(n, _)| n == name) {
             return Ok(src.clone());
         }
-        if !self.open_paths || !(name.starts_with('/') || name.starts_with("mix:")) {
+        let by_path = ["/", "mix:", crate::remote::SCHEME]
+            .iter()
+            .any(|p| name.starts_with(p));
+        if !self.open_paths || !by_path {
             let names: Vec<String> = self.all().into_iter().map(|(n, _)| n).collect();
             let hint = if self.open_paths {
-                " (or an absolute path to a dataset)"
+                " (or an absolute path or s3:// URL of a dataset)"
             } else {
                 ""
             };
@@ -123,23 +140,31 @@ impl Catalog {
         self.open(name, shared)
     }
 
-    /// A kept dataset of this name whose files are as they were when it was opened; one
-    /// whose files changed is dropped (its streams keep what they hold).
+    /// A kept dataset of this name whose files (and objects) are as they were when it was
+    /// opened; one whose files changed is dropped (its streams keep what they hold).
     fn current(&self, name: &str) -> Option<Source> {
-        let (src, stamps) = {
+        let (src, stamps, objects) = {
             let mut kept = self.kept();
             let k = kept.iter_mut().find(|k| k.name == name)?;
             k.used = Instant::now();
-            if k.checked.elapsed() < LOOK_AGAIN {
+            let list = !k.objects.is_empty() && k.listed.elapsed() >= LIST_AGAIN;
+            if k.checked.elapsed() < LOOK_AGAIN && !list {
                 return Some(k.src.clone());
             }
-            (k.src.clone(), k.stamps.clone())
+            let objects = if list { k.objects.clone() } else { Vec::new() };
+            (k.src.clone(), k.stamps.clone(), objects)
         };
-        let same = stamps.iter().all(|(p, s)| stamp(p).ok() == Some(*s));
+        let same = stamps.iter().all(|(p, s)| stamp(p).ok() == Some(*s))
+            && objects
+                .iter()
+                .all(|(u, id)| crate::remote::identity(u).ok() == Some(*id));
         let mut kept = self.kept();
         if same {
             if let Some(k) = kept.iter_mut().find(|k| k.name == name) {
                 k.checked = Instant::now();
+                if !objects.is_empty() {
+                    k.listed = k.checked;
+                }
             }
             return Some(src);
         }
@@ -151,30 +176,46 @@ impl Catalog {
     fn open(&self, name: &str, shared: &Shared) -> Result<Source, Refusal> {
         let bad = |m: String| ("bad_request", m);
         let spec = PathSpec::parse(name).map_err(|e| bad(format!("dataset '{name}': {e}")))?;
-        if let Some(p) = spec.paths().into_iter().find(|p| !p.is_absolute()) {
+        let remote = crate::remote::is_remote;
+        if let Some(p) = spec
+            .paths()
+            .into_iter()
+            .find(|p| !p.is_absolute() && !remote(p))
+        {
             return Err(bad(format!(
-                "dataset '{name}': {} is a relative path; a daemon opens absolute paths only \
-                 (its working directory is not the client's)",
+                "dataset '{name}': {} is a relative path; a daemon opens absolute paths and \
+                 s3:// URLs only (its working directory is not the client's)",
                 p.display()
             )));
         }
         let opts = OpenOptions {
             format: spec.format.clone(),
+            cache_limit: shared.cfg.cache_limit,
             ..OpenOptions::default()
         };
         let engine = |e: crate::Error| (reply_code(&e), format!("dataset '{name}': {e}"));
+        // The objects' identity is taken before they are opened: one replaced in between
+        // is then seen at the next listing.
+        let mut objects = Vec::new();
+        for p in spec.paths().into_iter().filter(|p| remote(p)) {
+            let url = p.to_string_lossy().into_owned();
+            let id = crate::remote::identity(&url).map_err(engine)?;
+            objects.push((url, id));
+        }
         let src = spec.spec.open(&opts, &mut |_, _, _| {}).map_err(engine)?;
         if let Some(hook) = &self.on_open {
             hook(&src).map_err(engine)?;
         }
         // The paths named (a directory's entries change its mtime: a file added or
-        // removed), and every file read.
+        // removed), and every local file read (a streamed dataset's files are its
+        // objects, whose identity is listed instead).
         let mut stamps: Vec<(PathBuf, Stamp)> = spec
             .paths()
             .into_iter()
+            .filter(|p| !remote(p))
             .filter_map(|p| Some((p.to_path_buf(), stamp(p).ok()?)))
             .collect();
-        for f in src.dataset().files() {
+        for f in src.dataset().files().iter().filter(|f| !remote(&f.path)) {
             let s = stamp(&f.path).map_err(|e| {
                 (
                     "engine",
@@ -208,7 +249,9 @@ impl Catalog {
             name: name.to_string(),
             src: src.clone(),
             stamps,
+            objects,
             checked: now,
+            listed: now,
             used: now,
             _index: grant,
         });

@@ -73,6 +73,10 @@ pub struct ServeConfig {
     /// Whether an OPEN may name a dataset by its absolute path (or a mixture of such),
     /// opened on first use (`catalog.rs`).
     pub open_paths: bool,
+    /// The local disk each `s3://` dataset opened by path may use (`--cache-limit`): staged
+    /// whole when it fits, else streamed through two-pass piles within it; `None`: staged
+    /// whole, unbounded.
+    pub cache_limit: Option<u64>,
     /// Run on each dataset opened by path before it is served.
     pub on_open: Option<super::catalog::OnOpen>,
     /// Whether only processes of the daemon's own user may connect (`SO_PEERCRED`).

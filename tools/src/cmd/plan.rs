@@ -219,6 +219,9 @@ fn object_storage(
         "epochs": epochs,
         "world": world,
         "choice": if staged { "staged" } else { "streamed two-pass" },
+        // What opening it for this plan asked the store for (streamed only: a staged
+        // copy's open is its first epoch's GETs).
+        "open": ds.remote().map(|r| r.opened()),
         "staged": {
             "fits": staged,
             "gets_first_epoch": stage_gets,
@@ -305,6 +308,18 @@ fn print_object_storage(v: &Value) -> Result<()> {
              {r}), so the piles fit --cache-limit in exact order"
         )?,
         _ => {}
+    }
+    let o = &v["open"];
+    if !o.is_null() {
+        outln!(
+            "\nopening it: {} listing(s), {} GET(s) of {} to find layouts; {} layout(s) from \
+             the local cache, {} fetched (once per object identity)",
+            n(&o["lists"]),
+            n(&o["gets"]),
+            h(&o["bytes"]),
+            n(&o["layouts_cached"]),
+            n(&o["layouts_fetched"])
+        )?;
     }
     let p = &v["predicted"];
     match p["best_get_bytes_per_s"].as_f64() {

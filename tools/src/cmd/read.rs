@@ -486,6 +486,10 @@ fn json_report(
     v["seed"] = a.seed.into();
     v["epochs"] = a.job.epochs.into();
     v["emulated"] = serde_json::to_value(emulated)?;
+    // A streamed dataset: what its open asked the store for (beside `objects`, the read's).
+    if let Some(o) = src.dataset().remote() {
+        v["open"] = serde_json::to_value(o.opened())?;
+    }
     if let Some(m) = src.mixture() {
         v["mixture"] = json!({
             "records_per_epoch": m.size(),

@@ -54,14 +54,15 @@ pub struct Args {
     /// The daemon says "ready" on stdout once it listens (how --detach waits for it).
     #[arg(long, hide = true)]
     pub notify_ready: bool,
-    /// An OPEN may name a dataset by absolute path (or a mixture of such) besides the
-    /// --dataset names: opened on first use, as the daemon's user, kept while streams use
-    /// it and opened again when its files change. Implied by --user.
+    /// An OPEN may name a dataset by absolute path or s3:// URL (or a mixture of such)
+    /// besides the --dataset names: opened on first use, as the daemon's user (an s3://
+    /// one with the daemon's AWS environment and --cache-limit), kept while streams use
+    /// it and opened again when its files (or objects) change. Implied by --user.
     #[arg(long)]
     pub open_paths: bool,
-    /// s3:// datasets given with --dataset: the local disk each may use (see `riffle read
-    /// --cache-limit`): staged whole when it fits, else streamed through two-pass piles
-    /// (--mode two-pass or auto) kept within it.
+    /// s3:// datasets (given with --dataset, or named by an OPEN with --open-paths): the
+    /// local disk each may use (see `riffle read --cache-limit`): staged whole when it
+    /// fits, else streamed through two-pass piles (--mode two-pass or auto) kept within it.
     #[arg(long, value_parser = riffle::size::parse_size)]
     pub cache_limit: Option<u64>,
     /// Exit after this many seconds with no client connected, removing the socket and
@@ -394,6 +395,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         admit_wait: std::time::Duration::from_secs(a.admit_wait),
         idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
         open_paths,
+        cache_limit: a.cache_limit,
         on_open: open_paths.then(|| on_open(mode, a.scratch.clone())),
         owner_only: a.user,
         exit_idle: (exit_idle > 0).then(|| std::time::Duration::from_secs(exit_idle)),
