@@ -50,6 +50,23 @@ fn ids(sb: &Sandbox, mut c: Command, spec: &str, args: &[&str]) -> Vec<String> {
 
 /// Generates `n` shards of `format` into `sb`'s data directory and uploads each as
 /// `prefix/NAME`; returns the local directory.
+/// The ids of `spec` (local files) read by lirs with `args`, checked to be more than
+/// `least` and the same as two-pass's.
+fn local_ids(sb: &Sandbox, spec: &str, args: &[&str], least: usize) -> Vec<String> {
+    let lirs = ids(sb, sb.cmd(), spec, &[args, &["--mode", "lirs"]].concat());
+    let two_pass = ids(
+        sb,
+        sb.cmd(),
+        spec,
+        &[args, &["--mode", "two-pass"]].concat(),
+    );
+    assert!(
+        lirs.len() > least && lirs == two_pass,
+        "{spec} {args:?}: lirs and two-pass differ"
+    );
+    lirs
+}
+
 fn shards(sb: &Sandbox, s3: &Server, format: &str, ext: &str, prefix: &str) -> PathBuf {
     let dir = sb.data().join(prefix);
     std::fs::create_dir_all(&dir).unwrap();
@@ -525,22 +542,7 @@ fn s3_tar_mds_and_jsonl_streamed_past_the_cache_limit_read_like_the_same_files()
         }
         let total = upload(&s3, &local, format);
         let spec = local.to_str().unwrap();
-        let lirs = ids(
-            &sb,
-            sb.cmd(),
-            spec,
-            &[&args[..], &["--mode", "lirs"]].concat(),
-        );
-        let two_pass = ids(
-            &sb,
-            sb.cmd(),
-            spec,
-            &[&args[..], &["--mode", "two-pass"]].concat(),
-        );
-        assert!(
-            lirs.len() > 50 && lirs == two_pass,
-            "{format}: lirs and two-pass differ"
-        );
+        let lirs = local_ids(&sb, spec, &args, 50);
         let limit = total * 3 / 4;
         let l = limit.to_string();
         let (got, report) = ids_and_report(
@@ -658,22 +660,7 @@ fn one_node_streamed_within_a_quarter_and_a_tenth_reads_in_rounds_in_the_same_or
     let spec = local.to_str().unwrap();
     for (share, epochs) in [(4, "2"), (10, "1")] {
         let args = ["--epochs", epochs];
-        let lirs = ids(
-            &sb,
-            sb.cmd(),
-            spec,
-            &[&args[..], &["--mode", "lirs"]].concat(),
-        );
-        let two_pass = ids(
-            &sb,
-            sb.cmd(),
-            spec,
-            &[&args[..], &["--mode", "two-pass"]].concat(),
-        );
-        assert!(
-            lirs.len() > 500 && lirs == two_pass,
-            "lirs and two-pass differ"
-        );
+        let lirs = local_ids(&sb, spec, &args, 500);
         // One node holds the whole dataset: its piles take R rounds within the limit.
         let limit = total / share;
         let (got, report) = ids_and_report(
