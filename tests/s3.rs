@@ -905,9 +905,6 @@ fn two_daemons_standing_for_two_nodes_stream_each_its_ranks_records_within_the_c
 }
 
 #[test]
-#[ignore = "fails today (issue 32 acceptance): a node holds its quarter of the records whole in \
-            its piles, 25.7% of the tar objects with their frames, 31.2% with the piles' write \
-            buffers; it fits once a node scatters an epoch in windows"]
 fn four_daemons_standing_for_four_nodes_stream_their_ranks_within_a_quarter_of_the_dataset() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
