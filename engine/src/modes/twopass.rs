@@ -46,7 +46,7 @@ use crate::resources::{Limits, PilePlan};
 use crate::{Error, Result};
 use body::{emit_frames, encode_skip, rescatter, Body};
 use held::HeldPart;
-use rounds::{Pending, STREAMED_STEP};
+use rounds::{streamed_step, Pending};
 use scan::{wanted_units, Chunker, Scan, Sequential};
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
@@ -734,13 +734,16 @@ fn scatter(
         }
         Ok(())
     };
+    let step = objects
+        .as_ref()
+        .map(|o| streamed_step(&plan.layout, o.cache_limit()));
     charge(
-        plan.layout.disk_slack(STREAMED_STEP),
+        step.map_or(0, |s| plan.layout.disk_slack(s)),
         "the piles' allocation",
     )?;
     let mut sink = PileWriter::new(scratch, plan.layout, io)?;
-    if objects.is_some() {
-        sink.grow_at_most(STREAMED_STEP);
+    if let Some(s) = step {
+        sink.grow_at_most(s);
     }
     let mut failure: Option<Error> = None;
     let mut skip = Vec::new();

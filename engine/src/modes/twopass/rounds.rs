@@ -48,9 +48,17 @@ use crate::{Error, Result};
 /// log2 of the key buckets rounds are cut on.
 const BUCKET_BITS: u32 = 12;
 
-/// How far ahead of its writes a streamed read grows its pile files (its local disk is
-/// capped, and this is part of what it charges).
-pub(super) const STREAMED_STEP: u64 = 1 << 20;
+/// How far ahead of its writes a streamed read grows its pile files at most (its local
+/// disk is capped, and this is part of what it charges).
+const STREAMED_STEP: u64 = 1 << 20;
+
+/// How far ahead of its writes a streamed read within `limit` bytes of local disk grows
+/// each pile file of `layout`: [`STREAMED_STEP`], or under a small limit less, so that the
+/// group files' steps together take at most a sixty-fourth of it (64 KiB at least: a
+/// fixed 1 MiB a file took 16 MiB of a 5 MiB limit with 16 files).
+pub(super) fn streamed_step(layout: &crate::piles::Layout, limit: u64) -> u64 {
+    (limit / 64 / layout.groups() as u64).clamp(64 << 10, STREAMED_STEP)
+}
 
 /// One round's key range: the units whose key's bucket is in `[lo, hi)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,7 +203,7 @@ pub(super) fn cut(
     key: &EpochKey,
     wanted: Option<&Bits>,
     limit: u64,
-    slack: u64,
+    (slack, step): (u64, u64),
     frames: u64,
     memory: u64,
 ) -> Result<Rounds> {
@@ -243,7 +251,7 @@ pub(super) fn cut(
             1 << BUCKET_BITS,
             human_bytes(need as f64),
             human_bytes(slack as f64),
-            human_bytes(STREAMED_STEP as f64),
+            human_bytes(step as f64),
             human_bytes(room as f64),
         ))
     })?;
@@ -404,7 +412,7 @@ pub fn streamed_figures(ds: &Dataset, opts: &ReadOptions, limit: u64) -> Result<
         1.0
     };
     let skip = (crate::piles::frame::HEAD + 12) as f64 * units.len() as f64 * (1.0 - kept);
-    let slack = plan.layout.disk_slack(STREAMED_STEP);
+    let slack = plan.layout.disk_slack(streamed_step(&plan.layout, limit));
     let local = (plan.frames as f64 * kept + skip) as u64;
     let key = EpochKey::new(opts.seed, 0);
     // A plan of several nodes may not have chosen how an uneven tail goes: its share is
@@ -446,10 +454,11 @@ pub(super) fn plan_within(
     let frames = plan
         .frames
         .saturating_add(units.len() * (crate::piles::frame::HEAD as u64 + 12));
-    let slack = plan.layout.disk_slack(STREAMED_STEP);
+    let step = streamed_step(&plan.layout, limit);
+    let slack = plan.layout.disk_slack(step);
     // The frames held in memory take what the loaded piles would (see the module's note).
     let memory = plan.loaded_memory();
-    cut(ds, units, key, wanted, limit, slack, frames, memory)
+    cut(ds, units, key, wanted, limit, (slack, step), frames, memory)
 }
 
 #[cfg(test)]
