@@ -781,7 +781,7 @@ fn one_node_streamed_within_a_quarter_and_a_tenth_reads_in_rounds_in_the_same_or
             &url,
             &[
                 &args[..],
-                &["--cache-limit", &limit.to_string(), "--memory", "16M"],
+                &["--cache-limit", &limit.to_string(), "--memory", "32M"],
             ]
             .concat(),
         );
