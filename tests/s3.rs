@@ -804,7 +804,7 @@ fn one_node_streamed_within_a_quarter_and_a_tenth_reads_in_rounds_in_the_same_or
                 "16",
                 "--json",
                 "--memory",
-                "16M",
+                "32M",
             ])
             .args(["--cache-limit", &limit.to_string()])
             .output()
