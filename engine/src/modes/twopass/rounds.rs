@@ -483,4 +483,20 @@ mod tests {
         // A bucket larger than the room: no number of rounds fits; its bytes named.
         assert_eq!(pack(&[1, 9, 1], 8).unwrap_err(), 9);
     }
+
+    #[test]
+    fn the_overflow_held_in_memory_is_the_lowest_range_past_what_the_disk_takes() {
+        let (buckets, counts) = ([3, 3, 3, 3], [1, 1, 1, 1]);
+        // Two buckets fit the disk: the highest two; the lowest two held (6 bytes and two
+        // frames of index) when the memory takes them.
+        let r = hold(&buckets, &counts, 7, 6 + 2 * HELD_PER_FRAME).unwrap();
+        assert_eq!((r.len(), r.largest), (1, 6));
+        let key_of = |bucket: u64| bucket << (64 - BUCKET_BITS);
+        let disk = r.get(0).unwrap();
+        assert!(!disk.has(key_of(1)) && disk.has(key_of(2)) && disk.has(key_of(3)));
+        let m = r.in_memory().unwrap();
+        assert!(m.has(key_of(0)) && m.has(key_of(1)) && !m.has(key_of(2)));
+        // A byte less of memory: no hold, the disk rounds stand.
+        assert!(hold(&buckets, &counts, 7, 5 + 2 * HELD_PER_FRAME).is_none());
+    }
 }
