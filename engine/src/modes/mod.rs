@@ -427,6 +427,12 @@ pub struct ReadReport {
     /// (`twopass::rounds`); 1 when its piles fit `cache_limit` at once.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rounds: Option<u64>,
+    /// A streamed dataset read past its cache limit in one round: the most memory any
+    /// epoch held of its piles' lowest key range, which did not fit local disk (its frames
+    /// and their index; `twopass::rounds`). It is within `pile_bytes`, which
+    /// `memory_bytes` counts: the range is emitted and freed before any pile is loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overflow_in_memory_bytes: Option<u64>,
     /// A streamed dataset: ranged GETs and bytes fetched, per object and epoch.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<crate::dataset::ObjectCount>,

@@ -46,8 +46,8 @@ use crate::resources::{Limits, PilePlan};
 use crate::{Error, Result};
 use body::{emit_frames, encode_skip, rescatter, Body};
 use held::HeldPart;
-use rounds::{Pending, STREAMED_STEP};
-use scan::{wanted_units, Scan, Sequential};
+use rounds::{streamed_step, Pending};
+use scan::{wanted_units, Chunker, Scan, Sequential};
 
 /// Reads `opts.epochs` epochs of `ds` in two-pass mode, with piles in `scratch`.
 pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> Result<BatchStream> {
@@ -163,60 +163,6 @@ pub fn needs(ds: &Dataset, units: &Units, opts: &ReadOptions) -> Result<(u64, u6
     Ok((plan.memory_bytes, plan.scratch_bytes, piles))
 }
 
-/// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).
-#[derive(Clone, Copy, Debug)]
-struct Chunk {
-    first: u64,
-    end: u64,
-    file: usize,
-    start: u64,
-    stop: u64,
-}
-
-/// Cuts the units, in order, into reads of about `target` bytes, never across files; one
-/// at a time, so the scatter starts reading at once (and a stop is heard) rather than after
-/// the whole dataset's units are located.
-struct Chunker<'a> {
-    ds: &'a Dataset,
-    units: &'a Units,
-    target: u64,
-    next: u64,
-}
-
-impl Iterator for Chunker<'_> {
-    type Item = Chunk;
-
-    fn next(&mut self) -> Option<Chunk> {
-        let mut chunk: Option<Chunk> = None;
-        while self.next < self.units.len() {
-            let u = self.next;
-            let r = self.units.records(u);
-            let a = self.ds.locate(r.start);
-            let b = self.ds.locate(r.end - 1);
-            let (start, stop) = (a.offset, b.offset + b.len);
-            match &mut chunk {
-                Some(c) if c.file == a.file && stop - c.start <= self.target => {
-                    c.end = u + 1;
-                    c.stop = stop;
-                }
-                // Unit u starts the next chunk.
-                Some(_) => break,
-                None => {
-                    chunk = Some(Chunk {
-                        first: u,
-                        end: u + 1,
-                        file: a.file,
-                        start,
-                        stop,
-                    })
-                }
-            }
-            self.next += 1;
-        }
-        chunk
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run(
     ds: &Dataset,
@@ -260,6 +206,7 @@ fn run(
         lead_bytes: 0,
         charged: 0,
         pending: None,
+        in_memory: None,
     };
     run.describe(r, &scan);
     let epochs = opts.epoch_range()?;
@@ -293,6 +240,8 @@ struct Run<'a> {
     charged: u64,
     /// A streamed epoch done in rounds: those still to scatter (`rounds`).
     pending: Option<Pending>,
+    /// A streamed epoch's lowest key range, held in memory, emitted first (`rounds`).
+    in_memory: Option<rounds::InMemory>,
 }
 
 impl Run<'_> {
@@ -424,14 +373,25 @@ impl Run<'_> {
                 }
                 None => (None, None),
             };
+            let memory = cut.as_ref().and_then(rounds::Rounds::in_memory);
+            if memory.is_some() {
+                // The frames in memory take the pile buffers' place (`rounds`).
+                self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            }
             let mut from = Sequential {
                 scan: &mut self.reader,
                 epoch,
                 wanted,
                 round: cut.as_ref().and_then(|c| c.get(0)),
                 from: self.held.map_or(0, HeldPart::units),
+                memory,
             };
             let scattered = scatter(ds, units, plan, &opts.io, &mut from, &key, scratch, stop);
+            if let Some(m) = from.memory.take() {
+                let most = r.overflow_in_memory_bytes.unwrap_or(0).max(m.memory());
+                r.overflow_in_memory_bytes = Some(most);
+                self.in_memory = Some(m);
+            }
             self.pending = cut.filter(|c| c.len() > 1).map(|rounds| Pending {
                 rounds,
                 next: 1,
@@ -499,6 +459,13 @@ impl Run<'_> {
         // A streamed epoch in rounds passes each round's piles in turn, the next round
         // scattered once this one's are gone (`rounds`); any other epoch has one set.
         let (mut set, mut scattered) = (Some(set), 0);
+        // First the lowest key range, when held in memory.
+        if let Some(m) = self.in_memory.take() {
+            m.emit(units, &mut em)?;
+            if em.stopped {
+                set = None;
+            }
+        }
         while let Some(s) = set.take() {
             // The pile pass, double buffered: a loader thread reads and sorts the next pile
             // (or key sub-range of an oversized pile) while this thread emits the current.
@@ -673,6 +640,7 @@ fn scatter_led(
             wanted: None,
             round: None,
             from: 0,
+            memory: None,
         };
         let scattered = scatter(ds, units, plan, &opts.io, &mut from, &key, scratch, stop);
         #[cfg(test)]
@@ -747,10 +715,14 @@ fn scatter(
         wanted,
         round,
         from,
+        memory,
     } = from;
-    // A round frames only the units of its key range; it reads no chunk holding none.
+    // A round frames only the units of its key range; it reads no chunk holding none. The
+    // units of the range held in memory (`rounds`) are framed there.
     let round = *round;
     let outside = |u: u64| round.is_some_and(|r| !r.has(key.key(u)));
+    let kept = memory.as_ref().map(|m| m.round());
+    let unread = |u: u64| outside(u) && !kept.is_some_and(|r| r.has(key.key(u)));
     // A streamed read charges the piles' local disk before writing it: their slack first
     // (space allocated ahead, last chunks written whole), then every frame.
     let objects = scan.objects().cloned();
@@ -762,13 +734,16 @@ fn scatter(
         }
         Ok(())
     };
+    let step = objects
+        .as_ref()
+        .map(|o| streamed_step(&plan.layout, o.cache_limit()));
     charge(
-        plan.layout.disk_slack(STREAMED_STEP),
+        step.map_or(0, |s| plan.layout.disk_slack(s)),
         "the piles' allocation",
     )?;
     let mut sink = PileWriter::new(scratch, plan.layout, io)?;
-    if objects.is_some() {
-        sink.grow_at_most(STREAMED_STEP);
+    if let Some(s) = step {
+        sink.grow_at_most(s);
     }
     let mut failure: Option<Error> = None;
     let mut skip = Vec::new();
@@ -796,7 +771,7 @@ fn scatter(
                 return None;
             }
             let c =
-                std::iter::from_fn(|| chunker.next()).find(|c| !(c.first..c.end).all(outside))?;
+                std::iter::from_fn(|| chunker.next()).find(|c| !(c.first..c.end).all(unread))?;
             chunks.borrow_mut().push(c);
             Some((c.file, c.start, (c.stop - c.start) as usize))
         }),
@@ -807,6 +782,9 @@ fn scatter(
             let c = chunks.borrow()[i];
             for u in c.first..c.end {
                 if outside(u) {
+                    if let Some(m) = memory.as_mut().filter(|m| m.has(key.key(u))) {
+                        m.unit(u, key, wanted.as_ref(), units, ds, bytes, c.start);
+                    }
                     continue;
                 }
                 if wanted.as_ref().is_some_and(|w| !w.has(u)) {

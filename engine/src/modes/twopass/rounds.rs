@@ -16,9 +16,25 @@
 //! objects per epoch (a round GETs no chunk that holds no unit of its range, but under a
 //! shuffle nearly every chunk holds some): the exact order in bounded local disk, where the
 //! alternative, LIRS over ranged GETs, is bounded by a GET per record.
+//!
+//! The overflow held in memory: when the node's piles do not fit but the first key range
+//! does not need to go to disk at all, no second round is read. The key space is cut once,
+//! at the lowest bucket from which the rest fits the disk: the frames of the range below
+//! it (skip frames included, in the pile frame format) are collected in memory by the
+//! single scatter ([`InMemory`]), the rest go to the disk piles as in one round. The pass
+//! sorts the frames in memory by key (as a loaded pile is sorted) and emits them first,
+//! with the same emitter, then passes the disk piles: every unit in global key order, the
+//! batches of one round, each object read once an epoch. The frames in memory, with 32
+//! bytes of index and sort scratch each, may take what the plan gives the loaded piles
+//! (`PilePlan::loaded_memory`, which the read's `memory_bytes` counts as `pile_bytes`):
+//! they are emitted and freed before the first pile is loaded, and the pile buffers of
+//! the epoch before are freed before the scatter, so the two never take memory at once.
+//! When they do not fit that, the epoch is read in disk rounds as above.
 
-use super::scan::{wanted_units, Bits, Scan, Sequential};
-use super::{scatter, Chunker};
+use super::super::emit::Emitter;
+use super::body::{emit_frames, encode_skip, Body};
+use super::scan::{wanted_units, Bits, Chunker, Scan, Sequential};
+use super::scatter;
 use crate::dataset::Dataset;
 use crate::io::IoConfig;
 use crate::modes::ReadOptions;
@@ -32,9 +48,17 @@ use crate::{Error, Result};
 /// log2 of the key buckets rounds are cut on.
 const BUCKET_BITS: u32 = 12;
 
-/// How far ahead of its writes a streamed read grows its pile files (its local disk is
-/// capped, and this is part of what it charges).
-pub(super) const STREAMED_STEP: u64 = 1 << 20;
+/// How far ahead of its writes a streamed read grows its pile files at most (its local
+/// disk is capped, and this is part of what it charges).
+const STREAMED_STEP: u64 = 1 << 20;
+
+/// How far ahead of its writes a streamed read within `limit` bytes of local disk grows
+/// each pile file of `layout`: [`STREAMED_STEP`], or under a small limit less, so that the
+/// group files' steps together take at most a sixty-fourth of it (64 KiB at least: a
+/// fixed 1 MiB a file took 16 MiB of a 5 MiB limit with 16 files).
+pub(super) fn streamed_step(layout: &crate::piles::Layout, limit: u64) -> u64 {
+    (limit / 64 / layout.groups() as u64).clamp(64 << 10, STREAMED_STEP)
+}
 
 /// One round's key range: the units whose key's bucket is in `[lo, hi)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +82,9 @@ pub(super) struct Rounds {
     rounds: Vec<Round>,
     /// Bytes of frames in the largest round (without the piles' slack).
     pub largest: u64,
+    /// The key range below the one disk round, held in memory: its range, and the bytes
+    /// and count of its frames.
+    held: Option<(Round, u64, u64)>,
 }
 
 impl Rounds {
@@ -68,24 +95,117 @@ impl Rounds {
 
     /// Round `i`, or `None` when there is one round only (the whole key space, no filter).
     pub(super) fn get(&self, i: usize) -> Option<Round> {
-        (self.rounds.len() > 1)
+        (self.rounds.len() > 1 || self.held.is_some())
             .then(|| self.rounds.get(i).copied())
             .flatten()
+    }
+
+    /// The frames of the range held in memory, empty, with room for them; `None` when
+    /// every frame goes to disk.
+    pub(super) fn in_memory(&self) -> Option<InMemory> {
+        self.held.map(|(round, bytes, frames)| InMemory {
+            round,
+            data: Vec::with_capacity(bytes as usize),
+            frames: Vec::with_capacity(frames as usize),
+        })
+    }
+}
+
+/// Memory a held range takes beside its frames' bytes, per frame: its (key, offset) index
+/// entry and the sort's scratch, as the plan counts a loaded pile's.
+const HELD_PER_FRAME: u64 = 32;
+
+/// The frames of an epoch's lowest key range, collected by its scatter in memory rather
+/// than on local disk, and emitted before the disk piles (see the module's note).
+pub(super) struct InMemory {
+    round: Round,
+    data: Vec<u8>,
+    frames: Vec<(u64, usize)>,
+}
+
+impl InMemory {
+    /// Whether `key` is in the held range.
+    #[inline]
+    pub(super) fn has(&self, key: u64) -> bool {
+        self.round.has(key)
+    }
+
+    /// Its range.
+    pub(super) fn round(&self) -> Round {
+        self.round
+    }
+
+    /// Starts a frame under `key` with a body of `len` bytes (appended after).
+    pub(super) fn begin(&mut self, key: u64, len: u64) {
+        let (h, n) = crate::piles::frame::head(key, len);
+        self.frames.push((key, self.data.len()));
+        self.data.extend_from_slice(&h[..n]);
+    }
+
+    /// Frames unit `u` of a chunk read at `start` (`bytes`) into the range held in memory, as
+    /// the scatter frames it into a pile: a skip frame when the node does not keep it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn unit(
+        &mut self,
+        u: u64,
+        key: &EpochKey,
+        wanted: Option<&Bits>,
+        units: &Units,
+        ds: &Dataset,
+        bytes: &[u8],
+        start: u64,
+    ) {
+        let mut head = Vec::new();
+        if wanted.is_some_and(|w| !w.has(u)) {
+            encode_skip(&mut head, u);
+            self.begin(key.key(u), head.len() as u64);
+            self.append(&head);
+            return;
+        }
+        let locs: Vec<_> = units.records(u).map(|id| ds.locate(id)).collect();
+        let body = Body::encode(&mut head, u, locs.iter().map(|l| l.len));
+        self.begin(key.key(u), body);
+        self.append(&head);
+        for l in &locs {
+            let from = (l.offset - start) as usize;
+            self.append(&bytes[from..from + l.len as usize]);
+        }
+    }
+
+    /// Appends to the frame begun last.
+    pub(super) fn append(&mut self, bytes: &[u8]) {
+        self.data.extend_from_slice(bytes);
+    }
+
+    /// The memory it takes: its frames' bytes and their index.
+    pub(super) fn memory(&self) -> u64 {
+        self.data.len() as u64 + HELD_PER_FRAME * self.frames.len() as u64
+    }
+
+    /// Sorts the frames by key, as a loaded pile is, and emits their records through `em`.
+    pub(super) fn emit(mut self, units: &Units, em: &mut Emitter<'_>) -> Result<()> {
+        let mut scratch = Vec::new();
+        crate::order::sort_uniform(&mut self.frames, &mut scratch, |f| f.0);
+        emit_frames(&self.data, &self.frames, units, None, em)
     }
 }
 
 /// The rounds of an epoch keyed by `key` for a node keeping `wanted` (`None`: every unit),
 /// within `limit` bytes of local disk of which the piles' slack takes `slack`; `frames` is
 /// every unit's frame bytes, which when it fits makes one round with no count per bucket.
-/// An error naming the figures when even one bucket's frames do not fit.
+/// Past the disk, one round and the lowest key range held in memory when that range takes
+/// at most `memory` bytes (frames and index). An error naming the figures when even one
+/// bucket's frames do not fit.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn cut(
     ds: &Dataset,
     units: &Units,
     key: &EpochKey,
     wanted: Option<&Bits>,
     limit: u64,
-    slack: u64,
+    (slack, step): (u64, u64),
     frames: u64,
+    memory: u64,
 ) -> Result<Rounds> {
     // A sixty-fourth of the room is left for the filesystem's own rounding.
     let room = limit.saturating_sub(slack);
@@ -98,12 +218,15 @@ pub(super) fn cut(
         return Ok(Rounds {
             rounds: vec![whole],
             largest: frames,
+            held: None,
         });
     }
     let head = crate::piles::frame::HEAD as u64 + 12;
     let mut buckets = vec![0u64; 1 << BUCKET_BITS];
+    let mut counts = vec![0u64; 1 << BUCKET_BITS];
     for u in 0..units.len() {
         let b = (key.key(u) >> (64 - BUCKET_BITS)) as usize;
+        counts[b] += 1;
         buckets[b] += if wanted.is_some_and(|w| !w.has(u)) {
             head
         } else {
@@ -117,7 +240,7 @@ pub(super) fn cut(
                 + head
         };
     }
-    pack(&buckets, room).map_err(|need| {
+    let rounds = pack(&buckets, room).map_err(|need| {
         Error::OverBudget(format!(
             "--cache-limit {}: the piles take {} of local disk this epoch, and a round of \
              1/{} of them needs {} beside the piles' slack of {} (the pile files grown {} \
@@ -128,9 +251,39 @@ pub(super) fn cut(
             1 << BUCKET_BITS,
             human_bytes(need as f64),
             human_bytes(slack as f64),
-            human_bytes(STREAMED_STEP as f64),
+            human_bytes(step as f64),
             human_bytes(room as f64),
         ))
+    })?;
+    Ok(hold(&buckets, &counts, room, memory).unwrap_or(rounds))
+}
+
+/// One disk round of the highest buckets that fit `room` and the rest below them held in
+/// memory, when that rest's frames (`buckets` bytes, `counts` frames) and their index take
+/// at most `memory` bytes; `None` otherwise.
+fn hold(buckets: &[u64], counts: &[u64], room: u64, memory: u64) -> Option<Rounds> {
+    // The lowest bucket from which the rest fits the disk.
+    let (mut lo, mut disk) = (buckets.len(), 0u64);
+    while lo > 0 && disk + buckets[lo - 1] <= room {
+        lo -= 1;
+        disk += buckets[lo];
+    }
+    let bytes: u64 = buckets[..lo].iter().sum();
+    let frames: u64 = counts[..lo].iter().sum();
+    (lo > 0 && bytes + HELD_PER_FRAME * frames <= memory).then(|| Rounds {
+        rounds: vec![Round {
+            lo: lo as u32,
+            hi: buckets.len() as u32,
+        }],
+        largest: disk,
+        held: Some((
+            Round {
+                lo: 0,
+                hi: lo as u32,
+            },
+            bytes,
+            frames,
+        )),
     })
 }
 
@@ -158,6 +311,7 @@ fn pack(buckets: &[u64], room: u64) -> std::result::Result<Rounds, u64> {
     Ok(Rounds {
         rounds,
         largest: largest.max(held),
+        held: None,
     })
 }
 
@@ -203,6 +357,7 @@ impl Pending {
             round: Some(round),
             // A streamed read holds nothing in memory.
             from: 0,
+            memory: None,
         };
         let scattered = scatter(ds, units, plan, io, &mut from, &self.key, scratch, stop);
         self.wanted = from.wanted;
@@ -257,7 +412,7 @@ pub fn streamed_figures(ds: &Dataset, opts: &ReadOptions, limit: u64) -> Result<
         1.0
     };
     let skip = (crate::piles::frame::HEAD + 12) as f64 * units.len() as f64 * (1.0 - kept);
-    let slack = plan.layout.disk_slack(STREAMED_STEP);
+    let slack = plan.layout.disk_slack(streamed_step(&plan.layout, limit));
     let local = (plan.frames as f64 * kept + skip) as u64;
     let key = EpochKey::new(opts.seed, 0);
     // A plan of several nodes may not have chosen how an uneven tail goes: its share is
@@ -299,8 +454,11 @@ pub(super) fn plan_within(
     let frames = plan
         .frames
         .saturating_add(units.len() * (crate::piles::frame::HEAD as u64 + 12));
-    let slack = plan.layout.disk_slack(STREAMED_STEP);
-    cut(ds, units, key, wanted, limit, slack, frames)
+    let step = streamed_step(&plan.layout, limit);
+    let slack = plan.layout.disk_slack(step);
+    // The frames held in memory take what the loaded piles would (see the module's note).
+    let memory = plan.loaded_memory();
+    cut(ds, units, key, wanted, limit, (slack, step), frames, memory)
 }
 
 #[cfg(test)]
@@ -324,5 +482,21 @@ mod tests {
         assert_eq!(r.len(), 3);
         // A bucket larger than the room: no number of rounds fits; its bytes named.
         assert_eq!(pack(&[1, 9, 1], 8).unwrap_err(), 9);
+    }
+
+    #[test]
+    fn the_overflow_held_in_memory_is_the_lowest_range_past_what_the_disk_takes() {
+        let (buckets, counts) = ([3, 3, 3, 3], [1, 1, 1, 1]);
+        // Two buckets fit the disk: the highest two; the lowest two held (6 bytes and two
+        // frames of index) when the memory takes them.
+        let r = hold(&buckets, &counts, 7, 6 + 2 * HELD_PER_FRAME).unwrap();
+        assert_eq!((r.len(), r.largest), (1, 6));
+        let key_of = |bucket: u64| bucket << (64 - BUCKET_BITS);
+        let disk = r.get(0).unwrap();
+        assert!(!disk.has(key_of(1)) && disk.has(key_of(2)) && disk.has(key_of(3)));
+        let m = r.in_memory().unwrap();
+        assert!(m.has(key_of(0)) && m.has(key_of(1)) && !m.has(key_of(2)));
+        // A byte less of memory: no hold, the disk rounds stand.
+        assert!(hold(&buckets, &counts, 7, 5 + 2 * HELD_PER_FRAME).is_none());
     }
 }

@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
-use crate::dataset::RemoteBytes;
 pub(super) use crate::dataset::GETS_IN_FLIGHT;
+use crate::dataset::{Dataset, RemoteBytes};
 use crate::io::RangeReader;
 use crate::order::{EpochKey, EpochTable, Split, Units};
 use crate::Result;
@@ -79,6 +79,60 @@ impl Scan {
                 .iter()
                 .fold((0, 0), |(n, b), c| (n + c.gets, b + c.bytes)),
         }
+    }
+}
+
+/// One sequential read of the scatter: units [first, end) of one file, bytes [start, stop).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Chunk {
+    pub first: u64,
+    pub end: u64,
+    pub file: usize,
+    pub start: u64,
+    pub stop: u64,
+}
+
+/// Cuts the units, in order, into reads of about `target` bytes, never across files; one
+/// at a time, so the scatter starts reading at once (and a stop is heard) rather than after
+/// the whole dataset's units are located.
+pub(super) struct Chunker<'a> {
+    pub ds: &'a Dataset,
+    pub units: &'a Units,
+    pub target: u64,
+    pub next: u64,
+}
+
+impl Iterator for Chunker<'_> {
+    type Item = Chunk;
+
+    fn next(&mut self) -> Option<Chunk> {
+        let mut chunk: Option<Chunk> = None;
+        while self.next < self.units.len() {
+            let u = self.next;
+            let r = self.units.records(u);
+            let a = self.ds.locate(r.start);
+            let b = self.ds.locate(r.end - 1);
+            let (start, stop) = (a.offset, b.offset + b.len);
+            match &mut chunk {
+                Some(c) if c.file == a.file && stop - c.start <= self.target => {
+                    c.end = u + 1;
+                    c.stop = stop;
+                }
+                // Unit u starts the next chunk.
+                Some(_) => break,
+                None => {
+                    chunk = Some(Chunk {
+                        first: u,
+                        end: u + 1,
+                        file: a.file,
+                        start,
+                        stop,
+                    })
+                }
+            }
+            self.next += 1;
+        }
+        chunk
     }
 }
 
@@ -155,6 +209,8 @@ pub(super) struct Sequential<'a> {
     pub from: u64,
     /// The round whose key range it frames (`None`: every unit).
     pub round: Option<super::rounds::Round>,
+    /// Where the units of the key range held in memory are framed (`rounds`), if any.
+    pub memory: Option<super::rounds::InMemory>,
 }
 
 /// Bytes the filesystem holds for the files under `dir` (their allocated blocks).
