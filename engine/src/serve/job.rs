@@ -16,7 +16,7 @@
 //! emitting, or after it ended without that rank ever joining any of its passes (the last
 //! [`ENDED_KEPT`] ended passes are remembered), is *late*: served by the rule above, a
 //! new pass of the job, which reads the dataset again and does not wait for `streams`.
-//! It is counted (`late_streams`, in all, and on the missed job while it is live) and
+//! It is counted (`late_streams`, in all, and on the missed job while it is listed) and
 //! logged. A rank that comes back after the job's passes ended, having joined one of them, is
 //! the job started again, not late.
 
@@ -281,10 +281,10 @@ impl Jobs {
         })?;
         let passes = jobs.live.entry(key).or_default();
         if let Some((m, live)) = late_for {
-            if live {
-                if let Some(j) = passes.iter_mut().find(|j| j.id == m) {
-                    j.late += 1;
-                }
+            // Counted on the missed job while it is listed: its pass may have ended (every
+            // batch emitted) while its streams still read, and the stats still show it.
+            if let Some(j) = passes.iter_mut().find(|j| j.id == m) {
+                j.late += 1;
             }
             let when = if live { "began emitting" } else { "ended" };
             eprintln!(
