@@ -427,6 +427,19 @@ fn a_503_storm_then_a_stopped_and_restarted_server_resumes_with_the_same_batches
     assert_eq!(got, want, "the resumed read differs from the file's");
 }
 
+/// `n` JSONL shards of `records` records of 1,000 bytes in `sb`'s data directory `name`,
+/// each uploaded as `name/shard-I.jsonl`: the directory and the bytes uploaded.
+fn jsonl_shards(sb: &Sandbox, s3: &Server, name: &str, n: u64, records: u64) -> (PathBuf, u64) {
+    let local = sb.data().join(name);
+    std::fs::create_dir_all(&local).unwrap();
+    for i in 0..n {
+        let p = local.join(format!("shard-{i}.jsonl"));
+        gen(sb, &p, "lines", records, 1000, &["--seed", &i.to_string()]);
+    }
+    let total = upload(s3, &local, name);
+    (local, total)
+}
+
 /// Uploads every file under `dir` as `prefix/RELATIVE_PATH`; returns their bytes.
 fn upload(s3: &Server, dir: &std::path::Path, prefix: &str) -> u64 {
     let mut total = 0;
@@ -567,13 +580,7 @@ fn s3_tar_mds_and_jsonl_streamed_past_the_cache_limit_read_like_the_same_files()
 fn a_streamed_read_within_a_quarter_of_the_dataset_holds_it_and_gets_each_object_once_an_epoch() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
-    let local = sb.data().join("q");
-    std::fs::create_dir_all(&local).unwrap();
-    for i in 0..4 {
-        let p = local.join(format!("shard-{i}.jsonl"));
-        gen(&sb, &p, "lines", 8000, 1000, &["--seed", &i.to_string()]);
-    }
-    let total = upload(&s3, &local, "q");
+    let (local, total) = jsonl_shards(&sb, &s3, "q", 4, 8000);
     // One node of eight: its piles hold an eighth of the records, and the rest of the
     // quarter is the piles' own slack.
     let args = [
@@ -657,13 +664,7 @@ fn a_streamed_read_within_a_quarter_of_the_dataset_holds_it_and_gets_each_object
 fn a_node_a_little_past_its_cache_limit_holds_the_overflow_in_memory_and_gets_each_object_once() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
-    let local = sb.data().join("o");
-    std::fs::create_dir_all(&local).unwrap();
-    for i in 0..4 {
-        let p = local.join(format!("shard-{i}.jsonl"));
-        gen(&sb, &p, "lines", 8000, 1000, &["--seed", &i.to_string()]);
-    }
-    let total = upload(&s3, &local, "o");
+    let (local, total) = jsonl_shards(&sb, &s3, "o", 4, 8000);
     let sizes = objects_of(&local, "o", "jsonl");
     let args = [
         "--world",
@@ -833,13 +834,7 @@ fn one_node_streamed_within_a_quarter_and_a_tenth_reads_in_rounds_in_the_same_or
 fn plan_of_an_s3_dataset_past_its_cache_limit_shows_staged_against_streamed_two_pass() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
-    let local = sb.data().join("p");
-    std::fs::create_dir_all(&local).unwrap();
-    for i in 0..3 {
-        let p = local.join(format!("shard-{i}.jsonl"));
-        gen(&sb, &p, "lines", 2000, 1000, &["--seed", &i.to_string()]);
-    }
-    let total = upload(&s3, &local, "p");
+    let (_, total) = jsonl_shards(&sb, &s3, "p", 3, 2000);
     let url = format!("s3://{BUCKET}/p/");
     let plan = |limit: u64, json: bool| {
         let mut c = s3.cmd(&sb);
@@ -1003,13 +998,7 @@ fn nodes_stream_their_ranks(
 fn two_daemons_standing_for_two_nodes_stream_each_its_ranks_records_within_the_cache_limit() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
-    let local = sb.data().join("n");
-    std::fs::create_dir_all(&local).unwrap();
-    for i in 0..2 {
-        let p = local.join(format!("shard-{i}.jsonl"));
-        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
-    }
-    let total = upload(&s3, &local, "n");
+    let (local, total) = jsonl_shards(&sb, &s3, "n", 2, 3000);
     // Below the dataset (so streamed), above a node's half of it and the piles' slack:
     // a node that kept every record would pass it.
     let limit = total * 4 / 5;
@@ -1037,13 +1026,7 @@ fn four_daemons_standing_for_four_nodes_stream_their_ranks_within_a_quarter_of_t
 fn a_staged_copy_under_a_cache_limit_leaves_two_pass_only_the_room_beside_it() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
-    let local = sb.data().join("st");
-    std::fs::create_dir_all(&local).unwrap();
-    for i in 0..2 {
-        let p = local.join(format!("shard-{i}.jsonl"));
-        gen(&sb, &p, "lines", 2000, 1000, &["--seed", &i.to_string()]);
-    }
-    let total = upload(&s3, &local, "st");
+    let (local, total) = jsonl_shards(&sb, &s3, "st", 2, 2000);
     // The copy fits; its piles beside it would not.
     let limit = (total * 6 / 5).to_string();
     let url = format!("s3://{BUCKET}/st/");
@@ -1104,13 +1087,7 @@ fn an_open_paths_daemon_serves_an_s3_url_named_by_path_within_its_cache_limit() 
     use riffle::serve::proto::OpenRequest;
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
-    let local = sb.data().join("op");
-    std::fs::create_dir_all(&local).unwrap();
-    for i in 0..2 {
-        let p = local.join(format!("shard-{i}.jsonl"));
-        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
-    }
-    let total = upload(&s3, &local, "op");
+    let (local, total) = jsonl_shards(&sb, &s3, "op", 2, 3000);
     let url = format!("s3://{BUCKET}/op/");
     // Below the dataset (so streamed), above the half of it rank 0 of 2 keeps.
     let limit = (total * 4 / 5).to_string();
@@ -1186,13 +1163,7 @@ fn an_open_paths_daemon_serves_an_s3_url_named_by_path_within_its_cache_limit() 
 fn a_streamed_reads_report_counts_the_gets_of_its_open_on_a_cold_and_a_warm_layout_cache() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
-    let local = sb.data().join("oc");
-    std::fs::create_dir_all(&local).unwrap();
-    for i in 0..2 {
-        let p = local.join(format!("shard-{i}.jsonl"));
-        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
-    }
-    let total = upload(&s3, &local, "oc");
+    let (_, total) = jsonl_shards(&sb, &s3, "oc", 2, 3000);
     let limit = (total * 3 / 4).to_string();
     let args = [
         "--world",

@@ -50,11 +50,7 @@ pub fn partial_plan(
     file_bytes: u64,
     limits: &Limits,
 ) -> Result<(PartialPlan, ResourcePlan)> {
-    let (m, from): (u64, MemoryFrom) = resident_budget(d, limits).ok_or_else(|| {
-        Error::OverBudget(
-            "a partly resident read holds what a memory budget leaves: give --memory".into(),
-        )
-    })?;
+    let (m, from) = budget(d, limits)?;
     let (depth, slot) = partial_scan(m, file_bytes);
     let scan = footprint(depth * slot) as u64;
     // The rest is read as LIRS reads, within what the load's reads leave; its table,
@@ -99,6 +95,15 @@ pub fn partial_plan(
         piles: None,
     };
     Ok((sizes, plan))
+}
+
+/// The budget a partly resident read holds within, and what set it; refused without one.
+fn budget(d: &Demand, limits: &Limits) -> Result<(u64, MemoryFrom)> {
+    resident_budget(d, limits).ok_or_else(|| {
+        Error::OverBudget(
+            "a partly resident read holds what a memory budget leaves: give --memory".into(),
+        )
+    })
 }
 
 /// What budget `m` (set by `from`) holds of `file_bytes` after the load's `(depth, slot)`
@@ -166,11 +171,7 @@ pub fn partial_piled_plan(
     file_bytes: u64,
     limits: &Limits,
 ) -> Result<(PartialPlan, ResourcePlan)> {
-    let (m, from): (u64, MemoryFrom) = resident_budget(d, limits).ok_or_else(|| {
-        Error::OverBudget(
-            "a partly resident read holds what a memory budget leaves: give --memory".into(),
-        )
-    })?;
+    let (m, from) = budget(d, limits)?;
     let (depth, slot) = resident_scan(file_bytes);
     let depth = depth.min((m / PILED_SHARE / slot as u64).max(1) as usize);
     let scan = footprint(depth * slot) as u64;
