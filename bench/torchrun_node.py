@@ -15,6 +15,13 @@ Issue 33 (a resident dataset shared by the node's ranks and workers, over epochs
     python3 bench/torchrun_node.py --data /work/data/d.npy --mode resident --memory 4G \
         --epochs 3 [--nproc 1 --workers 2: one rank alone, the Python hand-off's ceiling]
 
+With `--ceiling` (and `--epochs`), no daemon: the same ranks and workers read batches that
+cost nothing to make (one shared tensor of the same batch shape, and ids), so the figures
+are the Python hand-off's own ceiling in that topology (DataLoader workers, torch's
+tensor pickling, the ranks' loop), measured the same way, to hold riffle's rates against:
+
+    python3 bench/torchrun_node.py --data /work/data/d.npy --ceiling --epochs 3
+
 With `--epochs`, each rank's samples/s per epoch (its records over its epoch's time) and
 the node's (all ranks' records over the slowest rank's time), every record once per epoch,
 the daemon's device bytes against the dataset, and the CPU seconds of the daemon and of the
@@ -77,6 +84,8 @@ def main():
     p.add_argument("--data", help="an existing .npy to read (not removed) instead of one made")
     p.add_argument("--epochs", type=int, help="epochs each rank reads (set_epoch before each)")
     p.add_argument("--memory", help="the daemon's --memory")
+    p.add_argument("--ceiling", action="store_true",
+                   help="no daemon: batches that cost nothing, the hand-off's own ceiling")
     a = p.parse_args()
     torchrun = shutil.which("torchrun")
     if torchrun is None:
@@ -87,14 +96,17 @@ def main():
     try:
         if a.data:
             data = pathlib.Path(a.data).resolve()
-            a.records = int(json.loads(subprocess.run(
+            got = json.loads(subprocess.run(
                 [a.riffle, "index", str(data), "--json"], check=True, capture_output=True,
-                text=True).stdout)["records"])
+                text=True).stdout)
+            a.records, a.record_size = int(got["records"]), int(got["record_bytes"]["max"])
         else:
             data = work / "d.npy"
             subprocess.run([a.riffle, "gen", str(data), "--format", "npy", "--records",
                             str(a.records), "--record-size", str(a.record_size)], check=True,
                            stdout=subprocess.DEVNULL)
+        if a.ceiling:
+            sys.exit(ceiling(a, torchrun, work))
         sock = str(work / "s.sock")
         scratch = work / "scratch"
         scratch.mkdir()
@@ -162,6 +174,35 @@ def main():
         sys.exit(0 if ok else 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def ceiling(a, torchrun, work):
+    """Runs the job over batches that cost nothing (no daemon) and prints each epoch's
+    rates; returns the exit status."""
+    out = work / "out.json"
+    cmd = [torchrun, "--nnodes", "1", "--nproc_per_node", str(a.nproc), "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()),
+           str(ROOT / "tests/python/torchrun_job.py"), "--out", str(out), "--batch-size",
+           str(a.batch_size), "--num-workers", str(a.workers), "--with-padding",
+           "--ceiling", f"{a.records},{a.record_size}", "--epochs", str(a.epochs or 1)]
+    t = time.time()
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    took = time.time() - t
+    got = json.load(open(out))
+    epochs = []
+    for e in range(a.epochs or 1):
+        secs = [g["seconds"][e] for g in got]
+        recs = [len(g["ids"][e]) for g in got]
+        epochs.append({
+            "epoch": e,
+            "rank_samples_per_s": [round(r / s) for r, s in zip(recs, secs)],
+            "node_samples_per_s": round(sum(recs) / max(secs)),
+            "slowest_rank_s": round(max(secs), 3),
+        })
+    print(json.dumps({"ranks": a.nproc, "workers": a.workers, "loader": "ceiling (DataLoader, "
+                      "batches that cost nothing)", "record_size": a.record_size,
+                      "epochs": epochs, "seconds": round(took, 2)}))
+    return 0
 
 
 def report_epochs(a, got, st, read, size, took, cpu):

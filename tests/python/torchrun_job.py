@@ -8,7 +8,10 @@ workers (`--plain`: a plain DataLoader over RiffleDataset instead of `riffle.tor
 `--with-padding` keeps the padding records among the ids written (and counts them).
 `--epochs E` reads E epochs (`set_epoch` before each); what is written is then per epoch:
 `ids` a list of E lists, `seconds` each epoch's time from the loader's start to its last
-batch (the bench's rates, bench/torchrun_node.py)."""
+batch (the bench's rates, bench/torchrun_node.py). `--ceiling RECORDS,SIZE` reads no daemon:
+a DataLoader whose workers hand over batches that cost nothing to make (one shared tensor of
+batch x SIZE bytes and the ids, this rank's share of RECORDS), the Python hand-off's own
+ceiling in the same ranks and workers (bench/torchrun_node.py --ceiling)."""
 
 import argparse
 import json
@@ -16,12 +19,13 @@ import os
 import time
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 import riffle.torch
 
 p = argparse.ArgumentParser()
-p.add_argument("--sockets", required=True)
+p.add_argument("--sockets", help="the nodes' daemons' sockets (all but --ceiling)")
 p.add_argument("--out", required=True)
 p.add_argument("--batch-size", type=int, default=50)
 p.add_argument("--stop", type=int)
@@ -30,15 +34,41 @@ p.add_argument("--num-workers", type=int, default=0)
 p.add_argument("--plain", action="store_true")
 p.add_argument("--with-padding", action="store_true")
 p.add_argument("--epochs", type=int)
+p.add_argument("--ceiling", help="RECORDS,SIZE: batches made of nothing, no daemon")
 a = p.parse_args()
+
+
+class Ceiling(torch.utils.data.IterableDataset):
+    """This rank's share of an epoch of `records` records of `size` bytes, in batches that
+    cost nothing to make: every batch is one tensor shared by all (made once, in shared
+    memory, before the workers fork) and its ids. What a DataLoader then measures is its
+    own hand-off: the workers' queue, the tensors' pickling and the rank's loop."""
+
+    def __init__(self, records, size, batch, rank, world):
+        per_rank = records // world
+        self.first, self.batches, self.batch = rank * per_rank, per_rank // batch, batch
+        self.data = torch.zeros(batch, size, dtype=torch.uint8).share_memory_()
+
+    def set_epoch(self, epoch):
+        pass
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, n = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(w, self.batches, n):
+            a = self.first + i * self.batch
+            yield {"ids": torch.arange(a, a + self.batch), "data": self.data, "padding": 0}
+
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 node = int(os.environ["GROUP_RANK"])
-sock = a.sockets.split(",")[node]
-if a.plain:
-    import torch.utils.data
-
+sock = a.sockets.split(",")[node] if a.sockets else None
+if a.ceiling:
+    records, size = (int(x) for x in a.ceiling.split(","))
+    loader = torch.utils.data.DataLoader(Ceiling(records, size, a.batch_size, rank, world),
+                                         batch_size=None, num_workers=a.num_workers)
+elif a.plain:
     loader = torch.utils.data.DataLoader(riffle.torch.RiffleDataset(sock, "train", a.batch_size, seed=21),
                                          batch_size=None, num_workers=a.num_workers)
 else:
