@@ -257,6 +257,48 @@ fn shuffle_takes_an_object_like_its_file() {
     );
 }
 
+/// A mixture with an `s3://` source stages it (all its URLs within --cache-limit together)
+/// and reads like the mixture of the same local files; past the limit it is refused, naming
+/// the URL, before anything is fetched (it was opened as a local path: "No such file").
+#[test]
+fn a_mixture_stages_its_s3_sources_and_reads_like_the_same_local_files() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let dir = shards(&sb, &s3, "lines", "jsonl", "mx");
+    let b = sb.data().join("b.jsonl");
+    gen(&sb, &b, "lines", 50, 64, &["--seed", "9"]);
+    let spec = |a: &str| format!("mix:a={a}*0.5,b={}*0.5;size=400", b.display());
+    let args = ["--epochs", "2"];
+    let local = local_ids(&sb, &spec(dir.to_str().unwrap()), &args, 40);
+    let url = format!("s3://{BUCKET}/mx/");
+    let o = s3
+        .cmd(&sb)
+        .args([
+            "read",
+            &spec(&url),
+            "--batch-size",
+            "16",
+            "--cache-limit",
+            "2K",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(err.contains(&url) && err.contains("--cache-limit"), "{err}");
+    assert!(!sb.path().join("s3-cache").exists(), "an object was staged");
+    let remote = ids(
+        &sb,
+        s3.cmd(&sb),
+        &spec(&url),
+        &[&args[..], &["--cache-limit", "1M"]].concat(),
+    );
+    assert_eq!(
+        local, remote,
+        "the mixture's staged source reads as its local files"
+    );
+}
+
 /// A `riffle` command of `sb` with no AWS variable but `vars`: the endpoint, keys and
 /// region come from the profile files alone.
 fn profile_cmd(sb: &Sandbox, vars: &[(&str, &std::path::Path)]) -> Command {

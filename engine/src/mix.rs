@@ -130,11 +130,33 @@ type LiveView = ((u64, u64), Weak<Dataset>);
 /// Opens every source (one format) and puts them side by side: a read of the mixture
 /// reads each epoch's draws ([`read`]).
 pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
-    let mut parts = Vec::new();
-    for s in &spec.sources {
-        parts.push(Dataset::open(&[&s.path], opts, &mut |_, _, _| {})?);
+    // `s3://` sources are staged (a mixture's draws are read at random, never streamed),
+    // all of them within --cache-limit together, before any is fetched.
+    let paths: Vec<PathBuf> = spec.sources.iter().map(|s| s.path.clone()).collect();
+    crate::remote::check_fits(
+        &paths,
+        opts.cache_limit,
+        "a mixture's sources are read at random, from staged copies; raise --cache-limit",
+    )?;
+    let (mut parts, mut local_bytes) = (Vec::new(), 0);
+    for p in &paths {
+        let local = crate::remote::resolve(std::slice::from_ref(p))?;
+        let ds = Dataset::open(&local, opts, &mut |_, _, _| {})?;
+        if !crate::remote::is_remote(p) {
+            local_bytes += ds.bytes();
+        }
+        parts.push(ds);
     }
     let ds = Dataset::concat(parts)?;
+    // Staged copies leave piles only the rest of --cache-limit (the local sources' bytes
+    // are not in the cache).
+    let ds = match opts
+        .cache_limit
+        .filter(|_| crate::remote::names_a_url(&paths))
+    {
+        Some(limit) => ds.staged_within(limit.saturating_add(local_bytes)),
+        None => ds,
+    };
     let starts = ds.parts().expect("datasets side by side").to_vec();
     let total = spec.size.unwrap_or_else(|| ds.records());
     // An epoch's draws are held in memory, 8 bytes a record (and a source's sample ranks

@@ -529,7 +529,16 @@ pub fn plan_within(
         Err(e) => (None, Some(e)),
     };
     let streaming = best.as_ref().map(|b| b.1);
-    let Some((choice, reason)) = resident::weigh(find("resident"), best, w.epochs) else {
+    // A mixture's view is drawn anew each epoch: never held resident (`Source::read_resident`
+    // refuses it), so auto picks between the streaming modes.
+    let weighed = match best {
+        Some((_, c, why)) if ds.is_view() => Some((
+            c,
+            format!("{why}; a mixture is not held resident (each epoch draws its records anew)"),
+        )),
+        best => resident::weigh(find("resident"), best, w.epochs),
+    };
+    let Some((choice, reason)) = weighed else {
         return Err(refused
             .unwrap_or_else(|| crate::Error::Internal("no mode fits, and none said why".into())));
     };

@@ -252,7 +252,7 @@ pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 /// Whether any of `paths` is an `s3://` URL.
-fn names_a_url(paths: &[PathBuf]) -> bool {
+pub fn names_a_url(paths: &[PathBuf]) -> bool {
     paths
         .iter()
         .any(|p| p.to_str().is_some_and(|s| s.starts_with(SCHEME)))
@@ -288,40 +288,46 @@ pub fn identity(url: &str) -> Result<u64> {
     Ok(h.finish())
 }
 
-/// [`resolve`] within `limit`: refused, naming the URL and the limit, when a URL's objects
-/// take more (nothing is fetched then).
-pub fn resolve_within(paths: &[PathBuf], limit: Option<u64>) -> Result<Vec<PathBuf>> {
-    check_fits(paths, limit)?;
+/// [`resolve`] within `limit`: refused, naming the URLs and the limit, when their objects
+/// take more together (nothing is fetched then). `reader` says who reads the staged copies
+/// (and so why they must fit), for the error.
+pub fn resolve_within(paths: &[PathBuf], limit: Option<u64>, reader: &str) -> Result<Vec<PathBuf>> {
+    check_fits(paths, limit, reader)?;
     resolve(paths)
 }
 
-/// Refuses `paths` when their `s3://` URLs name more bytes than `limit` (the local disk
-/// their staged copies may take), naming both; nothing is fetched.
-fn check_fits(paths: &[PathBuf], limit: Option<u64>) -> Result<()> {
+/// Refuses `paths` when their `s3://` URLs name more bytes together than `limit` (the local
+/// disk their staged copies may take), naming them and both figures; nothing is fetched.
+pub fn check_fits(paths: &[PathBuf], limit: Option<u64>, reader: &str) -> Result<()> {
     let Some(limit) = limit.filter(|_| names_a_url(paths)) else {
         return Ok(());
     };
     let cfg = S3Config::from_env()?;
     let rt = runtime()?;
+    let (mut total, mut urls) = (0u64, Vec::new());
     for p in paths {
         let Some(u) = p.to_str().filter(|s| s.starts_with(SCHEME)) else {
             continue;
         };
         let url = S3Url::parse(u)?;
         let store = cfg.store(&url.bucket)?;
-        let total: u64 = rt
-            .block_on(fetch::list(&store, &url))?
-            .iter()
-            .map(|m| m.size)
-            .sum();
-        if total > limit {
-            return Err(Error::OverBudget(format!(
-                "{u}: its objects take {} and --cache-limit is {}: their staged copies do not \
-                 fit (riffle shuffle reads staged copies; riffle read streams them)",
-                crate::size::human_bytes(total as f64),
-                crate::size::human_bytes(limit as f64)
-            )));
-        }
+        let listed = rt.block_on(fetch::list(&store, &url))?;
+        total += listed.iter().map(|m| m.size).sum::<u64>();
+        urls.push(u);
+    }
+    if total > limit {
+        return Err(Error::OverBudget(format!(
+            "{}: {} take {} and --cache-limit is {}: their staged copies do not fit \
+             ({reader})",
+            urls.join(", "),
+            if urls.len() == 1 {
+                "its objects"
+            } else {
+                "their objects"
+            },
+            crate::size::human_bytes(total as f64),
+            crate::size::human_bytes(limit as f64)
+        )));
     }
     Ok(())
 }

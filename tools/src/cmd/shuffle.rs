@@ -76,7 +76,11 @@ pub fn is_dash(p: &Path) -> bool {
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
-    let staged = riffle::remote::resolve_within(&a.inputs, a.cache_limit)?; // s3://: staged
+    let staged = riffle::remote::resolve_within(
+        &a.inputs,
+        a.cache_limit,
+        "riffle shuffle reads staged copies; riffle read streams them",
+    )?; // s3://: staged
     let inputs: Vec<Input> = staged
         .iter()
         .map(|i| {
