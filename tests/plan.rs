@@ -86,6 +86,12 @@ fn the_choice_follows_the_device_and_auto_runs_it() {
     assert!(lirs["total_s"].as_f64().unwrap() > two["total_s"].as_f64().unwrap());
     assert!(p["reason"].as_str().unwrap().contains("two-pass"));
     assert!(p["page_gain"].is_string(), "{p}");
+    // Sentences read as one line: no run of spaces left by a string broken over lines
+    // without its continuation (the reason had two of 18).
+    for said in [&p["reason"], &p["page_gain"]] {
+        let said = said.as_str().unwrap();
+        assert!(!said.contains("   "), "a run of spaces: {said:?}");
+    }
     let o = sb
         .cmd()
         .arg("read")

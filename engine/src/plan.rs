@@ -744,7 +744,9 @@ fn choose(
                 (lirs, two, Choice::Lirs)
             };
             let why = format!(
-                "{} is predicted to take {:.2} s for {} epoch(s) against {:.2} s for {}                  ({:.1}x); lirs is bound by {} ({:.0} reads/epoch of about {}), two-pass by                  {} (sequential read {}/s, write {}/s)",
+                "{} is predicted to take {:.2} s for {} epoch(s) against {:.2} s for {} ({:.1}x); \
+                 lirs is bound by {} ({:.0} reads/epoch of about {}), two-pass by {} \
+                 (sequential read {}/s, write {}/s)",
                 win.mode,
                 win.total_s,
                 epochs,
@@ -785,11 +787,14 @@ fn page_gain(candidates: &[Candidate]) -> String {
     );
     if page.is_finite() && rec.is_finite() && page < rec * 0.9 {
         format!(
-            "page grouping (--grouping page, 4 KiB units) is predicted at {page:.2} s              instead of {rec:.2} s ({:.1}x faster); records that start in one 4 KiB block              then stay together in a batch",
+            "page grouping (--grouping page, 4 KiB units) is predicted at {page:.2} s \
+             instead of {rec:.2} s ({:.1}x faster); records that start in one 4 KiB block \
+             then stay together in a batch",
             rec / page
         )
     } else {
-        "page grouping would not be faster here: the best record-grouped mode is already          near the device's sequential bound"
+        "page grouping would not be faster here: the best record-grouped mode is already \
+         near the device's sequential bound"
             .into()
     }
 }
