@@ -123,11 +123,23 @@ impl RemoteBytes for Objects {
                 .map(|(f, a, len)| self.get(epoch, f, a, len))
                 .buffered(crate::dataset::GETS_IN_FLIGHT);
             let mut i = 0;
-            while let Some(got) = gets.next().await {
+            loop {
+                // A stop does not wait for the GETs in flight (a slow link, a store
+                // throttling us with retries): they are dropped, and the read ends.
+                let got = {
+                    let next = std::pin::pin!(gets.next());
+                    let stopped = std::pin::pin!(stopped(stop));
+                    match futures::future::select(next, stopped).await {
+                        futures::future::Either::Left((got, _)) => got,
+                        futures::future::Either::Right(_) => return Ok(()),
+                    }
+                };
+                let Some(got) = got else {
+                    return Ok(());
+                };
                 done(i, &got?);
                 i += 1;
             }
-            Ok(())
         })
     }
 
@@ -185,6 +197,16 @@ impl RemoteBytes for Objects {
 
     fn scratch_home(&self) -> PathBuf {
         self.home.clone()
+    }
+}
+
+/// How often a read waiting on GETs looks whether it was stopped.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Returns once `stop()` holds, looking every [`STOP_POLL`].
+async fn stopped(stop: &dyn Fn() -> bool) {
+    while !stop() {
+        tokio::time::sleep(STOP_POLL).await;
     }
 }
 
