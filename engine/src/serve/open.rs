@@ -136,9 +136,11 @@ pub(super) fn prepare(
         .prepare(src)
         .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
     let model = crate::plan::cached_device_model(job.device_path());
+    // A staged copy of objects leaves its piles only the room its --cache-limit leaves.
     let free = [
         shared.space.ceiling(&job.scratch),
         shared.scratch_budget.as_ref().map(|b| b.ceiling()),
+        job.first.staged_room(),
     ]
     .into_iter()
     .flatten()
@@ -147,6 +149,10 @@ pub(super) fn prepare(
         // No plan: read as without a profile.
         job.mode = Mode::Lirs;
         job.opts.lead = false;
+    }
+    if job.mode == Mode::TwoPass {
+        crate::modes::twopass::check_staged_room(&job.first, &job.opts)
+            .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
     }
     if job.mode != Mode::Resident {
         return Ok((job, None));
