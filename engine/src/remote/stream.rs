@@ -273,8 +273,14 @@ pub(super) fn open(
         None => {
             let mut files = Vec::with_capacity(objects.len());
             let mut format: Option<Format> = None;
+            // Layouts found by fetching an object are written once every object is
+            // indexed: each fetched copy then has the limit to itself.
+            let mut found = Vec::new();
             for m in &objects {
-                let (f, layout) = rt.block_on(layout_of(&handle, url, dir, m, opts))?;
+                let (f, layout, fetched) = rt.block_on(layout_of(&handle, url, dir, m, opts))?;
+                if let Some(path) = fetched {
+                    found.push((path, m, f.clone(), layout.clone()));
+                }
                 match &format {
                     Some(had) if !had.same_kind(&f) => {
                         return Err(Error::Invalid(format!(
@@ -288,6 +294,12 @@ pub(super) fn open(
                 }
                 let u = PathBuf::from(fetch::url_of(&url.bucket, m.location.as_ref()));
                 files.push(DatasetFile::remote(u, m.size, layout));
+            }
+            for (path, m, f, layout) in found {
+                let object = fetch::url_of(&url.bucket, m.location.as_ref());
+                store_layout(&path, m, &f, &layout, |disk| {
+                    handle.keep(disk, &format!("the layout of {object}"))
+                })?;
             }
             let format = format.expect("at least one object is listed");
             (format, files, Vec::new(), objects)
@@ -394,14 +406,15 @@ fn store_layout(
 }
 
 /// The format and layout of object `meta`: cached, or found by fetching it alone into
-/// the cache (charged against the limit), opening it, and removing it.
+/// the cache (charged against the limit), opening it, and removing it; then also where the
+/// layout cache keeps it (for the caller to store).
 async fn layout_of(
     h: &Objects,
     url: &S3Url,
     dir: &Path,
     meta: &ObjectMeta,
     opts: &OpenOptions,
-) -> Result<(Format, RemoteLayout)> {
+) -> Result<(Format, RemoteLayout, Option<PathBuf>)> {
     let key = meta.location.as_ref();
     let object = fetch::url_of(&url.bucket, key);
     let told = opts
@@ -414,7 +427,7 @@ async fn layout_of(
             // On local disk while the dataset is open, as the piles are.
             h.keep(disk, &format!("the cached layout of {object}"))?;
             h.count_open(|c| c.layouts_cached += 1);
-            return Ok((f.clone(), l));
+            return Ok((f.clone(), l, None));
         }
     }
     // Per process: two indexing the same object at once do not remove each other's copy.
@@ -458,10 +471,7 @@ async fn layout_of(
         e => e,
     })?;
     let layout = ds.files()[0].remote_layout();
-    store_layout(&cache, meta, ds.format(), &layout, |disk| {
-        h.keep(disk, &format!("the layout of {object}"))
-    })?;
-    Ok((ds.format().clone(), layout))
+    Ok((ds.format().clone(), layout, Some(cache)))
 }
 
 /// An MDS dataset whose `index.json` is `ROOT/index.json`: the index fetched whole, each

@@ -151,8 +151,13 @@ pub(super) fn prepare(
         job.opts.lead = false;
     }
     if job.mode == Mode::TwoPass {
-        crate::modes::twopass::check_staged_room(&job.first, &job.opts)
-            .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
+        // The daemon staged the copy (it fit the limit), so the daemon reads it within
+        // the limit: in place, by LIRS, when two-pass piles do not fit beside it.
+        if let Err(e) = crate::modes::twopass::check_staged_room(&job.first, &job.opts) {
+            eprintln!("riffle serve: dataset '{}': read by lirs: {e}", req.dataset);
+            job.mode = Mode::Lirs;
+            job.opts.lead = false;
+        }
     }
     if job.mode != Mode::Resident {
         return Ok((job, None));
