@@ -1174,9 +1174,10 @@ fn an_open_paths_daemon_serves_an_s3_url_named_by_path_within_its_cache_limit() 
         st["streamed"]
     );
 
-    // An object replaced: the next listing sees it, and the dataset is opened again.
+    // An object replaced: the next listing sees it, and the dataset is opened again (still
+    // past the limit: streamed).
     let p = local.join("shard-1.jsonl");
-    gen(&sb, &p, "lines", 1000, 1000, &["--seed", "9"]);
+    gen(&sb, &p, "lines", 3000, 1000, &["--seed", "9"]);
     s3.put("op/shard-1.jsonl", &std::fs::read(&p).unwrap());
     std::thread::sleep(std::time::Duration::from_secs(6));
     both();
@@ -1246,4 +1247,223 @@ fn a_streamed_reads_report_counts_the_gets_of_its_open_on_a_cold_and_a_warm_layo
     assert_eq!(warm_ids, cold_ids);
     // The read's own GETs are counted apart, as before.
     assert!(!warm["objects"].as_array().unwrap().is_empty());
+}
+
+/// The most local disk `dir` takes while `f` runs, sampled every few milliseconds (a
+/// sample can miss a peak, never invent one): the charge the engine reports is checked
+/// against what the filesystem holds.
+fn disk_peak<T>(dir: &Path, f: impl FnOnce() -> T) -> (T, u64) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    fn used(p: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => used(&e.path()),
+                Ok(m) => m.blocks() * 512,
+                Err(_) => 0,
+            })
+            .sum()
+    }
+    let (stop, peak) = (AtomicBool::new(false), AtomicU64::new(0));
+    let v = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(used(dir), Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        });
+        // The sampler stops however `f` ends.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&stop);
+        f()
+    });
+    (v, peak.into_inner())
+}
+
+/// Ranks of worlds of two and three served by one `--open-paths` daemon from an `s3://`
+/// URL streamed within its `--cache-limit` (one rank of two, as a node of a two-node job
+/// runs it; both ranks of two; one rank of three), and the same jobs read in process: each
+/// rank gets its local files' batches, the ranks served get each of their records once
+/// an epoch, and neither the charge reported nor the disk the cache takes passes the
+/// limit. Records of 64 bytes too, whose cached layouts (8 bytes a record) were local
+/// disk the limit did not count: the cache took 2.27 MB under a limit of 2.08 MB.
+#[test]
+fn ranks_of_worlds_of_two_and_three_stream_from_a_daemon_by_path_within_its_cache_limit() {
+    use crate::serve::{in_process, same_batches, Daemon};
+    use riffle::serve::proto::OpenRequest;
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let mut n = 0;
+    // Records that divide into whole rounds of batches of 50 over two and three ranks.
+    for (name, size, per_shard) in [("big", 1000u64, 3000u64), ("small", 64, 18000)] {
+        let local = sb.data().join(name);
+        std::fs::create_dir_all(&local).unwrap();
+        for i in 0..2 {
+            let p = local.join(format!("shard-{i}.jsonl"));
+            gen(
+                &sb,
+                &p,
+                "lines",
+                per_shard,
+                size,
+                &["--seed", &i.to_string()],
+            );
+        }
+        let (total, records) = (upload(&s3, &local, name), 2 * per_shard);
+        let url = format!("s3://{BUCKET}/{name}/");
+        let limit = total * 4 / 5;
+        let l = limit.to_string();
+        for (world, ranks, streams) in [
+            (2u64, &[0u64][..], None),
+            (2, &[0, 1], Some(2)),
+            (3, &[0], Some(1)),
+        ] {
+            n += 1;
+            let what = format!("{name}: ranks {ranks:?} of {world}");
+            let cache = sb.path().join(format!("cache-{n}"));
+            let mut c = s3.cmd(&sb);
+            c.env("RIFFLE_S3_CACHE", &cache);
+            let sock = sb.path().join(format!("w{n}.sock"));
+            let extra = ["--open-paths", "--mode", "two-pass", "--cache-limit", &l];
+            let d = Daemon::start_from(c, &sock, &[], &extra);
+            let req = |rank: u64| {
+                let mut r = OpenRequest::new(&url, 50);
+                r.seed = 4;
+                r.epochs = 2;
+                r.rank = rank;
+                r.world = world;
+                r.streams = streams;
+                r
+            };
+            let (d, req) = (&d, &req);
+            let (got, disk) = disk_peak(&cache, || {
+                std::thread::scope(|s| {
+                    let hs: Vec<_> = (ranks.iter())
+                        .map(|&rank| {
+                            s.spawn(move || crate::serve::read_all(&mut d.client(), req(rank)))
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().unwrap())
+                        .collect::<Vec<_>>()
+                })
+            });
+            let mut ids = vec![Vec::new(); 2];
+            for (g, &rank) in got.iter().zip(ranks) {
+                same_batches(g, &in_process(&local, &req(rank)));
+                for b in g {
+                    ids[b.0 as usize].extend(b.2.iter().copied());
+                }
+            }
+            for (epoch, mut e) in ids.into_iter().enumerate() {
+                e.sort_unstable();
+                let once = e.len();
+                e.dedup();
+                assert_eq!(
+                    (once, e.len() as u64),
+                    (e.len(), records * ranks.len() as u64 / world),
+                    "{what}, epoch {epoch}: each of the ranks' records once"
+                );
+            }
+            let st = d.wait_stats("the pass's report", |s| {
+                s["streamed"]["peak_local_bytes"].is_u64()
+            });
+            let peak = st["streamed"]["peak_local_bytes"].as_u64().unwrap();
+            assert!(
+                peak > 0 && peak <= limit,
+                "{what}: peak {peak} past the limit {limit}"
+            );
+            assert!(
+                disk <= limit,
+                "{what}: the cache took {disk} bytes past the limit {limit} (charged {peak})"
+            );
+        }
+        // The same jobs in process.
+        for (world, rank) in [(2u64, 1u64), (3, 0)] {
+            n += 1;
+            let what = format!("{name}: riffle read, rank {rank} of {world}");
+            let cache = sb.path().join(format!("cache-{n}"));
+            let mut c = s3.cmd(&sb);
+            c.env("RIFFLE_S3_CACHE", &cache);
+            let (w, r) = (world.to_string(), rank.to_string());
+            let job = ["--world", &w, "--rank", &r, "--epochs", "2", "--drop-last"];
+            let args = [&job[..], &["--mode", "two-pass", "--cache-limit", &l]].concat();
+            let ((got, report), disk) = disk_peak(&cache, || ids_and_report(&sb, c, &url, &args));
+            let want = ids(
+                &sb,
+                sb.cmd(),
+                local.to_str().unwrap(),
+                &[&job[..], &["--mode", "lirs"]].concat(),
+            );
+            assert_eq!(got, want, "{what}");
+            let peak = report["peak_local_bytes"].as_u64().unwrap();
+            assert!(
+                peak > 0 && peak <= limit,
+                "{what}: peak {peak} past the limit {limit}"
+            );
+            assert!(
+                disk <= limit,
+                "{what}: the cache took {disk} bytes past the limit {limit} (charged {peak})"
+            );
+        }
+    }
+}
+
+/// A dataset by path that fits `--cache-limit` is staged whole (the daemon's choice), and
+/// a two-pass read's piles have only the room beside the copy: when they do not fit it
+/// the daemon reads the copy in place (LIRS, no piles), else through piles, within the
+/// limit either way. Before, a daemon of `--mode two-pass` wrote piles of every record
+/// beside the copy (one rank of two kept them all): 22.9 MB of local disk under a limit
+/// of 9.0 MB.
+#[test]
+fn a_daemon_by_path_leaves_a_staged_copys_piles_only_the_room_beside_it() {
+    use crate::serve::{in_process, same_batches, Daemon, Got};
+    use riffle::serve::proto::OpenRequest;
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let (local, total) = jsonl_shards(&sb, &s3, "sc", 2, 3000);
+    let url = format!("s3://{BUCKET}/sc/");
+    let req = || {
+        let mut r = OpenRequest::new(&url, 50);
+        r.seed = 4;
+        r.epochs = 2;
+        r.world = 2;
+        r
+    };
+    // The copy fits both; the piles of every record fit beside it only in the second.
+    for (limit, mode) in [(total * 3 / 2, "lirs"), (total * 4, "two-pass")] {
+        let cache = sb.path().join(format!("cache-{mode}"));
+        let mut c = s3.cmd(&sb);
+        c.env("RIFFLE_S3_CACHE", &cache);
+        let sock = sb.path().join(format!("{mode}.sock"));
+        let l = limit.to_string();
+        let extra = ["--open-paths", "--mode", "two-pass", "--cache-limit", &l];
+        let d = Daemon::start_from(c, &sock, &[], &extra);
+        let ((got, ran), disk) = disk_peak(&cache, || {
+            let mut client = d.client();
+            let mut s = client.open(req()).unwrap();
+            let ran = s.opened.mode.clone();
+            let mut got: Got = Vec::new();
+            while let Some(b) = s.next_batch().unwrap() {
+                let h = &b.header;
+                let (ids, offsets) = (b.ids().to_vec(), b.offsets().to_vec());
+                got.push((h.epoch, h.index, ids, offsets, b.data().to_vec()));
+            }
+            (got, ran)
+        });
+        same_batches(&got, &in_process(&local, &req()));
+        assert_eq!(ran, mode, "a limit of {limit} for {total} bytes");
+        assert!(
+            disk <= limit,
+            "{mode}: the cache took {disk} bytes past the limit {limit}"
+        );
+    }
 }

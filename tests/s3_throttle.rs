@@ -373,3 +373,81 @@ fn staging_small_objects_fetches_several_at_once() {
         "{most} GETs at once (at least 2, at most {bound})"
     );
 }
+
+/// SIGTERM while a client's stream waits on a store that answers every GET with 503
+/// SlowDown (the retries would go on for minutes): the client is told `shutdown`, the
+/// daemon exits at once and removes its socket. Before, the connection's thread stopped
+/// its stream before telling its client, and stopping waited for the GETs' retries: the
+/// daemon cut the connection unsaid after its grace, and exited only when they ended.
+#[test]
+fn sigterm_tells_a_client_whose_stream_waits_on_a_throttling_store() {
+    use crate::serve::Daemon;
+    use riffle::serve::proto::{self, Kind, OpenRequest};
+    let Some(s3) = S3Server::start() else { return };
+    let sb = Sandbox::new();
+    let (_, total) = dataset(&sb, &s3);
+    let slow = Arc::new(AtomicBool::new(false));
+    let s = slow.clone();
+    // Object GETs slowed down once the daemon has opened the dataset; listings never.
+    let t = Throttle::start(
+        s3.port(),
+        64 << 20,
+        Box::new(move |_, head| {
+            s.load(Ordering::SeqCst) && head.starts_with("get ") && !head.contains("list-type")
+        }),
+    );
+    let mut c = cmd(&sb, &s3, &t.endpoint());
+    c.env("RIFFLE_S3_RETRY_SECONDS", "600");
+    let sock = sb.path().join("s.sock");
+    let url = std::path::PathBuf::from(format!("s3://{BUCKET}/t/"));
+    let limit = (total * 3 / 4).to_string();
+    let extra = ["--mode", "two-pass", "--cache-limit", &limit];
+    let mut d = Daemon::start_from(c, &sock, &[("train", &url)], &extra);
+    slow.store(true, Ordering::SeqCst);
+    let mut client = d.client();
+    client
+        .send(&proto::json_frame(
+            Kind::Open,
+            &OpenRequest::new("train", 16),
+        ))
+        .unwrap();
+    assert_eq!(client.frame().unwrap().0, Kind::Opened);
+    // The stream's scatter is waiting on its GETs' retries.
+    let waited = Instant::now();
+    while t.slowed.load(Ordering::SeqCst) < 2 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "no GET slowed down"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = d.child.try_wait().unwrap() {
+            break st;
+        }
+        // Only a hang: the retries would last ten minutes.
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    assert!(!sock.exists(), "the socket file is removed");
+    let e = loop {
+        match client.frame() {
+            Ok((Kind::Error, body)) => {
+                break serde_json::from_slice::<serde_json::Value>(&body).unwrap()
+            }
+            Ok(_) => continue,
+            Err(e) => panic!("closed without saying why: {e}"),
+        }
+    };
+    assert_eq!(e["code"], "shutdown", "{e}");
+}

@@ -217,11 +217,12 @@ pub fn sidecar_paths(data: &Path) -> (PathBuf, PathBuf) {
     )
 }
 
-/// Loads the index of `file` or builds it with one sequential scan.
+/// Loads the index of `file` or builds it with one sequential scan, saved as a sidecar
+/// when `save`.
 pub fn load_or_build(
     file: &Arc<DataFile>,
     format: &Format,
-    policy: StalePolicy,
+    (policy, save): (StalePolicy, bool),
     io_cfg: &IoConfig,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(OffsetIndex, IndexOrigin)> {
@@ -269,8 +270,9 @@ pub fn load_or_build(
     let bytes = encode(&index, format, &source);
     let saved = [&beside, &cached]
         .into_iter()
+        .filter(|_| save)
         .find_map(|p| store(p, &bytes).ok().map(|()| p.clone()));
-    if saved.is_none() {
+    if saved.is_none() && save {
         notice::once(
             &format!("index-unsaved:{}", path.display()),
             &format!("could not save the index of {} beside it or in the cache; it will be rebuilt next time", path.display()),

@@ -39,6 +39,10 @@ pub struct OpenOptions {
     /// The local disk an `s3://` dataset may take (`--cache-limit`): staged whole when it
     /// fits, streamed through two-pass piles within it when not; `None`: staged.
     pub cache_limit: Option<u64>,
+    /// Whether an index built is saved as a sidecar; not for a copy about to be removed (an
+    /// object streamed from a store, fetched only to find its layout), whose sidecar would
+    /// take local disk its `--cache-limit` does not count.
+    pub save_index: bool,
 }
 
 impl Default for OpenOptions {
@@ -49,6 +53,7 @@ impl Default for OpenOptions {
             scan_io: io::scan_config(),
             max_record: None,
             cache_limit: None,
+            save_index: true,
         }
     }
 }

@@ -75,6 +75,10 @@ pub trait RemoteBytes: Send + Sync + std::fmt::Debug {
     /// Gives back `bytes` charged before (their files are gone).
     fn release(&self, bytes: u64);
 
+    /// Bytes charged for as long as the dataset is open (its objects' layouts in the
+    /// local cache): a read's piles have the limit less these.
+    fn kept(&self) -> u64;
+
     /// The most charged at once.
     fn peak(&self) -> u64;
 

@@ -155,8 +155,11 @@ impl Ranks {
         mut s: MutexGuard<'a, RanksState>,
     ) -> MutexGuard<'a, RanksState> {
         loop {
-            // A stream that joins meanwhile may say more.
-            let target = s.expected.min(self.world);
+            // A stream that joins meanwhile may say more. A pass is started for a stream
+            // that joins it next, and its first decision waits for that one at least: on
+            // a loaded machine the pass's thread ran first and decided (or froze) with no
+            // rank in, and its own stream was refused as late.
+            let target = s.expected.max(1).min(self.world);
             let now = Instant::now();
             if (s.seen.len() as u64) >= target
                 || (s.ever && s.joined.is_empty())

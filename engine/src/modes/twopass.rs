@@ -22,9 +22,11 @@ mod body;
 mod held;
 mod rounds;
 mod scan;
+mod space;
 
 pub(super) use held::read_partly_piled;
 pub use rounds::{streamed_figures, StreamedFigures};
+pub use space::{check_scratch, check_staged_room};
 
 use std::cell::RefCell;
 use std::ops::{ControlFlow, Range};
@@ -75,82 +77,6 @@ pub fn read_two_pass(ds: Arc<Dataset>, opts: ReadOptions, scratch: PathBuf) -> R
         r.resources = Some(resources);
         run(&ds, &units, &opts, &plan, dir.path(), None, tx, stop, r)
     })
-}
-
-/// Refuses a two-pass read of `ds` with `opts` before any I/O when its piles would not fit
-/// the free space (bytes or inodes) of the filesystem holding `scratch`, less `others`
-/// (what live runs there reserved and have not written: `scratch::reserved_by_others`),
-/// naming it. Returns the scratch the run will write at its peak: (bytes, files), for its
-/// reservation (`scratch::reserve`).
-pub fn check_scratch(
-    ds: &Dataset,
-    opts: &ReadOptions,
-    scratch: &Path,
-    others: (u64, u64),
-) -> Result<(u64, u64)> {
-    if ds.is_empty() {
-        return Ok((0, 0));
-    }
-    let units = Units::new(&ds.layout(), opts.grouping);
-    let d = super::demand(ds, &units, opts);
-    let here = Limits::here(Some(scratch));
-    // A staged copy's --cache-limit bounds its piles too.
-    let room = ds.staged_room();
-    let free = match (here.scratch_free, room) {
-        (Some(f), Some(r)) => Some(f.saturating_sub(others.0).min(r)),
-        (f, r) => f.map(|f| f.saturating_sub(others.0)).or(r),
-    };
-    let limits = Limits {
-        scratch_free: free,
-        scratch_inodes: here.scratch_inodes.map(|i| i.saturating_sub(others.1)),
-        ..here
-    };
-    let reserved = if others.0 > 0 {
-        format!(
-            ", after {} other runs there have reserved",
-            crate::size::human_bytes(others.0 as f64)
-        )
-    } else {
-        String::new()
-    };
-    match crate::resources::two_pass(&d, &limits) {
-        Ok(plan) => Ok((
-            plan.scratch_bytes,
-            plan.figure("scratch_files").map_or(0, |f| f.value),
-        )),
-        Err(Error::Exhausted {
-            resource,
-            asked,
-            limit,
-        }) if resource == crate::resources::SCRATCH_SPACE && room == Some(limit) => {
-            Err(Error::OverBudget(format!(
-                "two-pass needs {} of local disk for its piles beside the staged copy, and \
-                 --cache-limit leaves {}; give a larger --cache-limit, or --mode lirs (which \
-                 reads the copy in place)",
-                crate::size::human_bytes(asked as f64),
-                crate::size::human_bytes(limit as f64),
-            )))
-        }
-        Err(Error::Exhausted {
-            resource,
-            asked,
-            limit,
-        }) if resource == crate::resources::SCRATCH_SPACE => Err(Error::OverBudget(format!(
-            "{}: two-pass needs {} of scratch space for its piles and {} is free{reserved} (No \
-             space left on the scratch disk); give --scratch a larger disk, or --mode lirs",
-            scratch.display(),
-            crate::size::human_bytes(asked as f64),
-            crate::size::human_bytes(limit as f64),
-        ))),
-        // Too few inodes is said as the plan says it (a count, not bytes).
-        Err(e @ Error::Exhausted { resource, .. })
-            if resource == crate::resources::SCRATCH_INODES =>
-        {
-            Err(e)
-        }
-        // Anything else (memory, open files) is the run's to report as it starts.
-        Err(_) => Ok((0, 0)),
-    }
 }
 
 /// What a two-pass read of `ds` over `units` (its grouping's) with `opts` would need:
@@ -366,8 +292,7 @@ impl Run<'_> {
             let (wanted, cut) = match self.reader.objects() {
                 Some(o) => {
                     let w = wanted_units(units, &split, *first_batch, &key, opts.ranks.as_deref());
-                    let cut =
-                        rounds::plan_within(ds, units, &key, w.as_ref(), o.cache_limit(), plan)?;
+                    let cut = rounds::plan_within(ds, units, &key, w.as_ref(), pile_room(o), plan)?;
                     r.rounds = Some(r.rounds.unwrap_or(0).max(cut.len() as u64));
                     (w, Some(cut))
                 }
@@ -736,7 +661,7 @@ fn scatter(
     };
     let step = objects
         .as_ref()
-        .map(|o| streamed_step(&plan.layout, o.cache_limit()));
+        .map(|o| streamed_step(&plan.layout, pile_room(o)));
     charge(
         step.map_or(0, |s| plan.layout.disk_slack(s)),
         "the piles' allocation",
@@ -865,6 +790,12 @@ struct LoadedPile {
     data: PileBuf,
     frames: Vec<(u64, usize)>,
     scratch: Vec<(u64, usize)>,
+}
+
+/// The local disk a streamed read's piles have: its `--cache-limit` less what the
+/// dataset keeps while open (its objects' layouts in the local cache).
+fn pile_room(o: &Arc<dyn crate::dataset::RemoteBytes>) -> u64 {
+    o.cache_limit().saturating_sub(o.kept())
 }
 
 /// Bytes of a pile frame's own head (before its body).

@@ -39,6 +39,8 @@ pub struct Objects {
     limit: u64,
     used: AtomicU64,
     peak: AtomicU64,
+    /// Charged for the dataset's life: its layouts in the local cache.
+    kept: AtomicU64,
     home: PathBuf,
 }
 
@@ -56,6 +58,13 @@ impl Objects {
     /// Counts what the open asked the store for.
     fn count_open(&self, f: impl FnOnce(&mut OpenCount)) {
         f(&mut self.opened.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Charges `bytes` of the local cache the dataset keeps while open (a layout).
+    fn keep(&self, bytes: u64, what: &str) -> Result<()> {
+        self.charge(bytes, what)?;
+        self.kept.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
     }
 
     fn url(&self, file: usize) -> String {
@@ -123,11 +132,23 @@ impl RemoteBytes for Objects {
                 .map(|(f, a, len)| self.get(epoch, f, a, len))
                 .buffered(crate::dataset::GETS_IN_FLIGHT);
             let mut i = 0;
-            while let Some(got) = gets.next().await {
+            loop {
+                // A stop does not wait for the GETs in flight (a slow link, a store
+                // throttling us with retries): they are dropped, and the read ends.
+                let got = {
+                    let next = std::pin::pin!(gets.next());
+                    let stopped = std::pin::pin!(stopped(stop));
+                    match futures::future::select(next, stopped).await {
+                        futures::future::Either::Left((got, _)) => got,
+                        futures::future::Either::Right(_) => return Ok(()),
+                    }
+                };
+                let Some(got) = got else {
+                    return Ok(());
+                };
                 done(i, &got?);
                 i += 1;
             }
-            Ok(())
         })
     }
 
@@ -183,8 +204,22 @@ impl RemoteBytes for Objects {
         self.peak.load(Ordering::Relaxed)
     }
 
+    fn kept(&self) -> u64 {
+        self.kept.load(Ordering::Relaxed)
+    }
+
     fn scratch_home(&self) -> PathBuf {
         self.home.clone()
+    }
+}
+
+/// How often a read waiting on GETs looks whether it was stopped.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Returns once `stop()` holds, looking every [`STOP_POLL`].
+async fn stopped(stop: &dyn Fn() -> bool) {
+    while !stop() {
+        tokio::time::sleep(STOP_POLL).await;
     }
 }
 
@@ -223,6 +258,7 @@ pub(super) fn open(
         limit,
         used: AtomicU64::new(0),
         peak: AtomicU64::new(0),
+        kept: AtomicU64::new(0),
         home: dir.to_path_buf(),
     };
     let rt = runtime()?;
@@ -237,8 +273,14 @@ pub(super) fn open(
         None => {
             let mut files = Vec::with_capacity(objects.len());
             let mut format: Option<Format> = None;
+            // Layouts found by fetching an object are written once every object is
+            // indexed: each fetched copy then has the limit to itself.
+            let mut found = Vec::new();
             for m in &objects {
-                let (f, layout) = rt.block_on(layout_of(&handle, url, dir, m, opts))?;
+                let (f, layout, fetched) = rt.block_on(layout_of(&handle, url, dir, m, opts))?;
+                if let Some(path) = fetched {
+                    found.push((path, m, f.clone(), layout.clone()));
+                }
                 match &format {
                     Some(had) if !had.same_kind(&f) => {
                         return Err(Error::Invalid(format!(
@@ -252,6 +294,12 @@ pub(super) fn open(
                 }
                 let u = PathBuf::from(fetch::url_of(&url.bucket, m.location.as_ref()));
                 files.push(DatasetFile::remote(u, m.size, layout));
+            }
+            for (path, m, f, layout) in found {
+                let object = fetch::url_of(&url.bucket, m.location.as_ref());
+                store_layout(&path, m, &f, &layout, |disk| {
+                    handle.keep(disk, &format!("the layout of {object}"))
+                })?;
             }
             let format = format.expect("at least one object is listed");
             (format, files, Vec::new(), objects)
@@ -282,9 +330,17 @@ struct LayoutHead {
     offsets: u64,
 }
 
-/// The cached layout of `meta` in `format`, if the cache holds one for its identity.
-fn cached_layout(path: &Path, meta: &ObjectMeta, format: &Format) -> Option<RemoteLayout> {
+/// The local disk a file of `len` bytes takes: whole 4 KiB blocks, as filesystems
+/// allocate them.
+fn on_disk(len: u64) -> u64 {
+    len.div_ceil(4096) * 4096
+}
+
+/// The cached layout of `meta` in `format`, if the cache holds one for its identity, and
+/// the local disk its file takes.
+fn cached_layout(path: &Path, meta: &ObjectMeta, format: &Format) -> Option<(RemoteLayout, u64)> {
     let bytes = std::fs::read(path).ok()?;
+    let disk = on_disk(bytes.len() as u64);
     let nl = bytes.iter().position(|&b| b == b'\n')?;
     let head: LayoutHead = serde_json::from_slice(&bytes[..nl]).ok()?;
     let body = &bytes[nl + 1..];
@@ -297,7 +353,7 @@ fn cached_layout(path: &Path, meta: &ObjectMeta, format: &Format) -> Option<Remo
         return None;
     }
     if let Some((header, size)) = head.fixed {
-        return Some(RemoteLayout::Fixed { header, size });
+        return Some((RemoteLayout::Fixed { header, size }, disk));
     }
     let offsets: Vec<u64> = body
         .chunks_exact(8)
@@ -306,13 +362,23 @@ fn cached_layout(path: &Path, meta: &ObjectMeta, format: &Format) -> Option<Remo
     // A damaged cache is fetched again rather than trusted.
     let sane =
         offsets.windows(2).all(|w| w[0] <= w[1]) && offsets.last().is_some_and(|&l| l <= meta.size);
-    sane.then_some(RemoteLayout::Indexed(OffsetIndex {
-        offsets,
-        last_unterminated: head.last_unterminated,
-    }))
+    sane.then_some((
+        RemoteLayout::Indexed(OffsetIndex {
+            offsets,
+            last_unterminated: head.last_unterminated,
+        }),
+        disk,
+    ))
 }
 
-fn store_layout(path: &Path, meta: &ObjectMeta, format: &Format, l: &RemoteLayout) -> Result<()> {
+/// Writes `l` to the layout cache's `path`, its local disk charged first by `charge`.
+fn store_layout(
+    path: &Path,
+    meta: &ObjectMeta,
+    format: &Format,
+    l: &RemoteLayout,
+    charge: impl FnOnce(u64) -> Result<()>,
+) -> Result<()> {
     let (fixed, last, offsets): (_, _, &[u64]) = match l {
         RemoteLayout::Fixed { header, size } => (Some((*header, *size)), false, &[]),
         RemoteLayout::Indexed(ix) => (None, ix.last_unterminated, &ix.offsets),
@@ -332,6 +398,7 @@ fn store_layout(path: &Path, meta: &ObjectMeta, format: &Format, l: &RemoteLayou
         out.write_all(&o.to_le_bytes())
             .expect("a Vec takes every write");
     }
+    charge(on_disk(out.len() as u64))?;
     let parent = crate::scratch::parent_dir(path);
     std::fs::create_dir_all(parent)
         .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
@@ -339,14 +406,15 @@ fn store_layout(path: &Path, meta: &ObjectMeta, format: &Format, l: &RemoteLayou
 }
 
 /// The format and layout of object `meta`: cached, or found by fetching it alone into
-/// the cache (charged against the limit), opening it, and removing it.
+/// the cache (charged against the limit), opening it, and removing it; then also where the
+/// layout cache keeps it (for the caller to store).
 async fn layout_of(
     h: &Objects,
     url: &S3Url,
     dir: &Path,
     meta: &ObjectMeta,
     opts: &OpenOptions,
-) -> Result<(Format, RemoteLayout)> {
+) -> Result<(Format, RemoteLayout, Option<PathBuf>)> {
     let key = meta.location.as_ref();
     let object = fetch::url_of(&url.bucket, key);
     let told = opts
@@ -355,9 +423,11 @@ async fn layout_of(
         .or_else(|| Format::from_extension(Path::new(key)));
     let cache = layout_path(dir, &object, key)?;
     if let Some(f) = &told {
-        if let Some(l) = cached_layout(&cache, meta, f) {
+        if let Some((l, disk)) = cached_layout(&cache, meta, f) {
+            // On local disk while the dataset is open, as the piles are.
+            h.keep(disk, &format!("the cached layout of {object}"))?;
             h.count_open(|c| c.layouts_cached += 1);
-            return Ok((f.clone(), l));
+            return Ok((f.clone(), l, None));
         }
     }
     // Per process: two indexing the same object at once do not remove each other's copy.
@@ -376,9 +446,11 @@ async fn layout_of(
         });
     }
     let opened = fetched.and_then(|()| {
+        // Its index only in memory: a sidecar would take local disk not charged.
         let o = OpenOptions {
             format: told,
             cache_limit: None,
+            save_index: false,
             ..opts.clone()
         };
         Dataset::open(&[&dest], &o, &mut |_, _, _| {})
@@ -399,8 +471,7 @@ async fn layout_of(
         e => e,
     })?;
     let layout = ds.files()[0].remote_layout();
-    store_layout(&cache, meta, ds.format(), &layout)?;
-    Ok((ds.format().clone(), layout))
+    Ok((ds.format().clone(), layout, Some(cache)))
 }
 
 /// An MDS dataset whose `index.json` is `ROOT/index.json`: the index fetched whole, each

@@ -31,7 +31,7 @@ use crate::source::Source;
 /// client slot): the HELLO must be complete by then, however it trickles in.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last frame of a connection (its ERROR) may wait on the client.
-const GOODBYE_WAIT: Duration = Duration::from_millis(100);
+pub(super) const GOODBYE_WAIT: Duration = Duration::from_millis(100);
 
 /// The longest the connection thread waits for the engine before it looks at the socket
 /// (and the daemon's shutdown) again: a two-pass stream's first batch comes only after
@@ -106,16 +106,21 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(sock: UnixStream, shared: Arc<Shared>) -> Conn {
+    /// The socket of a new connection, as its thread and the daemon's shutdown share it.
+    pub(super) fn wire(sock: UnixStream, shared: &Shared) -> Arc<Wire> {
         // Every write has a deadline: a client that does not read for --idle-timeout is
         // cut like one that sends nothing, rather than holding a thread (the engine's,
         // for announcements) in a write for ever.
         let _ = sock.set_write_timeout(shared.cfg.idle_timeout);
+        Arc::new(Wire {
+            sock,
+            state: Mutex::new(WireState::default()),
+        })
+    }
+
+    pub(super) fn new(wire: Arc<Wire>, shared: Arc<Shared>) -> Conn {
         Conn {
-            wire: Arc::new(Wire {
-                sock,
-                state: Mutex::new(WireState::default()),
-            }),
+            wire,
             shared,
             buf: FrameBuf::default(),
             stream: None,
@@ -142,12 +147,12 @@ impl Conn {
             }
         };
         *self.shared.stats().errors.entry(code.into()).or_default() += 1;
+        // Told first, then the stream stopped: stopping waits for its engine (reads in
+        // flight, a GET to a slow store), and the daemon's shutdown does not wait for
+        // that to tell the client.
+        self.wire
+            .goodbye(&error_frame(code, &msg, true), GOODBYE_WAIT);
         self.close_stream();
-        // The goodbye is small: a client that does not take it at once is not reading,
-        // and must not hold the connection's thread (nor the daemon's shutdown).
-        let _ = self.wire.sock.set_write_timeout(Some(GOODBYE_WAIT));
-        let _ = self.wire.write(&error_frame(code, &msg, true));
-        let _ = self.wire.sock.shutdown(std::net::Shutdown::Both);
     }
 
     /// Reads once from the socket: blocking, or only if something is there.
@@ -636,7 +641,13 @@ impl Conn {
         let largest = open::largest_batch(req.batch_size, &job.first, shared.ring_share())?;
         open::sane_padding(&job.split)?;
         let (ring, credits, ring_grant) = open::ring(&shared, req, largest)?;
-        *self.wire.lock() = WireState::default();
+        {
+            let mut w = self.wire.lock();
+            *w = WireState {
+                bye: w.bye,
+                ..WireState::default()
+            };
+        }
         // The stream's waits, listed in the stats once it is open.
         let waits = Arc::new(Mutex::new(Waits::default()));
         // Batches are assembled straight in the ring when it has room, and announced from
@@ -799,7 +810,7 @@ impl Conn {
             Some(fd) => shm::send_with_fd(&self.wire.sock, &frame, fd),
             None => (&self.wire.sock).write_all(&frame),
         };
-        w.live = ring.is_some();
+        w.live = ring.is_some() && !w.bye;
         // A failed send shows up as the client being gone at the next read.
         let _ = sent;
         Ok(())

@@ -136,9 +136,11 @@ pub(super) fn prepare(
         .prepare(src)
         .map_err(|e| (super::codes::reply_code(&e), wire_words(&e.to_string())))?;
     let model = crate::plan::cached_device_model(job.device_path());
+    // A staged copy of objects leaves its piles only the room its --cache-limit leaves.
     let free = [
         shared.space.ceiling(&job.scratch),
         shared.scratch_budget.as_ref().map(|b| b.ceiling()),
+        job.first.staged_room(),
     ]
     .into_iter()
     .flatten()
@@ -147,6 +149,15 @@ pub(super) fn prepare(
         // No plan: read as without a profile.
         job.mode = Mode::Lirs;
         job.opts.lead = false;
+    }
+    if job.mode == Mode::TwoPass {
+        // The daemon staged the copy (it fit the limit), so the daemon reads it within
+        // the limit: in place, by LIRS, when two-pass piles do not fit beside it.
+        if let Err(e) = crate::modes::twopass::check_staged_room(&job.first, &job.opts) {
+            eprintln!("riffle serve: dataset '{}': read by lirs: {e}", req.dataset);
+            job.mode = Mode::Lirs;
+            job.opts.lead = false;
+        }
     }
     if job.mode != Mode::Resident {
         return Ok((job, None));

@@ -24,6 +24,7 @@ use super::conn::Conn;
 use super::proto::error_frame;
 pub use super::state::{ServeConfig, ServeMode};
 use super::state::{Shared, Stats};
+use super::wire::Wire;
 use crate::size::human_bytes;
 use crate::{Error, Result};
 
@@ -404,13 +405,12 @@ impl Server {
     /// Serves `sock` as connection `id` on a thread of its own, or `None` when no thread
     /// could be started (the connection is dropped).
     fn start_conn(&self, sock: UnixStream, id: u64) -> Option<JoinHandle<()>> {
-        if let Ok(clone) = sock.try_clone() {
-            self.shared
-                .conns
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id, clone);
-        }
+        let wire = Conn::wire(sock, &self.shared);
+        self.shared
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, wire.clone());
         self.shared.stats().connections_total += 1;
         let shared = self.shared.clone();
         let t = std::thread::Builder::new()
@@ -422,7 +422,7 @@ impl Server {
                     shared: shared.clone(),
                     id,
                 };
-                let mut c = Conn::new(sock, shared.clone());
+                let mut c = Conn::new(wire, shared.clone());
                 c.serve();
             });
         match t {
@@ -440,30 +440,47 @@ impl Server {
     }
 
     /// Shutdown: stops reading from every client (their threads see the end of input,
-    /// send a `shutdown` error and leave), then forces whatever is stuck in a write, and
-    /// joins the connections' `threads`.
+    /// send a `shutdown` error and leave), tells those whose thread has not within the
+    /// grace itself, then forces whatever is stuck in a write, and joins the connections'
+    /// `threads`.
     fn close_conns(&self, threads: Vec<(u64, JoinHandle<()>)>) {
-        let conns: Vec<UnixStream> = self
+        let conns: Vec<(u64, Arc<Wire>)> = self
             .shared
             .conns
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter_map(|s| s.try_clone().ok())
+            .iter()
+            .map(|(id, w)| (*id, w.clone()))
             .collect();
-        for s in &conns {
-            let _ = s.shutdown(std::net::Shutdown::Read);
+        for (_, w) in &conns {
+            let _ = w.sock.shutdown(std::net::Shutdown::Read);
         }
-        // Clients that read get their `shutdown` error within this; a thread still stuck
-        // after it (in a write to a client that does not read, or in an engine thread's
-        // announcement) is cut loose by shutting the socket down, so shutdown takes well
-        // under a second whatever clients do.
+        // Clients that read get their `shutdown` error within this from their threads.
         let deadline = Instant::now() + SHUTDOWN_GRACE;
         while threads.iter().any(|(_, t)| !t.is_finished()) && Instant::now() < deadline {
             self.refuse_while_stopping(Duration::from_millis(10));
         }
-        for s in &conns {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+        // A thread that has not said goodbye by now (not yet run on a loaded machine, or
+        // still stopping its stream's engine) does not decide whether its client is
+        // told: the daemon writes the goodbye itself, once no frame is half written
+        // (waiting a little for a writer to finish one). A thread stuck in a write to a
+        // client that does not read is cut loose by shutting the socket down, so shutdown
+        // takes well under a second whatever clients do.
+        let goodbye = error_frame("shutdown", "the daemon is shutting down", true);
+        let unfinished = |id: u64| threads.iter().any(|(i, t)| *i == id && !t.is_finished());
+        let mut left: Vec<&Arc<Wire>> = (conns.iter())
+            .filter(|(id, _)| unfinished(*id))
+            .map(|(_, w)| w)
+            .collect();
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        while !left.is_empty() && Instant::now() < deadline {
+            left.retain(|w| !w.try_goodbye(&goodbye, super::conn::GOODBYE_WAIT));
+            if !left.is_empty() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        for (_, w) in &conns {
+            let _ = w.sock.shutdown(std::net::Shutdown::Both);
         }
         for (_, t) in threads {
             let _ = t.join();
@@ -644,8 +661,8 @@ impl Drop for SlotGuard {
             .remove(&self.id);
         // The panic itself is counted by the hook (`count_panics`).
         if std::thread::panicking() {
-            if let Some(s) = sock {
-                let _ = s.shutdown(std::net::Shutdown::Both);
+            if let Some(w) = sock {
+                let _ = w.sock.shutdown(std::net::Shutdown::Both);
             }
         }
     }

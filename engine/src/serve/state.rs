@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -96,8 +95,8 @@ pub(super) struct Shared {
     pub(super) stopping: AtomicBool,
     /// The accept loop's wake-up pipe (read end, write end).
     pub(super) wake: (OwnedFd, OwnedFd),
-    /// A clone of every live connection's socket, to end them at shutdown.
-    pub(super) conns: Mutex<HashMap<u64, UnixStream>>,
+    /// Every live connection's socket (as its thread writes it), to end them at shutdown.
+    pub(super) conns: Mutex<HashMap<u64, Arc<super::wire::Wire>>>,
     pub(super) stats: Mutex<Stats>,
     pub(super) ring_bytes_now: AtomicU64,
     /// The jobs whose ranks share a pass.

@@ -4,8 +4,8 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use super::proto::{self, BatchHeader, Kind};
 use super::shm::SharedRing;
@@ -34,6 +34,9 @@ pub(super) struct WireState {
     /// room for it (the data stall, as the daemon sees it); `None` while it waits on the
     /// client instead, or is not waiting.
     pub(super) asked: Option<Instant>,
+    /// The connection's last frame (the ERROR saying why it ends) is out, or was tried:
+    /// nothing follows it, and the socket is shut down.
+    pub(super) bye: bool,
 }
 
 impl Wire {
@@ -51,6 +54,36 @@ impl Wire {
             let _ = self.sock.shutdown(std::net::Shutdown::Both);
         }
         wrote
+    }
+
+    /// Writes `frame`, the connection's last (the ERROR saying why it ends), once whoever
+    /// asks (the connection's thread, or the daemon's shutdown for a thread that has not),
+    /// within `wait`, and shuts the connection down: no frame follows it.
+    pub(super) fn goodbye(&self, frame: &[u8], wait: Duration) {
+        self.goodbye_locked(self.lock(), frame, wait);
+    }
+
+    /// [`Wire::goodbye`], unless a frame is being written now (its writer holds the lock,
+    /// to a client that is not reading it): false then, and nothing is done.
+    pub(super) fn try_goodbye(&self, frame: &[u8], wait: Duration) -> bool {
+        match self.state.try_lock() {
+            Ok(w) => self.goodbye_locked(w, frame, wait),
+            Err(TryLockError::Poisoned(p)) => self.goodbye_locked(p.into_inner(), frame, wait),
+            Err(TryLockError::WouldBlock) => return false,
+        }
+        true
+    }
+
+    fn goodbye_locked(&self, mut w: MutexGuard<'_, WireState>, frame: &[u8], wait: Duration) {
+        if !w.bye {
+            w.bye = true;
+            w.live = false;
+            // The goodbye is small: a client that does not take it at once is not
+            // reading, and must not hold whoever writes it.
+            let _ = self.sock.set_write_timeout(Some(wait));
+            let _ = (&self.sock).write_all(frame);
+        }
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 }
 

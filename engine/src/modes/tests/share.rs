@@ -191,6 +191,33 @@ fn solo(ds: &Arc<crate::dataset::Dataset>, o: &ReadOptions, rank: u64) -> Vec<Ba
         .collect()
 }
 
+/// A pass waits for the stream it was started for, however late that stream's join comes
+/// after the pass's thread starts (a loaded machine): before, a job that said no streams
+/// decided its first batches with no rank in (or a streamed read froze none), and the
+/// stream was refused as late by its own pass.
+#[test]
+fn a_pass_waits_for_the_rank_it_was_started_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = make(dir.path(), GenFormat::Lines, 1_000, 40, 0.5);
+    for two_pass in [false, true] {
+        let o = opts(2, Tail::DropLast, Grouping::Record);
+        let joining = Joining {
+            window: Duration::ZERO,
+            streams: None,
+            deadline: Duration::from_secs(120),
+            before_start: !two_pass,
+        };
+        let scratch = two_pass.then(|| dir.path().to_path_buf());
+        let done = Arc::new(AtomicU64::new(u64::MAX));
+        let pass = spawn_joining(&ds, &o, scratch, joining, done);
+        // The pass's thread runs first, as it may before the daemon's join.
+        std::thread::sleep(Duration::from_millis(300));
+        let b = (pass.join(1, None, None)).expect("the stream the pass was started for joins");
+        let got: Vec<_> = b.map(|b| b.unwrap()).collect();
+        assert_eq!(got, solo(&ds, &o, 1), "two-pass {two_pass}");
+    }
+}
+
 #[test]
 fn every_rank_gets_its_own_batches_from_one_pass() {
     let dir = tempfile::tempdir().unwrap();
