@@ -299,6 +299,63 @@ fn a_mixture_stages_its_s3_sources_and_reads_like_the_same_local_files() {
     );
 }
 
+/// Staging into a cache whose filesystem has less free than the objects take is refused
+/// before any GET, naming the figures and the ways out (it stopped part way at "No space
+/// left on device"); under a --cache-limit below what is free the same read streams.
+#[test]
+fn staging_into_a_cache_too_small_is_refused_before_any_get_and_a_lower_limit_streams() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let Some(small) = crate::SmallDisk::mount(&sb, "4M") else {
+        return;
+    };
+    let dir = sb.data().join("big");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..3 {
+        let p = dir.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 3000, 1000, &["--seed", &i.to_string()]);
+        s3.put(&format!("big/shard-{i}.jsonl"), &std::fs::read(&p).unwrap());
+    }
+    let url = format!("s3://{BUCKET}/big/");
+    let cache = small.path().join("cache");
+    let o = s3
+        .cmd(&sb)
+        .env("RIFFLE_S3_CACHE", &cache)
+        .args(["read", &url, "--batch-size", "16", "--cache-limit", "1G"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains(&url) && err.contains("free") && err.contains("--cache-limit"),
+        "{err}"
+    );
+    let left: Vec<_> = walk(&cache);
+    assert!(left.is_empty(), "files left in the cache: {left:?}");
+    let mut c = s3.cmd(&sb);
+    c.env("RIFFLE_S3_CACHE", &cache);
+    let streamed = ids(&sb, c, &url, &["--cache-limit", "3M", "--mode", "two-pass"]);
+    let local = local_ids(&sb, dir.to_str().unwrap(), &[], 100);
+    assert_eq!(streamed, local, "the streamed read's batches");
+}
+
+/// Every file under `dir` (none when it does not exist).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// A `riffle` command of `sb` with no AWS variable but `vars`: the endpoint, keys and
 /// region come from the profile files alone.
 fn profile_cmd(sb: &Sandbox, vars: &[(&str, &std::path::Path)]) -> Command {

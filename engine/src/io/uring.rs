@@ -740,6 +740,13 @@ impl Drop for UringBackend {
             }
             sink.clear();
         }
+        // The ring's own teardown runs later, in a kernel worker, and holds its registered
+        // files until then: a file removed just after a read (a copy fetched to be indexed)
+        // kept its disk space for a while, and the next copy found the disk full. Let them
+        // go now.
+        if self.fixed_files {
+            let _ = self.ring.submitter().unregister_files();
+        }
         // SAFETY: nothing is in flight, so the kernel holds no pointer into the slab, and
         // the slab is dropped exactly once (here).
         unsafe { ManuallyDrop::drop(&mut self.slab) };

@@ -175,6 +175,29 @@ fn is_fresh(dest: &Path, meta: &ObjectMeta) -> Result<bool> {
         && local.is_ok_and(|m| m.is_file() && m.len() == meta.size))
 }
 
+/// Refuses to stage `bytes` more into `dir` when its filesystem has less free (a copy
+/// that would stop at "No space left" part way, after minutes of GETs), before any GET,
+/// naming the figures and the ways out. The nearest existing directory at or above `dir`
+/// is asked (the cache is made by the fetch).
+fn room_for(url: &S3Url, dir: &Path, bytes: u64) -> Result<()> {
+    let Some(at) = dir.ancestors().find(|a| a.is_dir()) else {
+        return Ok(());
+    };
+    let free = crate::probe::free_bytes(at)?;
+    if bytes <= free {
+        return Ok(());
+    }
+    Err(Error::OverBudget(format!(
+        "{}: staging it needs {} more of local disk and {} has {} free: free some, point \
+         RIFFLE_S3_CACHE at a larger filesystem, or give a --cache-limit below what is free \
+         (riffle read then streams it)",
+        url.text,
+        crate::size::human_bytes(bytes as f64),
+        at.display(),
+        crate::size::human_bytes(free as f64)
+    )))
+}
+
 /// Fetches the object `meta` describes into `dest` with ranged GETs, [`IN_FLIGHT`] at a
 /// time, each conditional on the listed ETag (and checked against it, for a server that
 /// ignores `If-Match`); commits the copy, then its identity.
@@ -265,6 +288,7 @@ pub(super) async fn stage(
         .filter(|(_, s)| **s)
         .fold((0, 0), |(n, b), (m, _)| (n + 1, b + m.size));
     if n > 0 {
+        room_for(url, dir, bytes)?;
         crate::notice::once(
             &format!("s3-stage {}", url.text),
             &format!(

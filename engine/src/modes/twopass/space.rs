@@ -26,6 +26,9 @@ pub fn check_scratch(
     let units = Units::new(&ds.layout(), opts.grouping);
     let d = super::super::demand(ds, &units, opts);
     let here = Limits::here(Some(scratch));
+    if let Some(remote) = ds.remote() {
+        return streamed_fits(&d, &here, remote.cache_limit(), scratch, others);
+    }
     // A staged copy's --cache-limit bounds its piles too.
     let room = ds.staged_room();
     let free = match (here.scratch_free, room) {
@@ -113,4 +116,42 @@ fn beside_the_copy(asked: u64, room: u64) -> Error {
         crate::size::human_bytes(asked as f64),
         crate::size::human_bytes(room as f64),
     ))
+}
+
+/// A streamed read's local bytes are charged to its `--cache-limit` (its piles go in
+/// rounds or hold the overflow in memory to stay within it), so its scratch filesystem
+/// needs the limit, or the whole piles if they take less: not the whole piles. Refused,
+/// naming both, when less is free.
+fn streamed_fits(
+    d: &crate::resources::Demand,
+    here: &Limits,
+    limit: u64,
+    scratch: &Path,
+    others: (u64, u64),
+) -> Result<(u64, u64)> {
+    let unbounded = Limits {
+        scratch_free: None,
+        scratch_inodes: None,
+        ..*here
+    };
+    let (piles, files) = match crate::resources::two_pass(d, &unbounded) {
+        Ok(plan) => (
+            plan.scratch_bytes,
+            plan.figure("scratch_files").map_or(0, |f| f.value),
+        ),
+        Err(_) => (limit, 0),
+    };
+    let need = piles.min(limit);
+    let free = here.scratch_free.map(|f| f.saturating_sub(others.0));
+    match free {
+        Some(free) if free < need => Err(Error::OverBudget(format!(
+            "{}: a streamed read may write up to {} there (its --cache-limit) and {} is free; \
+             give a --cache-limit below what is free, or point RIFFLE_S3_CACHE at a larger \
+             filesystem",
+            scratch.display(),
+            crate::size::human_bytes(need as f64),
+            crate::size::human_bytes(free as f64),
+        ))),
+        _ => Ok((need, files)),
+    }
 }
