@@ -328,6 +328,25 @@ fn d4_ids_out_goes_through_the_door() {
     assert_eq!(std::fs::read(&precious).unwrap(), b"precious");
     let ids = std::fs::read_to_string(&link).unwrap();
     assert_eq!(ids.lines().count(), 10, "{ids}");
+
+    // `-` is refused, not a file named "-" made in the working directory.
+    let out = sb
+        .cmd()
+        .current_dir(&dir)
+        .arg("read")
+        .arg(&src)
+        .args([
+            "--batch-size",
+            "10",
+            "--mode",
+            "sequential",
+            "--ids-out",
+            "-",
+        ])
+        .output()
+        .unwrap();
+    failed_with(&out, "--ids-out -");
+    assert!(!dir.join("-").exists(), "a file named '-' was made");
 }
 
 /// D5: gen and shuffle write into a FIFO at `-o` (they renamed a file over it); as root, a

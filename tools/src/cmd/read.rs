@@ -141,7 +141,9 @@ pub struct Args {
     /// A cursor past the end of its epoch is refused; its end (EPOCH:BATCHES) is not.
     #[arg(long, value_name = "CURSOR")]
     pub resume: Option<Resume>,
-    /// Write one line per batch: its record ids in delivery order, space separated.
+    /// Write one line per batch: its record ids in delivery order, space separated, to this
+    /// file (written under a temporary name, renamed when the run completes; a FIFO is
+    /// written into as batches come). Not `-`: standard output carries the report.
     #[arg(long)]
     pub ids_out: Option<PathBuf>,
     /// In --ids-out, write each record as ID:LABEL (a files dataset of class directories,
@@ -307,6 +309,12 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     // temporary name and renamed over the path when the run completes (a FIFO or device
     // is written into).
     let mut ids_out = match &a.ids_out {
+        // Not a file named "-" in the working directory (what it made): standard output
+        // carries the run's report.
+        Some(p) if p.as_os_str() == "-" => bail!(
+            "--ids-out -: the ids go to a file (standard output carries the run's report); \
+             give a path, or a FIFO for a program to read them as they come"
+        ),
         Some(p) => Some(riffle::scratch::OutFile::create(
             p,
             &super::cat::input_paths(&a.data.dataset, src.dataset()),
