@@ -24,7 +24,7 @@ pub use partial::read_partly_resident;
 pub use payload::{Lender, Lent, Payload, PayloadLender, Viewed};
 pub use resident::{read_held, read_resident, read_resident_in, Held};
 pub use share::{Joining, PassEnded, Ranks, Refused, SharedPass, StartPass};
-pub use twopass::read_two_pass;
+pub use twopass::{prefix_needs, read_prefix_piled, read_two_pass, HeldPrefix};
 
 use crate::dataset::Dataset;
 use crate::io::IoConfig;

@@ -44,7 +44,7 @@ pub fn read_partly_resident(
         let limits = Limits::here(Some(&dir));
         if let Ok((plan, resources)) = crate::resources::partial_piled_plan(&d, ds.bytes(), &limits)
         {
-            return super::twopass::read_partly_piled(ds, opts, dir, plan, resources);
+            return super::twopass::read_partly_piled(ds, opts, dir, plan, resources, None);
         }
     }
     let (plan, resources) = needs(&ds, &units, &opts, &Limits::here(None))?;

@@ -24,6 +24,7 @@ mod rounds;
 mod scan;
 
 pub(super) use held::read_partly_piled;
+pub use held::{prefix_needs, read_prefix_piled, HeldPrefix};
 pub use rounds::{streamed_figures, StreamedFigures};
 
 use std::cell::RefCell;
