@@ -207,9 +207,10 @@ impl Residents {
         rest: &dyn Fn(u64) -> Result<(), String>,
     ) -> Result<Arc<HeldCopy>, String> {
         const GRANULE: u64 = 2 << 20;
-        let (depth, slot) = crate::resources::resident_scan(ds.bytes());
-        let load = crate::io::footprint(depth * slot) as u64;
         let (cap, _) = resident_cap(shared);
+        // Its loads take at most an eighth of what the copies may take.
+        let (depth, slot) = crate::resources::partial_scan(cap, ds.bytes());
+        let load = crate::io::footprint(depth * slot) as u64;
         let bytes = (cap.saturating_sub(load) / GRANULE * GRANULE).min(ds.bytes());
         if bytes == 0 || bytes < ds.bytes() / 16 {
             return Err(format!(
@@ -218,7 +219,7 @@ impl Residents {
             ));
         }
         rest(bytes)?;
-        let held = Kept::Part(Arc::new(HeldPrefix::new(ds, bytes)));
+        let held = Kept::Part(Arc::new(HeldPrefix::new(ds, bytes, (depth, slot))));
         self.hold(name, stamps, shared, held, bytes + load)
     }
 

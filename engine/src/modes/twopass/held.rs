@@ -69,6 +69,8 @@ pub struct HeldPrefix {
     sizes: Vec<u64>,
     /// Bytes it holds once loaded: the files' first bytes, back to back in file order.
     bytes: u64,
+    /// The sequential reads that load it: (in flight, bytes each).
+    load: (usize, usize),
     mem: Mutex<Option<Arc<Held>>>,
     loads: AtomicU64,
     device_bytes: AtomicU64,
@@ -77,12 +79,14 @@ pub struct HeldPrefix {
 }
 
 impl HeldPrefix {
-    /// Empty memory for the first `bytes` of `ds`'s files (at most all of them); nothing is
-    /// allocated until a read loads it.
-    pub fn new(ds: &Dataset, bytes: u64) -> HeldPrefix {
+    /// Empty memory for the first `bytes` of `ds`'s files (at most all of them), loaded by
+    /// `load` sequential reads in flight of `(depth, bytes)`; nothing is allocated until a
+    /// read loads it.
+    pub fn new(ds: &Dataset, bytes: u64, load: (usize, usize)) -> HeldPrefix {
         HeldPrefix {
             sizes: ds.files().iter().map(|f| f.size).collect(),
             bytes: bytes.min(ds.bytes()),
+            load: (load.0.max(1), load.1.max(4096)),
             mem: Mutex::new(None),
             loads: AtomicU64::new(0),
             device_bytes: AtomicU64::new(0),
@@ -144,6 +148,8 @@ impl HeldPrefix {
         let before = (r.read_ops, r.device_bytes);
         let plan = PartialPlan {
             held: self.bytes,
+            load_depth: self.load.0,
+            load_slot: self.load.1,
             ..*plan
         };
         let loaded = partial::load(ds, &plan, &opts.io, stop, r)?.map(Arc::new);
