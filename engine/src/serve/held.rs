@@ -212,6 +212,12 @@ impl Residents {
         let (depth, slot) = crate::resources::partial_scan(cap, ds.bytes());
         let load = crate::io::footprint(depth * slot) as u64;
         let bytes = (cap.saturating_sub(load) / GRANULE * GRANULE).min(ds.bytes());
+        if bytes >= ds.bytes() {
+            // Not a part: the files fit, not the whole copy's reads that load them.
+            return Err("the files would be held whole, without room for the reads that load \
+                 them"
+                .into());
+        }
         if bytes == 0 || bytes < ds.bytes() / 16 {
             return Err(format!(
                 "{} of the files is less than a sixteenth",
