@@ -15,6 +15,15 @@
 //!   another dataset always fits beside them). A dataset whose copy does not fit (or is a
 //!   mixture) is read by the streaming mode the plan names (LIRS without a plan), and the
 //!   log and the stats (`resident.fallbacks`, `resident.last_fallback`) say why.
+//! - **In part.** Files that never fit whole (more than the copies may take) are held in
+//!   part: their first bytes, as many as the copies may take less the reads that load them
+//!   (at most an eighth of it), when that is a sixteenth of them at least and the rest's
+//!   two-pass piles fit the scratch (else a streaming mode, as above). The part is loaded
+//!   once and shared like a whole copy (`part` in the stats); each pass scatters only the
+//!   rest from the device into piles in the daemon's scratch, admitted like a two-pass
+//!   pass's (`--scratch-limit`, the filesystem's free space), and rolls them over the
+//!   epochs its OPEN asks for. A pass per epoch (PyTorch opens a stream each epoch)
+//!   scatters the rest again: piles outlive no pass.
 //! - **Eviction.** A copy no pass uses is kept for the next job. It is dropped, least
 //!   recently used first, when an admission (a ring, a pass, an index, another copy) does
 //!   not fit the memory left; a copy a pass uses is never dropped.
