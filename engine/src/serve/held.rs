@@ -17,7 +17,7 @@
 //!   log and the stats (`resident.fallbacks`, `resident.last_fallback`) say why.
 //! - **In part.** Files that never fit whole (more than the copies may take) are held in
 //!   part: their first bytes, as many as the copies may take less the reads that load them
-//!   (at most an eighth of it), when that is a sixteenth of them at least and the rest's
+//!   (at most a thirty-second of it), when that is a sixteenth of them at least and the rest's
 //!   two-pass piles fit the scratch (else a streaming mode, as above). The part is loaded
 //!   once and shared like a whole copy (`part` in the stats); each pass scatters only the
 //!   rest from the device into piles in the daemon's scratch, admitted like a two-pass
@@ -217,8 +217,11 @@ impl Residents {
     ) -> Result<Arc<HeldCopy>, String> {
         const GRANULE: u64 = 2 << 20;
         let (cap, _) = resident_cap(shared);
-        // Its loads take at most an eighth of what the copies may take.
-        let (depth, slot) = crate::resources::partial_scan(cap, ds.bytes());
+        // Its loads take at most a thirty-second of what the copies may take (16 MiB of
+        // reads in flight keep a sequential load at the device's bandwidth; the charge is
+        // the copy's while it is held).
+        let (depth, slot) = crate::resources::resident_scan(ds.bytes());
+        let depth = depth.min((cap / 32 / slot as u64).max(1) as usize);
         let load = crate::io::footprint(depth * slot) as u64;
         let bytes = (cap.saturating_sub(load) / GRANULE * GRANULE).min(ds.bytes());
         if bytes >= ds.bytes() {
