@@ -284,8 +284,13 @@ fn a_dataset_that_never_fits_whole_is_held_in_part_and_passes_read_only_the_rest
     same_batches(&got, &in_process(&data, &r));
     let st = idle(&d);
     let h = copy(&st, "train").unwrap_or_else(|| panic!("a copy held in part: {st}"));
-    let part = h["part"].as_u64().unwrap_or_else(|| panic!("held in part: {st}"));
-    assert!(part >= size / 4 && part < size, "{part} of {size} held: {st}");
+    let part = h["part"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("held in part: {st}"));
+    assert!(
+        part >= size / 4 && part < size,
+        "{part} of {size} held: {st}"
+    );
     assert_eq!(h["loads"], 1, "{st}");
     assert!(h["bytes"].as_u64().unwrap() >= part, "charged: {st}");
     let rest = size - part;
@@ -319,6 +324,9 @@ fn a_dataset_that_never_fits_whole_is_held_in_part_and_passes_read_only_the_rest
     // once per key sub-range): less than a whole two-pass pass reads, the files and their
     // piles.
     let read = read_bytes(d.child.id()) - before;
-    assert!(read < 2 * size, "the daemon read {read} bytes for {rest} not held");
+    assert!(
+        read < 2 * size,
+        "the daemon read {read} bytes for {rest} not held"
+    );
     assert_eq!(copy(&st, "train").unwrap()["loads"], 1, "{st}");
 }

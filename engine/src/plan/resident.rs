@@ -266,7 +266,9 @@ pub(super) fn wins_loaded(plan: &super::Plan) -> bool {
     };
     match (find(Choice::Resident.name()), find(streaming.name())) {
         (Some(r), Some(s)) => {
-            r.unfit.is_none() && r.bound.starts_with(PILED) && r.total_s - r.first_batch_s < s.total_s
+            r.unfit.is_none()
+                && r.bound.starts_with(PILED)
+                && r.total_s - r.first_batch_s < s.total_s
         }
         _ => false,
     }

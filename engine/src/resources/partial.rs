@@ -253,13 +253,14 @@ pub fn partial_piled_rest(
         bytes: (d.bytes as f64 * part).ceil() as u64,
         ..d.clone()
     };
-    let (prefetch, piles, two_pass) = super::two_pass_plan(&sized, limits).map_err(|e| match e {
-        Error::OverBudget(why) => Error::OverBudget(format!(
-            "the two-pass piles of the {} not held: {why}",
-            human_bytes(file_bytes.saturating_sub(held) as f64)
-        )),
-        e => e,
-    })?;
+    let (prefetch, piles, two_pass) =
+        super::two_pass_plan(&sized, limits).map_err(|e| match e {
+            Error::OverBudget(why) => Error::OverBudget(format!(
+                "the two-pass piles of the {} not held: {why}",
+                human_bytes(file_bytes.saturating_sub(held) as f64)
+            )),
+            e => e,
+        })?;
     let (depth, slot) = resident_scan(file_bytes);
     let sizes = PartialPlan {
         // Unused (the rest goes through piles).

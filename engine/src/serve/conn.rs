@@ -707,7 +707,9 @@ impl Conn {
         // A copy of the files' first bytes: the pass reads the rest through piles.
         let part = held.as_ref().map_or(0, |h| h.part());
         key.piled = part > 0;
-        let piles = job.piles().or_else(|| (part > 0).then(|| job.scratch.clone()));
+        let piles = job
+            .piles()
+            .or_else(|| (part > 0).then(|| job.scratch.clone()));
         // A new pass takes over what the OPEN took for its draws; a rank joining a live
         // pass gives it back.
         let view = Mutex::new(view);
@@ -761,7 +763,9 @@ impl Conn {
         job.opts.lender = lender;
         // A copy of the files' first bytes: the pass reads the rest through piles.
         let part = held.map_or(0, |h| h.part());
-        let piles = job.piles().or_else(|| (part > 0).then(|| job.scratch.clone()));
+        let piles = job
+            .piles()
+            .or_else(|| (part > 0).then(|| job.scratch.clone()));
         let grant = admit_pass(
             &self.shared.budgets(),
             &job.first,

@@ -92,8 +92,20 @@ impl HeldCopy {
     /// passes reading it now.
     fn figures(&self) -> (&'static str, u64, u64, u64, u64) {
         match &self.kept {
-            Kept::Whole(h) => (h.state(), h.loads(), h.device_bytes(), h.read_ops(), h.readers()),
-            Kept::Part(p) => (p.state(), p.loads(), p.device_bytes(), p.read_ops(), p.readers()),
+            Kept::Whole(h) => (
+                h.state(),
+                h.loads(),
+                h.device_bytes(),
+                h.read_ops(),
+                h.readers(),
+            ),
+            Kept::Part(p) => (
+                p.state(),
+                p.loads(),
+                p.device_bytes(),
+                p.read_ops(),
+                p.readers(),
+            ),
         }
     }
 }
@@ -226,9 +238,11 @@ impl Residents {
         let bytes = (cap.saturating_sub(load) / GRANULE * GRANULE).min(ds.bytes());
         if bytes >= ds.bytes() {
             // Not a part: the files fit, not the whole copy's reads that load them.
-            return Err("the files would be held whole, without room for the reads that load \
+            return Err(
+                "the files would be held whole, without room for the reads that load \
                  them"
-                .into());
+                    .into(),
+            );
         }
         if bytes == 0 || bytes < ds.bytes() / 16 {
             return Err(format!(

@@ -207,8 +207,7 @@ pub fn read_prefix_piled(
 pub fn prefix_needs(ds: &Dataset, opts: &ReadOptions, held: u64) -> Result<(u64, u64)> {
     let units = Units::new(&ds.layout(), opts.grouping);
     let d = super::super::demand(ds, &units, opts);
-    let (_, r) =
-        crate::resources::partial_piled_rest(&d, ds.bytes(), held, &Limits::here(None))?;
+    let (_, r) = crate::resources::partial_piled_rest(&d, ds.bytes(), held, &Limits::here(None))?;
     Ok((r.memory_bytes, r.scratch_bytes))
 }
 
