@@ -239,7 +239,7 @@ pub(in crate::modes) fn read_partly_piled(
     BatchStream::spawn("riffle-partial", prefetch, move |tx, stop, r| {
         r.resources = Some(resources);
         let t = Instant::now();
-        let _reading = prefix.as_ref().map(|p| Reading::new(p));
+        let _reading = prefix.as_ref().map(Reading::new);
         let mem = match &prefix {
             Some(p) => p.obtain(&ds, &plan, &opts, stop, r)?,
             None => partial::load(&ds, &plan, &opts.io, stop, r)?.map(Arc::new),
