@@ -77,11 +77,13 @@ fn the_choice_follows_the_device_and_auto_runs_it() {
     probe_small(&sb);
 
     // A disk: 600 random reads/s. 16 KB records are far cheaper in sequential passes.
-    // 24 MiB cannot hold the 32 MB of records resident: the choice is between the
-    // streaming modes.
+    // 24 MiB cannot hold the 32 MB of records resident: the streaming choice is two-pass,
+    // and auto runs the partly resident read with the rest through piles, which is
+    // predicted faster still (issue 33).
     fake_profile(&sb, 600.0, 150e6);
     let p = plan_json(&sb, &data, &["--epochs", "2", "--memory", "24M"]);
-    assert_eq!(p["choice"], "two-pass", "{}", p["reason"]);
+    assert_eq!(p["streaming"], "two-pass", "{}", p["reason"]);
+    assert_eq!(p["choice"], "resident", "{}", p["reason"]);
     let (lirs, two) = (candidate(&p, "lirs"), candidate(&p, "two-pass"));
     assert!(lirs["total_s"].as_f64().unwrap() > two["total_s"].as_f64().unwrap());
     assert!(p["reason"].as_str().unwrap().contains("two-pass"));
@@ -109,8 +111,9 @@ fn the_choice_follows_the_device_and_auto_runs_it() {
         .unwrap();
     assert_ok(&o);
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(r["mode"], "two-pass");
-    assert_eq!(r["plan"]["choice"], "two-pass");
+    assert_eq!(r["mode"], "resident");
+    assert_eq!(r["plan"]["choice"], "resident");
+    assert_eq!(r["partly"]["rest"], "two-pass piles", "{r}");
     assert_eq!(r["records"], 4000);
     assert!(r["plan"]["predicted_total_s"].as_f64().unwrap() > 0.0);
 
@@ -221,28 +224,28 @@ fn a_dataset_that_fits_the_budget_is_read_resident_and_the_plan_says_why() {
         device >= file && device <= file + 4096,
         "read once: {device} of {file}"
     );
-    // 24 MiB cannot hold it whole: a streaming mode; the resident candidate is the partly
-    // resident read (what 24 MiB holds of it, the rest read from the device), which auto
-    // leaves to --mode resident, and the reason says so.
+    // 24 MiB cannot hold it whole: the resident candidate is the partly resident read
+    // (what 24 MiB holds of it, the rest through two-pass piles in the scratch), which
+    // auto picks when it is predicted faster than the streaming modes (issue 33: before,
+    // only when no streaming mode fitted), and the reason says what it beat.
     let p = plan_json(&sb, &data, &["--epochs", "3", "--memory", "24M"]);
-    assert_eq!(p["choice"], "two-pass", "{}", p["reason"]);
+    assert_eq!(p["choice"], "resident", "{}", p["reason"]);
     let res = candidate(&p, "resident");
     assert!(res["unfit"].is_null(), "{p}");
     assert!(
         res["bound"]
             .as_str()
             .unwrap()
-            .starts_with("partly resident"),
+            .starts_with("partly resident, rest by two-pass"),
         "{p}"
     );
+    let reason = p["reason"].as_str().unwrap();
     assert!(
-        p["reason"]
-            .as_str()
-            .unwrap()
-            .contains("partly resident: --mode resident runs it"),
-        "{}",
-        p["reason"]
+        reason.contains("resident is predicted") && reason.contains("for two-pass"),
+        "{reason}"
     );
+    let two = candidate(&p, "two-pass")["total_s"].as_f64().unwrap();
+    assert!(res["total_s"].as_f64().unwrap() < two, "{p}");
     let read = |memory: &str| {
         sb.cmd()
             .arg("read")

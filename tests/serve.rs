@@ -1200,7 +1200,7 @@ fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
 }
 
 /// The bytes of the piles under `scratch` (every file below it).
-fn pile_bytes(scratch: &Path) -> u64 {
+pub(crate) fn pile_bytes(scratch: &Path) -> u64 {
     fn walk(dir: &Path) -> u64 {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return 0;

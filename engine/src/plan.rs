@@ -270,6 +270,15 @@ pub enum Choice {
     Resident,
 }
 
+impl Plan {
+    /// Whether a reader that keeps a held part loaded across its reads (a daemon) should
+    /// read resident: the plan's choice, or a partly resident read with the rest through
+    /// piles whose epochs without the load beat the streaming choice.
+    pub fn resident_wins_loaded(&self) -> bool {
+        resident::wins_loaded(self)
+    }
+}
+
 impl Choice {
     /// `lirs` or `two-pass`, as the CLI spells it.
     pub fn name(self) -> &'static str {

@@ -7,7 +7,7 @@ use std::path::Path;
 use riffle::serve::proto::OpenRequest;
 use serde_json::Value;
 
-use super::{dataset, in_process, read_all, read_bytes, same_batches, Daemon, Got};
+use super::{dataset, in_process, pile_bytes, read_all, read_bytes, same_batches, Daemon, Got};
 use crate::Sandbox;
 
 /// A request of batches of 100 over 2 epochs: `seed`, rank `rank` of `world` (the node
@@ -232,4 +232,101 @@ fn a_file_changed_after_its_copy_loaded_is_never_served_from_it() {
     let held: Vec<&Value> = s["resident"]["held"].as_array().unwrap().iter().collect();
     assert_eq!(held.len(), 1, "the old copy went: {s}");
     assert_eq!(held[0]["loads"], 1, "{s}");
+}
+
+/// Issue 33 (a daemon's partly resident read): a dataset that never fits the copies' share
+/// of `--memory` whole is held in part (its first bytes, loaded once), and each pass
+/// reads only the rest from the device, through two-pass piles in the daemon's scratch
+/// (charged like any pass's), which roll over the epochs of a stream. A stream of three
+/// epochs reads the dataset once in all; a later job reads only the part not held. Every
+/// stream gets the batches an in-process lirs read gives. Before: the stream was read by
+/// lirs, each epoch of it from the device.
+#[test]
+fn a_dataset_that_never_fits_whole_is_held_in_part_and_passes_read_only_the_rest() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 80_000, 1000);
+    let size = std::fs::metadata(&data).unwrap().len();
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let sock = sb.path().join("s.sock");
+    // 64 MiB: the copies may take about 47 MiB (less a read's 16 and a ring's 1), less
+    // than the 80 MB of files; a part of about 44 MB is held.
+    let d = Daemon::start(
+        &sb,
+        &sock,
+        &[("train", &data)],
+        &[
+            "--mode",
+            "resident",
+            "--memory",
+            "64M",
+            "--scratch",
+            scratch.to_str().unwrap(),
+        ],
+    );
+    let mut r = req("train", 5, 0, 1);
+    r.epochs = 3;
+    let mut c = d.client_when_free();
+    let mut s = c.open(r.clone()).unwrap();
+    assert_eq!(s.opened.mode, "resident");
+    let (mut got, mut piles) = (Vec::new(), 0);
+    while let Some(b) = s.next_batch().unwrap() {
+        piles = piles.max(pile_bytes(&scratch));
+        got.push((
+            b.header.epoch,
+            b.header.index,
+            b.ids().to_vec(),
+            b.offsets().to_vec(),
+            b.data().to_vec(),
+        ));
+    }
+    drop(s);
+    same_batches(&got, &in_process(&data, &r));
+    let st = idle(&d);
+    let h = copy(&st, "train").unwrap_or_else(|| panic!("a copy held in part: {st}"));
+    let part = h["part"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("held in part: {st}"));
+    assert!(
+        part >= size / 4 && part < size,
+        "{part} of {size} held: {st}"
+    );
+    assert_eq!(h["loads"], 1, "{st}");
+    assert!(h["bytes"].as_u64().unwrap() >= part, "charged: {st}");
+    let rest = size - part;
+    // Rolling keeps two epochs' piles at its peak: of the rest, not of the files.
+    assert!(
+        piles > 0 && piles <= 2 * rest + rest / 4,
+        "the piles took {piles} bytes of scratch for the {rest} not held"
+    );
+    // Three epochs, the dataset read once: the part loaded, the rest scattered, its piles
+    // rolled.
+    let once = st["device_bytes"].as_u64().unwrap();
+    assert!(
+        once >= size && once <= size + size / 10,
+        "three epochs read {once} bytes of a {size}-byte dataset: {st}"
+    );
+    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0, "piles go");
+    // A later job, of another seed, one epoch: only the rest from the device.
+    let r = req("train", 8, 0, 1);
+    let before = read_bytes(d.child.id());
+    same_batches(
+        &read_all(&mut d.client_when_free(), r.clone()),
+        &in_process(&data, &r),
+    );
+    let st = idle(&d);
+    let later = st["device_bytes"].as_u64().unwrap() - once;
+    assert!(
+        later >= rest && later <= rest + rest / 10 + (1 << 20),
+        "a later pass read {later} bytes, {rest} not held: {st}"
+    );
+    // The kernel's count has the piles' reads too (a pile past its memory share is read
+    // once per key sub-range): less than a whole two-pass pass reads, the files and their
+    // piles.
+    let read = read_bytes(d.child.id()) - before;
+    assert!(
+        read < 2 * size,
+        "the daemon read {read} bytes for {rest} not held"
+    );
+    assert_eq!(copy(&st, "train").unwrap()["loads"], 1, "{st}");
 }

@@ -22,9 +22,9 @@ pub use lirs::{read, BatchStream};
 pub use mode::Mode;
 pub use partial::read_partly_resident;
 pub use payload::{Lender, Lent, Payload, PayloadLender, Viewed};
-pub use resident::{read_held, read_resident, read_resident_in, Held};
+pub use resident::{piled_rest_scratch, read_held, read_resident, read_resident_in, Held};
 pub use share::{Joining, PassEnded, Ranks, Refused, SharedPass, StartPass};
-pub use twopass::read_two_pass;
+pub use twopass::{prefix_needs, read_prefix_piled, read_two_pass, HeldPrefix};
 
 use crate::dataset::Dataset;
 use crate::io::IoConfig;

@@ -41,10 +41,12 @@ pub fn read_partly_resident(
     // The rest through piles when they fit the scratch's free space, else as LIRS reads.
     if let Some(dir) = scratch {
         let d = super::demand(&ds, &units, &opts);
-        let limits = Limits::here(Some(&dir));
+        // What other runs there reserved (ranks deciding at once) is not free.
+        let others = crate::scratch::reserved_by_other_processes(&dir);
+        let limits = beside_others(Limits::here(Some(&dir)), others);
         if let Ok((plan, resources)) = crate::resources::partial_piled_plan(&d, ds.bytes(), &limits)
         {
-            return super::twopass::read_partly_piled(ds, opts, dir, plan, resources);
+            return super::twopass::read_partly_piled(ds, opts, dir, plan, resources, None);
         }
     }
     let (plan, resources) = needs(&ds, &units, &opts, &Limits::here(None))?;
@@ -52,6 +54,16 @@ pub fn read_partly_resident(
         r.resources = Some(resources);
         run(&ds, &units, &opts, &plan, tx, stop, r)
     })
+}
+
+/// `limits` with what other runs reserved in the scratch (`others`: bytes, files) taken
+/// from its free space.
+pub(super) fn beside_others(limits: Limits, others: (u64, u64)) -> Limits {
+    Limits {
+        scratch_free: limits.scratch_free.map(|f| f.saturating_sub(others.0)),
+        scratch_inodes: limits.scratch_inodes.map(|i| i.saturating_sub(others.1)),
+        ..limits
+    }
 }
 
 /// The sizes and resource plan of a partly resident read of `ds` over `units`

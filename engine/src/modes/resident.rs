@@ -57,6 +57,36 @@ pub fn read_resident_in(
     read_held(ds, opts, held)
 }
 
+/// The scratch a resident read of `ds` with `opts` will write into `scratch`, given what
+/// other runs there reserved (`others`, bytes and files): the piles of its rest when it
+/// holds the files in part and they fit, else none (held whole, or the rest read by LIRS).
+/// What `riffle read` reserves for it, so ranks deciding at once share the disk as two-pass
+/// runs do; [`super::partial::read_partly_resident`] decides the same way.
+pub fn piled_rest_scratch(
+    ds: &Dataset,
+    opts: &ReadOptions,
+    scratch: &std::path::Path,
+    others: (u64, u64),
+) -> Option<(u64, u64)> {
+    if ds.is_empty() || opts.baseline.is_some() {
+        return None;
+    }
+    let units = super::lirs::units_for(ds, opts);
+    if !matches!(
+        needs(ds, &units, opts, &Limits::here(None)),
+        Err(Error::OverBudget(_))
+    ) {
+        return None;
+    }
+    let d = super::demand(ds, &units, opts);
+    let limits = super::partial::beside_others(Limits::here(Some(scratch)), others);
+    let (_, resources) = crate::resources::partial_piled_plan(&d, ds.bytes(), &limits).ok()?;
+    Some((
+        resources.scratch_bytes,
+        resources.figure("scratch_files").map_or(0, |f| f.value),
+    ))
+}
+
 /// [`read_resident`] out of `held`, the memory of `ds`'s files that other reads may share:
 /// loaded by this read if nobody has loaded it yet, waited for while another read loads
 /// it, else only copied out of (no I/O). `opts.memory` is the budget of the read with the

@@ -25,6 +25,7 @@ mod scan;
 mod space;
 
 pub(super) use held::read_partly_piled;
+pub use held::{prefix_needs, read_prefix_piled, HeldPrefix};
 pub use rounds::{streamed_figures, StreamedFigures};
 pub use space::{check_scratch, check_staged_room};
 
@@ -226,7 +227,9 @@ impl Run<'_> {
             // hold only this epoch's units of the node's streams.
             let rolling = epoch + 1 < last_epoch && self.reader.objects().is_none();
             let mut next = if rolling {
-                Some(PileWriter::new(self.scratch, self.plan.layout, &opts.io)?)
+                let mut w = PileWriter::new(self.scratch, self.plan.layout, &opts.io)?;
+                w.grow_at_most(self.plan.layout.local_step(self.plan.frames));
+                Some(w)
             } else {
                 None
             };
@@ -667,9 +670,8 @@ fn scatter(
         "the piles' allocation",
     )?;
     let mut sink = PileWriter::new(scratch, plan.layout, io)?;
-    if let Some(s) = step {
-        sink.grow_at_most(s);
-    }
+    // A local read's slack is bounded too: the plan reserved it (`PilePlan::scratch_bytes`).
+    sink.grow_at_most(step.unwrap_or_else(|| plan.layout.local_step(plan.frames)));
     let mut failure: Option<Error> = None;
     let mut skip = Vec::new();
     let mut head = Vec::new();

@@ -136,6 +136,13 @@ impl Layout {
         self.groups() as u64 * step + self.piles() as u64 * self.chunk as u64
     }
 
+    /// How far ahead a local read's writer of `frames` bytes grows its group files: its
+    /// writes' [`reserve_step`], at most a sixteenth of the frames spread over the groups
+    /// (1 MiB at least), so the slack stays a small share of what the plan reserves.
+    pub(crate) fn local_step(&self, frames: u64) -> u64 {
+        (frames / 16 / self.groups() as u64).clamp(1 << 20, reserve_step(self.slot))
+    }
+
     /// Memory a writer of this layout holds: the fill pool (a share per pile), a write
     /// being gathered per group, and the writes in flight.
     pub(crate) fn writer_bytes(&self) -> u64 {

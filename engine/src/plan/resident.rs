@@ -88,10 +88,16 @@ pub(super) fn candidate(
     (c, plan)
 }
 
-/// How a partly resident candidate's `bound` starts: `auto` runs it only when no streaming
-/// mode fits (it is new, and on a disk the planner prices it under two-pass); `--mode
-/// resident` runs it whenever the whole dataset does not fit.
+/// How a partly resident candidate's `bound` starts. `auto` runs one whose rest is read
+/// as LIRS reads only when no streaming mode fits (random reads of the rest: on a disk the
+/// planner prices it under two-pass); one whose rest goes through piles ([`PILED`]) when
+/// it is predicted faster than the streaming choice. `--mode resident` runs either
+/// whenever the whole dataset does not fit.
 pub(super) const PARTLY: &str = "partly resident, ";
+
+/// How a partly resident candidate whose rest goes through two-pass piles starts its
+/// `bound`.
+pub(super) const PILED: &str = "partly resident, rest by two-pass, ";
 
 /// The partly resident candidate: `held` of the files' `file_bytes` loaded once, then every
 /// epoch copies the held records out of memory and reads the rest as LIRS reads records.
@@ -178,7 +184,7 @@ fn partly_piled(
         first
     };
     let reads = (rest.bytes as f64 / (4 << 20) as f64, (4 << 20) as f64);
-    let bound = format!("{PARTLY}rest by two-pass, {bound}");
+    let bound = format!("{PILED}{bound}");
     partly_candidate(g, (first, load, later, total), reads, bound, plan)
 }
 
@@ -199,7 +205,7 @@ pub(super) fn weigh(
             human_bytes(c.memory_bytes as f64)
         )
     };
-    if res.bound.starts_with(PARTLY) && res.unfit.is_none() {
+    if res.bound.starts_with(PARTLY) && !res.bound.starts_with(PILED) && res.unfit.is_none() {
         if let Some((b, choice, why)) = best {
             return Some((
                 choice,
@@ -240,5 +246,30 @@ pub(super) fn weigh(
         (Some((_, choice, why)), Some(unfit)) => {
             Some((choice, format!("{why}; resident cannot run: {unfit}")))
         }
+    }
+}
+
+/// Whether a reader that keeps the held part across its reads (a daemon holds a dataset's
+/// copy for every pass of it, and loads it once) should read `plan` resident: its choice,
+/// or a partly resident candidate with the rest through piles whose epochs without the
+/// load beat the streaming choice (a daemon's passes of one epoch each price the load
+/// every time, which it pays once).
+pub(super) fn wins_loaded(plan: &super::Plan) -> bool {
+    if plan.choice == Choice::Resident {
+        return true;
+    }
+    let Some(streaming) = plan.streaming else {
+        return false;
+    };
+    let find = |mode: &str| {
+        (plan.candidates.iter()).find(|c| c.mode == mode && c.grouping == plan.grouping)
+    };
+    match (find(Choice::Resident.name()), find(streaming.name())) {
+        (Some(r), Some(s)) => {
+            r.unfit.is_none()
+                && r.bound.starts_with(PILED)
+                && r.total_s - r.first_batch_s < s.total_s
+        }
+        _ => false,
     }
 }

@@ -26,7 +26,9 @@ pub use buffer::{BufferPlan, SCAN_DEPTH, SLOT_OVERHEAD};
 pub use lirs::LirsPlan;
 pub(crate) use lirs::MAX_MERGE;
 pub use memory::{MachineMemory, MemoryFrom};
-pub use partial::{partial_piled_plan, partial_plan, partial_scan, PartialPlan};
+pub use partial::{
+    partial_piled_plan, partial_piled_rest, partial_plan, partial_scan, PartialPlan,
+};
 pub(crate) use piles::shuffle_layout;
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;

@@ -235,3 +235,40 @@ pub fn partial_piled_plan(
     };
     Ok((sizes, plan))
 }
+
+/// A partly resident read whose held part, `held` of the files' first bytes, is kept apart
+/// from the read (a daemon holds it once for every pass of the dataset, and charges it on
+/// its own): the rest's two-pass piles within `d`'s whole budget, sized for the part not
+/// held (a unit held is a frame head in them). The held part and its loads are not in
+/// the figures. Refused, with the figures, when two-pass of the rest does not fit.
+pub fn partial_piled_rest(
+    d: &Demand,
+    file_bytes: u64,
+    held: u64,
+    limits: &Limits,
+) -> Result<(PartialPlan, ResourcePlan)> {
+    let held = held.min(file_bytes);
+    let part = 1.0 - held as f64 / file_bytes.max(1) as f64;
+    let sized = Demand {
+        bytes: (d.bytes as f64 * part).ceil() as u64,
+        ..d.clone()
+    };
+    let (prefetch, piles, two_pass) =
+        super::two_pass_plan(&sized, limits).map_err(|e| match e {
+            Error::OverBudget(why) => Error::OverBudget(format!(
+                "the two-pass piles of the {} not held: {why}",
+                human_bytes(file_bytes.saturating_sub(held) as f64)
+            )),
+            e => e,
+        })?;
+    let (depth, slot) = resident_scan(file_bytes);
+    let sizes = PartialPlan {
+        // Unused (the rest goes through piles).
+        rest: LirsPlan::new(d, d.units)?,
+        held,
+        load_depth: depth,
+        load_slot: slot,
+        piles: Some((prefetch, piles)),
+    };
+    Ok((sizes, ResourcePlan::new("resident", two_pass.figures)))
+}

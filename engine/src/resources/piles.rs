@@ -221,9 +221,13 @@ impl PilePlan {
 
     /// Scratch at the peak: every unit as a frame, and, while rolling, the next epoch's
     /// piles grow as this epoch's are consumed; group files are removed as their last pile
-    /// is read, so the peak is one epoch's frames and one group's.
+    /// is read, so the peak is one epoch's frames and one group's. Besides, the group files
+    /// grown ahead of their writes ([`Layout::local_step`]) and the piles' last chunks
+    /// written whole: ranks sharing a small scratch reserved the frames alone, and the
+    /// slack of two filled the disk.
     pub fn scratch_bytes(&self) -> u64 {
-        self.frames + self.frames / self.layout.groups() as u64
+        let slack = self.layout.disk_slack(self.layout.local_step(self.frames));
+        self.frames + self.frames / self.layout.groups() as u64 + slack
     }
 
     /// Every figure of the plan, with its reason (`d.prefetch` as fitted).

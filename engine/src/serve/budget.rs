@@ -305,12 +305,14 @@ pub(super) fn pass_most(total: u64) -> (u64, String) {
 /// it did not fit within `--admit-wait`.
 ///
 /// `view` is what the OPEN took for a mixture epoch's draws before it drew them
-/// ([`admit_view`]): part of the pass's memory, so only the rest is taken.
+/// ([`admit_view`]): part of the pass's memory, so only the rest is taken. `part` is
+/// what a held copy of the files' first bytes holds apart from the pass (charged with the
+/// copy): the pass's piles (`two_pass`) are then those of the rest.
 pub(super) fn admit_pass(
     b: &Budgets<'_>,
     ds: &Dataset,
     opts: &mut ReadOptions,
-    two_pass: Option<&std::path::Path>,
+    (two_pass, part): (Option<&std::path::Path>, u64),
     view: Option<Grant>,
 ) -> std::result::Result<Admitted, Refusal> {
     // The open files first: a read given fewer files reads at a lower queue depth, and
@@ -323,7 +325,7 @@ pub(super) fn admit_pass(
         Ask {
             what: "a read of this job",
             most: (most.saturating_sub(v), &why),
-            fit: |free| match pass_needs(ds, &o, two_pass.is_some(), most.min(free + v)) {
+            fit: |free| match pass_needs(ds, &o, (two_pass.is_some(), part), most.min(free + v)) {
                 Ok(n) => Ok(n.saturating_sub(v)),
                 Err(n) => Err(n.saturating_sub(v)),
             },
@@ -343,7 +345,7 @@ pub(super) fn admit_pass(
         });
     };
     let units = modes::lirs::units_for(ds, opts);
-    let need = scratch_need(ds, &units, opts)?;
+    let need = scratch_need(ds, &units, opts, part)?;
     let scratch = match b.scratch {
         Some(sb) => Some(sb.take(
             Ask {
@@ -452,24 +454,30 @@ pub(super) fn admit_view(
         .map(Some)
 }
 
-/// The scratch bytes a two-pass read of `ds` with `opts` plans for.
+/// The scratch bytes a two-pass read of `ds` with `opts` plans for (of the rest, when a
+/// copy holds the files' first `part` bytes).
 fn scratch_need(
     ds: &Dataset,
     units: &crate::order::Units,
     opts: &ReadOptions,
+    part: u64,
 ) -> std::result::Result<u64, Refusal> {
-    modes::twopass::needs(ds, units, opts)
-        .map(|n| n.1)
-        .map_err(|e| (super::codes::reply_code(&e), e.to_string()))
+    let need = match part {
+        0 => modes::twopass::needs(ds, units, opts).map(|n| n.1),
+        _ => modes::prefix_needs(ds, opts, part).map(|n| n.1),
+    };
+    need.map_err(|e| (super::codes::reply_code(&e), e.to_string()))
 }
 
 /// What a pass of `opts` over `ds` needs in memory when given at most `cap`, leaving out
 /// the dataset's index (the daemon holds it once for all): `Ok(bytes)`, or `Err` with the
-/// least it would need when `cap` is too small for it.
+/// least it would need when `cap` is too small for it. `(two_pass, part)`: whether it
+/// reads through piles, and what a held copy of the files' first bytes holds apart from
+/// it (its piles are then the rest's).
 pub(super) fn pass_needs(
     ds: &Dataset,
     opts: &ReadOptions,
-    two_pass: bool,
+    (two_pass, part): (bool, u64),
     cap: u64,
 ) -> std::result::Result<u64, u64> {
     let needs = |cap: u64| -> Option<u64> {
@@ -478,7 +486,9 @@ pub(super) fn pass_needs(
             ..opts.clone()
         };
         let units = modes::lirs::units_for(ds, &o);
-        let n = if two_pass {
+        let n = if two_pass && part > 0 {
+            modes::prefix_needs(ds, &o, part).ok()?.0
+        } else if two_pass {
             modes::twopass::needs(ds, &units, &o).ok()?.0
         } else {
             modes::lirs::memory_needs(ds, &units, &o).ok()?

@@ -714,8 +714,13 @@ impl Conn {
         view: Option<Grant>,
         held: Option<Arc<HeldCopy>>,
     ) -> Result<(BatchStream, u64), Refusal> {
-        let key = open::job_key(req, job);
-        let piles = job.piles();
+        let mut key = open::job_key(req, job);
+        // A copy of the files' first bytes: the pass reads the rest through piles.
+        let part = held.as_ref().map_or(0, |h| h.part());
+        key.piled = part > 0;
+        let piles = job
+            .piles()
+            .or_else(|| (part > 0).then(|| job.scratch.clone()));
         // A new pass takes over what the OPEN took for its draws; a rank joining a live
         // pass gives it back.
         let view = Mutex::new(view);
@@ -727,12 +732,9 @@ impl Conn {
                 &self.shared.budgets(),
                 &job.first,
                 o,
-                piles.as_deref(),
+                (piles.as_deref(), part),
                 view,
             )?;
-            if let Some(h) = &held {
-                o.memory = o.memory.map(|m| m.saturating_add(h.charge()));
-            }
             Ok(Box::new((admitted, held.clone())))
         };
         let sh = self.shared.clone();
@@ -748,7 +750,7 @@ impl Conn {
             }),
         };
         let scratch = job.scratch.clone();
-        let resident = held.as_ref().map(|h| h.held.clone());
+        let resident = held.clone();
         let got =
             (self.shared.jobs).open(key, &job.opts, src, scratch, resident, lender, new_pass)?;
         if got.new {
@@ -770,23 +772,23 @@ impl Conn {
         held: Option<&Arc<HeldCopy>>,
     ) -> Result<(BatchStream, Admitted), Refusal> {
         job.opts.lender = lender;
-        let piles = job.piles();
+        // A copy of the files' first bytes: the pass reads the rest through piles.
+        let part = held.map_or(0, |h| h.part());
+        let piles = job
+            .piles()
+            .or_else(|| (part > 0).then(|| job.scratch.clone()));
         let grant = admit_pass(
             &self.shared.budgets(),
             &job.first,
             &mut job.opts,
-            piles.as_deref(),
+            (piles.as_deref(), part),
             view,
         )?;
         // Two-pass: the engine makes its own private scratch directory where the piles go
         // and removes it when its thread ends. Resident: out of the dataset's copy, with
-        // the pass's memory and the copy's.
+        // the pass's memory and the copy's (a part's pass: its piles in the scratch).
         let stream = match held {
-            Some(h) => {
-                let mut opts = job.opts.clone();
-                opts.memory = opts.memory.map(|m| m.saturating_add(h.charge()));
-                crate::modes::read_held(src.dataset().clone(), opts, h.held.clone())
-            }
+            Some(h) => h.start(src.dataset().clone(), job.opts.clone(), job.scratch.clone()),
             None => job.read(src),
         };
         let stream = stream.map_err(|e| (reply_code(&e), e.to_string()))?;

@@ -15,6 +15,15 @@
 //!   another dataset always fits beside them). A dataset whose copy does not fit (or is a
 //!   mixture) is read by the streaming mode the plan names (LIRS without a plan), and the
 //!   log and the stats (`resident.fallbacks`, `resident.last_fallback`) say why.
+//! - **In part.** Files that never fit whole (more than the copies may take) are held in
+//!   part: their first bytes, as many as the copies may take less the reads that load them
+//!   (at most a thirty-second of it), when that is a sixteenth of them at least and the rest's
+//!   two-pass piles fit the scratch (else a streaming mode, as above). The part is loaded
+//!   once and shared like a whole copy (`part` in the stats); each pass scatters only the
+//!   rest from the device into piles in the daemon's scratch, admitted like a two-pass
+//!   pass's (`--scratch-limit`, the filesystem's free space), and rolls them over the
+//!   epochs its OPEN asks for. A pass per epoch (PyTorch opens a stream each epoch)
+//!   scatters the rest again: piles outlive no pass.
 //! - **Eviction.** A copy no pass uses is kept for the next job. It is dropped, least
 //!   recently used first, when an admission (a ring, a pass, an index, another copy) does
 //!   not fit the memory left; a copy a pass uses is never dropped.
@@ -29,13 +38,20 @@ use super::budget::{Ask, Grant};
 use super::catalog::{stamp, Stamp};
 use super::state::Shared;
 use crate::dataset::Dataset;
-use crate::modes::Held;
+use crate::modes::{BatchStream, Held, HeldPrefix, ReadOptions};
 use crate::size::human_bytes;
+
+/// What a copy holds: the files whole, or (they never fit) their first bytes, the rest
+/// read through two-pass piles by each pass.
+pub(super) enum Kept {
+    Whole(Arc<Held>),
+    Part(Arc<HeldPrefix>),
+}
 
 /// A copy held for the daemon: the memory, and its charge to `--memory` (given back when
 /// the last pass using it and the table have let it go).
 pub(super) struct HeldCopy {
-    pub(super) held: Arc<Held>,
+    pub(super) kept: Kept,
     grant: Grant,
 }
 
@@ -43,6 +59,54 @@ impl HeldCopy {
     /// Bytes charged to `--memory`.
     pub(super) fn charge(&self) -> u64 {
         self.grant.bytes()
+    }
+
+    /// Bytes held apart from the passes when only part of the files is (a pass then reads
+    /// the rest through piles): 0 for a whole copy.
+    pub(super) fn part(&self) -> u64 {
+        match &self.kept {
+            Kept::Whole(_) => 0,
+            Kept::Part(p) => p.bytes(),
+        }
+    }
+
+    /// A pass of `ds` out of this copy with `opts` (the pass's own memory, as admitted):
+    /// a whole copy's reads plan with the copy's bytes too; a part's pass puts the rest
+    /// through piles in `scratch`.
+    pub(super) fn start(
+        &self,
+        ds: Arc<Dataset>,
+        mut opts: ReadOptions,
+        scratch: std::path::PathBuf,
+    ) -> crate::Result<BatchStream> {
+        match &self.kept {
+            Kept::Whole(h) => {
+                opts.memory = opts.memory.map(|m| m.saturating_add(self.charge()));
+                crate::modes::read_held(ds, opts, h.clone())
+            }
+            Kept::Part(p) => crate::modes::read_prefix_piled(ds, opts, scratch, p.clone()),
+        }
+    }
+
+    /// `empty`, `loading` or `loaded`; its loads, and what they read (bytes, reads); the
+    /// passes reading it now.
+    fn figures(&self) -> (&'static str, u64, u64, u64, u64) {
+        match &self.kept {
+            Kept::Whole(h) => (
+                h.state(),
+                h.loads(),
+                h.device_bytes(),
+                h.read_ops(),
+                h.readers(),
+            ),
+            Kept::Part(p) => (
+                p.state(),
+                p.loads(),
+                p.device_bytes(),
+                p.read_ops(),
+                p.readers(),
+            ),
+        }
     }
 }
 
@@ -94,13 +158,16 @@ impl Residents {
     }
 
     /// The copy of dataset `name` (`ds`) for its files as they are now: the one held, else
-    /// a new one charged to `--memory` (loaded by the first pass that reads it). `Err` says
-    /// why it cannot be held: the stream is then read by a streaming mode.
+    /// a new one charged to `--memory` (loaded by the first pass that reads it). Files that
+    /// never fit whole are held in part (their first bytes, as many as the copies may
+    /// take) when `rest` says the rest's piles fit the scratch ([`Residents::part`]). `Err`
+    /// says why it cannot be held: the stream is then read by a streaming mode.
     pub(super) fn acquire(
         &self,
         name: &str,
         ds: &Dataset,
         shared: &Shared,
+        rest: &dyn Fn(u64) -> Result<(), String>,
     ) -> Result<Arc<HeldCopy>, String> {
         let mut stamps = Vec::with_capacity(ds.files().len());
         for f in ds.files() {
@@ -133,14 +200,72 @@ impl Residents {
         let need = held.bytes() + crate::io::footprint(depth * slot) as u64;
         let (cap, why) = resident_cap(shared);
         if need > cap {
-            return Err(format!(
+            let whole = format!(
                 "holding it takes {} ({} of files and the reads that load them), more than \
                  the {} {why}",
                 human_bytes(need as f64),
                 human_bytes(ds.bytes() as f64),
                 human_bytes(cap as f64)
+            );
+            return (self.part(name, ds, stamps, shared, rest))
+                .map_err(|part| format!("{whole}; in part: {part}"));
+        }
+        let held = Kept::Whole(Arc::new(held));
+        self.hold(name, stamps, shared, held, need)
+    }
+
+    /// A copy of `ds`'s first bytes, as many as the copies may take (less the reads that
+    /// load them, rounded down to 2 MiB), for files that never fit whole: each pass reads
+    /// the rest through two-pass piles. `Err` (the stream goes by a streaming mode) when
+    /// that holds less than a sixteenth of the files, or `rest` says the rest's piles do not
+    /// fit the scratch.
+    fn part(
+        &self,
+        name: &str,
+        ds: &Dataset,
+        stamps: Vec<Stamp>,
+        shared: &Shared,
+        rest: &dyn Fn(u64) -> Result<(), String>,
+    ) -> Result<Arc<HeldCopy>, String> {
+        const GRANULE: u64 = 2 << 20;
+        let (cap, _) = resident_cap(shared);
+        // Its loads take at most a thirty-second of what the copies may take (16 MiB of
+        // reads in flight keep a sequential load at the device's bandwidth; the charge is
+        // the copy's while it is held).
+        let (depth, slot) = crate::resources::resident_scan(ds.bytes());
+        let depth = depth.min((cap / 32 / slot as u64).max(1) as usize);
+        let load = crate::io::footprint(depth * slot) as u64;
+        let bytes = (cap.saturating_sub(load) / GRANULE * GRANULE).min(ds.bytes());
+        if bytes >= ds.bytes() {
+            // Not a part: the files fit, not the whole copy's reads that load them.
+            return Err(
+                "the files would be held whole, without room for the reads that load \
+                 them"
+                    .into(),
+            );
+        }
+        if bytes == 0 || bytes < ds.bytes() / 16 {
+            return Err(format!(
+                "{} of the files is less than a sixteenth",
+                human_bytes(bytes as f64)
             ));
         }
+        rest(bytes)?;
+        let held = Kept::Part(Arc::new(HeldPrefix::new(ds, bytes, (depth, slot))));
+        self.hold(name, stamps, shared, held, bytes + load)
+    }
+
+    /// Charges `need` bytes to `--memory` for `held`, a new copy of dataset `name`'s files
+    /// as `stamps` say, and keeps it.
+    fn hold(
+        &self,
+        name: &str,
+        stamps: Vec<Stamp>,
+        shared: &Shared,
+        held: Kept,
+        need: u64,
+    ) -> Result<Arc<HeldCopy>, String> {
+        let (cap, why) = resident_cap(shared);
         self.within_cap(need, cap)?;
         let grant = shared
             .budget
@@ -155,14 +280,18 @@ impl Residents {
                 &shared.stopping,
             )
             .map_err(|(_, m)| m)?;
-        let copy = Arc::new(HeldCopy {
-            held: Arc::new(held),
-            grant,
-        });
+        let part = match &held {
+            Kept::Whole(_) => String::new(),
+            Kept::Part(p) => format!(
+                " (its first {}: each pass reads the rest through two-pass piles)",
+                human_bytes(p.bytes() as f64)
+            ),
+        };
+        let copy = Arc::new(HeldCopy { kept: held, grant });
         self.insert(name, stamps, copy.clone());
         eprintln!(
-            "riffle serve: dataset '{name}' is held resident: {} of --memory, loaded by its \
-             first pass and shared by every stream of it",
+            "riffle serve: dataset '{name}' is held resident{part}: {} of --memory, loaded \
+             by its first pass and shared by every stream of it",
             human_bytes(need as f64)
         );
         Ok(copy)
@@ -253,15 +382,17 @@ impl Residents {
         let held: Vec<_> = copies
             .iter()
             .map(|e| {
+                let (state, loads, device_bytes, read_ops, readers) = e.copy.figures();
                 json!({
                     "dataset": e.name,
                     "bytes": e.copy.charge(),
-                    "state": e.copy.held.state(),
+                    "part": (e.copy.part() > 0).then_some(e.copy.part()),
+                    "state": state,
                     "users": Arc::strong_count(&e.copy) - 1,
-                    "readers": e.copy.held.readers(),
-                    "loads": e.copy.held.loads(),
-                    "device_bytes": e.copy.held.device_bytes(),
-                    "read_ops": e.copy.held.read_ops(),
+                    "readers": readers,
+                    "loads": loads,
+                    "device_bytes": device_bytes,
+                    "read_ops": read_ops,
                     "since_used_s": e.used.elapsed().as_secs_f64(),
                 })
             })
@@ -323,7 +454,7 @@ mod tests {
         let names = || -> Vec<String> { residents.lock().iter().map(|e| e.name.clone()).collect() };
         for name in ["old", "busy", "new"] {
             let copy = Arc::new(HeldCopy {
-                held: Arc::new(Held::new(&ds).unwrap()),
+                kept: Kept::Whole(Arc::new(Held::new(&ds).unwrap())),
                 grant: take(30 * MB).unwrap(),
             });
             residents.insert(name, Vec::new(), copy);

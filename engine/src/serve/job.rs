@@ -54,12 +54,14 @@ pub(super) struct JobKey {
     /// The mode that runs: [`Mode::TwoPass`], [`Mode::Lirs`] or [`Mode::Resident`] (out of
     /// the dataset's held copy).
     pub(super) mode: Mode,
+    /// Resident out of a copy of the files' first bytes: the rest goes through piles.
+    pub(super) piled: bool,
 }
 
 impl JobKey {
     /// Whether the job's pass reads through piles.
     fn two_pass(&self) -> bool {
-        self.mode == Mode::TwoPass
+        self.mode == Mode::TwoPass || self.piled
     }
 }
 
@@ -215,7 +217,7 @@ impl Jobs {
         opts: &ReadOptions,
         src: &Source,
         root: PathBuf,
-        resident: Option<Arc<modes::Held>>,
+        resident: Option<Arc<super::held::HeldCopy>>,
         lender: Option<PayloadLender>,
         new_pass: NewPass<'_>,
     ) -> std::result::Result<Opened, (&'static str, String)> {
@@ -262,7 +264,7 @@ impl Jobs {
         let start: modes::StartPass = match resident {
             Some(h) => {
                 let ds = src.dataset().clone();
-                Box::new(move |all| modes::read_held(ds, all, h))
+                Box::new(move |all| h.start(ds, all, root))
             }
             None => Box::new(move |all| src.read(all, two_pass.then_some(root))),
         };

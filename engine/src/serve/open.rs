@@ -16,6 +16,7 @@ use crate::dataset::Dataset;
 use crate::io::IoConfig;
 use crate::modes::Mode;
 use crate::request::{ReadJob, ReadRequest};
+use crate::size::human_bytes;
 use crate::source::Source;
 
 /// Why an OPEN is refused: the error code, and the message.
@@ -150,6 +151,11 @@ pub(super) fn prepare(
         job.mode = Mode::Lirs;
         job.opts.lead = false;
     }
+    // The daemon loads a held part once for every pass of the dataset: resident wins when
+    // its epochs without the load beat the streaming choice.
+    if (job.plan.as_ref()).is_some_and(crate::plan::Plan::resident_wins_loaded) {
+        job.mode = Mode::Resident;
+    }
     if job.mode == Mode::TwoPass {
         // The daemon staged the copy (it fit the limit), so the daemon reads it within
         // the limit: in place, by LIRS, when two-pass piles do not fit beside it.
@@ -162,8 +168,22 @@ pub(super) fn prepare(
     if job.mode != Mode::Resident {
         return Ok((job, None));
     }
+    // Files that never fit whole are held in part when the rest's piles fit the scratch.
+    let rest = |held: u64| -> Result<(), String> {
+        let need = (crate::modes::prefix_needs(&job.first, &job.opts, held))
+            .map_err(|e| format!("the rest's two-pass: {e}"))?
+            .1;
+        match free {
+            Some(f) if need > f => Err(format!(
+                "the rest's piles need {} of scratch, {} is free",
+                human_bytes(need as f64),
+                human_bytes(f as f64)
+            )),
+            _ => Ok(()),
+        }
+    };
     let held = match src {
-        Source::Dataset(ds) => (shared.residents).acquire(&req.dataset, ds, shared),
+        Source::Dataset(ds) => (shared.residents).acquire(&req.dataset, ds, shared, &rest),
         Source::Mixture(_) => Err("a mixture (a new view of its sources each epoch) is read \
                                    by lirs or two-pass"
             .into()),
@@ -309,6 +329,7 @@ pub(super) fn job_key(req: &OpenRequest, job: &ReadJob) -> JobKey {
         resume: o.resume.map(|c| (c.epoch, c.batch)),
         resume_start: o.resume_start,
         mode: job.mode,
+        piled: false,
     }
 }
 

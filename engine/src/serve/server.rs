@@ -584,7 +584,7 @@ fn check_memory(cfg: &ServeConfig) -> Result<()> {
         let ring = super::open::largest_batch(1, ds, u64::MAX)
             .map_or(u64::MAX, |b| b.div_ceil(4096) * 4096);
         let opts = crate::modes::ReadOptions::new(1);
-        let (pass, fits) = match super::budget::pass_needs(ds, &opts, false, cap) {
+        let (pass, fits) = match super::budget::pass_needs(ds, &opts, (false, 0), cap) {
             Ok(n) => (n, true),
             Err(least) => (least, false),
         };

@@ -331,10 +331,19 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
     let scratch = job.scratch.clone();
     let _reserved = riffle::scratch::reserve(&scratch, |others| {
         choose_mode(&mut job, model, others, a.json)?;
-        if job.mode != Mode::TwoPass {
-            return Ok(None);
+        match job.mode {
+            Mode::TwoPass => {
+                modes::twopass::check_scratch(&job.first, &job.opts, &job.scratch, others).map(Some)
+            }
+            // Partly resident with the rest through piles, when they fit beside the others.
+            Mode::Resident => Ok(modes::piled_rest_scratch(
+                &job.first,
+                &job.opts,
+                &job.scratch,
+                others,
+            )),
+            _ => Ok(None),
         }
-        modes::twopass::check_scratch(&job.first, &job.opts, &job.scratch, others).map(Some)
     })?;
     let stream = job.read_alone(&src)?;
     let done = deliver(stream, &job, ids_out.as_mut(), a.labels, a.json)?;

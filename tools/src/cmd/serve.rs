@@ -91,7 +91,9 @@ pub struct Args {
     pub max_clients: Option<usize>,
     /// lirs (random reads), two-pass (sequential, scratch piles per stream), resident
     /// (each dataset held in memory, one copy shared by every job, rank and worker reading
-    /// it, charged to --memory while held; a dataset that does not fit is read by lirs) or
+    /// it, charged to --memory while held; a dataset that never fits whole is held in part,
+    /// its rest read through two-pass piles in the scratch by each pass; one that does not
+    /// fit at all is read by lirs) or
     /// auto (the planner's choice per stream, resident among them, from the datasets'
     /// device profiles; a device with no cached profile is probed quickly at start). A
     /// held copy no stream uses is kept for the next job, and dropped (least recently

@@ -7,14 +7,16 @@
 //! the order contract's.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::super::partial::{self, Held};
 use super::super::{BatchStream, ReadOptions};
 use crate::dataset::Dataset;
 use crate::order::Units;
-use crate::resources::{PartialPlan, ResourcePlan};
+use crate::pipeline::Stop;
+use crate::resources::{Limits, PartialPlan, ResourcePlan};
 use crate::{Error, Result};
 
 /// The held part as the pile pass reads it: which units it holds whole, and their records.
@@ -58,14 +60,168 @@ impl<'a> HeldPart<'a> {
     }
 }
 
+/// A dataset's first bytes held apart from any read, shared by the partly resident reads
+/// of it (a daemon's passes of every job and epoch): empty until the first read that needs
+/// it loads it (reads that come meanwhile wait for that load), then kept, so that a later
+/// read scatters only the rest from the device. A load given up leaves it empty.
+pub struct HeldPrefix {
+    /// The size of each file of the dataset it is for.
+    sizes: Vec<u64>,
+    /// Bytes it holds once loaded: the files' first bytes, back to back in file order.
+    bytes: u64,
+    /// The sequential reads that load it: (in flight, bytes each).
+    load: (usize, usize),
+    mem: Mutex<Option<Arc<Held>>>,
+    loads: AtomicU64,
+    device_bytes: AtomicU64,
+    read_ops: AtomicU64,
+    readers: AtomicU64,
+}
+
+impl HeldPrefix {
+    /// Empty memory for the first `bytes` of `ds`'s files (at most all of them), loaded by
+    /// `load` sequential reads in flight of `(depth, bytes)`; nothing is allocated until a
+    /// read loads it.
+    pub fn new(ds: &Dataset, bytes: u64, load: (usize, usize)) -> HeldPrefix {
+        HeldPrefix {
+            sizes: ds.files().iter().map(|f| f.size).collect(),
+            bytes: bytes.min(ds.bytes()),
+            load: (load.0.max(1), load.1.max(4096)),
+            mem: Mutex::new(None),
+            loads: AtomicU64::new(0),
+            device_bytes: AtomicU64::new(0),
+            read_ops: AtomicU64::new(0),
+            readers: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes it holds once loaded.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// `empty`, `loading` or `loaded`.
+    pub fn state(&self) -> &'static str {
+        match self.mem.try_lock() {
+            Ok(m) if m.is_some() => "loaded",
+            Ok(_) => "empty",
+            Err(std::sync::TryLockError::Poisoned(_)) => "empty",
+            Err(std::sync::TryLockError::WouldBlock) => "loading",
+        }
+    }
+
+    /// Loads finished: 1 once loaded.
+    pub fn loads(&self) -> u64 {
+        self.loads.load(Ordering::Relaxed)
+    }
+
+    /// Bytes its loads read from the device, in all.
+    pub fn device_bytes(&self) -> u64 {
+        self.device_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Reads its loads issued, in all.
+    pub fn read_ops(&self) -> u64 {
+        self.read_ops.load(Ordering::Relaxed)
+    }
+
+    /// Reads using it now.
+    pub fn readers(&self) -> u64 {
+        self.readers.load(Ordering::Relaxed)
+    }
+
+    /// The loaded part, or (nobody has loaded it) this read loads it, counted in `r`;
+    /// `None` when the read stopped during its load.
+    fn obtain(
+        &self,
+        ds: &Dataset,
+        plan: &PartialPlan,
+        opts: &ReadOptions,
+        stop: &Stop,
+        r: &mut super::super::ReadReport,
+    ) -> Result<Option<Arc<Held>>> {
+        // Held while loading: a read that comes meanwhile waits for the load.
+        let mut mem = self.mem.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = &*mem {
+            return Ok(Some(m.clone()));
+        }
+        let before = (r.read_ops, r.device_bytes);
+        let plan = PartialPlan {
+            held: self.bytes,
+            load_depth: self.load.0,
+            load_slot: self.load.1,
+            ..*plan
+        };
+        let loaded = partial::load(ds, &plan, &opts.io, stop, r)?.map(Arc::new);
+        if loaded.is_some() {
+            self.loads.fetch_add(1, Ordering::Relaxed);
+            (self.read_ops).fetch_add(r.read_ops - before.0, Ordering::Relaxed);
+            (self.device_bytes).fetch_add(r.device_bytes - before.1, Ordering::Relaxed);
+        }
+        mem.clone_from(&loaded);
+        Ok(loaded)
+    }
+}
+
+/// Reads `opts.epochs` epochs of `ds` partly resident out of `prefix`, its first bytes
+/// held apart from the read (loaded by this read if nobody has), the rest through two-pass
+/// piles in `scratch`, sized within `opts.memory` (the read's own memory: the held part
+/// is not in it). The batches are two-pass's. Refused when `prefix` was made for files of
+/// other sizes, or when the rest's piles do not fit.
+pub fn read_prefix_piled(
+    ds: Arc<Dataset>,
+    opts: ReadOptions,
+    scratch: PathBuf,
+    prefix: Arc<HeldPrefix>,
+) -> Result<BatchStream> {
+    if ds.is_empty() {
+        return Err(Error::Invalid("the dataset has no records".into()));
+    }
+    if opts.baseline.is_some() {
+        return Err(Error::Invalid(
+            "resident mode reads the order contract's batches, not a baseline's".into(),
+        ));
+    }
+    let sizes: Vec<u64> = ds.files().iter().map(|f| f.size).collect();
+    if sizes != prefix.sizes {
+        return Err(Error::Invalid(format!(
+            "the part held for {} file(s) of {} bytes is not of this dataset's {} file(s) \
+             of {} bytes",
+            prefix.sizes.len(),
+            prefix.sizes.iter().sum::<u64>(),
+            sizes.len(),
+            ds.bytes()
+        )));
+    }
+    opts.check(ds.len())?;
+    let units = Units::new(&ds.layout(), opts.grouping);
+    let d = super::super::demand(&ds, &units, &opts);
+    let limits = Limits::here(Some(&scratch));
+    let (plan, resources) =
+        crate::resources::partial_piled_rest(&d, ds.bytes(), prefix.bytes(), &limits)?;
+    read_partly_piled(ds, opts, scratch, plan, resources, Some(prefix))
+}
+
+/// The (memory, scratch) bytes a read of `ds` with `opts` out of a held prefix of `held`
+/// bytes plans for ([`read_prefix_piled`]): the rest's two-pass piles. For admissions.
+pub fn prefix_needs(ds: &Dataset, opts: &ReadOptions, held: u64) -> Result<(u64, u64)> {
+    let units = Units::new(&ds.layout(), opts.grouping);
+    let d = super::super::demand(ds, &units, opts);
+    let (_, r) = crate::resources::partial_piled_rest(&d, ds.bytes(), held, &Limits::here(None))?;
+    Ok((r.memory_bytes, r.scratch_bytes))
+}
+
 /// Reads `opts.epochs` epochs of `ds` partly resident, the rest through two-pass piles in
-/// `scratch` (see the module documentation), with the sizes `plan` and its resources.
+/// `scratch` (see the module documentation), with the sizes `plan` and its resources; the
+/// held part out of `prefix` when given (loaded there if nobody has), else loaded for
+/// this read alone.
 pub(in crate::modes) fn read_partly_piled(
     ds: Arc<Dataset>,
     opts: ReadOptions,
     scratch: PathBuf,
     plan: PartialPlan,
     resources: ResourcePlan,
+    prefix: Option<Arc<HeldPrefix>>,
 ) -> Result<BatchStream> {
     let Some((prefetch, piles)) = plan.piles else {
         return Err(Error::Internal(
@@ -83,7 +239,12 @@ pub(in crate::modes) fn read_partly_piled(
     BatchStream::spawn("riffle-partial", prefetch, move |tx, stop, r| {
         r.resources = Some(resources);
         let t = Instant::now();
-        let Some(mem) = partial::load(&ds, &plan, &opts.io, stop, r)? else {
+        let _reading = prefix.as_ref().map(Reading::new);
+        let mem = match &prefix {
+            Some(p) => p.obtain(&ds, &plan, &opts, stop, r)?,
+            None => partial::load(&ds, &plan, &opts.io, stop, r)?.map(Arc::new),
+        };
+        let Some(mem) = mem else {
             return Ok(());
         };
         let (load_seconds, loaded) = (t.elapsed().as_secs_f64(), (r.read_ops, r.device_bytes));
@@ -110,4 +271,20 @@ pub(in crate::modes) fn read_partly_piled(
         }
         done
     })
+}
+
+/// Counts a read of a [`HeldPrefix`] while it lasts.
+struct Reading(Arc<HeldPrefix>);
+
+impl Reading {
+    fn new(p: &Arc<HeldPrefix>) -> Reading {
+        p.readers.fetch_add(1, Ordering::Relaxed);
+        Reading(p.clone())
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.0.readers.fetch_sub(1, Ordering::Relaxed);
+    }
 }
