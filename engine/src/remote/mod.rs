@@ -366,12 +366,12 @@ pub fn open_with(
         let store = cfg.store(&url.bucket)?;
         let objects = rt.block_on(fetch::list(&store, &url))?;
         total += objects.iter().map(|m| m.size).sum::<u64>();
-        listed.push((url, objects));
+        listed.push((url, store, objects));
     }
     if total <= limit {
         return Ok(None);
     }
-    let [(url, objects)] = &mut listed[..] else {
+    let [(url, store, objects)] = &mut listed[..] else {
         return Err(Error::Invalid(format!(
             "{}: {} of objects do not fit --cache-limit {}, and only one s3:// URL alone is \
              streamed",
@@ -396,7 +396,8 @@ pub fn open_with(
         .join(".streamed")
         .join(&url.bucket);
     let objects = std::mem::take(objects);
-    stream::open(url, cfg, &dir, objects, limit, opts).map(Some)
+    // The store that listed them reads them (one client, its connections kept).
+    stream::open(url, store.clone(), &dir, objects, limit, opts).map(Some)
 }
 
 #[cfg(test)]
