@@ -396,8 +396,10 @@ pub fn open_with(
         .join(".streamed")
         .join(&url.bucket);
     let objects = std::mem::take(objects);
-    // The store that listed them reads them (one client, its connections kept).
-    stream::open(url, store.clone(), &dir, objects, limit, opts).map(Some)
+    // The store and runtime that listed them open them: one client, its connections kept
+    // (a pooled connection is driven by the runtime that made it, so the two go together;
+    // the runtime is dropped, and its connections closed, before the read makes its own).
+    stream::open(url, (store.clone(), &rt), &dir, objects, limit, opts).map(Some)
 }
 
 #[cfg(test)]

@@ -201,10 +201,11 @@ fn over_limit(limit: u64, used: u64, more: u64, what: &str) -> Error {
 }
 
 /// Opens the dataset `url` names, streamed: each object's layout from the local cache
-/// under `dir` (fetched and indexed once per identity), the local disk capped at `limit`.
+/// under `dir` (fetched and indexed once per identity), the local disk capped at `limit`;
+/// `store` and the runtime `rt` that listed the objects ask for them.
 pub(super) fn open(
     url: &S3Url,
-    store: Arc<dyn ObjectStore>,
+    (store, rt): (Arc<dyn ObjectStore>, &tokio::runtime::Runtime),
     dir: &Path,
     objects: Vec<ObjectMeta>,
     limit: u64,
@@ -225,7 +226,6 @@ pub(super) fn open(
         peak: AtomicU64::new(0),
         home: dir.to_path_buf(),
     };
-    let rt = runtime()?;
     let mds_root = objects
         .iter()
         .map(|m| m.location.as_ref())
