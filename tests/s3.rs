@@ -1202,6 +1202,12 @@ fn a_streamed_reads_report_counts_the_gets_of_its_open_on_a_cold_and_a_warm_layo
         "{o}"
     );
     assert_eq!(warm_ids, cold_ids);
+    // The open is timed apart from the read, and the first batch counted from its start.
+    for r in [&cold, &warm] {
+        let open = r["open_seconds"].as_f64().unwrap();
+        let first = r["first_batch_since_open_seconds"].as_f64().unwrap();
+        assert!(open > 0.0 && first >= open, "{r}");
+    }
     // The read's own GETs are counted apart, as before.
     assert!(!warm["objects"].as_array().unwrap().is_empty());
 }

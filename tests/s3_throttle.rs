@@ -490,3 +490,38 @@ fn a_streamed_mds_open_gets_each_header_once_several_at_once_and_nothing_when_wa
     assert!(want.as_ref().is_some_and(|w| w.lines().count() > 100));
     assert_eq!(got, want, "streamed, the batches differ from the local directory's");
 }
+
+/// Opening a streamed dataset of small objects (their layouts not cached) indexes several
+/// at once, as many as fit the cache limit together: through a slow proxy, more than one
+/// GET is in flight at a time (one after another before).
+#[test]
+fn a_streamed_open_indexes_several_small_objects_at_once() {
+    let Some(s3) = S3Server::start() else { return };
+    let sb = Sandbox::new();
+    let dir = sb.data().join("few");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut total = 0;
+    for i in 0..8 {
+        let p = dir.join(format!("s-{i}.jsonl"));
+        gen(&sb, &p, "lines", 200, 500, &["--seed", &i.to_string()]);
+        let bytes = std::fs::read(&p).unwrap();
+        total += bytes.len() as u64;
+        s3.put(&format!("few/s-{i}.jsonl"), &bytes);
+    }
+    // 200 KB/s a connection: each object's GET takes about half a second.
+    let t = Throttle::start(s3.port(), 200 << 10, Box::new(|_, _| false));
+    let o = cmd(&sb, &s3, &t.endpoint())
+        .args(["plan", &format!("s3://{BUCKET}/few/"), "--batch-size", "16"])
+        .args(["--cache-limit", &(total / 2).to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["open"]["layouts_fetched"].as_u64(), Some(8), "{v}");
+    let most = t.live.1.load(Ordering::SeqCst);
+    // Half the dataset holds four of the eight at once.
+    assert!(
+        (2..=4).contains(&most),
+        "{most} objects fetched at once to be indexed (at least 2, at most 4)"
+    );
+}
