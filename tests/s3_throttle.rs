@@ -477,7 +477,11 @@ fn a_streamed_mds_open_gets_each_header_once_several_at_once_and_nothing_when_wa
         (Some(0), Some(0), Some(shards as u64), Some(0)),
         "{o}"
     );
-    assert_eq!(t.live.1.load(Ordering::SeqCst), 0, "a warm open got objects");
+    assert_eq!(
+        t.live.1.load(Ordering::SeqCst),
+        0,
+        "a warm open got objects"
+    );
     let (o, want) = read(&sb, sb.cmd(), dir.to_str().unwrap(), &["--mode", "lirs"]);
     assert_ok(&o);
     let (o, got) = read(
@@ -488,7 +492,10 @@ fn a_streamed_mds_open_gets_each_header_once_several_at_once_and_nothing_when_wa
     );
     assert_ok(&o);
     assert!(want.as_ref().is_some_and(|w| w.lines().count() > 100));
-    assert_eq!(got, want, "streamed, the batches differ from the local directory's");
+    assert_eq!(
+        got, want,
+        "streamed, the batches differ from the local directory's"
+    );
 }
 
 /// Opening a streamed dataset of small objects (their layouts not cached) indexes several

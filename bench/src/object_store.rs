@@ -489,7 +489,9 @@ pub fn markdown(r: &ObjectStoreReport) -> String {
                 (Some(e), _) => format!("failed: {}", e.chars().take(160).collect::<String>()),
                 (None, v) => v.map(|v| format!("{v:.0}")).unwrap_or_default(),
             },
-            x.open_seconds.map(|v| format!("{v:.2}")).unwrap_or_default(),
+            x.open_seconds
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_default(),
             x.first_batch_seconds
                 .map(|v| format!("{v:.2}"))
                 .unwrap_or_default(),

@@ -239,7 +239,9 @@ pub(super) fn open(
             // before it), as many as their copies fit the limit together and keep about
             // IN_FLIGHT ranged GETs in flight in all.
             let largest = objects.iter().map(|m| m.size).max().unwrap_or(0);
-            let widest = largest.div_ceil(fetch::CHUNK).clamp(1, fetch::IN_FLIGHT as u64);
+            let widest = largest
+                .div_ceil(fetch::CHUNK)
+                .clamp(1, fetch::IN_FLIGHT as u64);
             let at_once = (limit / largest.max(1))
                 .min(fetch::IN_FLIGHT as u64 / widest)
                 .max(1) as usize;
@@ -556,13 +558,7 @@ fn shard_samples(index: &[u8]) -> BTreeMap<String, u64> {
 }
 
 /// Bytes `a..b` of object `m`, one GET conditional on its listed ETag.
-async fn get_range(
-    h: &Objects,
-    object: &str,
-    m: &ObjectMeta,
-    a: u64,
-    b: u64,
-) -> Result<Vec<u8>> {
+async fn get_range(h: &Objects, object: &str, m: &ObjectMeta, a: u64, b: u64) -> Result<Vec<u8>> {
     if a == b {
         return Ok(Vec::new());
     }
