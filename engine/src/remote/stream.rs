@@ -2,12 +2,12 @@
 //! copy is kept. Opening it needs each object's layout (its offset index, or a fixed record
 //! size), found once per object identity (ETag and size) and cached locally: an object is
 //! fetched into the cache, indexed, and removed (so the largest object must fit the limit;
-//! several objects at once as the limit allows); an MDS dataset's shards need only
-//! their headers (one ranged GET each, many in flight, sized from `index.json`), cached by
-//! ETag and size too and written into sparse files of their sizes. Reading it is the two-pass scatter's sequential pass, through
-//! [`Objects::read_in_order`]: ranged GETs, several in flight, in object order, each
-//! conditional on the listed ETag; every byte the read writes locally is charged against
-//! the limit ([`Objects::charge`]).
+//! several objects at once as the limit allows); an MDS dataset's shards need only their
+//! headers (one ranged GET each, many in flight, sized from `index.json`), cached by ETag
+//! and size too and written into sparse files of their sizes. Reading it is the two-pass
+//! scatter's sequential pass, through [`Objects::read_in_order`]: ranged GETs, several in
+//! flight, in object order, each conditional on the listed ETag; every byte the read
+//! writes locally is charged against the limit ([`Objects::charge`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
