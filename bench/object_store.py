@@ -11,7 +11,9 @@ process, from a cold local cache).
                          --records N [--batch-size B] [--workers W] [--epochs E] [--seed S]
       Reads E epochs through a PyTorch DataLoader with the loader's own shuffle and local
       cache. Prints one JSON object as bench/peers.py does, with each epoch's seconds and
-      the local cache's peak bytes (sampled every 50 ms).
+      the local cache's peak bytes (sampled every 50 ms), the seconds its open took (its
+      dataset and DataLoader made: `open_seconds`) and from the open's start to its first
+      batch (`first_batch_since_open_seconds`); `seconds` counts from the first batch asked.
 
 Readers: mds (Mosaic StreamingDataset, remote=, py1e shuffle, cache_limit=), litdata
 (LitData StreamingDataset, shuffle=True, max_cache_size=), wds (WebDataset over `pipe:`
@@ -25,6 +27,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -150,11 +153,18 @@ def read(a):
     os.makedirs(a.cache, exist_ok=True)
     peak = DiskPeak(a.cache)
     try:
+        # The loader's open (its dataset and DataLoader made: listings, index downloads),
+        # reported apart: `seconds` counts from the first batch asked.
+        t = time.perf_counter()
         dl = loader(a)
+        opened = time.perf_counter() - t
         r = epochs(lambda e: ((b, len(b)) for b in dl), a.records, a.epochs, a.max_seconds)
     finally:
         r_peak = peak.stop()
     r["disk_peak_bytes"] = r_peak
+    r["open_seconds"] = opened
+    first = r.get("first_batch_s")
+    r["first_batch_since_open_seconds"] = None if first is None else opened + first
     return r
 
 

@@ -922,9 +922,7 @@ fn one_node_streamed_within_a_quarter_and_a_tenth_reads_in_rounds_in_the_same_or
     assert!(!o.status.success(), "a read no round fits succeeded");
     let err = text(&o.stderr);
     assert!(
-        err.contains("--cache-limit 150.0 KiB")
-            && err.contains("a round of")
-            && err.contains("slack"),
+        err.contains("--cache-limit leaves") && err.contains("a round of") && err.contains("slack"),
         "{err}"
     );
 }
@@ -1302,6 +1300,12 @@ fn a_streamed_reads_report_counts_the_gets_of_its_open_on_a_cold_and_a_warm_layo
         "{o}"
     );
     assert_eq!(warm_ids, cold_ids);
+    // The open is timed apart from the read, and the first batch counted from its start.
+    for r in [&cold, &warm] {
+        let open = r["open_seconds"].as_f64().unwrap();
+        let first = r["first_batch_since_open_seconds"].as_f64().unwrap();
+        assert!(open > 0.0 && first >= open, "{r}");
+    }
     // The read's own GETs are counted apart, as before.
     assert!(!warm["objects"].as_array().unwrap().is_empty());
 }

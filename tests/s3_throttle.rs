@@ -451,3 +451,162 @@ fn sigterm_tells_a_client_whose_stream_waits_on_a_throttling_store() {
     };
     assert_eq!(e["code"], "shutdown", "{e}");
 }
+
+/// An MDS dataset of `shards` shards in `sb`'s data directory `name`: `riffle gen`'s one
+/// shard of `records` records of `size` bytes, its samples cut into `shards` shards laid
+/// out as MDS lays them (a count, the offsets, the shard's config, the samples), and an
+/// `index.json` listing them; each file uploaded as `name/FILE`. Returns the directory and
+/// the bytes uploaded.
+fn mds_shards(
+    sb: &Sandbox,
+    s3: &S3Server,
+    name: &str,
+    (records, size): (u64, u64),
+    shards: usize,
+) -> (std::path::PathBuf, u64) {
+    let one = sb.data().join(format!("{name}-one"));
+    gen(sb, &one, "mds", records, size, &["--seed", "4"]);
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(one.join("index.json")).unwrap()).unwrap();
+    let shard = std::fs::read(one.join("shard.00000.mds")).unwrap();
+    let u32_at = |i: usize| u32::from_le_bytes(shard[i..i + 4].try_into().unwrap()) as usize;
+    let n = u32_at(0);
+    let offsets: Vec<usize> = (0..=n).map(|i| u32_at(4 + 4 * i)).collect();
+    let samples: Vec<&[u8]> = offsets.windows(2).map(|w| &shard[w[0]..w[1]]).collect();
+    let dir = sb.data().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut listed = Vec::new();
+    let mut total = 0;
+    for (k, part) in samples.chunks(n.div_ceil(shards)).enumerate() {
+        let mut entry = index["shards"][0].clone();
+        entry["samples"] = part.len().into();
+        let config = serde_json::to_vec(&entry).unwrap();
+        let mut at = 4 + 4 * (part.len() + 1) + config.len();
+        let mut file = (part.len() as u32).to_le_bytes().to_vec();
+        for s in part.iter().chain([&&[][..]]) {
+            file.extend_from_slice(&(at as u32).to_le_bytes());
+            at += s.len();
+        }
+        file.extend_from_slice(&config);
+        part.iter().for_each(|s| file.extend_from_slice(s));
+        let basename = format!("shard.{k:05}.mds");
+        entry["raw_data"] = serde_json::json!({"basename": basename, "bytes": file.len()});
+        listed.push(entry);
+        std::fs::write(dir.join(&basename), &file).unwrap();
+    }
+    let index = serde_json::json!({"shards": listed, "version": 2});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let bytes = std::fs::read(&p).unwrap();
+        total += bytes.len() as u64;
+        let file = p.file_name().unwrap().to_str().unwrap();
+        s3.put(&format!("{name}/{file}"), &bytes);
+    }
+    (dir, total)
+}
+
+/// Opening a streamed MDS dataset gets each shard's header once (one ranged GET, sized
+/// from `index.json`), several at once; an open on a warm cache gets nothing (the index
+/// and the headers come from the cache while their ETags and sizes hold), and the read
+/// gives the local directory's batches.
+#[test]
+fn a_streamed_mds_open_gets_each_header_once_several_at_once_and_nothing_when_warm() {
+    let Some(s3) = S3Server::start() else { return };
+    let sb = Sandbox::new();
+    let shards = 12;
+    let (dir, total) = mds_shards(&sb, &s3, "m", (4000, 500), shards);
+    let spec = format!("s3://{BUCKET}/m/");
+    let limit = (total / 2).to_string();
+    let plan = |t: &Throttle| -> serde_json::Value {
+        let o = cmd(&sb, &s3, &t.endpoint())
+            .args(["plan", &spec, "--batch-size", "16", "--json"])
+            .args(["--cache-limit", &limit])
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    // 200 KB/s a connection.
+    let t = Throttle::start(s3.port(), 200 << 10, Box::new(|_, _| false));
+    let cold = plan(&t);
+    let o = &cold["open"];
+    // Before: two GETs a shard (its count, then its offsets), one shard after another.
+    assert_eq!(
+        (o["gets"].as_u64(), o["layouts_fetched"].as_u64()),
+        (Some(1 + shards as u64), Some(shards as u64)),
+        "{o}"
+    );
+    let most = t.live.1.load(Ordering::SeqCst);
+    assert!(
+        (2..=32).contains(&most),
+        "{most} header GETs at once (at least 2, at most 32)"
+    );
+    // The same endpoint (the cache is kept per endpoint host and port), counted afresh.
+    t.live.1.store(0, Ordering::SeqCst);
+    let o = &plan(&t)["open"];
+    assert_eq!(
+        (
+            o["gets"].as_u64(),
+            o["bytes"].as_u64(),
+            o["layouts_cached"].as_u64(),
+            o["layouts_fetched"].as_u64()
+        ),
+        (Some(0), Some(0), Some(shards as u64), Some(0)),
+        "{o}"
+    );
+    assert_eq!(
+        t.live.1.load(Ordering::SeqCst),
+        0,
+        "a warm open got objects"
+    );
+    let (o, want) = read(&sb, sb.cmd(), dir.to_str().unwrap(), &["--mode", "lirs"]);
+    assert_ok(&o);
+    let (o, got) = read(
+        &sb,
+        cmd(&sb, &s3, &t.endpoint()),
+        &spec,
+        &["--cache-limit", &limit],
+    );
+    assert_ok(&o);
+    assert!(want.as_ref().is_some_and(|w| w.lines().count() > 100));
+    assert_eq!(
+        got, want,
+        "streamed, the batches differ from the local directory's"
+    );
+}
+
+/// Opening a streamed dataset of small objects (their layouts not cached) indexes several
+/// at once, as many as fit the cache limit together: through a slow proxy, more than one
+/// GET is in flight at a time (one after another before).
+#[test]
+fn a_streamed_open_indexes_several_small_objects_at_once() {
+    let Some(s3) = S3Server::start() else { return };
+    let sb = Sandbox::new();
+    let dir = sb.data().join("few");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut total = 0;
+    for i in 0..8 {
+        let p = dir.join(format!("s-{i}.jsonl"));
+        gen(&sb, &p, "lines", 200, 500, &["--seed", &i.to_string()]);
+        let bytes = std::fs::read(&p).unwrap();
+        total += bytes.len() as u64;
+        s3.put(&format!("few/s-{i}.jsonl"), &bytes);
+    }
+    // 200 KB/s a connection: each object's GET takes about half a second.
+    let t = Throttle::start(s3.port(), 200 << 10, Box::new(|_, _| false));
+    let o = cmd(&sb, &s3, &t.endpoint())
+        .args(["plan", &format!("s3://{BUCKET}/few/"), "--batch-size", "16"])
+        .args(["--cache-limit", &(total / 2).to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["open"]["layouts_fetched"].as_u64(), Some(8), "{v}");
+    let most = t.live.1.load(Ordering::SeqCst);
+    // Half the dataset holds four of the eight at once.
+    assert!(
+        (2..=4).contains(&most),
+        "{most} objects fetched at once to be indexed (at least 2, at most 4)"
+    );
+}

@@ -8,7 +8,9 @@
 //! carries; each reader's cache starts empty and the page cache cold.
 //!
 //! Rows report samples/s over both epochs (riffle: its whole process, listing and staging
-//! included; a peer: from its first batch asked) and each epoch's seconds, labels per batch and
+//! included; a peer: from its first batch asked, its open left out), each reader's open
+//! seconds and seconds to its first batch (both counted from its open's start), each
+//! epoch's seconds, labels per batch and
 //! position correlation (the shuffle's quality: 10 labels and 0 for a full shuffle), GETs
 //! and bytes fetched, and the local disk's peak.
 
@@ -66,6 +68,11 @@ pub struct OsRun {
     pub seconds: f64,
     /// Seconds of each epoch.
     pub epoch_seconds: Vec<f64>,
+    /// Seconds the reader's open took (riffle: listing and layouts, `open_seconds` of
+    /// `riffle read --json`; a peer: its dataset and DataLoader made).
+    pub open_seconds: Option<f64>,
+    /// Seconds from the open's start to the first batch.
+    pub first_batch_seconds: Option<f64>,
     /// Samples per second over the epochs.
     pub samples_per_s: Option<f64>,
     /// Distinct labels per batch (10: shuffled).
@@ -363,6 +370,8 @@ pub fn run(
                     records: 0,
                     seconds: wall,
                     epoch_seconds: Vec::new(),
+                    open_seconds: None,
+                    first_batch_seconds: None,
                     samples_per_s: None,
                     labels_per_batch: None,
                     position_corr: None,
@@ -387,6 +396,8 @@ pub fn run(
                             .filter_map(|x| x.as_f64())
                             .collect();
                         r.samples_per_s = Some(r.records as f64 / r.seconds.max(1e-9));
+                        r.open_seconds = v["open_seconds"].as_f64();
+                        r.first_batch_seconds = v["first_batch_since_open_seconds"].as_f64();
                         if let Some(p) = v["disk_peak_bytes"].as_u64() {
                             r.disk_peak_bytes = Some(p.max(peak));
                         }
@@ -459,10 +470,17 @@ pub fn markdown(r: &ObjectStoreReport) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    s.push_str("| link | cache | reader | samples/s | epoch s | labels/batch | position corr | every record once | GETs | fetched | disk peak |\n|---|---:|---|---:|---|---:|---:|---|---:|---:|---:|\n");
+    s.push_str(
+        "samples/s: records over seconds, riffle's seconds its whole process (its open \
+         included), a peer's from its first batch asked (its open, the dataset and DataLoader \
+         made, left out). open s: each reader's open (riffle: the listing and the layouts; a \
+         peer: its dataset and DataLoader made). first batch s: from the open's start to the \
+         first batch.\n\n",
+    );
+    s.push_str("| link | cache | reader | samples/s | open s | first batch s | epoch s | labels/batch | position corr | every record once | GETs | fetched | disk peak |\n|---|---:|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|\n");
     for x in &r.runs {
         s.push_str(&format!(
-            "| {} | {:.0}% ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {:.0}% ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             x.link,
             x.limit_share * 100.0,
             human(x.limit_bytes),
@@ -471,6 +489,12 @@ pub fn markdown(r: &ObjectStoreReport) -> String {
                 (Some(e), _) => format!("failed: {}", e.chars().take(160).collect::<String>()),
                 (None, v) => v.map(|v| format!("{v:.0}")).unwrap_or_default(),
             },
+            x.open_seconds
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_default(),
+            x.first_batch_seconds
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_default(),
             x.epoch_seconds
                 .iter()
                 .map(|e| format!("{e:.1}"))

@@ -51,6 +51,9 @@ pub(crate) fn index_of(path: &Path) -> Option<PathBuf> {
     (path.is_dir() && p.is_file()).then_some(p)
 }
 
+/// The largest `index.json` read.
+pub(crate) const INDEX_MAX: u64 = 256 << 20;
+
 /// The MDS dataset whose `index.json` is `index`: its shards and columns.
 pub(crate) fn open(index: &Path) -> Result<(Vec<Shard>, Vec<MdsColumn>)> {
     let bad = |what: String| Error::BadInput {
@@ -59,11 +62,11 @@ pub(crate) fn open(index: &Path) -> Result<(Vec<Shard>, Vec<MdsColumn>)> {
         what,
     };
     let meta = std::fs::metadata(index).map_err(|e| Error::io(index, "stat", None, e))?;
-    if meta.len() > 256 << 20 {
+    if meta.len() > INDEX_MAX {
         return Err(bad(format!("{} bytes: too large for an index", meta.len())));
     }
     // Through the door: not waited on if a FIFO, refused unless a regular file.
-    let text = crate::door::read_meta(index, 256 << 20, crate::door::Follow::Yes)?
+    let text = crate::door::read_meta(index, INDEX_MAX, crate::door::Follow::Yes)?
         .ok_or_else(|| Error::io(index, "read", None, std::io::ErrorKind::NotFound.into()))?;
     let json: Value = serde_json::from_slice(&text).map_err(|e| Error::BadInput {
         path: index.into(),

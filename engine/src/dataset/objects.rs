@@ -38,9 +38,10 @@ pub struct OpenCount {
     pub gets: u64,
     /// Their bytes.
     pub bytes: u64,
-    /// Objects whose layout came from the local layout cache (no GET).
+    /// Objects whose layout came from the local layout cache (no GET; an MDS shard's header
+    /// from the header cache).
     pub layouts_cached: u64,
-    /// Objects whose layout was found by fetching (an MDS shard's header is never cached).
+    /// Objects whose layout was found by fetching (an MDS shard's header: one ranged GET).
     pub layouts_fetched: u64,
 }
 

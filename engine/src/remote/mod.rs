@@ -372,12 +372,12 @@ pub fn open_with(
         let store = cfg.store(&url.bucket)?;
         let objects = rt.block_on(fetch::list(&store, &url))?;
         total += objects.iter().map(|m| m.size).sum::<u64>();
-        listed.push((url, objects));
+        listed.push((url, store, objects));
     }
     if total <= limit {
         return Ok(None);
     }
-    let [(url, objects)] = &mut listed[..] else {
+    let [(url, store, objects)] = &mut listed[..] else {
         return Err(Error::Invalid(format!(
             "{}: {} of objects do not fit --cache-limit {}, and only one s3:// URL alone is \
              streamed",
@@ -402,7 +402,10 @@ pub fn open_with(
         .join(".streamed")
         .join(&url.bucket);
     let objects = std::mem::take(objects);
-    stream::open(url, cfg, &dir, objects, limit, opts).map(Some)
+    // The store and runtime that listed them open them: one client, its connections kept
+    // (a pooled connection is driven by the runtime that made it, so the two go together;
+    // the runtime is dropped, and its connections closed, before the read makes its own).
+    stream::open(url, (store.clone(), &rt), &dir, objects, limit, opts).map(Some)
 }
 
 #[cfg(test)]

@@ -1,12 +1,13 @@
 //! The *streamed* read of an `s3://` dataset that does not fit `--cache-limit`: no local
 //! copy is kept. Opening it needs each object's layout (its offset index, or a fixed record
 //! size), found once per object identity (ETag and size) and cached locally: an object is
-//! fetched into the cache alone, indexed, and removed (so the largest object must fit the
-//! limit); an MDS dataset's shards need only their headers, written into sparse files of
-//! their sizes. Reading it is the two-pass scatter's sequential pass, through
-//! [`Objects::read_in_order`]: ranged GETs, several in flight, in object order, each
-//! conditional on the listed ETag; every byte the read writes locally is charged against
-//! the limit ([`Objects::charge`]).
+//! fetched into the cache, indexed, and removed (so the largest object must fit the limit;
+//! several objects at once as the limit allows); an MDS dataset's shards need only their
+//! headers (one ranged GET each, many in flight, sized from `index.json`), cached by ETag
+//! and size too and written into sparse files of their sizes. Reading it is the two-pass
+//! scatter's sequential pass, through [`Objects::read_in_order`]: ranged GETs, several in
+//! flight, in object order, each conditional on the listed ETag; every byte the read
+//! writes locally is charged against the limit ([`Objects::charge`]).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -15,11 +16,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures::stream::{self, StreamExt};
+use futures::stream::{self, StreamExt, TryStreamExt};
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use super::fetch;
-use super::{runtime, S3Config, S3Url};
+use super::{runtime, S3Url};
 use crate::dataset::{
     Dataset, DatasetFile, ObjectCount, OffsetIndex, OpenCount, OpenOptions, RemoteBytes,
     RemoteLayout,
@@ -235,18 +236,18 @@ fn over_limit(limit: u64, used: u64, more: u64, what: &str) -> Error {
 }
 
 /// Opens the dataset `url` names, streamed: each object's layout from the local cache
-/// under `dir` (fetched and indexed once per identity), the local disk capped at `limit`.
+/// under `dir` (fetched and indexed once per identity), the local disk capped at `limit`;
+/// `store` and the runtime `rt` that listed the objects ask for them.
 pub(super) fn open(
     url: &S3Url,
-    cfg: &S3Config,
+    (store, rt): (Arc<dyn ObjectStore>, &tokio::runtime::Runtime),
     dir: &Path,
     objects: Vec<ObjectMeta>,
     limit: u64,
     opts: &OpenOptions,
 ) -> Result<Dataset> {
-    let store = cfg.store(&url.bucket)?;
     let handle = Objects {
-        store: store.clone(),
+        store,
         bucket: url.bucket.clone(),
         metas: Vec::new(),
         counts: Mutex::default(),
@@ -261,7 +262,6 @@ pub(super) fn open(
         kept: AtomicU64::new(0),
         home: dir.to_path_buf(),
     };
-    let rt = runtime()?;
     let mds_root = objects
         .iter()
         .map(|m| m.location.as_ref())
@@ -271,15 +271,30 @@ pub(super) fn open(
     let (format, files, columns, metas) = match mds_root {
         Some(root) => rt.block_on(mds(&handle, url, dir, &objects, &root, opts))?,
         None => {
+            // Several objects indexed at once (a GET each would otherwise wait on the one
+            // before it), as many as their copies fit the limit together and keep about
+            // IN_FLIGHT ranged GETs in flight in all.
+            let largest = objects.iter().map(|m| m.size).max().unwrap_or(0);
+            let widest = largest
+                .div_ceil(fetch::CHUNK)
+                .clamp(1, fetch::IN_FLIGHT as u64);
+            let at_once = (limit / largest.max(1))
+                .min(fetch::IN_FLIGHT as u64 / widest)
+                .max(1) as usize;
+            let found: Vec<(Format, RemoteLayout, Option<PathBuf>)> = rt.block_on(
+                stream::iter(objects.iter().enumerate())
+                    .map(|(i, m)| layout_of(&handle, url, dir, m, opts, i))
+                    .buffered(at_once)
+                    .try_collect(),
+            )?;
             let mut files = Vec::with_capacity(objects.len());
             let mut format: Option<Format> = None;
             // Layouts found by fetching an object are written once every object is
-            // indexed: each fetched copy then has the limit to itself.
-            let mut found = Vec::new();
-            for m in &objects {
-                let (f, layout, fetched) = rt.block_on(layout_of(&handle, url, dir, m, opts))?;
-                if let Some(path) = fetched {
-                    found.push((path, m, f.clone(), layout.clone()));
+            // indexed: the copies fetched then have the limit to themselves.
+            let mut fetched = Vec::new();
+            for (m, (f, layout, path)) in objects.iter().zip(found) {
+                if let Some(path) = path {
+                    fetched.push((path, m, f.clone(), layout.clone()));
                 }
                 match &format {
                     Some(had) if !had.same_kind(&f) => {
@@ -295,7 +310,7 @@ pub(super) fn open(
                 let u = PathBuf::from(fetch::url_of(&url.bucket, m.location.as_ref()));
                 files.push(DatasetFile::remote(u, m.size, layout));
             }
-            for (path, m, f, layout) in found {
+            for (path, m, f, layout) in fetched {
                 let object = fetch::url_of(&url.bucket, m.location.as_ref());
                 store_layout(&path, m, &f, &layout, |disk| {
                     handle.keep(disk, &format!("the layout of {object}"))
@@ -405,15 +420,17 @@ fn store_layout(
     crate::scratch::write_atomic(path, &out)
 }
 
-/// The format and layout of object `meta`: cached, or found by fetching it alone into
-/// the cache (charged against the limit), opening it, and removing it; then also where the
-/// layout cache keeps it (for the caller to store).
+/// The format and layout of object `meta` (the `nth` listed): cached, or found by
+/// fetching it into a scratch directory of its own in the cache (charged against the
+/// limit), opening it, and removing it; then also where the layout cache keeps it (for
+/// the caller to store).
 async fn layout_of(
     h: &Objects,
     url: &S3Url,
     dir: &Path,
     meta: &ObjectMeta,
     opts: &OpenOptions,
+    nth: usize,
 ) -> Result<(Format, RemoteLayout, Option<PathBuf>)> {
     let key = meta.location.as_ref();
     let object = fetch::url_of(&url.bucket, key);
@@ -430,8 +447,9 @@ async fn layout_of(
             return Ok((f.clone(), l, None));
         }
     }
-    // Per process: two indexing the same object at once do not remove each other's copy.
-    let scratch = dir.join(format!(".indexing-{}", std::process::id()));
+    // Per process and object: two indexing the same object at once, or this process
+    // indexing several, do not remove each other's copy.
+    let scratch = dir.join(format!(".indexing-{}-{nth}", std::process::id()));
     let dest = scratch.join(fetch::local_rel(&object, key)?);
     h.charge(
         meta.size,
@@ -474,9 +492,15 @@ async fn layout_of(
     Ok((ds.format().clone(), layout, Some(cache)))
 }
 
-/// An MDS dataset whose `index.json` is `ROOT/index.json`: the index fetched whole, each
-/// shard's header into a sparse file of its size (a skeleton the MDS reader opens), then
-/// the shards as `s3://` files in the index's order.
+/// Shard headers of an MDS dataset fetched at once while it opens.
+const HEADS_IN_FLIGHT: usize = 32;
+
+/// An MDS dataset whose `index.json` is `ROOT/index.json`: the index (from the local cache
+/// while its ETag and size hold, else one GET), each listed shard's header (its sample
+/// count and offset table, sized from the index: from the cache, else one ranged GET,
+/// [`HEADS_IN_FLIGHT`] at once) into a sparse file of the shard's size (a skeleton the MDS
+/// reader opens and checks as a local directory), then the shards as `s3://` files in the
+/// index's order.
 async fn mds(
     h: &Objects,
     url: &S3Url,
@@ -492,43 +516,26 @@ async fn mds(
 )> {
     // Per process: two opening the same dataset at once do not share it.
     let skeleton = dir.join(format!(".mds-skeleton-{}", std::process::id()));
-    let mut by_path = BTreeMap::new();
-    let mut charged = 0;
-    for m in objects
-        .iter()
-        .filter(|m| m.location.as_ref().starts_with(root))
-    {
-        let key = m.location.as_ref();
-        let object = fetch::url_of(&url.bucket, key);
-        let dest = skeleton.join(fetch::local_rel(&object, key)?);
-        if key.ends_with("index.json") {
-            h.charge(m.size, &object)?;
-            charged += m.size;
-            fetch::fetch(&h.store, &object, m, &dest).await?;
-            h.count_open(|c| {
-                c.gets += m.size.div_ceil(fetch::CHUNK);
-                c.bytes += m.size;
-            });
-        } else {
-            charged += shard_head(h, &object, m, &dest).await?;
-        }
-        by_path.insert(dest, m.clone());
-    }
-    let o = OpenOptions {
-        format: Some(Format::Mds),
-        cache_limit: None,
-        ..opts.clone()
-    };
-    let index_dir =
-        skeleton.join(fetch::local_rel(&url.text, root.trim_end_matches('/')).unwrap_or_default());
-    let ds = Dataset::open(&[&index_dir], &o, &mut |_, _, _| {});
+    let built = skeleton_of(h, url, dir, &skeleton, objects, root).await;
+    let ds = built.and_then(|(by_path, charged)| {
+        let o = OpenOptions {
+            format: Some(Format::Mds),
+            cache_limit: None,
+            ..opts.clone()
+        };
+        let index_dir = skeleton
+            .join(fetch::local_rel(&url.text, root.trim_end_matches('/')).unwrap_or_default());
+        let ds = Dataset::open(&[&index_dir], &o, &mut |_, _, _| {});
+        h.release(charged);
+        Ok((ds?, by_path))
+    });
+    // The skeleton goes whatever happened.
     let _ = std::fs::remove_dir_all(&skeleton);
-    h.release(charged);
-    let ds = ds?;
+    let (ds, by_path) = ds?;
     let mut files = Vec::new();
     let mut metas = Vec::new();
     for f in ds.files() {
-        let m = by_path.get(&f.path).ok_or_else(|| {
+        let m: &ObjectMeta = by_path.get(&f.path).ok_or_else(|| {
             Error::Internal(format!("{}: an MDS shard not listed", f.path.display()))
         })?;
         let u = PathBuf::from(fetch::url_of(&url.bucket, m.location.as_ref()));
@@ -538,38 +545,179 @@ async fn mds(
     Ok((Format::Mds, files, ds.columns().to_vec(), metas))
 }
 
-/// Writes the header of MDS shard `m` (its sample count and offset table) into a sparse
-/// file `dest` of the shard's size; returns the bytes charged for it.
-async fn shard_head(h: &Objects, object: &str, m: &ObjectMeta, dest: &Path) -> Result<u64> {
-    let get = |a: u64, b: u64| {
-        let opts = GetOptions {
-            range: Some(GetRange::Bounded(a..b)),
-            if_match: m.e_tag.clone(),
-            ..Default::default()
-        };
-        let err = move |e| fetch::store_error(object, "ranged GET", Some((a, b)), e);
-        async move {
-            let got = h.store.get_opts(&m.location, opts).await.map_err(err)?;
-            got.bytes().await.map_err(err)
+/// Writes the skeleton of the MDS dataset at `root` under `skeleton`: its `index.json`
+/// and a sparse file holding the header of each shard it lists that the listing has.
+/// Returns the shards' metadata by skeleton path, and the bytes charged for it.
+async fn skeleton_of(
+    h: &Objects,
+    url: &S3Url,
+    dir: &Path,
+    skeleton: &Path,
+    objects: &[ObjectMeta],
+    root: &str,
+) -> Result<(BTreeMap<PathBuf, ObjectMeta>, u64)> {
+    let index_key = format!("{root}index.json");
+    let index = objects
+        .iter()
+        .find(|m| m.location.as_ref() == index_key)
+        .ok_or_else(|| Error::Internal(format!("{index_key}: an MDS index not listed")))?;
+    let object = fetch::url_of(&url.bucket, &index_key);
+    let dest = skeleton.join(fetch::local_rel(&object, &index_key)?);
+    h.charge(index.size, &object)?;
+    let mut charged = index.size;
+    let text = if index.size > crate::dataset::mds::INDEX_MAX {
+        // Refused by the MDS reader, which names the size: nothing fetched.
+        Vec::new()
+    } else {
+        let cache = head_path(dir, &object, &index_key)?;
+        // The cached copy is local disk while the dataset is open, as layouts are.
+        match cached_head(&cache, index, index.size) {
+            Some((t, disk)) => {
+                h.keep(disk, &format!("the cached {object}"))?;
+                t
+            }
+            None => {
+                let t = get_range(h, &object, index, 0, index.size).await?;
+                h.count_open(|c| {
+                    c.gets += 1;
+                    c.bytes += index.size;
+                });
+                let disk = store_head(&cache, index, &t)?;
+                h.keep(disk, &format!("the cached {object}"))?;
+                t
+            }
         }
     };
-    let first = get(0, m.size.min(4)).await?;
-    let n = first.get(..4).map_or(0, |b| {
-        u32::from_le_bytes(b.try_into().expect("4 bytes")) as u64
-    });
-    let end = m.size.min(4 + 4 * (n + 1));
-    let head = get(0, end).await?;
-    h.count_open(|c| {
-        c.gets += 2;
-        c.bytes += (first.len() + head.len()) as u64;
-        c.layouts_fetched += 1;
-    });
-    h.charge(end, &format!("the header of {object}"))?;
+    write_sparse(&dest, index.size, &text)?;
+    let samples = shard_samples(&text);
+    let listed: Vec<(&ObjectMeta, u64)> = objects
+        .iter()
+        .filter_map(|m| {
+            let name = m.location.as_ref().strip_prefix(root)?;
+            samples.get(name).map(|&n| (m, n))
+        })
+        .collect();
+    let mut heads = stream::iter(listed)
+        .map(|(m, n)| async move {
+            let key = m.location.as_ref();
+            let object = fetch::url_of(&url.bucket, key);
+            let dest = skeleton.join(fetch::local_rel(&object, key)?);
+            let charged = shard_head(h, dir, &object, m, n, &dest).await?;
+            Ok::<_, Error>((dest, m.clone(), charged))
+        })
+        .buffer_unordered(HEADS_IN_FLIGHT);
+    let mut by_path = BTreeMap::new();
+    while let Some(got) = heads.next().await {
+        let (dest, m, c) = got?;
+        charged += c;
+        by_path.insert(dest, m);
+    }
+    Ok((by_path, charged))
+}
+
+/// The sample count `index.json` gives each shard, by file name; what it does not give
+/// well is left for the MDS reader to refuse, naming it.
+fn shard_samples(index: &[u8]) -> BTreeMap<String, u64> {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(index) else {
+        return BTreeMap::new();
+    };
+    let shards = v.get("shards").and_then(|s| s.as_array());
+    shards
+        .into_iter()
+        .flatten()
+        .filter_map(|s| {
+            let name = s.get("raw_data")?.get("basename")?.as_str()?;
+            let n = s.get("samples")?.as_u64()?;
+            Some((name.to_string(), n))
+        })
+        .collect()
+}
+
+/// Bytes `a..b` of object `m`, one GET conditional on its listed ETag.
+async fn get_range(h: &Objects, object: &str, m: &ObjectMeta, a: u64, b: u64) -> Result<Vec<u8>> {
+    if a == b {
+        return Ok(Vec::new());
+    }
+    let opts = GetOptions {
+        range: Some(GetRange::Bounded(a..b)),
+        if_match: m.e_tag.clone(),
+        ..Default::default()
+    };
+    let err = |e| fetch::store_error(object, "ranged GET", Some((a, b)), e);
+    let got = h.store.get_opts(&m.location, opts).await.map_err(err)?;
+    if m.e_tag.is_some() && got.meta.e_tag != m.e_tag {
+        return Err(err(object_store::Error::Precondition {
+            path: object.to_string(),
+            source: "ETag differs".into(),
+        }));
+    }
+    let bytes = got.bytes().await.map_err(err)?;
+    if bytes.len() as u64 != b - a {
+        return Err(Error::BadInput {
+            path: PathBuf::from(object),
+            offset: Some(a),
+            what: format!(
+                "a ranged GET of bytes {a}..{b} returned {} bytes",
+                bytes.len()
+            ),
+        });
+    }
+    Ok(bytes.to_vec())
+}
+
+/// Writes the header of MDS shard `m`, which `index.json` says holds `samples` samples
+/// (its count and `samples + 1` offsets), into a sparse file `dest` of the shard's size:
+/// from the header cache while the shard's ETag and size hold, else one ranged GET
+/// (nothing when the shard is too small for it: the MDS reader refuses it). Returns the
+/// bytes charged for it.
+async fn shard_head(
+    h: &Objects,
+    dir: &Path,
+    object: &str,
+    m: &ObjectMeta,
+    samples: u64,
+    dest: &Path,
+) -> Result<u64> {
+    let want = samples
+        .checked_add(1)
+        .and_then(|n| n.checked_mul(4))
+        .and_then(|n| n.checked_add(4))
+        .filter(|&n| n <= m.size)
+        .unwrap_or(0);
+    let cache = head_path(dir, object, m.location.as_ref())?;
+    // The cached header is local disk while the dataset is open, as layouts are.
+    let head = match cached_head(&cache, m, want) {
+        Some((head, disk)) => {
+            h.count_open(|c| c.layouts_cached += 1);
+            h.keep(disk, &format!("the cached header of {object}"))?;
+            head
+        }
+        None => {
+            let head = get_range(h, object, m, 0, want).await?;
+            h.count_open(|c| {
+                c.gets += u64::from(want > 0);
+                c.bytes += want;
+                c.layouts_fetched += 1;
+            });
+            if want > 0 {
+                let disk = store_head(&cache, m, &head)?;
+                h.keep(disk, &format!("the cached header of {object}"))?;
+            }
+            head
+        }
+    };
+    h.charge(want, &format!("the header of {object}"))?;
+    write_sparse(dest, m.size, &head)?;
+    Ok(want)
+}
+
+/// Makes `dest` afresh through the door, a sparse file of `size` bytes beginning with
+/// `head`: whatever was at the name (a stale header, a link planted there) goes, and a new
+/// file is made without following a link.
+fn write_sparse(dest: &Path, size: u64, head: &[u8]) -> Result<()> {
     let parent = crate::scratch::parent_dir(dest);
     std::fs::create_dir_all(parent)
         .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
-    // Made afresh through the door: whatever was at the name (a stale header, a link
-    // planted there) goes, and a new file is made without following a link.
     match std::fs::remove_file(dest) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             return Err(Error::io(dest, "remove the stale header", None, e))
@@ -577,8 +725,59 @@ async fn shard_head(h: &Objects, object: &str, m: &ObjectMeta, dest: &Path) -> R
         _ => {}
     }
     let f = crate::door::create_new(dest).map_err(|e| Error::io(dest, "create", None, e))?;
-    f.set_len(m.size)
-        .and_then(|()| f.write_all_at(&head, 0))
-        .map_err(|e| Error::io(dest, "write", Some(0), e))?;
-    Ok(end)
+    f.set_len(size)
+        .and_then(|()| f.write_all_at(head, 0))
+        .map_err(|e| Error::io(dest, "write", Some(0), e))
+}
+
+/// The header cache's file for `key` (an MDS shard's header, or its `index.json` whole):
+/// `KEY.riffle-head` under `dir`.
+fn head_path(dir: &Path, url: &str, key: &str) -> Result<PathBuf> {
+    let rel = fetch::local_rel(url, key)?;
+    let mut p = dir.join(rel).into_os_string();
+    p.push(".riffle-head");
+    Ok(PathBuf::from(p))
+}
+
+/// The head of a cached header (a JSON line, then the header's bytes).
+#[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+struct HeadHead {
+    etag: Option<String>,
+    size: u64,
+    len: u64,
+}
+
+/// The first `len` bytes of object `meta`, if the header cache holds them for its
+/// identity (its ETag and size), and the local disk its file takes.
+fn cached_head(path: &Path, meta: &ObjectMeta, len: u64) -> Option<(Vec<u8>, u64)> {
+    let bytes = std::fs::read(path).ok()?;
+    let disk = on_disk(bytes.len() as u64);
+    let nl = bytes.iter().position(|&b| b == b'\n')?;
+    let head: HeadHead = serde_json::from_slice(&bytes[..nl]).ok()?;
+    let body = &bytes[nl + 1..];
+    let fresh = meta.e_tag.is_some()
+        && head.etag == meta.e_tag
+        && head.size == meta.size
+        && head.len == len
+        && body.len() as u64 == len;
+    fresh.then(|| (body.to_vec(), disk))
+}
+
+/// Writes the first bytes of object `meta` to the header cache's `path`; returns the local
+/// disk its file takes.
+fn store_head(path: &Path, meta: &ObjectMeta, bytes: &[u8]) -> Result<u64> {
+    let head = HeadHead {
+        etag: meta.e_tag.clone(),
+        size: meta.size,
+        len: bytes.len() as u64,
+    };
+    let mut out = serde_json::to_vec(&head)
+        .map_err(|e| Error::Internal(format!("cannot encode a header's identity: {e}")))?;
+    out.push(b'\n');
+    out.extend_from_slice(bytes);
+    let parent = crate::scratch::parent_dir(path);
+    std::fs::create_dir_all(parent)
+        .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
+    crate::scratch::write_atomic(path, &out)?;
+    Ok(on_disk(out.len() as u64))
 }

@@ -292,9 +292,13 @@ fn cannot_write(e: &anyhow::Error) -> bool {
 pub fn run(a: Args, throttled: bool) -> Result<()> {
     let req = a.request(throttled)?;
     let opts = a.data.options(false, false, a.job.memory)?;
+    // The open (an s3:// dataset's listing and layouts, or its staging) is timed apart from
+    // the read: `open_seconds` and `first_batch_since_open_seconds` in the JSON report.
+    let began = std::time::Instant::now();
     // A mixture (`mix:NAME=PATH*WEIGHT,...`) opens as its sources side by side; a read of
     // it reads each epoch's draws, and the first epoch's view is what the run is sized by.
     let src = a.data.spec()?.open(&opts, &mut |_, _, _| {})?;
+    let open_seconds = began.elapsed().as_secs_f64();
     let mut job = req.prepare(&src)?;
     let emulated = riffle::device::identify(job.device_path())
         .ok()
@@ -346,7 +350,8 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         }
     })?;
     let stream = job.read_alone(&src)?;
-    let done = deliver(stream, &job, ids_out.as_mut(), a.labels, a.json)?;
+    let mut done = deliver(stream, &job, ids_out.as_mut(), a.labels, a.json, began)?;
+    done.open_seconds = open_seconds;
     if let Some(out) = ids_out {
         out.finish()?;
     }
@@ -398,6 +403,10 @@ struct Done {
     handoff: Histogram<u64>,
     /// Where a later run resumes.
     next: Cursor,
+    /// Seconds the dataset's open took.
+    open_seconds: f64,
+    /// Seconds from the open's start to the first batch delivered, if one was.
+    first_batch_since_open: Option<f64>,
 }
 
 /// Takes every batch of `stream`, writing its ids (with labels, if asked) to `ids_out`.
@@ -407,9 +416,11 @@ fn deliver(
     mut ids_out: Option<&mut impl Write>,
     labels: bool,
     json: bool,
+    began: std::time::Instant,
 ) -> Result<Done> {
     let bar = progress::steps(0, json);
     let mut line = String::new();
+    let mut first_batch = None;
     // Hand-off latency: from the engine completing a batch (or this loop asking, if later:
     // a batch that waited for the consumer waited for it, not for the engine) to the loop
     // holding it. The daemon's clients measure the same from the batch's ready_ns.
@@ -427,6 +438,7 @@ fn deliver(
         };
         let b = batch?;
         let got = modes::monotonic_ns();
+        first_batch.get_or_insert_with(|| began.elapsed().as_secs_f64());
         handoff.saturating_record((got.saturating_sub(b.ready_ns.max(asked)) / 1000).max(1));
         next = b.next_cursor();
         if let Some(out) = ids_out.as_mut() {
@@ -451,6 +463,8 @@ fn deliver(
         report: stream.report(),
         handoff,
         next,
+        open_seconds: 0.0,
+        first_batch_since_open: first_batch,
     })
 }
 
@@ -503,6 +517,9 @@ fn json_report(
     v["seed"] = a.seed.into();
     v["epochs"] = a.job.epochs.into();
     v["emulated"] = serde_json::to_value(emulated)?;
+    // Outside `seconds` (the read's): the dataset's open, and the first batch counted from it.
+    v["open_seconds"] = done.open_seconds.into();
+    v["first_batch_since_open_seconds"] = serde_json::to_value(done.first_batch_since_open)?;
     // A streamed dataset: what its open asked the store for (beside `objects`, the read's).
     if let Some(o) = src.dataset().remote() {
         v["open"] = serde_json::to_value(o.opened())?;

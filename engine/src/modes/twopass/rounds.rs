@@ -242,7 +242,8 @@ pub(super) fn cut(
     }
     let rounds = pack(&buckets, room).map_err(|need| {
         Error::OverBudget(format!(
-            "--cache-limit {}: the piles take {} of local disk this epoch, and a round of \
+            "--cache-limit leaves {} for piles beside the cached layouts and headers: the \
+             piles take {} of local disk this epoch, and a round of \
              1/{} of them needs {} beside the piles' slack of {} (the pile files grown {} \
              ahead, each pile's last chunk), which leaves {}; give a larger --cache-limit, or \
              read on more nodes (each keeps only its ranks' records)",
