@@ -76,11 +76,8 @@ pub fn is_dash(p: &Path) -> bool {
 }
 
 pub fn run(a: Args, throttled: bool) -> Result<()> {
-    let staged = riffle::remote::resolve_within(
-        &a.inputs,
-        a.cache_limit,
-        "riffle shuffle reads staged copies; riffle read streams them",
-    )?; // s3://: staged
+    const WHY: &str = "riffle shuffle reads staged copies; riffle read streams them";
+    let staged = riffle::remote::resolve_within(&a.inputs, a.cache_limit, WHY)?; // s3://
     let inputs: Vec<Input> = staged
         .iter()
         .map(|i| {
