@@ -75,9 +75,11 @@ pub fn is_dash(p: &Path) -> bool {
     p.as_os_str() == "-"
 }
 
+/// Why an `s3://` input must fit `--cache-limit` whole.
+const STAGED: &str = "riffle shuffle reads staged copies; riffle read streams them";
+
 pub fn run(a: Args, throttled: bool) -> Result<()> {
-    const WHY: &str = "riffle shuffle reads staged copies; riffle read streams them";
-    let staged = riffle::remote::resolve_within(&a.inputs, a.cache_limit, WHY)?; // s3://
+    let staged = riffle::remote::resolve_within(&a.inputs, a.cache_limit, STAGED)?; // s3://
     let inputs: Vec<Input> = staged
         .iter()
         .map(|i| {
