@@ -529,6 +529,28 @@ impl ScratchDir {
     /// and then removed again when empty). Stale scratch of dead riffle processes in
     /// `parent` is removed first (once per directory and process).
     pub fn new_in(parent: &Path, kind: &str) -> Result<ScratchDir> {
+        // A parent another scratch entry of this process made is removed when that entry
+        // goes and leaves it empty: if it went between the check and the directory's
+        // creation (a daemon's pass reservation and its piles' directory), or another
+        // made it between the check and this one's making it, try again.
+        use std::io::ErrorKind::{AlreadyExists, NotFound};
+        let mut tries = 0;
+        loop {
+            match Self::new_in_once(parent, kind) {
+                Err(Error::Io { op, err, .. })
+                    if tries < 3
+                        && ((op == "create a scratch directory in" && err.kind() == NotFound)
+                            || (op == "create the scratch directory"
+                                && err.kind() == AlreadyExists)) =>
+                {
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn new_in_once(parent: &Path, kind: &str) -> Result<ScratchDir> {
         let created = if parent.exists() {
             None
         } else {
@@ -805,6 +827,26 @@ mod tests {
         drop(s);
         assert!(!loc.exists());
         assert!(ScratchDir::new_in(&dir.path().join("a/b"), "t").is_err());
+    }
+
+    /// Threads of one process making and dropping scratch directories in a location that
+    /// does not exist: one's made parent, removed when it goes and leaves it empty, went
+    /// between another's check and its directory (CI: "create a scratch directory in
+    /// failed: No such file or directory", a daemon's reservation beside its pass).
+    #[test]
+    fn scratch_directories_made_at_once_in_a_missing_location_all_succeed() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let loc = dir.path().join("scratch");
+        for _ in 0..200 {
+            std::thread::scope(|s| {
+                let made: Vec<_> = (0..4)
+                    .map(|_| s.spawn(|| ScratchDir::new_in(&loc, "t").map(drop)))
+                    .collect();
+                for m in made {
+                    m.join().unwrap().unwrap();
+                }
+            });
+        }
     }
 
     #[test]

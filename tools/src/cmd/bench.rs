@@ -73,6 +73,7 @@ pub struct Args {
     /// scale: the cases to run, comma separated: many-files, two-pass-large, shuffle,
     /// tiny-records (default: all four). formats: files, tar, mds. node: one-job (or one-job-lirs,
     /// one-job-two-pass), many-jobs, soak, attacks (default: all). peers: 4k, 100k (both).
+    /// object-store: the cache limits, in percent of the dataset (100, 25, 10: all three).
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// peers: the memory cgroup each reader runs in, as a size, or `none` for the machine's
@@ -439,11 +440,26 @@ fn peers(args: &Args) -> Result<()> {
 }
 
 fn object_store(args: &Args) -> Result<()> {
+    // --cases 100,25,10: the cache limits to run, in percent of the dataset (all three by
+    // default).
+    let mut limits = Vec::new();
+    for c in &args.cases {
+        match c.trim_end_matches('%').parse::<f64>() {
+            Ok(p) if p > 0.0 && p <= 100.0 => limits.push(p / 100.0),
+            _ => bail!(
+                "object-store: --cases takes cache limits in percent (100, 25, 10), not '{c}'"
+            ),
+        }
+    }
+    if limits.is_empty() {
+        limits = vec![1.0, 0.25, 0.10];
+    }
+    let steps = 4 + 2 * limits.len() * 4;
     let opts = riffle_bench::object_store::ObjectStoreOptions {
         out: args.out.clone(),
         data_dir: args.data_dir.clone(),
         records: if args.quick { 40_000 } else { 400_000 },
-        limits: vec![1.0, 0.25, 0.10],
+        limits,
         links: vec![None, Some(riffle_bench::netem::Link::S3)],
         epochs: args.epochs.unwrap_or(2).max(1),
         batch: 256,
@@ -453,7 +469,7 @@ fn object_store(args: &Args) -> Result<()> {
     };
     suite(
         args,
-        4 + 2 * 3 * 4,
+        steps,
         |p| riffle_bench::object_store::run(&opts, p),
         riffle_bench::object_store::markdown,
         |r| &r.report_dir,
