@@ -28,14 +28,7 @@ pub fn read_partly_resident(
     opts: ReadOptions,
     scratch: Option<std::path::PathBuf>,
 ) -> Result<BatchStream> {
-    if ds.is_empty() {
-        return Err(Error::Invalid("the dataset has no records".into()));
-    }
-    if opts.baseline.is_some() {
-        return Err(Error::Invalid(
-            "resident mode reads the order contract's batches, not a baseline's".into(),
-        ));
-    }
+    super::resident::refuse_unreadable(&ds, &opts)?;
     opts.check(ds.len())?;
     let units = super::lirs::units_for(&ds, &opts);
     // The rest through piles when they fit the scratch's free space, else as LIRS reads.

@@ -87,12 +87,8 @@ pub fn piled_rest_scratch(
     ))
 }
 
-/// [`read_resident`] out of `held`, the memory of `ds`'s files that other reads may share:
-/// loaded by this read if nobody has loaded it yet, waited for while another read loads
-/// it, else only copied out of (no I/O). `opts.memory` is the budget of the read with the
-/// copy in it (a daemon adds the copy's bytes, which it charges once for all its reads, to
-/// each read's own). Refused when `held` was made for files of other sizes.
-pub fn read_held(ds: Arc<Dataset>, opts: ReadOptions, held: Arc<Held>) -> Result<BatchStream> {
+/// Refuses what no resident read takes: an empty dataset, or a baseline's order.
+pub(super) fn refuse_unreadable(ds: &Dataset, opts: &ReadOptions) -> Result<()> {
     if ds.is_empty() {
         return Err(Error::Invalid("the dataset has no records".into()));
     }
@@ -101,6 +97,16 @@ pub fn read_held(ds: Arc<Dataset>, opts: ReadOptions, held: Arc<Held>) -> Result
             "resident mode reads the order contract's batches, not a baseline's".into(),
         ));
     }
+    Ok(())
+}
+
+/// [`read_resident`] out of `held`, the memory of `ds`'s files that other reads may share:
+/// loaded by this read if nobody has loaded it yet, waited for while another read loads
+/// it, else only copied out of (no I/O). `opts.memory` is the budget of the read with the
+/// copy in it (a daemon adds the copy's bytes, which it charges once for all its reads, to
+/// each read's own). Refused when `held` was made for files of other sizes.
+pub fn read_held(ds: Arc<Dataset>, opts: ReadOptions, held: Arc<Held>) -> Result<BatchStream> {
+    refuse_unreadable(&ds, &opts)?;
     let sizes: Vec<u64> = ds.files().iter().map(|f| f.size).collect();
     if sizes != held.sizes {
         return Err(Error::Invalid(format!(
@@ -132,12 +138,60 @@ pub struct Held {
     bytes: u64,
     state: Mutex<HeldState>,
     changed: Condvar,
-    /// What its loads read from the device, and in how many reads.
+    counts: LoadCounts,
+}
+
+/// What a held copy's loads read and the reads using it now: a whole copy's ([`Held`]) and
+/// a daemon's part's (`HeldPrefix`) alike.
+#[derive(Debug, Default)]
+pub struct LoadCounts {
+    loads: AtomicU64,
     device_bytes: AtomicU64,
     read_ops: AtomicU64,
-    /// Loads finished, and reads using it now.
-    loads: AtomicU64,
     readers: AtomicU64,
+}
+
+impl LoadCounts {
+    /// Loads finished: 1 once loaded (a load given up leaves it empty and counts none).
+    pub fn loads(&self) -> u64 {
+        self.loads.load(Ordering::Relaxed)
+    }
+
+    /// Bytes its loads read from the device, in all.
+    pub fn device_bytes(&self) -> u64 {
+        self.device_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Reads its loads issued, in all.
+    pub fn read_ops(&self) -> u64 {
+        self.read_ops.load(Ordering::Relaxed)
+    }
+
+    /// Reads using it now.
+    pub fn readers(&self) -> u64 {
+        self.readers.load(Ordering::Relaxed)
+    }
+
+    /// Counts what a load read: `bytes` in `ops` reads.
+    pub(super) fn read(&self, bytes: u64, ops: u64) {
+        self.device_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.read_ops.fetch_add(ops, Ordering::Relaxed);
+    }
+
+    /// Counts a load finished.
+    pub(super) fn loaded(&self) {
+        self.loads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a read that starts using it; [`LoadCounts::leave`] when it ends.
+    pub(super) fn enter(&self) {
+        self.readers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a read that ends.
+    pub(super) fn leave(&self) {
+        self.readers.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 enum HeldState {
@@ -162,7 +216,7 @@ impl Loading<'_> {
     fn done(self, mem: Memory) -> Arc<Memory> {
         let mem = Arc::new(mem);
         *self.0.lock() = HeldState::Loaded(mem.clone());
-        self.0.loads.fetch_add(1, Ordering::Relaxed);
+        self.0.counts.loaded();
         self.0.changed.notify_all();
         std::mem::forget(self);
         mem
@@ -181,7 +235,7 @@ struct Reading<'a>(&'a Held);
 
 impl Drop for Reading<'_> {
     fn drop(&mut self) {
-        self.0.readers.fetch_sub(1, Ordering::Relaxed);
+        self.0.counts.leave();
     }
 }
 
@@ -205,10 +259,7 @@ impl Held {
             bytes,
             state: Mutex::new(HeldState::Empty),
             changed: Condvar::new(),
-            device_bytes: AtomicU64::new(0),
-            read_ops: AtomicU64::new(0),
-            loads: AtomicU64::new(0),
-            readers: AtomicU64::new(0),
+            counts: LoadCounts::default(),
         })
     }
 
@@ -235,28 +286,13 @@ impl Held {
         }
     }
 
-    /// Bytes its loads read from the device, in all.
-    pub fn device_bytes(&self) -> u64 {
-        self.device_bytes.load(Ordering::Relaxed)
-    }
-
-    /// Reads its loads issued, in all.
-    pub fn read_ops(&self) -> u64 {
-        self.read_ops.load(Ordering::Relaxed)
-    }
-
-    /// Loads finished: 1 once loaded (a load given up leaves it empty and counts none).
-    pub fn loads(&self) -> u64 {
-        self.loads.load(Ordering::Relaxed)
-    }
-
-    /// Reads using it now.
-    pub fn readers(&self) -> u64 {
-        self.readers.load(Ordering::Relaxed)
+    /// What its loads read, and the reads using it now.
+    pub fn counts(&self) -> &LoadCounts {
+        &self.counts
     }
 
     fn reading(&self) -> Reading<'_> {
-        self.readers.fetch_add(1, Ordering::Relaxed);
+        self.counts.enter();
         Reading(self)
     }
 
@@ -653,8 +689,7 @@ fn obtain(
     let mut mem = Memory::new(ds)?;
     let before = (out.r.device_bytes, out.r.read_ops);
     let halted = load(ds, &mut mem, e, out, stop);
-    (held.device_bytes).fetch_add(out.r.device_bytes - before.0, Ordering::Relaxed);
-    (held.read_ops).fetch_add(out.r.read_ops - before.1, Ordering::Relaxed);
+    (held.counts).read(out.r.device_bytes - before.0, out.r.read_ops - before.1);
     // Given up (stopped, or an error): `turn` leaves it empty for the next read.
     if halted? {
         return Ok(None);

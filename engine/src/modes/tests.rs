@@ -623,14 +623,14 @@ fn reads_sharing_one_held_copy_read_the_device_once_and_get_their_batches() {
         assert_eq!(b, &all(&ds, o.clone()), "seed {} rank {}", o.seed, o.rank);
     }
     let read: u64 = got.iter().map(|g| g.1).sum();
-    assert_eq!(held.loads(), 1);
-    assert_eq!(read, held.device_bytes(), "one load, counted once");
+    assert_eq!(held.counts().loads(), 1);
+    assert_eq!(read, held.counts().device_bytes(), "one load, counted once");
     assert!(read >= ds.bytes() && read <= ds.bytes() + 4096, "{read}");
     // A later read finds it loaded: no I/O at all.
     let mut later = super::read_held(ds.clone(), opts[0].clone(), held.clone()).unwrap();
     assert_eq!(later.by_ref().count(), got[0].0.len());
     assert_eq!(later.report().device_bytes, 0);
-    assert_eq!((held.loads(), held.readers()), (1, 0));
+    assert_eq!((held.counts().loads(), held.counts().readers()), (1, 0));
     // A copy made for other files is refused, not read.
     let od = dir.path().join("o");
     std::fs::create_dir_all(&od).unwrap();

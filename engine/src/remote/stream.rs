@@ -10,7 +10,6 @@
 //! writes locally is charged against the limit ([`Objects::charge`]).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -351,14 +350,39 @@ fn on_disk(len: u64) -> u64 {
     len.div_ceil(4096) * 4096
 }
 
+/// A cache file at `path` (a layout or a header): its identity as a JSON line, its body,
+/// and the local disk the file takes.
+fn read_cached<H: serde::de::DeserializeOwned>(path: &Path) -> Option<(H, Vec<u8>, u64)> {
+    let mut bytes = std::fs::read(path).ok()?;
+    let disk = on_disk(bytes.len() as u64);
+    let nl = bytes.iter().position(|&b| b == b'\n')?;
+    let head = serde_json::from_slice(&bytes[..nl]).ok()?;
+    Some((head, bytes.split_off(nl + 1), disk))
+}
+
+/// Writes a cache file at `path`: `head` as a JSON line, then `body`, its local disk
+/// charged first by `charge`.
+fn write_cached(
+    path: &Path,
+    head: &impl serde::Serialize,
+    body: &[u8],
+    charge: impl FnOnce(u64) -> Result<()>,
+) -> Result<()> {
+    let mut out = serde_json::to_vec(head)
+        .map_err(|e| Error::Internal(format!("cannot encode a cache file's identity: {e}")))?;
+    out.push(b'\n');
+    out.extend_from_slice(body);
+    charge(on_disk(out.len() as u64))?;
+    let parent = crate::scratch::parent_dir(path);
+    std::fs::create_dir_all(parent)
+        .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
+    crate::scratch::write_atomic(path, &out)
+}
+
 /// The cached layout of `meta` in `format`, if the cache holds one for its identity, and
 /// the local disk its file takes.
 fn cached_layout(path: &Path, meta: &ObjectMeta, format: &Format) -> Option<(RemoteLayout, u64)> {
-    let bytes = std::fs::read(path).ok()?;
-    let disk = on_disk(bytes.len() as u64);
-    let nl = bytes.iter().position(|&b| b == b'\n')?;
-    let head: LayoutHead = serde_json::from_slice(&bytes[..nl]).ok()?;
-    let body = &bytes[nl + 1..];
+    let (head, body, disk) = read_cached::<LayoutHead>(path)?;
     let fresh = meta.e_tag.is_some()
         && head.etag == meta.e_tag
         && head.size == meta.size
@@ -406,18 +430,8 @@ fn store_layout(
         last_unterminated: last,
         offsets: offsets.len() as u64,
     };
-    let mut out = serde_json::to_vec(&head)
-        .map_err(|e| Error::Internal(format!("cannot encode a layout: {e}")))?;
-    out.push(b'\n');
-    for o in offsets {
-        out.write_all(&o.to_le_bytes())
-            .expect("a Vec takes every write");
-    }
-    charge(on_disk(out.len() as u64))?;
-    let parent = crate::scratch::parent_dir(path);
-    std::fs::create_dir_all(parent)
-        .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
-    crate::scratch::write_atomic(path, &out)
+    let body: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    write_cached(path, &head, &body, charge)
 }
 
 /// The format and layout of object `meta` (the `nth` listed): cached, or found by
@@ -582,8 +596,9 @@ async fn skeleton_of(
                     c.gets += 1;
                     c.bytes += index.size;
                 });
-                let disk = store_head(&cache, index, &t)?;
-                h.keep(disk, &format!("the cached {object}"))?;
+                store_head(&cache, index, &t, |disk| {
+                    h.keep(disk, &format!("the cached {object}"))
+                })?;
                 t
             }
         }
@@ -700,8 +715,9 @@ async fn shard_head(
                 c.layouts_fetched += 1;
             });
             if want > 0 {
-                let disk = store_head(&cache, m, &head)?;
-                h.keep(disk, &format!("the cached header of {object}"))?;
+                store_head(&cache, m, &head, |disk| {
+                    h.keep(disk, &format!("the cached header of {object}"))
+                })?;
             }
             head
         }
@@ -750,34 +766,27 @@ struct HeadHead {
 /// The first `len` bytes of object `meta`, if the header cache holds them for its
 /// identity (its ETag and size), and the local disk its file takes.
 fn cached_head(path: &Path, meta: &ObjectMeta, len: u64) -> Option<(Vec<u8>, u64)> {
-    let bytes = std::fs::read(path).ok()?;
-    let disk = on_disk(bytes.len() as u64);
-    let nl = bytes.iter().position(|&b| b == b'\n')?;
-    let head: HeadHead = serde_json::from_slice(&bytes[..nl]).ok()?;
-    let body = &bytes[nl + 1..];
+    let (head, body, disk) = read_cached::<HeadHead>(path)?;
     let fresh = meta.e_tag.is_some()
         && head.etag == meta.e_tag
         && head.size == meta.size
         && head.len == len
         && body.len() as u64 == len;
-    fresh.then(|| (body.to_vec(), disk))
+    fresh.then_some((body, disk))
 }
 
-/// Writes the first bytes of object `meta` to the header cache's `path`; returns the local
-/// disk its file takes.
-fn store_head(path: &Path, meta: &ObjectMeta, bytes: &[u8]) -> Result<u64> {
+/// Writes the first bytes of object `meta` to the header cache's `path`, its local disk
+/// charged first by `charge`.
+fn store_head(
+    path: &Path,
+    meta: &ObjectMeta,
+    bytes: &[u8],
+    charge: impl FnOnce(u64) -> Result<()>,
+) -> Result<()> {
     let head = HeadHead {
         etag: meta.e_tag.clone(),
         size: meta.size,
         len: bytes.len() as u64,
     };
-    let mut out = serde_json::to_vec(&head)
-        .map_err(|e| Error::Internal(format!("cannot encode a header's identity: {e}")))?;
-    out.push(b'\n');
-    out.extend_from_slice(bytes);
-    let parent = crate::scratch::parent_dir(path);
-    std::fs::create_dir_all(parent)
-        .map_err(|e| Error::io(parent, "create the cache directory", None, e))?;
-    crate::scratch::write_atomic(path, &out)?;
-    Ok(on_disk(out.len() as u64))
+    write_cached(path, &head, bytes, charge)
 }

@@ -91,22 +91,17 @@ impl HeldCopy {
     /// `empty`, `loading` or `loaded`; its loads, and what they read (bytes, reads); the
     /// passes reading it now.
     fn figures(&self) -> (&'static str, u64, u64, u64, u64) {
-        match &self.kept {
-            Kept::Whole(h) => (
-                h.state(),
-                h.loads(),
-                h.device_bytes(),
-                h.read_ops(),
-                h.readers(),
-            ),
-            Kept::Part(p) => (
-                p.state(),
-                p.loads(),
-                p.device_bytes(),
-                p.read_ops(),
-                p.readers(),
-            ),
-        }
+        let (state, c) = match &self.kept {
+            Kept::Whole(h) => (h.state(), h.counts()),
+            Kept::Part(p) => (p.state(), p.counts()),
+        };
+        (
+            state,
+            c.loads(),
+            c.device_bytes(),
+            c.read_ops(),
+            c.readers(),
+        )
     }
 }
 

@@ -7,11 +7,11 @@
 //! the order contract's.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::super::partial::{self, Held};
+use super::super::resident::LoadCounts;
 use super::super::{BatchStream, ReadOptions};
 use crate::dataset::Dataset;
 use crate::order::Units;
@@ -72,10 +72,7 @@ pub struct HeldPrefix {
     /// The sequential reads that load it: (in flight, bytes each).
     load: (usize, usize),
     mem: Mutex<Option<Arc<Held>>>,
-    loads: AtomicU64,
-    device_bytes: AtomicU64,
-    read_ops: AtomicU64,
-    readers: AtomicU64,
+    counts: LoadCounts,
 }
 
 impl HeldPrefix {
@@ -88,10 +85,7 @@ impl HeldPrefix {
             bytes: bytes.min(ds.bytes()),
             load: (load.0.max(1), load.1.max(4096)),
             mem: Mutex::new(None),
-            loads: AtomicU64::new(0),
-            device_bytes: AtomicU64::new(0),
-            read_ops: AtomicU64::new(0),
-            readers: AtomicU64::new(0),
+            counts: LoadCounts::default(),
         }
     }
 
@@ -110,24 +104,9 @@ impl HeldPrefix {
         }
     }
 
-    /// Loads finished: 1 once loaded.
-    pub fn loads(&self) -> u64 {
-        self.loads.load(Ordering::Relaxed)
-    }
-
-    /// Bytes its loads read from the device, in all.
-    pub fn device_bytes(&self) -> u64 {
-        self.device_bytes.load(Ordering::Relaxed)
-    }
-
-    /// Reads its loads issued, in all.
-    pub fn read_ops(&self) -> u64 {
-        self.read_ops.load(Ordering::Relaxed)
-    }
-
-    /// Reads using it now.
-    pub fn readers(&self) -> u64 {
-        self.readers.load(Ordering::Relaxed)
+    /// What its loads read, and the reads using it now.
+    pub fn counts(&self) -> &LoadCounts {
+        &self.counts
     }
 
     /// The loaded part, or (nobody has loaded it) this read loads it, counted in `r`;
@@ -154,9 +133,8 @@ impl HeldPrefix {
         };
         let loaded = partial::load(ds, &plan, &opts.io, stop, r)?.map(Arc::new);
         if loaded.is_some() {
-            self.loads.fetch_add(1, Ordering::Relaxed);
-            (self.read_ops).fetch_add(r.read_ops - before.0, Ordering::Relaxed);
-            (self.device_bytes).fetch_add(r.device_bytes - before.1, Ordering::Relaxed);
+            self.counts.loaded();
+            (self.counts).read(r.device_bytes - before.1, r.read_ops - before.0);
         }
         mem.clone_from(&loaded);
         Ok(loaded)
@@ -174,14 +152,7 @@ pub fn read_prefix_piled(
     scratch: PathBuf,
     prefix: Arc<HeldPrefix>,
 ) -> Result<BatchStream> {
-    if ds.is_empty() {
-        return Err(Error::Invalid("the dataset has no records".into()));
-    }
-    if opts.baseline.is_some() {
-        return Err(Error::Invalid(
-            "resident mode reads the order contract's batches, not a baseline's".into(),
-        ));
-    }
+    super::super::resident::refuse_unreadable(&ds, &opts)?;
     let sizes: Vec<u64> = ds.files().iter().map(|f| f.size).collect();
     if sizes != prefix.sizes {
         return Err(Error::Invalid(format!(
@@ -278,13 +249,13 @@ struct Reading(Arc<HeldPrefix>);
 
 impl Reading {
     fn new(p: &Arc<HeldPrefix>) -> Reading {
-        p.readers.fetch_add(1, Ordering::Relaxed);
+        p.counts.enter();
         Reading(p.clone())
     }
 }
 
 impl Drop for Reading {
     fn drop(&mut self) {
-        self.0.readers.fetch_sub(1, Ordering::Relaxed);
+        self.0.counts.leave();
     }
 }
