@@ -339,6 +339,102 @@ fn staging_into_a_cache_too_small_is_refused_before_any_get_and_a_lower_limit_st
     assert_eq!(streamed, local, "the streamed read's batches");
 }
 
+/// A staged copy read with the planner's choice on a device no profile is cached for: the
+/// quick probe's scratch region is local disk beside the copy, so it takes no more than the
+/// --cache-limit leaves there (it took up to half the free space, 1 GiB at most, past the
+/// limit), and where that is below the probe's least region the planner uses a default
+/// profile and says why.
+#[test]
+fn the_probe_of_a_staged_copys_device_stays_within_the_cache_limit() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let Some(small) = crate::SmallDisk::mount(&sb, "96M") else {
+        return;
+    };
+    let dir = sb.data().join("staged");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..3 {
+        let p = dir.join(format!("shard-{i}.jsonl"));
+        gen(&sb, &p, "lines", 1000, 1000, &["--seed", &i.to_string()]);
+        s3.put(
+            &format!("staged/shard-{i}.jsonl"),
+            &std::fs::read(&p).unwrap(),
+        );
+    }
+    let url = format!("s3://{BUCKET}/staged/");
+    let mut c = s3.cmd(&sb);
+    c.env("RIFFLE_S3_CACHE", small.path().join("cache"));
+    let o = c
+        .args([
+            "read",
+            &url,
+            "--batch-size",
+            "16",
+            "--seed",
+            "7",
+            "--cache-limit",
+            "8M",
+        ])
+        .args(["--json"])
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("--cache-limit leaves") && err.contains("default"),
+        "no notice of the default profile: {err}"
+    );
+    // No profile was measured there (a quick probe would have written 40 MiB, half the
+    // tmpfs's free space, into a cache limited to 8 MiB).
+    let profiles: Vec<_> = walk(&sb.cache().join("riffle/profiles"));
+    assert!(profiles.is_empty(), "a profile was measured: {profiles:?}");
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(report["records"].as_u64().unwrap() >= 3000, "{report}");
+}
+
+/// A staged copy's index sidecar is local disk in the cache like the copy: saved only
+/// where --cache-limit leaves room for it beside the copy (it was saved past the limit, 4.9
+/// MB under a 4.1 MiB limit here), and the read is the same either way.
+#[test]
+fn a_staged_copys_index_sidecar_is_saved_only_within_the_cache_limit() {
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let file = sb.data().join("many.jsonl");
+    gen(&sb, &file, "lines", 100_000, 40, &[]);
+    let copy = std::fs::metadata(&file).unwrap().len();
+    s3.put("side/many.jsonl", &std::fs::read(&file).unwrap());
+    let url = format!("s3://{BUCKET}/side/many.jsonl");
+    let local = ids(&sb, sb.cmd(), file.to_str().unwrap(), &["--mode", "lirs"]);
+    // Room for the copy and a tenth of its index (8 bytes a record).
+    let tight = copy + 80_000;
+    for (limit, saved) in [(tight, false), (copy + 2_000_000, true)] {
+        let cache = sb.path().join(format!("cache-{limit}"));
+        let mut c = s3.cmd(&sb);
+        c.env("RIFFLE_S3_CACHE", &cache);
+        let limit_arg = format!("{limit}");
+        let got = ids(
+            &sb,
+            c,
+            &url,
+            &["--mode", "lirs", "--cache-limit", &limit_arg],
+        );
+        assert_eq!(got, local, "limit {limit}: the staged read's batches");
+        let files = walk(&cache);
+        let on_disk: u64 = files
+            .iter()
+            .map(|f| std::fs::metadata(f).unwrap().len())
+            .sum();
+        let sidecar = files
+            .iter()
+            .any(|f| f.extension().is_some_and(|e| e == "ridx"));
+        assert!(
+            on_disk <= limit,
+            "limit {limit}: {on_disk} bytes in the cache: {files:?}"
+        );
+        assert_eq!(sidecar, saved, "limit {limit}: {files:?}");
+    }
+}
+
 /// Every file under `dir` (none when it does not exist).
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();

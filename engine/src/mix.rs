@@ -138,23 +138,22 @@ pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
         opts.cache_limit,
         "a mixture's sources are read at random, from staged copies; raise --cache-limit",
     )?;
-    let (mut parts, mut local_bytes) = (Vec::new(), 0);
+    let (mut local, mut staged) = (Vec::new(), 0);
     for p in &paths {
-        let local = crate::remote::resolve(std::slice::from_ref(p))?;
-        let ds = Dataset::open(&local, opts, &mut |_, _, _| {})?;
-        if !crate::remote::is_remote(p) {
-            local_bytes += ds.bytes();
-        }
-        parts.push(ds);
+        let (l, s) = crate::remote::resolve_counted(std::slice::from_ref(p))?;
+        local.push(l);
+        staged += s;
+    }
+    // The staged copies' index sidecars take what --cache-limit leaves beside them all.
+    let o = crate::remote::staged_options(&paths, staged, opts);
+    let mut parts = Vec::new();
+    for l in &local {
+        parts.push(Dataset::open(l, &o, &mut |_, _, _| {})?);
     }
     let ds = Dataset::concat(parts)?;
-    // Staged copies leave piles only the rest of --cache-limit (the local sources' bytes
-    // are not in the cache).
-    let ds = match opts
-        .cache_limit
-        .filter(|_| crate::remote::names_a_url(&paths))
-    {
-        Some(limit) => ds.staged_within(limit.saturating_add(local_bytes)),
+    // Staged copies leave piles only the rest of --cache-limit.
+    let ds = match &o.index_room {
+        Some(room) => ds.staged_within(room.load(std::sync::atomic::Ordering::Relaxed)),
         None => ds,
     };
     let starts = ds.parts().expect("datasets side by side").to_vec();

@@ -9,6 +9,7 @@
 //! to the modes.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::dataset::{Dataset, OpenOptions};
@@ -66,11 +67,11 @@ impl DatasetSpec {
                 if let Some(ds) = crate::remote::open_within(p, opts)? {
                     return Ok(Source::Dataset(Arc::new(ds)));
                 }
-                let local = crate::remote::resolve(p)?;
-                let ds = Dataset::open(&local, opts, progress)?;
-                let staged = p.iter().any(|p| crate::remote::is_remote(p));
-                Source::Dataset(Arc::new(match opts.cache_limit.filter(|_| staged) {
-                    Some(limit) => ds.staged_within(limit),
+                let (local, staged) = crate::remote::resolve_counted(p)?;
+                let o = crate::remote::staged_options(p, staged, opts);
+                let ds = Dataset::open(&local, &o, progress)?;
+                Source::Dataset(Arc::new(match &o.index_room {
+                    Some(room) => ds.staged_within(room.load(Ordering::Relaxed)),
                     None => ds,
                 }))
             }

@@ -42,6 +42,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::format::lines::LinesScanner;
@@ -218,11 +219,13 @@ pub fn sidecar_paths(data: &Path) -> (PathBuf, PathBuf) {
 }
 
 /// Loads the index of `file` or builds it with one sequential scan, saved as a sidecar
-/// when `save`.
+/// when `save`. With a `room` (a staged copy's, see `OpenOptions::index_room`), the sidecar
+/// is kept beside the file only, and takes its bytes from the room: found, it is charged;
+/// built, it is saved only when the room holds it.
 pub fn load_or_build(
     file: &Arc<DataFile>,
     format: &Format,
-    (policy, save): (StalePolicy, bool),
+    (policy, save, room): (StalePolicy, bool, Option<&AtomicU64>),
     io_cfg: &IoConfig,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(OffsetIndex, IndexOrigin)> {
@@ -238,12 +241,23 @@ pub fn load_or_build(
     // No index of this file is larger than its header, an offset for each byte (and
     // the end) and its checksum: a larger sidecar is not this file's.
     let cap = (HEADER as u64).saturating_add(source.size.saturating_add(4).saturating_mul(8));
-    for candidate in [&beside, &cached] {
+    // A staged copy's sidecar is beside it, in the cache its limit counts, or nowhere.
+    let candidates = match room {
+        Some(_) => vec![&beside],
+        None => vec![&beside, &cached],
+    };
+    for candidate in candidates.iter().copied() {
         // Through the door: a FIFO, device or link planted at the name is refused (and
         // the index rebuilt), never waited on or read without end.
         match crate::door::read_meta(candidate, cap, crate::door::Follow::No) {
             Ok(Some(bytes)) => match decode(&bytes, format, &source) {
-                Ok(index) => return Ok((index, IndexOrigin::Loaded(candidate.clone()))),
+                Ok(index) => {
+                    // It takes local disk, whoever saved it.
+                    if let Some(r) = room {
+                        take_at_most(r, bytes.len() as u64);
+                    }
+                    return Ok((index, IndexOrigin::Loaded(candidate.clone())));
+                }
                 Err(why) => stale = Some(format!("{}: {why}", candidate.display())),
             },
             Ok(None) => {}
@@ -268,11 +282,27 @@ pub fn load_or_build(
         });
     }
     let bytes = encode(&index, format, &source);
-    let saved = [&beside, &cached]
+    let fits = room.is_none_or(|r| take(r, bytes.len() as u64));
+    if save && !fits {
+        notice::once(
+            &format!("index-unsaved:{}", path.display()),
+            &format!(
+                "the index of {} ({}) is not saved beside it: --cache-limit leaves {} there; \
+                 it is built again at each open",
+                path.display(),
+                crate::size::human_bytes(bytes.len() as f64),
+                crate::size::human_bytes(room.map_or(0, |r| r.load(Ordering::Relaxed)) as f64),
+            ),
+        );
+    }
+    let saved = candidates
         .into_iter()
-        .filter(|_| save)
+        .filter(|_| save && fits)
         .find_map(|p| store(p, &bytes).ok().map(|()| p.clone()));
-    if saved.is_none() && save {
+    if let (None, true, Some(r)) = (&saved, fits, room) {
+        r.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    }
+    if saved.is_none() && save && fits {
         notice::once(
             &format!("index-unsaved:{}", path.display()),
             &format!("could not save the index of {} beside it or in the cache; it will be rebuilt next time", path.display()),
@@ -289,6 +319,19 @@ pub fn load_or_build(
         None => IndexOrigin::Built { scan, saved },
     };
     Ok((index, origin))
+}
+
+/// Takes `n` from `room` when it holds them; false (nothing taken) when not.
+fn take(room: &AtomicU64, n: u64) -> bool {
+    room.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(n))
+        .is_ok()
+}
+
+/// Takes `n` from `room`, or all it holds.
+fn take_at_most(room: &AtomicU64, n: u64) {
+    let _ = room.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+        Some(r.saturating_sub(n))
+    });
 }
 
 /// Scans `file` once and returns its record starts.

@@ -70,7 +70,7 @@ pub(super) fn open_file(
             let (ix, origin) = index::load_or_build(
                 file.as_ref().expect("indexed formats are opened"),
                 format,
-                (opts.stale, opts.save_index),
+                (opts.stale, opts.save_index, opts.index_room.as_deref()),
                 &opts.scan_io,
                 progress,
             )?;

@@ -43,6 +43,10 @@ pub struct OpenOptions {
     /// object streamed from a store, fetched only to find its layout), whose sidecar would
     /// take local disk its `--cache-limit` does not count.
     pub save_index: bool,
+    /// A staged copy's: the local disk its `--cache-limit` leaves beside the copy, which
+    /// the copy's index sidecars take as each is saved or found. A sidecar that does not
+    /// fit is not saved (the index is built again at the next open); `None`: no limit.
+    pub index_room: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for OpenOptions {
@@ -54,6 +58,7 @@ impl Default for OpenOptions {
             max_record: None,
             cache_limit: None,
             save_index: true,
+            index_room: None,
         }
     }
 }

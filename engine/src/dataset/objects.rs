@@ -157,10 +157,10 @@ impl Dataset {
         Ok(ds)
     }
 
-    /// Marks this as objects staged whole under a `--cache-limit` of `limit`: what the
-    /// limit leaves beside the copy is all a two-pass read's piles may take.
-    pub fn staged_within(mut self, limit: u64) -> Dataset {
-        self.staged_room = Some(limit.saturating_sub(self.bytes()));
+    /// Marks this as objects staged whole under a `--cache-limit` that leaves `room` beside
+    /// the copy and its index sidecars: all a two-pass read's piles may take.
+    pub fn staged_within(mut self, room: u64) -> Dataset {
+        self.staged_room = Some(room);
         self
     }
 

@@ -93,6 +93,9 @@ impl Profile {
     }
 }
 
+/// The least scratch region a probe measures in (and it takes at most half the free space).
+pub const MIN_REGION: u64 = 16 << 20;
+
 /// How to probe.
 #[derive(Clone, Debug)]
 pub struct ProbeOptions {
@@ -216,7 +219,7 @@ pub fn probe(
         )));
     }
     let region = plan.region.min(free / 2) / (1 << 20) * (1 << 20);
-    if region < (16 << 20) {
+    if region < MIN_REGION {
         return Err(Error::OverBudget(format!(
             "{}: {} free and a region of {} asked for; the probe needs a scratch region of at least 16 MiB and twice that free",
             dir.display(),

@@ -236,19 +236,48 @@ pub fn stage_in(url: &str, cfg: &S3Config, root: &Path) -> Result<Vec<PathBuf>> 
 /// each URL replaced by its objects' local copies, or by the copy of its MDS `index.json`
 /// when it holds one (the staged directory is then read as a local MDS directory is).
 pub fn resolve(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    resolve_counted(paths).map(|(out, _)| out)
+}
+
+/// As [`resolve`], with the bytes of the staged copies (every object staged, an MDS
+/// dataset's shards and `index.json` alike).
+pub fn resolve_counted(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, u64)> {
     // Local paths alone never read the AWS environment or profile files.
     if !names_a_url(paths) {
-        return Ok(paths.to_vec());
+        return Ok((paths.to_vec(), 0));
     }
-    let mut out = Vec::with_capacity(paths.len());
+    let (mut out, mut staged) = (Vec::with_capacity(paths.len()), 0);
     let cfg = S3Config::from_env()?;
     for p in paths {
         match p.to_str().filter(|s| s.starts_with(SCHEME)) {
-            Some(url) => out.extend(mds_index_or_all(stage(url, &cfg)?)),
+            Some(url) => {
+                let copies = stage(url, &cfg)?;
+                for c in &copies {
+                    staged += std::fs::metadata(c).map_or(0, |m| m.len());
+                }
+                out.extend(mds_index_or_all(copies));
+            }
             None => out.push(p.clone()),
         }
     }
-    Ok(out)
+    Ok((out, staged))
+}
+
+/// Options to open the staged copies of `paths` (of `staged` bytes) with: their index
+/// sidecars take the room `--cache-limit` leaves beside them. As given without a limit or a
+/// URL.
+pub fn staged_options(
+    paths: &[PathBuf],
+    staged: u64,
+    opts: &crate::dataset::OpenOptions,
+) -> crate::dataset::OpenOptions {
+    let mut o = opts.clone();
+    if let Some(limit) = opts.cache_limit.filter(|_| names_a_url(paths)) {
+        o.index_room = Some(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(
+            limit.saturating_sub(staged),
+        )));
+    }
+    o
 }
 
 /// Whether any of `paths` is an `s3://` URL.

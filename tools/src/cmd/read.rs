@@ -261,6 +261,26 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
             std::io::Error::from(e)
         )));
     }
+    // A staged copy of objects: the probe's scratch region is local disk like the copy's,
+    // so it takes no more than the --cache-limit leaves beside the copy.
+    let mut opts = riffle::probe::ProbeOptions::new(true);
+    if let Some(room) = ds.staged_room() {
+        let free = riffle::probe::free_bytes(&dir).unwrap_or(0);
+        let region = riffle::probe::ProbePlan::new(true)
+            .region
+            .min(room)
+            .min(free / 2);
+        if region < riffle::probe::MIN_REGION {
+            return Ok(fallback(&format!(
+                "--cache-limit leaves {} beside the staged copy in {} and the probe needs a \
+                 scratch region of {} there",
+                riffle::size::human_bytes(room as f64),
+                dir.display(),
+                riffle::size::human_bytes(riffle::probe::MIN_REGION as f64),
+            )));
+        }
+        opts.region = Some(region);
+    }
     eprintln!(
         "riffle: no profile of device {} ({}) is cached yet: measuring it with a quick probe \
          (about 15 s, once; `riffle probe` shows or refreshes it)",
@@ -268,7 +288,6 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
         dev.dev
     );
     // Nothing is cached (just looked): measure straight away.
-    let opts = riffle::probe::ProbeOptions::new(true);
     match super::probe::cached_or_probe(&dir, &opts, true, json) {
         Ok((profile, _)) => Ok((riffle::plan::DeviceModel::from_profile(&profile), true)),
         // Writable by its mode bits, refused all the same (a read-only bind mount, an
