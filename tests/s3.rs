@@ -435,6 +435,54 @@ fn a_staged_copys_index_sidecar_is_saved_only_within_the_cache_limit() {
     }
 }
 
+/// Staging 200 objects under `ulimit -n 32`: the GETs in flight are as many as the free
+/// descriptors allow (it failed part way with "Too many open files" before), and under
+/// `ulimit -n 14` the read is refused before any fetch, saying to raise it.
+#[test]
+fn staging_many_objects_under_a_low_ulimit_n_fetches_within_it_or_says_to_raise_it() {
+    use std::os::unix::process::CommandExt;
+    let Some(s3) = Server::start() else { return };
+    let sb = Sandbox::new();
+    let dir = sb.data().join("many");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..200 {
+        let p = dir.join(format!("s{i:03}.jsonl"));
+        gen(&sb, &p, "lines", 20, 50, &["--seed", &i.to_string()]);
+        s3.put(&format!("many/s{i:03}.jsonl"), &std::fs::read(&p).unwrap());
+    }
+    let url = format!("s3://{BUCKET}/many/");
+    let local = ids(&sb, sb.cmd(), dir.to_str().unwrap(), &["--mode", "lirs"]);
+    let limited = |n: u64| {
+        let mut c = s3.cmd(&sb);
+        c.env("RIFFLE_S3_CACHE", sb.path().join(format!("cache-{n}")));
+        // SAFETY: the closure runs in the child between fork and exec and only calls
+        // setrlimit, which is async-signal-safe; it allocates nothing.
+        unsafe {
+            c.pre_exec(move || {
+                nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        c
+    };
+    let got = ids(&sb, limited(32), &url, &["--mode", "lirs"]);
+    assert_eq!(got, local, "the staged read's batches under ulimit -n 32");
+    let o = limited(14)
+        .args(["read", &url, "--batch-size", "16"])
+        .output()
+        .unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("raise ulimit -n") && err.contains(&url) && !err.contains("Too many open"),
+        "{err}"
+    );
+    assert!(
+        walk(&sb.path().join("cache-14")).is_empty(),
+        "a fetch began"
+    );
+}
+
 /// Every file under `dir` (none when it does not exist).
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();

@@ -21,6 +21,46 @@ pub const CHUNK: u64 = 8 << 20;
 /// Ranged GETs in flight per object.
 pub const IN_FLIGHT: usize = 16;
 
+/// Descriptors kept aside from a fetch's budget: the standard streams, the runtime's, a
+/// listing's connection and the few a read opens beside its fetches.
+const SPARE_DESCRIPTORS: u64 = 8;
+
+/// How many of `want` requests in flight, each holding `per` descriptors (its connection,
+/// a copy's file and its duplicate), fit what `ulimit -n` leaves free now; an error naming
+/// `what` and the limit when not even one does (the fetch failed part way with "Too many
+/// open files" before). The sockets open now are taken for the store's idle connections,
+/// which the requests reuse before they open any.
+pub(crate) fn within_descriptors(want: usize, per: u64, what: &str) -> Result<usize> {
+    let limit = crate::io::open_file_limit();
+    let (mut open, mut sockets) = (0u64, 0u64);
+    match std::fs::read_dir("/proc/self/fd") {
+        Ok(dir) => {
+            for e in dir.flatten() {
+                open += 1;
+                let link = std::fs::read_link(e.path()).unwrap_or_default();
+                sockets += u64::from(link.to_string_lossy().starts_with("socket:"));
+            }
+        }
+        Err(_) => open = SPARE_DESCRIPTORS,
+    }
+    let free = limit.saturating_sub(open).saturating_sub(SPARE_DESCRIPTORS);
+    // n requests take n * (per - 1) descriptors of their own, and a connection each past
+    // the idle ones.
+    let per = per.max(1);
+    let fit = (1..=want as u64)
+        .take_while(|&n| n * (per - 1) + n.saturating_sub(sockets) <= free)
+        .last()
+        .unwrap_or(0) as usize;
+    if fit == 0 {
+        return Err(Error::OverBudget(format!(
+            "{what}: ulimit -n {limit} leaves {} descriptors free ({open} open) and a request \
+             to the store needs {per}, beside {SPARE_DESCRIPTORS} kept spare: raise ulimit -n",
+            limit.saturating_sub(open),
+        )));
+    }
+    Ok(fit)
+}
+
 /// What the cache records beside a staged object: its identity when it was fetched.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub(super) struct Identity {
@@ -87,7 +127,11 @@ pub(super) fn local_rel(url: &str, key: &str) -> Result<PathBuf> {
 }
 
 /// The objects `url` names, in key order.
-pub(super) async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Vec<ObjectMeta>> {
+pub(super) async fn list(
+    store: &Arc<dyn ObjectStore>,
+    url: &S3Url,
+    in_flight: usize,
+) -> Result<Vec<ObjectMeta>> {
     let parse = |k: &str| {
         Key::parse(k).map_err(|e| Error::Invalid(format!("'{}': a bad key: {e}", url.text)))
     };
@@ -128,7 +172,8 @@ pub(super) async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Ve
         .collect();
     found.sort_by(|a, b| a.location.as_ref().cmp(b.location.as_ref()));
     // A listing without ETags (some S3-compatible servers leave them out): each object's
-    // HEAD gives its identity, [`IN_FLIGHT`] at a time.
+    // HEAD gives its identity, `in_flight` at a time (the caller's budget of descriptors:
+    // the connections stay open for the requests after).
     if found.iter().any(|m| m.e_tag.is_none()) {
         found = stream::iter(found.into_iter().map(|m| async move {
             if m.e_tag.is_some() {
@@ -140,7 +185,7 @@ pub(super) async fn list(store: &Arc<dyn ObjectStore>, url: &S3Url) -> Result<Ve
                 .await
                 .map_err(|e| store_error(&url, "HEAD", None, e))
         }))
-        .buffered(IN_FLIGHT)
+        .buffered(in_flight.max(1))
         .try_collect()
         .await?;
     }
@@ -198,14 +243,15 @@ fn room_for(url: &S3Url, dir: &Path, bytes: u64) -> Result<()> {
     )))
 }
 
-/// Fetches the object `meta` describes into `dest` with ranged GETs, [`IN_FLIGHT`] at a
-/// time, each conditional on the listed ETag (and checked against it, for a server that
+/// Fetches the object `meta` describes into `dest` with ranged GETs, `in_flight` at a time (at
+/// most [`IN_FLIGHT`]), each conditional on the listed ETag (and checked against it, for a server that
 /// ignores `If-Match`); commits the copy, then its identity.
 pub(super) async fn fetch(
     store: &Arc<dyn ObjectStore>,
     url: &str,
     meta: &ObjectMeta,
     dest: &Path,
+    in_flight: usize,
 ) -> Result<()> {
     let parent = scratch::parent_dir(dest);
     std::fs::create_dir_all(parent)
@@ -256,7 +302,7 @@ pub(super) async fn fetch(
         }
     });
     stream::iter(gets)
-        .buffer_unordered(IN_FLIGHT)
+        .buffer_unordered(in_flight.clamp(1, IN_FLIGHT))
         .try_collect::<Vec<()>>()
         .await?;
     drop(file);
@@ -273,7 +319,10 @@ pub(super) async fn stage(
     url: &S3Url,
     dir: &Path,
 ) -> Result<Vec<PathBuf>> {
-    let objects = list(store, url).await?;
+    // A connection each, and a copy's two descriptors: within what `ulimit -n` leaves,
+    // counted before the listing opens any connection.
+    let gets = within_descriptors(IN_FLIGHT, 3, &url.text)?;
+    let objects = list(store, url, gets).await?;
     let stale: Vec<bool> = objects
         .iter()
         .map(|m| {
@@ -300,13 +349,14 @@ pub(super) async fn stage(
         );
     }
     // Several objects at once, so that small objects (a GET each) do not wait on each
-    // other's first byte: as many as keep about IN_FLIGHT ranged GETs in flight in all.
+    // other's first byte: as many as keep about `gets` ranged GETs in flight in all.
     let widest = (objects.iter().zip(&stale))
         .filter(|(_, s)| **s)
-        .map(|(m, _)| m.size.div_ceil(CHUNK).clamp(1, IN_FLIGHT as u64))
+        .map(|(m, _)| m.size.div_ceil(CHUNK).clamp(1, gets as u64))
         .max()
         .unwrap_or(1);
-    let at_once = (IN_FLIGHT as u64 / widest).max(1) as usize;
+    let at_once = (gets as u64 / widest).max(1) as usize;
+    let each = (gets / at_once).max(1);
     stream::iter(objects.iter().zip(stale))
         .map(|(meta, stale)| async move {
             let key = meta.location.as_ref();
@@ -318,7 +368,7 @@ pub(super) async fn stage(
                         reason: "stopped while staging objects",
                     });
                 }
-                fetch(store, &object, meta, &dest).await?;
+                fetch(store, &object, meta, &dest, each).await?;
             }
             Ok(dest)
         })

@@ -309,7 +309,8 @@ pub fn identity(url: &str) -> Result<u64> {
     let cfg = S3Config::from_env()?;
     let url = S3Url::parse(url)?;
     let store = cfg.store(&url.bucket)?;
-    let objects = runtime()?.block_on(fetch::list(&store, &url))?;
+    let heads = fetch::within_descriptors(fetch::IN_FLIGHT, 1, &url.text)?;
+    let objects = runtime()?.block_on(fetch::list(&store, &url, heads))?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for m in &objects {
         (m.location.as_ref(), m.size, &m.e_tag).hash(&mut h);
@@ -340,7 +341,8 @@ pub fn check_fits(paths: &[PathBuf], limit: Option<u64>, reader: &str) -> Result
         };
         let url = S3Url::parse(u)?;
         let store = cfg.store(&url.bucket)?;
-        let listed = rt.block_on(fetch::list(&store, &url))?;
+        let heads = fetch::within_descriptors(fetch::IN_FLIGHT, 1, &url.text)?;
+        let listed = rt.block_on(fetch::list(&store, &url, heads))?;
         total += listed.iter().map(|m| m.size).sum::<u64>();
         urls.push(u);
     }
@@ -396,10 +398,14 @@ pub fn open_with(
     let rt = runtime()?;
     let mut total = 0u64;
     let mut listed = Vec::new();
+    // The open's requests in flight, each with a connection and while it indexes an
+    // object its copy's file, duplicate and ring: within what `ulimit -n` leaves, counted
+    // before the listing opens any connection (they stay open for the open's requests).
+    let in_flight = fetch::within_descriptors(stream::HEADS_IN_FLIGHT, 4, &urls.join(" "))?;
     for u in &urls {
         let url = S3Url::parse(u)?;
         let store = cfg.store(&url.bucket)?;
-        let objects = rt.block_on(fetch::list(&store, &url))?;
+        let objects = rt.block_on(fetch::list(&store, &url, in_flight))?;
         total += objects.iter().map(|m| m.size).sum::<u64>();
         listed.push((url, store, objects));
     }

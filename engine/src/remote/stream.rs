@@ -128,9 +128,11 @@ impl RemoteBytes for Objects {
     ) -> Result<()> {
         runtime()?.block_on(async {
             let asked = std::iter::from_fn(|| if stop() { None } else { ranges.next() });
+            let in_flight =
+                fetch::within_descriptors(crate::dataset::GETS_IN_FLIGHT, 1, &self.url(0))?;
             let mut gets = stream::iter(asked)
                 .map(|(f, a, len)| self.get(epoch, f, a, len))
-                .buffered(crate::dataset::GETS_IN_FLIGHT);
+                .buffered(in_flight);
             let mut i = 0;
             loop {
                 // A stop does not wait for the GETs in flight (a slow link, a store
@@ -273,16 +275,16 @@ pub(super) fn open(
             // Several objects indexed at once (a GET each would otherwise wait on the one
             // before it), as many as their copies fit the limit together and keep about
             // IN_FLIGHT ranged GETs in flight in all.
+            // (or what `ulimit -n` leaves: a connection each, and a copy's file, its
+            // duplicate and the ring that indexes it).
+            let gets = fetch::within_descriptors(fetch::IN_FLIGHT, 4, &url.text)?;
             let largest = objects.iter().map(|m| m.size).max().unwrap_or(0);
-            let widest = largest
-                .div_ceil(fetch::CHUNK)
-                .clamp(1, fetch::IN_FLIGHT as u64);
-            let at_once = (limit / largest.max(1))
-                .min(fetch::IN_FLIGHT as u64 / widest)
-                .max(1) as usize;
+            let widest = largest.div_ceil(fetch::CHUNK).clamp(1, gets as u64);
+            let at_once = (limit / largest.max(1)).min(gets as u64 / widest).max(1) as usize;
+            let each = (gets / at_once).max(1);
             let found: Vec<(Format, RemoteLayout, Option<PathBuf>)> = rt.block_on(
                 stream::iter(objects.iter().enumerate())
-                    .map(|(i, m)| layout_of(&handle, url, dir, m, opts, i))
+                    .map(|(i, m)| layout_of(&handle, url, dir, m, opts, (i, each)))
                     .buffered(at_once)
                     .try_collect(),
             )?;
@@ -444,7 +446,7 @@ async fn layout_of(
     dir: &Path,
     meta: &ObjectMeta,
     opts: &OpenOptions,
-    nth: usize,
+    (nth, gets): (usize, usize),
 ) -> Result<(Format, RemoteLayout, Option<PathBuf>)> {
     let key = meta.location.as_ref();
     let object = fetch::url_of(&url.bucket, key);
@@ -469,7 +471,7 @@ async fn layout_of(
         meta.size,
         &format!("indexing {object} (fetched alone, then removed)"),
     )?;
-    let fetched = fetch::fetch(&h.store, &object, meta, &dest).await;
+    let fetched = fetch::fetch(&h.store, &object, meta, &dest, gets).await;
     if fetched.is_ok() {
         h.count_open(|c| {
             c.gets += meta.size.div_ceil(fetch::CHUNK);
@@ -507,7 +509,7 @@ async fn layout_of(
 }
 
 /// Shard headers of an MDS dataset fetched at once while it opens.
-const HEADS_IN_FLIGHT: usize = 32;
+pub(super) const HEADS_IN_FLIGHT: usize = 32;
 
 /// An MDS dataset whose `index.json` is `ROOT/index.json`: the index (from the local cache
 /// while its ETag and size hold, else one GET), each listed shard's header (its sample
@@ -612,6 +614,8 @@ async fn skeleton_of(
             samples.get(name).map(|&n| (m, n))
         })
         .collect();
+    // A connection each, and the header's cache and skeleton files.
+    let in_flight = fetch::within_descriptors(HEADS_IN_FLIGHT, 3, &url.text)?;
     let mut heads = stream::iter(listed)
         .map(|(m, n)| async move {
             let key = m.location.as_ref();
@@ -620,7 +624,7 @@ async fn skeleton_of(
             let charged = shard_head(h, dir, &object, m, n, &dest).await?;
             Ok::<_, Error>((dest, m.clone(), charged))
         })
-        .buffer_unordered(HEADS_IN_FLIGHT);
+        .buffer_unordered(in_flight);
     let mut by_path = BTreeMap::new();
     while let Some(got) = heads.next().await {
         let (dest, m, c) = got?;

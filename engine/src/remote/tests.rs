@@ -110,11 +110,11 @@ fn an_object_replaced_while_it_is_fetched_is_an_error_naming_it_and_the_range() 
     let store = cfg.store(BUCKET).unwrap();
     let rt = runtime().unwrap();
     // Listed, then replaced before its GETs: the GETs see another ETag.
-    let listed = rt.block_on(fetch::list(&store, &url)).unwrap();
+    let listed = rt.block_on(fetch::list(&store, &url, 16)).unwrap();
     s3.put("r/a.bin", &body(n, 6));
     let dest = cache.path().join("a.bin");
     let e = rt
-        .block_on(fetch::fetch(&store, &url.text, &listed[0], &dest))
+        .block_on(fetch::fetch(&store, &url.text, &listed[0], &dest, 16))
         .unwrap_err()
         .to_string();
     assert!(e.contains(&url.text) && e.contains("replaced"), "{e}");
@@ -126,11 +126,11 @@ fn an_object_replaced_while_it_is_fetched_is_an_error_naming_it_and_the_range() 
     // Removed after listing: an error naming it, never a copy.
     s3.put("r/b.bin", b"0123");
     let url = S3Url::parse(&format!("s3://{BUCKET}/r/b.bin")).unwrap();
-    let listed = rt.block_on(fetch::list(&store, &url)).unwrap();
+    let listed = rt.block_on(fetch::list(&store, &url, 16)).unwrap();
     s3.remove("r/b.bin");
     let dest = cache.path().join("b.bin");
     let e = rt
-        .block_on(fetch::fetch(&store, &url.text, &listed[0], &dest))
+        .block_on(fetch::fetch(&store, &url.text, &listed[0], &dest, 16))
         .unwrap_err();
     assert!(e.to_string().contains(&url.text), "{e}");
     assert!(!dest.exists());
