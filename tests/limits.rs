@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::{assert_ok, gen, skip_needed_in_ci, text, Sandbox};
 
 /// Sets `resource`'s soft and hard limit to `value` on `cmd`'s process before it runs.
-fn with_rlimit(cmd: &mut Command, resource: nix::sys::resource::Resource, value: u64) {
+pub(crate) fn with_rlimit(cmd: &mut Command, resource: nix::sys::resource::Resource, value: u64) {
     // SAFETY: the closure runs in the child between fork and exec and only calls
     // setrlimit, which is async-signal-safe; it allocates nothing.
     unsafe {

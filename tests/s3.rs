@@ -440,7 +440,6 @@ fn a_staged_copys_index_sidecar_is_saved_only_within_the_cache_limit() {
 /// `ulimit -n 14` the read is refused before any fetch, saying to raise it.
 #[test]
 fn staging_many_objects_under_a_low_ulimit_n_fetches_within_it_or_says_to_raise_it() {
-    use std::os::unix::process::CommandExt;
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
     let dir = sb.data().join("many");
@@ -455,14 +454,7 @@ fn staging_many_objects_under_a_low_ulimit_n_fetches_within_it_or_says_to_raise_
     let limited = |n: u64| {
         let mut c = s3.cmd(&sb);
         c.env("RIFFLE_S3_CACHE", sb.path().join(format!("cache-{n}")));
-        // SAFETY: the closure runs in the child between fork and exec and only calls
-        // setrlimit, which is async-signal-safe; it allocates nothing.
-        unsafe {
-            c.pre_exec(move || {
-                nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
-                    .map_err(std::io::Error::from)
-            });
-        }
+        crate::limits::with_rlimit(&mut c, nix::sys::resource::Resource::RLIMIT_NOFILE, n);
         c
     };
     let got = ids(&sb, limited(32), &url, &["--mode", "lirs"]);
