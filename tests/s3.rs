@@ -475,6 +475,89 @@ fn staging_many_objects_under_a_low_ulimit_n_fetches_within_it_or_says_to_raise_
     );
 }
 
+/// A shared cache root (`RIFFLE_S3_CACHE` in a sticky directory all may write) where a
+/// neighbour made the endpoint's directory first and planted a copy with the object's
+/// identity beside it: refused, naming the owner (the planted records were read as the
+/// object's before). A root of one's own gets an endpoint directory only its user may
+/// enter, and reads the object.
+#[test]
+fn a_cache_directory_another_user_made_is_refused_and_never_read() {
+    use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+    let Some(s3) = Server::start() else { return };
+    if !nix::unistd::geteuid().is_root() {
+        riffle::testing::skip_needed_in_ci("not root: cannot make a directory as another user");
+        return;
+    }
+    let sb = Sandbox::new();
+    let file = sb.data().join("x.jsonl");
+    gen(&sb, &file, "lines", 300, 64, &[]);
+    let bytes = std::fs::read(&file).unwrap();
+    s3.put("n/x.jsonl", &bytes);
+    let url = format!("s3://{BUCKET}/n/x.jsonl");
+    // Stage once into a cache of one's own, to learn the names and identity riffle keeps.
+    let own = sb.path().join("own");
+    let mut c = s3.cmd(&sb);
+    c.env("RIFFLE_S3_CACHE", &own);
+    let want = ids(&sb, c, &url, &["--mode", "lirs"]);
+    let endpoint = std::fs::read_dir(&own)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mode = std::fs::metadata(&endpoint).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{}", endpoint.display());
+    // A neighbour (uid 65534) plants the same tree, with other records of the same size.
+    let shared = sb.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let theirs = shared.join(endpoint.file_name().unwrap());
+    let copy = theirs.join(BUCKET).join("n");
+    std::fs::create_dir_all(&copy).unwrap();
+    let planted = String::from_utf8(bytes.clone())
+        .unwrap()
+        .replace("\"id\":", "\"id\":9");
+    let planted = &planted.as_bytes()[..bytes.len()];
+    std::fs::write(copy.join("x.jsonl"), planted).unwrap();
+    let identity = endpoint.join(BUCKET).join("n/.x.jsonl.riffle-object");
+    std::fs::copy(&identity, copy.join(".x.jsonl.riffle-object")).unwrap();
+    for d in [theirs.clone(), theirs.join(BUCKET), copy.clone()] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        chown(&d, Some(65534), Some(65534)).unwrap();
+    }
+    for f in ["x.jsonl", ".x.jsonl.riffle-object"] {
+        chown(copy.join(f), Some(65534), Some(65534)).unwrap();
+    }
+    for mode in ["lirs", "two-pass"] {
+        let o = s3
+            .cmd(&sb)
+            .env("RIFFLE_S3_CACHE", &shared)
+            .args(["read", &url, "--batch-size", "16", "--mode", mode])
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{mode}: {err}");
+        assert!(
+            err.contains("belongs to uid 65534") && err.contains("RIFFLE_S3_CACHE"),
+            "{mode}: {err}"
+        );
+    }
+    // Streamed (past --cache-limit): its layouts live in the same directory.
+    let o = s3
+        .cmd(&sb)
+        .env("RIFFLE_S3_CACHE", &shared)
+        .args(["read", &url, "--batch-size", "16", "--cache-limit", "8K"])
+        .output()
+        .unwrap();
+    assert!(
+        text(&o.stderr).contains("belongs to uid 65534"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(std::fs::read(copy.join("x.jsonl")).unwrap(), planted);
+    assert!(!want.is_empty());
+}
+
 /// Every file under `dir` (none when it does not exist).
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();

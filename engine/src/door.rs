@@ -338,6 +338,59 @@ impl Root {
     }
 }
 
+/// Why `dir` is not the user's own, if it is not: a link, not a directory, another
+/// user's, or open to others by a bit of `others` (0o077: no access at all; 0o022: no
+/// writing); or in a parent whose entries someone else may rename (not the user's or
+/// root's, or written by others without the sticky bit, as /tmp has). A directory that is
+/// not the user's may hold entries others planted (a socket, a staged copy with its
+/// identity) or have them swapped after a check.
+pub fn not_owned_dir(dir: &Path, others: u32) -> Result<Option<String>> {
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| Error::io(dir, "stat", None, e))?;
+    let me = nix::unistd::geteuid().as_raw();
+    let why = if meta.file_type().is_symlink() {
+        Some("is a symbolic link".to_string())
+    } else if !meta.is_dir() {
+        Some("is not a directory".to_string())
+    } else if meta.uid() != me {
+        Some(format!(
+            "belongs to uid {}, not to you (uid {me})",
+            meta.uid()
+        ))
+    } else if meta.mode() & others != 0 {
+        Some(format!(
+            "is open to others (mode {:o}; {})",
+            meta.mode() & 0o777,
+            if others & 0o044 != 0 {
+                "it must be 700"
+            } else {
+                "only you may write it"
+            }
+        ))
+    } else {
+        None
+    };
+    Ok(why.or_else(|| {
+        let parent = dir.parent()?;
+        let p = std::fs::metadata(parent).ok()?;
+        let others_write = p.mode() & 0o022 != 0 && p.mode() & 0o1000 == 0;
+        if p.uid() != me && p.uid() != 0 {
+            Some(format!(
+                "is in {}, which belongs to uid {}",
+                parent.display(),
+                p.uid()
+            ))
+        } else if others_write {
+            Some(format!(
+                "is in {}, which others may write and is not sticky (mode {:o})",
+                parent.display(),
+                p.mode() & 0o7777
+            ))
+        } else {
+            None
+        }
+    }))
+}
+
 /// Why [`Root::open_beneath`] refused a path, for errors: `None` when the error is not one
 /// of its refusals.
 pub fn beneath_refusal(e: &std::io::Error) -> Option<&'static str> {

@@ -112,6 +112,30 @@ pub fn cache_root() -> Result<PathBuf> {
     }
 }
 
+/// The cache of `cfg`'s endpoint under `root`, made (mode 0700) if missing, and refused
+/// unless it is the user's own: a staged copy found there is read as the object when its
+/// recorded identity matches, so a directory others may write (a shared `RIFFLE_S3_CACHE`,
+/// a neighbour who made the name first in /tmp) could hand the read planted records.
+fn endpoint_cache(root: &Path, cfg: &S3Config) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::create_dir_all(root)
+        .map_err(|e| Error::io(root, "create the object cache (RIFFLE_S3_CACHE)", None, e))?;
+    let dir = root.join(cfg.cache_dir());
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io(&dir, "create the object cache", None, e)),
+    }
+    match crate::door::not_owned_dir(&dir, 0o022)? {
+        None => Ok(dir),
+        Some(why) => Err(Error::Invalid(format!(
+            "{}: {why}: staged copies are trusted as the objects they stand for, so their \
+             cache must be yours alone; point RIFFLE_S3_CACHE at a directory of your own",
+            dir.display()
+        ))),
+    }
+}
+
 /// Where the objects are and who asks: the endpoint and credentials. [`S3Config::from_env`]
 /// reads them the standard AWS way; tests name them.
 #[derive(Clone, Debug, Default)]
@@ -228,7 +252,7 @@ pub fn stage(url: &str, cfg: &S3Config) -> Result<Vec<PathBuf>> {
 pub fn stage_in(url: &str, cfg: &S3Config, root: &Path) -> Result<Vec<PathBuf>> {
     let url = S3Url::parse(url)?;
     let store = cfg.store(&url.bucket)?;
-    let dir = root.join(cfg.cache_dir()).join(&url.bucket);
+    let dir = endpoint_cache(root, cfg)?.join(&url.bucket);
     runtime()?.block_on(fetch::stage(&store, &url, &dir))
 }
 
@@ -432,8 +456,7 @@ pub fn open_with(
         Some(r) => r.to_path_buf(),
         None => cache_root()?,
     };
-    let dir = root
-        .join(cfg.cache_dir())
+    let dir = endpoint_cache(&root, cfg)?
         .join(".streamed")
         .join(&url.bucket);
     let objects = std::mem::take(objects);

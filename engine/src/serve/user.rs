@@ -21,7 +21,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
@@ -92,48 +92,7 @@ pub fn prepare_dir(dir: &Path) -> Result<()> {
 
 /// Refuses a directory that is not the user's alone.
 fn check_private(dir: &Path) -> Result<()> {
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| Error::io(dir, "stat", None, e))?;
-    let me = nix::unistd::geteuid().as_raw();
-    let why = if meta.file_type().is_symlink() {
-        Some("is a symbolic link".to_string())
-    } else if !meta.is_dir() {
-        Some("is not a directory".to_string())
-    } else if meta.uid() != me {
-        Some(format!(
-            "belongs to uid {}, not to you (uid {me})",
-            meta.uid()
-        ))
-    } else if meta.mode() & 0o077 != 0 {
-        Some(format!(
-            "is open to others (mode {:o}; it must be 700)",
-            meta.mode() & 0o777
-        ))
-    } else {
-        None
-    };
-    // Whoever may rename entries of the parent could swap the directory for another
-    // after this check: the parent must be the user's or root's, and if others may write
-    // it, sticky (as /tmp is: only an entry's owner renames it).
-    let why = why.or_else(|| {
-        let parent = dir.parent()?;
-        let p = std::fs::metadata(parent).ok()?;
-        let others_write = p.mode() & 0o022 != 0 && p.mode() & 0o1000 == 0;
-        if p.uid() != me && p.uid() != 0 {
-            Some(format!(
-                "is in {}, which belongs to uid {}",
-                parent.display(),
-                p.uid()
-            ))
-        } else if others_write {
-            Some(format!(
-                "is in {}, which others may write and is not sticky (mode {:o})",
-                parent.display(),
-                p.mode() & 0o7777
-            ))
-        } else {
-            None
-        }
-    });
+    let why = crate::door::not_owned_dir(dir, 0o077)?;
     match why {
         None => Ok(()),
         Some(why) => Err(Error::Invalid(format!(
@@ -202,6 +161,7 @@ pub fn holder(dir: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn a_directory_not_the_users_alone_is_refused_naming_why() {
