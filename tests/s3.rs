@@ -435,18 +435,19 @@ fn a_staged_copys_index_sidecar_is_saved_only_within_the_cache_limit() {
     }
 }
 
-/// Staging 200 objects under `ulimit -n 32`: the GETs in flight are as many as the free
-/// descriptors allow (it failed part way with "Too many open files" before), and under
-/// `ulimit -n 14` the read is refused before any fetch, saying to raise it.
+/// Staging 100 objects under `ulimit -n 32`: the GETs in flight are as many as the free
+/// descriptors allow (it failed part way with "Too many open files" before), a streamed
+/// read of them fits it too, and under `ulimit -n 14` the read is refused before any fetch,
+/// saying to raise it.
 #[test]
 fn staging_many_objects_under_a_low_ulimit_n_fetches_within_it_or_says_to_raise_it() {
     let Some(s3) = Server::start() else { return };
     let sb = Sandbox::new();
     let dir = sb.data().join("many");
     std::fs::create_dir_all(&dir).unwrap();
-    for i in 0..200 {
+    for i in 0..100 {
         let p = dir.join(format!("s{i:03}.jsonl"));
-        gen(&sb, &p, "lines", 20, 50, &["--seed", &i.to_string()]);
+        gen(&sb, &p, "lines", 300, 50, &["--seed", &i.to_string()]);
         s3.put(&format!("many/s{i:03}.jsonl"), &std::fs::read(&p).unwrap());
     }
     let url = format!("s3://{BUCKET}/many/");
@@ -459,6 +460,11 @@ fn staging_many_objects_under_a_low_ulimit_n_fetches_within_it_or_says_to_raise_
     };
     let got = ids(&sb, limited(32), &url, &["--mode", "lirs"]);
     assert_eq!(got, local, "the staged read's batches under ulimit -n 32");
+    // Streamed past --cache-limit: its plan counted the objects as open files (50 asked
+    // under a limit of 32) and was refused.
+    let args = ["--mode", "two-pass", "--cache-limit", "1M"];
+    let got = ids(&sb, limited(32), &url, &args);
+    assert_eq!(got, local, "the streamed read's batches under ulimit -n 32");
     let o = limited(14)
         .args(["read", &url, "--batch-size", "16"])
         .output()

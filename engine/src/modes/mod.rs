@@ -517,7 +517,13 @@ pub fn demand(ds: &Dataset, units: &Units, opts: &ReadOptions) -> crate::resourc
         widest_unit,
         index_bytes: ds.index_bytes(),
         view_bytes: ds.view_bytes(),
-        files: ds.files().len() as u64,
+        // A streamed dataset's objects are read over connections, not files: its GETs take
+        // what descriptors the run leaves (`remote::fetch::within_descriptors`).
+        files: if ds.remote().is_some() {
+            0
+        } else {
+            ds.files().len() as u64
+        },
         batch: opts.batch,
         prefetch: opts.prefetch,
         depth: opts.io.depth,
