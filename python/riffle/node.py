@@ -26,7 +26,10 @@ dict, or else the environment):
 
 An `s3://bucket/prefix/` dataset is opened by the daemon with its own environment (the
 `AWS_*` variables and profile it was started with, those of the process that started it)
-and its `cache_limit`: staged whole when it fits, else streamed two-pass within it.
+and its `cache_limit`: staged whole when it fits, else streamed two-pass within it. So
+`riffle.torch.loader` refuses an `s3://` dataset when the daemon's object-store variables
+(endpoint, region, keys, profile, `RIFFLE_S3_CACHE`) are not this process's
+(`check_store_env`): it would read another store's objects in silence.
 
 A daemon already running keeps the options it was started with.
 """
@@ -174,6 +177,54 @@ def _args(daemon):
         if v not in (None, ""):
             args += [flag, str(v)]
     return args
+
+
+# What the daemon opens an s3:// dataset with: the endpoint, region, keys and profile
+# (riffle's S3Config reads these), and where it caches. Keys are compared, never shown.
+_STORE_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT", "AWS_REGION",
+               "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+               "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_ACCESS_KEY_ID",
+               "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ALLOW_HTTP",
+               "RIFFLE_S3_CACHE")
+_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def check_store_env(name, d=None):
+    """Refuses a dataset naming `s3://` (`name` as `dataset_name` gives it) that the node
+    daemon would open with another object-store environment than this process's: the
+    daemon reads objects with the `AWS_*` variables it was started with, so a job whose
+    endpoint, region, keys or profile differ would be served another store's objects (or
+    another account's) in silence. Nothing is checked where the daemon's environment
+    cannot be read (another process's /proc hidden)."""
+    if S3 not in name:
+        return
+    d = d or runtime_dir()
+    pid, _ = _holder(d)
+    try:
+        with open(f"/proc/{int(pid)}/environ", "rb") as f:
+            raw = f.read()
+    except (TypeError, ValueError, OSError):
+        return
+    theirs = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            theirs[os.fsdecode(k)] = os.fsdecode(v)
+    differ = [k for k in _STORE_VARS if theirs.get(k) != os.environ.get(k)]
+    if not differ:
+        return
+    said = []
+    for k in differ:
+        if k in _SECRETS:
+            said.append(f"{k} differs")
+        else:
+            said.append(f"{k} is {theirs.get(k, '(unset)')!r} there and "
+                        f"{os.environ.get(k, '(unset)')!r} here")
+    raise RiffleDaemonError(
+        f"the node daemon (pid {pid}) opens s3:// datasets with the object-store "
+        f"environment it was started with, which is not this process's: {'; '.join(said)}. "
+        f"Stop it (`riffle serve --user --stop`) once its jobs are done, or give this job a "
+        f"daemon of its own (RIFFLE_RUNTIME_DIR set to another directory)")
 
 
 def _holder(d):

@@ -831,6 +831,7 @@ def _where(socket, dataset, batch_size, daemon):
     if dataset is None:
         name = _node.dataset_name(socket)
         _node.client(daemon).close()
+        _node.check_store_env(name)
         return None, name, batch_size
     if daemon is not None:
         raise ValueError("daemon options are for a dataset given by path (the node daemon), "

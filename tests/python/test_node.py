@@ -376,6 +376,29 @@ def test_the_node_daemon_serves_an_s3_url_like_the_same_files(rundir, tmp_path, 
         assert "s3://data/t/" in names, names
 
 
+def test_an_s3_dataset_is_refused_where_the_daemon_has_another_store_environment(
+        rundir, tmp_path, s3, monkeypatch):
+    """The node daemon opens s3:// datasets with the environment it was started with: a job
+    whose endpoint or keys differ would have been served the other store's objects in
+    silence. riffle.torch.loader checks (`check_store_env`) and refuses, naming the
+    variables (never a key's value); the same environment, or a local path, passes."""
+    with riffle.node.client() as c:
+        c.stats()
+    riffle.node.check_store_env("s3://data/t/")
+    riffle.node.check_store_env(str(tmp_path / "x.npy"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "another-secret")
+    with pytest.raises(riffle.RiffleDaemonError) as e:
+        riffle.node.check_store_env("s3://data/t/")
+    said = str(e.value)
+    assert "AWS_ENDPOINT_URL is 'http://127.0.0.1:" in said and "'http://127.0.0.1:1' here" in said
+    assert "AWS_SECRET_ACCESS_KEY differs" in said
+    assert "another-secret" not in said and "riffle-secret" not in said
+    with pytest.raises(riffle.RiffleDaemonError):
+        riffle.node.check_store_env(f"mix:a=s3://data/t/*1,b={tmp_path}/y.npy*1")
+    riffle.node.check_store_env(str(tmp_path / "x.npy"))
+
+
 def test_torchrun_with_a_dataset_path_needs_no_set_up(rundir, tmp_path, monkeypatch):
     """Acceptance (issue 31): examples/train.py, 9 lines that give riffle.torch.loader a
     path, under torchrun with 4 ranks of 2 DataLoader workers, with no daemon running: one
