@@ -25,6 +25,7 @@ use crate::dataset::{
     RemoteLayout,
 };
 use crate::format::Format;
+use crate::io::LargeBuf;
 use crate::{Error, Result};
 
 /// The objects of a streamed dataset, in file order, and the local disk its read may use.
@@ -71,8 +72,15 @@ impl Objects {
         format!("s3://{}/{}", self.bucket, self.metas[file].location)
     }
 
-    /// Bytes `a..a + len` of file `file`, conditional on its listed ETag.
-    async fn get(&self, epoch: u64, file: usize, a: u64, len: usize) -> Result<bytes::Bytes> {
+    /// Bytes `a..a + len` of file `file`, conditional on its listed ETag, into `into`
+    /// (cleared first: a spent body's buffer, so its pages are not faulted in again).
+    async fn get(
+        &self,
+        epoch: u64,
+        file: usize,
+        (a, len): (u64, usize),
+        mut into: LargeBuf,
+    ) -> Result<LargeBuf> {
         let meta = self.metas.get(file).ok_or_else(|| {
             Error::Internal(format!(
                 "a streamed read of file {file} of {}",
@@ -99,22 +107,39 @@ impl Objects {
                 source: "ETag differs".into(),
             }));
         }
-        let bytes = got.bytes().await.map_err(err)?;
-        if bytes.len() != len {
+        // The body's chunks copied into `into` as they come: `GetResult::bytes` would
+        // gather them into fresh memory, every 4 KiB page of it faulted in and zeroed (a
+        // quarter of the scatter thread's CPU on loopback); `into` is on huge pages and
+        // reused for the epoch's later GETs.
+        into.clear();
+        into.reserve_total(len);
+        let mut body = got.into_stream();
+        let mut more = false;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(err)?;
+            if into.len() + chunk.len() > len {
+                more = true;
+                break;
+            }
+            into.extend_from_slice(&chunk);
+        }
+        if more || into.len() != len {
+            let got = if more {
+                format!("more than {len}")
+            } else {
+                into.len().to_string()
+            };
             return Err(Error::BadInput {
                 path: PathBuf::from(&url),
                 offset: Some(a),
-                what: format!(
-                    "a ranged GET of bytes {a}..{b} returned {} bytes",
-                    bytes.len()
-                ),
+                what: format!("a ranged GET of bytes {a}..{b} returned {got} bytes"),
             });
         }
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let n = c.entry((epoch, file)).or_default();
         n.0 += 1;
         n.1 += len as u64;
-        Ok(bytes)
+        Ok(into)
     }
 }
 
@@ -130,8 +155,14 @@ impl RemoteBytes for Objects {
             let asked = std::iter::from_fn(|| if stop() { None } else { ranges.next() });
             let in_flight =
                 fetch::within_descriptors(crate::dataset::GETS_IN_FLIGHT, 1, &self.url(0))?;
+            // Bodies' buffers, handed back once their range is done: at most the GETs in
+            // flight and the one being handed over exist at once.
+            let spare: std::cell::RefCell<Vec<LargeBuf>> = Default::default();
             let mut gets = stream::iter(asked)
-                .map(|(f, a, len)| self.get(epoch, f, a, len))
+                .map(|(f, a, len)| {
+                    let into = spare.borrow_mut().pop().unwrap_or_default();
+                    self.get(epoch, f, (a, len), into)
+                })
                 .buffered(in_flight);
             let mut i = 0;
             loop {
@@ -148,7 +179,9 @@ impl RemoteBytes for Objects {
                 let Some(got) = got else {
                     return Ok(());
                 };
-                done(i, &got?);
+                let got = got?;
+                done(i, got.as_slice());
+                spare.borrow_mut().push(got);
                 i += 1;
             }
         })
