@@ -1146,3 +1146,42 @@ fn a_weighted_mixture_has_exact_counts_and_the_same_batches_in_both_modes() {
     }
     assert_ne!(samples[0], samples[1], "each epoch draws a new sample");
 }
+
+/// A LIRS read whose requests are submitted each at once (a disk's choice) sets its ring up
+/// without COOP_TASKRUN, so completions are run as they come; one submitting at each wait (a
+/// memory-speed device's) keeps it. The batches are the same either way.
+#[test]
+fn a_read_submitting_each_request_at_once_has_no_coop_taskrun() {
+    let dir = tempfile::tempdir_in(".").unwrap();
+    let ds = make(dir.path(), GenFormat::Npy, 3000, 256, 0.0);
+    let run = |submit_batch| {
+        let mut o = ReadOptions::new(100);
+        o.grouping = Grouping::Page { unit: 4096 };
+        o.io = IoConfig {
+            depth: 16,
+            backend: BackendChoice::Uring,
+            submit_batch,
+            ..IoConfig::default()
+        };
+        let mut s = read(ds.clone(), o).unwrap();
+        let ids: Vec<Vec<u64>> = s.by_ref().map(|b| b.unwrap().ids).collect();
+        let r = s.report();
+        (r.backend, r.io_features, ids)
+    };
+    let (backend, at_wait, at_wait_ids) = run(crate::io::SUBMIT_AT_WAIT);
+    if backend != "io_uring" {
+        crate::testing::skip("io_uring is not available here: the pread pool read");
+        return;
+    }
+    if at_wait.contains("no COOP_TASKRUN") {
+        crate::testing::skip("this kernel has no COOP_TASKRUN");
+        return;
+    }
+    let (_, at_once, at_once_ids) = run(1);
+    assert!(
+        at_once.contains("no COOP_TASKRUN"),
+        "each at once: {at_once}"
+    );
+    assert!(at_wait.contains("submitted at each wait"), "{at_wait}");
+    assert_eq!(at_once_ids, at_wait_ids);
+}
