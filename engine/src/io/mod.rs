@@ -214,8 +214,8 @@ pub struct IoConfig {
 /// The io_uring features a ring asks for. Every field but SQPOLL is on by default and used
 /// where the kernel allows it (a ring that cannot have them is set up without; the backend's
 /// `features()` says what it got); turning one off is for measuring what it is worth (the
-/// bench's fast-device suite). `RIFFLE_URING=nofixedbufs,nofixedfiles,nocoop` turns the first
-/// three off from the environment.
+/// bench's fast-device suite). `RIFFLE_URING=nofixedbufs,nofixedfiles` turns the first two
+/// off from the environment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct UringFeatures {
     /// Registered buffers (READ_FIXED / WRITE_FIXED): the slab is pinned and mapped once,

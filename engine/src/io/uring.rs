@@ -146,9 +146,7 @@ fn build_ring(entries: u32, features: UringFeatures) -> std::result::Result<Ring
     // COOP_TASKRUN (Linux 5.19): completions are run when this thread next enters the
     // kernel (every wait does) instead of interrupting it with a task-work signal. The
     // kernel refuses it with SQPOLL, whose thread runs the completions itself.
-    // `RIFFLE_URING=nocoop` turns it off from the environment (for measuring it).
-    let off = std::env::var("RIFFLE_URING").is_ok_and(|k| k.split(',').any(|k| k == "nocoop"));
-    let coop = features.coop_taskrun && features.sqpoll_idle_ms.is_none() && !off;
+    let coop = features.coop_taskrun && features.sqpoll_idle_ms.is_none();
     let build = |coop: bool, sqpoll: Option<u32>| {
         let mut b = IoUring::builder();
         b.setup_cqsize(entries * 2);

@@ -303,19 +303,10 @@ fn read_io(ds: &Dataset, opts: &ReadOptions, plan: &LirsPlan, r: &mut ReadReport
         },
     };
     r.io_submit = format!("{}: {}", choice.shown(), choice.why);
-    // COOP_TASKRUN only where requests wait for the next enter anyway: a ring that submits
-    // each request at once (a disk that completes in bursts) runs its completions as they
-    // come, without it, as before the flag was taken up (on the virtio disk: 1.3-2.0 x the
-    // records/s with it off, per round, see docs/issue34.md).
-    let uring = crate::io::UringFeatures {
-        coop_taskrun: opts.io.uring.coop_taskrun && choice.batch != 1,
-        ..opts.io.uring
-    };
     IoConfig {
         slot_size: plan.slot_size,
         depth: plan.depth,
         submit_batch: choice.batch,
-        uring,
         ..opts.io.clone()
     }
 }
