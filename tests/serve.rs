@@ -1196,7 +1196,23 @@ fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
         s.next_batch().unwrap().unwrap();
     }
     s.close().unwrap();
-    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+    // Only the piles the whole read rolled past its end are left, kept for the job's next
+    // pass (`rolled`), and they go with the daemon.
+    let left = || -> Vec<String> {
+        (std::fs::read_dir(&scratch).unwrap())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let kept = left();
+    assert!(
+        kept.len() == 1 && kept[0].starts_with(".riffle-scratch-rolled-"),
+        "{kept:?}"
+    );
+    assert_eq!(c.stats().unwrap()["rolled"]["kept_now"], 1);
+    drop(c);
+    let mut d = d;
+    signal_and_wait(&mut d, &["TERM"]);
+    assert_eq!(left(), Vec::<String>::new());
 }
 
 /// The bytes of the piles under `scratch` (every file below it).
@@ -1943,3 +1959,4 @@ fn a_resume_past_the_end_of_a_ranks_epoch_is_a_bad_request_at_open() {
 
 mod join;
 mod resident;
+mod rolled;

@@ -60,7 +60,7 @@ pub(super) struct JobKey {
 
 impl JobKey {
     /// Whether the job's pass reads through piles.
-    fn two_pass(&self) -> bool {
+    pub(super) fn two_pass(&self) -> bool {
         self.mode == Mode::TwoPass || self.piled
     }
 }

@@ -111,9 +111,10 @@ impl Server {
         let spare = spare_fd(path)?;
         count_panics();
         let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
-        let (cfg_memory, scratch_limit, index_bytes) = (
+        let (cfg_memory, scratch_limit, keep_rolled, index_bytes) = (
             cfg.memory,
             cfg.scratch_limit,
+            cfg.keep_rolled,
             cfg.datasets
                 .iter()
                 .map(|(_, d)| d.dataset().index_bytes())
@@ -164,7 +165,15 @@ impl Server {
                 .map(|l| Budget::new(l, 0, "--scratch-limit", Unit::Bytes)),
             space: super::space::ScratchSpace::new(),
             files,
+            rolled: super::rolled::Rolled::new(keep_rolled),
         });
+        // An admission short of scratch first drops the piles kept for a job's next pass.
+        let rolled = Arc::downgrade(&shared.rolled);
+        let evict = move |need| rolled.upgrade().is_some_and(|r| r.evict(need));
+        shared.space.on_short(Box::new(evict.clone()));
+        if let Some(b) = &shared.scratch_budget {
+            b.on_short(Box::new(evict));
+        }
         // An admission short of memory first drops the resident copies no pass uses.
         let weak = Arc::downgrade(&shared);
         shared.budget.on_short(Box::new(move |need| {
@@ -201,6 +210,7 @@ impl Server {
             if self.shared.stopping.load(Ordering::SeqCst) {
                 break;
             }
+            self.shared.rolled.expire();
             if !ready {
                 if self.idle_for(&mut idle_since) && self.leave_idle() {
                     self.shared.stopping.store(true, Ordering::SeqCst);
@@ -236,6 +246,8 @@ impl Server {
             }
         }
         self.close_conns(threads);
+        // Kept piles are scratch: they go with the daemon.
+        self.shared.rolled.clear();
         let path = &self.shared.cfg.socket;
         if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == self.socket_id) {
             let _ = std::fs::remove_file(path);
@@ -250,9 +262,11 @@ impl Server {
             PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.shared.wake.0.as_fd(), PollFlags::POLLIN),
         ];
-        let timeout = match self.shared.cfg.exit_idle {
-            Some(_) => PollTimeout::from(1000u16),
-            None => PollTimeout::NONE,
+        // Kept rolled piles expire on this tick too.
+        let tick = self.shared.cfg.exit_idle.is_some() || !self.shared.cfg.keep_rolled.is_zero();
+        let timeout = match tick {
+            true => PollTimeout::from(1000u16),
+            false => PollTimeout::NONE,
         };
         match poll(&mut fds, timeout) {
             Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),
