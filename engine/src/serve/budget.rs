@@ -299,6 +299,13 @@ impl ScratchHold {
             .as_ref()
             .map_or(0, super::space::Reservation::bytes)
     }
+
+    /// The piles are written: other processes see them in the free space, not as a claim.
+    pub(super) fn written(&mut self) {
+        if let Some(s) = &mut self.space {
+            s.written();
+        }
+    }
 }
 
 impl Admitted {

@@ -152,7 +152,8 @@ impl Rolled {
         let ticket = self.expect(&next);
         let (me, h) = (self.clone(), holds.clone());
         let keep: crate::modes::KeepRolled = Box::new(move |outcome| {
-            let held = std::mem::take(&mut *h.lock().unwrap_or_else(|p| p.into_inner()));
+            let mut held = std::mem::take(&mut *h.lock().unwrap_or_else(|p| p.into_inner()));
+            held.iter_mut().for_each(ScratchHold::written);
             me.arrive(ticket, next, outcome, held, stamps);
         });
         opts.roll = Some(Roll::new(piles, Some(keep)));

@@ -55,6 +55,12 @@ impl Reservation {
     pub(super) fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Gives up its claim in the scratch directory (the piles are written: the filesystem's
+    /// free space says so to other processes), keeping the daemon's ledger.
+    pub(super) fn written(&mut self) {
+        self._claim = None;
+    }
 }
 
 impl Drop for Reservation {
