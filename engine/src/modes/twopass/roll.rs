@@ -143,3 +143,26 @@ pub(super) fn room_for_next(
     }
     ScratchDir::new_in(location, "rolled").map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::room_for_next;
+
+    /// The next epoch's piles are rolled only where the scratch's real free space holds
+    /// them beside this epoch's (what is left of them), and then in a directory of their
+    /// own; otherwise the read is told why, in numbers.
+    #[test]
+    fn the_next_epochs_piles_roll_only_where_the_free_space_holds_them() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        let free = crate::probe::free_bytes(dir.path()).unwrap();
+        let why = room_for_next(dir.path(), 1 << 20, free + (1 << 40)).unwrap_err();
+        assert!(
+            why.contains("more scratch") && why.contains("is free"),
+            "{why}"
+        );
+        let d = room_for_next(dir.path(), 1 << 20, 2 << 20).unwrap();
+        assert!(d.path().starts_with(dir.path()) && d.path().is_dir());
+        let name = d.path().file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with(".riffle-scratch-rolled-"), "{name}");
+    }
+}
