@@ -62,6 +62,21 @@ impl Shutdown {
     }
 }
 
+/// An admission short of memory first drops the resident copies no pass uses; one short
+/// of scratch, the piles kept for a job's next pass.
+fn reclaim_when_short(shared: &Arc<Shared>) {
+    let weak = Arc::downgrade(shared);
+    shared.budget.on_short(Box::new(move |need| {
+        weak.upgrade().is_some_and(|s| s.residents.evict_idle(need))
+    }));
+    let rolled = Arc::downgrade(&shared.rolled);
+    let evict = move |need| rolled.upgrade().is_some_and(|r| r.evict(need));
+    shared.space.on_short(Box::new(evict.clone()));
+    if let Some(b) = &shared.scratch_budget {
+        b.on_short(Box::new(evict));
+    }
+}
+
 impl Server {
     /// Binds the socket (removing a stale one nobody listens on) with `socket_mode`.
     pub fn bind(cfg: ServeConfig) -> Result<Server> {
@@ -167,18 +182,7 @@ impl Server {
             files,
             rolled: super::rolled::Rolled::new(keep_rolled),
         });
-        // An admission short of scratch first drops the piles kept for a job's next pass.
-        let rolled = Arc::downgrade(&shared.rolled);
-        let evict = move |need| rolled.upgrade().is_some_and(|r| r.evict(need));
-        shared.space.on_short(Box::new(evict.clone()));
-        if let Some(b) = &shared.scratch_budget {
-            b.on_short(Box::new(evict));
-        }
-        // An admission short of memory first drops the resident copies no pass uses.
-        let weak = Arc::downgrade(&shared);
-        shared.budget.on_short(Box::new(move |need| {
-            weak.upgrade().is_some_and(|s| s.residents.evict_idle(need))
-        }));
+        reclaim_when_short(&shared);
         Ok(Server {
             listener,
             socket_id,
