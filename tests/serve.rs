@@ -485,6 +485,19 @@ fn two_pass_streams_are_admitted_within_the_scratch_limit() {
     assert_eq!(n, 50_000usize.div_ceil(64));
     drop(st);
     drop(c);
+    // The piles it rolled past its end keep its scratch for the job's next pass; a stream of
+    // another job is admitted at once by dropping them (kept piles go first).
+    d.wait_stats("the kept piles hold the pass's scratch", |s| {
+        s["rolled"]["kept_now"] == 1 && s["scratch_planned"] == planned
+    });
+    let mut req = OpenRequest::new("train", 64);
+    req.seed = 1;
+    let mut c = d.client();
+    let mut st = c.open(req).unwrap();
+    assert!(st.next_batch().unwrap().is_some());
+    assert_eq!(d.stats()["rolled"]["evicted"], 1);
+    drop(st);
+    drop(c);
     d.wait_stats("scratch given back", |s| s["scratch_planned"] == 0);
 }
 
