@@ -151,9 +151,13 @@ impl Rolled {
         let next = RollKey::at(key, key.first_epoch + key.epochs, part);
         let ticket = self.expect(&next);
         let (me, h) = (self.clone(), holds.clone());
+        // Kept piles take the pass's scratch with them (the pass is over but for its
+        // report); a pass that does not roll keeps it until it ends.
         let keep: crate::modes::KeepRolled = Box::new(move |outcome| {
-            let mut held = std::mem::take(&mut *h.lock().unwrap_or_else(|p| p.into_inner()));
-            held.iter_mut().for_each(ScratchHold::written);
+            let held = match outcome {
+                Ok(_) => std::mem::take(&mut *h.lock().unwrap_or_else(|p| p.into_inner())),
+                Err(_) => Vec::new(),
+            };
             me.arrive(ticket, next, outcome, held, stamps);
         });
         opts.roll = Some(Roll::new(piles, Some(keep)));
@@ -230,6 +234,9 @@ impl Rolled {
             .retain(|(_, s)| !matches!(s, Slot::Pending(t) if *t == ticket));
         match outcome {
             Ok(piles) => {
+                // Written: other processes see them in the free space, not as a claim.
+                let mut holds = holds;
+                holds.iter_mut().for_each(ScratchHold::written);
                 let (i, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut g.slots)
                     .into_iter()
                     .partition(|(k, s)| k == &key && matches!(s, Slot::Ready(_)));
