@@ -148,7 +148,7 @@ impl Rolled {
         let (piles, mut held) = taken.map_or((None, Vec::new()), |(p, h)| (Some(p), h));
         held.push(admitted.take_scratch());
         let holds: Holds = Arc::new(Mutex::new(held));
-        let next = RollKey::at(key, key.first_epoch + key.epochs, part);
+        let next = RollKey::at(key, key.first_epoch.saturating_add(key.epochs), part);
         let ticket = self.expect(&next);
         let (me, h) = (self.clone(), holds.clone());
         // Kept piles take the pass's scratch with them (the pass is over but for its
