@@ -24,7 +24,9 @@ pub use partial::read_partly_resident;
 pub use payload::{Lender, Lent, Payload, PayloadLender, Viewed};
 pub use resident::{piled_rest_scratch, read_held, read_resident, read_resident_in, Held};
 pub use share::{Joining, PassEnded, Ranks, Refused, SharedPass, StartPass};
-pub use twopass::{prefix_needs, read_prefix_piled, read_two_pass, HeldPrefix};
+pub use twopass::{
+    prefix_needs, read_prefix_piled, read_two_pass, HeldPrefix, KeepRolled, Roll, RolledPiles,
+};
 
 use crate::dataset::Dataset;
 use crate::io::IoConfig;
@@ -113,6 +115,10 @@ pub struct ReadOptions {
     /// its open-file budget; at least the queue depth plus one); `None`: the process's
     /// share ([`crate::dataset::open_file_cap`]).
     pub open_files: Option<usize>,
+    /// Two-pass over local files: piles rolled by an earlier read for the first epoch (no
+    /// scatter), and where the piles rolled past the last epoch go (a daemon keeps them
+    /// for the job's next pass). See [`twopass::Roll`].
+    pub roll: Option<std::sync::Arc<twopass::Roll>>,
 }
 
 impl ReadOptions {
@@ -212,6 +218,7 @@ impl ReadOptions {
             ranks: None,
             lead: true,
             open_files: None,
+            roll: None,
         }
     }
 
@@ -436,6 +443,17 @@ pub struct ReadReport {
     /// A streamed dataset: ranged GETs and bytes fetched, per object and epoch.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<crate::dataset::ObjectCount>,
+    /// Two-pass: the first epoch's piles were rolled by an earlier read
+    /// ([`ReadOptions::roll`]): no scatter, nothing of the dataset read.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub rolled_in: bool,
+    /// Two-pass: bytes of the piles rolled past the last epoch and handed on.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rolled_out_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ReadReport {

@@ -969,6 +969,7 @@ fn baselines_are_deterministic_permutations_of_their_kind() {
     }
 }
 
+mod roll;
 mod share;
 mod stop;
 

@@ -20,12 +20,14 @@
 
 mod body;
 mod held;
+mod roll;
 mod rounds;
 mod scan;
 mod space;
 
 pub(super) use held::read_partly_piled;
 pub use held::{prefix_needs, read_prefix_piled, HeldPrefix};
+pub use roll::{KeepRolled, Roll, RolledPiles};
 pub use rounds::{streamed_figures, StreamedFigures};
 pub use space::{check_scratch, check_staged_room};
 
@@ -134,9 +136,20 @@ fn run(
         charged: 0,
         pending: None,
         in_memory: None,
+        rolled_in: None,
+        keeper: None,
     };
     run.describe(r, &scan);
     let epochs = opts.epoch_range()?;
+    // Piles rolled by an earlier read for the first epoch, and where those rolled past the
+    // last go: local files only (a streamed read's piles hold one epoch's node share).
+    if let Some(roll) = opts.roll.as_ref().filter(|_| run.reader.files().is_some()) {
+        let held = held.map_or(0, HeldPart::units);
+        if opts.resume.is_none() {
+            run.rolled_in = roll.take_start(epochs.start, (units.len(), held));
+        }
+        run.keeper = roll.take_keeper();
+    }
     // Every way out (the last epoch, a stop, an error) reports what was done up to there.
     let outcome = run.epochs(epochs, r);
     run.report(r);
@@ -169,6 +182,10 @@ struct Run<'a> {
     pending: Option<Pending>,
     /// A streamed epoch's lowest key range, held in memory, emitted first (`rounds`).
     in_memory: Option<rounds::InMemory>,
+    /// The first epoch's piles, rolled by an earlier read (`roll`).
+    rolled_in: Option<RolledPiles>,
+    /// Where the piles rolled past the last epoch go (`roll`).
+    keeper: Option<roll::Keeper>,
 }
 
 impl Run<'_> {
@@ -202,6 +219,14 @@ impl Run<'_> {
         let (opts, stop) = (self.opts, self.stop);
         let last_epoch = epochs.end;
         let mut ready: Option<PileSet> = None;
+        // Kept in this run's directory until its pile pass is over (the set's files are in
+        // the rolled directory, removed with it).
+        let mut rolled_dir = None;
+        if let Some(p) = self.rolled_in.take() {
+            r.rolled_in = true;
+            ready = Some(p.set);
+            rolled_dir = Some(p.dir);
+        }
         for epoch in epochs {
             if stop.is_set() {
                 break;
@@ -226,14 +251,36 @@ impl Run<'_> {
             // A streamed dataset's next epoch is scattered from the store again: its piles
             // hold only this epoch's units of the node's streams.
             let rolling = epoch + 1 < last_epoch && self.reader.objects().is_none();
-            let mut next = if rolling {
-                let mut w = PileWriter::new(self.scratch, self.plan.layout, &opts.io)?;
+            // Past the last epoch, when asked to (and it fits): into a directory of its own,
+            // handed on with the piles.
+            let keep = match self.keeper.take() {
+                Some(k) if epoch + 1 == last_epoch => {
+                    let peak = self.plan.scratch_bytes();
+                    match roll::room_for_next(self.scratch_location(), set.bytes(), peak) {
+                        Ok(dir) => Some((k, dir)),
+                        Err(why) => {
+                            k.give(Err(why));
+                            None
+                        }
+                    }
+                }
+                k => {
+                    self.keeper = k;
+                    None
+                }
+            };
+            let mut next = if rolling || keep.is_some() {
+                let into = keep.as_ref().map_or(self.scratch, |(_, d)| d.path());
+                let mut w = PileWriter::new(into, self.plan.layout, &opts.io)?;
                 w.grow_at_most(self.plan.layout.local_step(self.plan.frames));
                 Some(w)
             } else {
                 None
             };
-            let stopped = self.pile_pass(set, split, first_batch, epoch, &mut next, r)?;
+            let optional = keep.is_some();
+            let (stopped, roll_failed) =
+                self.pile_pass(set, split, first_batch, epoch, (&mut next, optional), r)?;
+            drop(rolled_dir.take());
             // The epoch's piles are gone: their local disk is free again.
             if let Some(o) = self.reader.objects() {
                 o.release(std::mem::take(&mut self.charged));
@@ -244,7 +291,19 @@ impl Run<'_> {
                 r.scratch_bytes += next.as_ref().map_or(0, PileWriter::bytes);
                 break;
             }
-            if let Some(n) = next {
+            if let Some((k, dir)) = keep {
+                let kept = match (roll_failed, next) {
+                    (Some(e), _) => Err(format!("writing the next epoch's piles: {e}")),
+                    (None, None) => Err("no next epoch's piles were written".into()),
+                    (None, Some(n)) => n.finish().map_err(|e| e.to_string()),
+                };
+                let held = self.held.map_or(0, HeldPart::units);
+                k.give(kept.map(|set| {
+                    r.scratch_bytes += set.bytes();
+                    r.rolled_out_bytes = set.bytes();
+                    RolledPiles::new(set, epoch + 1, (self.units.len(), held), dir)
+                }));
+            } else if let Some(n) = next {
                 let set = n.finish()?;
                 r.scratch_bytes += set.bytes();
                 ready = Some(set);
@@ -252,6 +311,11 @@ impl Run<'_> {
             r.epoch_seconds.push(epoch_started.elapsed().as_secs_f64());
         }
         Ok(())
+    }
+
+    /// The scratch location this run's directory is in (where rolled piles go).
+    fn scratch_location(&self) -> &Path {
+        self.scratch.parent().unwrap_or(self.scratch)
     }
 
     /// The piles of `epoch`, the first one read: a scatter of the dataset, with a LIRS lead
@@ -349,16 +413,18 @@ impl Run<'_> {
 
     /// The pile pass of `epoch` over `set`: each pile in key order, records out in sequence
     /// from `first_batch` on (from where the lead stopped, if one led), and each pile
-    /// re-scattered into `next` meanwhile when rolling. Returns whether the run stopped.
+    /// re-scattered into `next` meanwhile when rolling. Returns whether the run stopped,
+    /// and, when rolling is `optional` (past the last epoch), why it failed if it did (the
+    /// epoch goes on without it).
     fn pile_pass(
         &mut self,
         set: PileSet,
         split: Split,
         first_batch: u64,
         epoch: u64,
-        next: &mut Option<PileWriter>,
+        (next, optional): (&mut Option<PileWriter>, bool),
         r: &mut ReadReport,
-    ) -> Result<bool> {
+    ) -> Result<(bool, Option<Error>)> {
         let (ds, units, opts, plan, stop) = (self.ds, self.units, self.opts, self.plan, self.stop);
         let (pool, pile_reads, held) = (&self.pool, &mut self.pile_reads, self.held);
         let next_key = EpochKey::new(opts.seed, epoch + 1);
@@ -387,6 +453,7 @@ impl Run<'_> {
         // A streamed epoch in rounds passes each round's piles in turn, the next round
         // scattered once this one's are gone (`rounds`); any other epoch has one set.
         let (mut set, mut scattered) = (Some(set), 0);
+        let mut roll_failed: Option<Error> = None;
         // First the lowest key range, when held in memory.
         if let Some(m) = self.in_memory.take() {
             m.emit(units, &mut em)?;
@@ -423,15 +490,17 @@ impl Run<'_> {
                 },
                 |p| {
                     *pile_reads += 1;
-                    emit_and_roll(
+                    let sink = next.as_mut().filter(|_| roll_failed.is_none());
+                    let failed = emit_and_roll(
                         &p,
                         (units, held),
                         &mut em,
-                        next.as_mut(),
+                        (sink, optional),
                         &next_key,
                         stop,
                         &take_turn,
                     )?;
+                    roll_failed = roll_failed.take().or(failed);
                     pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
                     Ok(if em.stopped {
                         ControlFlow::Break(())
@@ -464,7 +533,7 @@ impl Run<'_> {
         drop(em);
         r.scratch_bytes += scattered;
         self.pending = None;
-        Ok(stopped)
+        Ok((stopped, roll_failed))
     }
 
     /// Fills in the report's totals: the reads of the scatter, the pile loads and the lead,
@@ -486,16 +555,17 @@ impl Run<'_> {
 
 /// Emits a loaded pile's records in key order, and meanwhile, when rolling (`next` is the
 /// next epoch's piles), re-scatters it under `next_key`; `take_turn` takes the device's
-/// turn for the re-scatter's writes.
+/// turn for the re-scatter's writes. An `optional` roll that fails does not stop the
+/// emission: its error is returned as `Ok(Some(e))`.
 fn emit_and_roll<'t>(
     p: &LoadedPile,
     (units, held): (&Units, Option<&HeldPart<'_>>),
     em: &mut Emitter<'_>,
-    next: Option<&mut PileWriter>,
+    (next, optional): (Option<&mut PileWriter>, bool),
     next_key: &EpochKey,
     stop: &Stop,
     take_turn: &(impl Fn() -> std::sync::MutexGuard<'t, ()> + Sync),
-) -> Result<()> {
+) -> Result<Option<Error>> {
     // Rolling: a third thread re-scatters the pile for the next epoch,
     // walking it in memory order, while this one emits it in key order.
     let data = p.data.as_slice();
@@ -506,7 +576,7 @@ fn emit_and_roll<'t>(
                 .spawn_scoped(scope, || {
                     let _turn = take_turn();
                     let done = rescatter(data, sink, next_key, stop).and_then(|()| sink.settle());
-                    if done.is_err() {
+                    if done.is_err() && !optional {
                         // The emitter and the loader stop too; this error is
                         // what the run returns.
                         stop.set();
@@ -518,13 +588,16 @@ fn emit_and_roll<'t>(
         if emitted.is_err() {
             stop.set();
         }
-        match roll {
-            None => emitted,
+        let rolled = match roll {
+            None => Ok(()),
             Some(Err(e)) => Err(Error::os("cannot start a re-scatter thread", e)),
             Some(Ok(h)) => h
                 .join()
-                .unwrap_or_else(|_| Err(Error::Internal("the re-scatter thread panicked".into())))
-                .and(emitted),
+                .unwrap_or_else(|_| Err(Error::Internal("the re-scatter thread panicked".into()))),
+        };
+        match rolled {
+            Err(e) if optional => emitted.map(|()| Some(e)),
+            rolled => rolled.and(emitted).map(|()| None),
         }
     })
 }

@@ -279,8 +279,45 @@ pub(super) struct Admitted {
     _memory: Grant,
     _view: Option<Grant>,
     _files: Grant,
-    _scratch: Option<Grant>,
-    _space: Option<super::space::Reservation>,
+    scratch: ScratchHold,
+    /// The scratch it holds for piles it may roll past its end (`rolled.rs`).
+    rolled: Option<super::rolled::Holds>,
+}
+
+/// A pass's scratch: its share of `--scratch-limit` and its reservation of the
+/// filesystem's free space. Piles rolled past the pass's end keep it (`rolled.rs`).
+#[derive(Default)]
+pub(super) struct ScratchHold {
+    _grant: Option<Grant>,
+    space: Option<super::space::Reservation>,
+}
+
+impl ScratchHold {
+    /// Bytes reserved on the filesystem.
+    pub(super) fn bytes(&self) -> u64 {
+        self.space
+            .as_ref()
+            .map_or(0, super::space::Reservation::bytes)
+    }
+
+    /// The piles are written: other processes see them in the free space, not as a claim.
+    pub(super) fn written(&mut self) {
+        if let Some(s) = &mut self.space {
+            s.written();
+        }
+    }
+}
+
+impl Admitted {
+    /// The pass's scratch, taken out of the admission (it then holds none).
+    pub(super) fn take_scratch(&mut self) -> ScratchHold {
+        std::mem::take(&mut self.scratch)
+    }
+
+    /// Holds `holds` (its scratch, and kept piles' it took) until the pass ends.
+    pub(super) fn hold_rolled(&mut self, holds: super::rolled::Holds) {
+        self.rolled = Some(holds);
+    }
 }
 
 /// The most memory one pass may have of a budget of `total`, and why.
@@ -307,12 +344,14 @@ pub(super) fn pass_most(total: u64) -> (u64, String) {
 /// `view` is what the OPEN took for a mixture epoch's draws before it drew them
 /// ([`admit_view`]): part of the pass's memory, so only the rest is taken. `part` is
 /// what a held copy of the files' first bytes holds apart from the pass (charged with the
-/// copy): the pass's piles (`two_pass`) are then those of the rest.
+/// copy): the pass's piles (`two_pass`) are then those of the rest. `kept`: scratch the
+/// pass already holds (piles rolled for it by an earlier pass, which keep their
+/// reservation): only the rest of its need is taken.
 pub(super) fn admit_pass(
     b: &Budgets<'_>,
     ds: &Dataset,
     opts: &mut ReadOptions,
-    (two_pass, part): (Option<&std::path::Path>, u64),
+    (two_pass, part, kept): (Option<&std::path::Path>, u64, u64),
     view: Option<Grant>,
 ) -> std::result::Result<Admitted, Refusal> {
     // The open files first: a read given fewer files reads at a lower queue depth, and
@@ -340,12 +379,12 @@ pub(super) fn admit_pass(
             _memory: memory,
             _view: view,
             _files: files,
-            _scratch: None,
-            _space: None,
+            scratch: ScratchHold::default(),
+            rolled: None,
         });
     };
     let units = modes::lirs::units_for(ds, opts);
-    let need = scratch_need(ds, &units, opts, part)?;
+    let need = scratch_need(ds, &units, opts, part)?.saturating_sub(kept);
     let scratch = match b.scratch {
         Some(sb) => Some(sb.take(
             Ask {
@@ -363,8 +402,11 @@ pub(super) fn admit_pass(
         _memory: memory,
         _view: view,
         _files: files,
-        _scratch: scratch,
-        _space: Some(space),
+        scratch: ScratchHold {
+            _grant: scratch,
+            space: Some(space),
+        },
+        rolled: None,
     })
 }
 

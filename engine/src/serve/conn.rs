@@ -657,7 +657,8 @@ impl Conn {
             let (batches, id) = self.join_job(req, src, &job, lender, view, held.clone())?;
             (batches, Some(id), None)
         } else {
-            let (batches, grant) = self.own_pass(&mut job, src, lender, view, held.as_ref())?;
+            let (batches, grant) =
+                self.own_pass(req, &mut job, src, lender, view, held.as_ref())?;
             (batches, None, Some(grant))
         };
         // A pass of the job holds the copy it reads; this stream's own pass, through it.
@@ -726,15 +727,14 @@ impl Conn {
         let view = Mutex::new(view);
         // A resident pass holds the copy it reads (in use) until it ends, and reads with
         // its own memory and the copy's.
+        // A two-pass pass takes the piles kept for its epoch and rolls past its last.
+        let (rkey, ds) = (key.clone(), src.mixture().is_none().then_some(&*job.first));
         let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, Refusal> {
             let view = view.lock().unwrap_or_else(|p| p.into_inner()).take();
-            let admitted = admit_pass(
-                &self.shared.budgets(),
-                &job.first,
-                o,
-                (piles.as_deref(), part),
-                view,
-            )?;
+            let admitted = self.shared.rolled.admit((&rkey, part, ds), o, |o, kept| {
+                let b = self.shared.budgets();
+                admit_pass(&b, &job.first, o, (piles.as_deref(), part, kept), view)
+            })?;
             Ok(Box::new((admitted, held.clone())))
         };
         let sh = self.shared.clone();
@@ -765,6 +765,7 @@ impl Conn {
     /// A pass of the stream's own (a world of one), admitted to the daemon's budgets.
     fn own_pass(
         &self,
+        req: &OpenRequest,
         job: &mut ReadJob,
         src: &Source,
         lender: Option<PayloadLender>,
@@ -777,13 +778,14 @@ impl Conn {
         let piles = job
             .piles()
             .or_else(|| (part > 0).then(|| job.scratch.clone()));
-        let grant = admit_pass(
-            &self.shared.budgets(),
-            &job.first,
-            &mut job.opts,
-            (piles.as_deref(), part),
-            view,
-        )?;
+        let mut key = open::job_key(req, job);
+        key.piled = part > 0;
+        let ds = src.mixture().is_none().then(|| job.first.clone());
+        let grant =
+            (self.shared.rolled).admit((&key, part, ds.as_deref()), &mut job.opts, |o, kept| {
+                let b = self.shared.budgets();
+                admit_pass(&b, &job.first, o, (piles.as_deref(), part, kept), view)
+            })?;
         // Two-pass: the engine makes its own private scratch directory where the piles go
         // and removes it when its thread ends. Resident: out of the dataset's copy, with
         // the pass's memory and the copy's (a part's pass: its piles in the scratch).

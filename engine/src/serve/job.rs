@@ -60,7 +60,7 @@ pub(super) struct JobKey {
 
 impl JobKey {
     /// Whether the job's pass reads through piles.
-    fn two_pass(&self) -> bool {
+    pub(super) fn two_pass(&self) -> bool {
         self.mode == Mode::TwoPass || self.piled
     }
 }
@@ -112,6 +112,10 @@ const ENDED_KEPT: usize = 256;
 struct Table {
     live: HashMap<JobKey, Vec<Job>>,
     ended: VecDeque<Ended>,
+    /// Jobs whose new pass an OPEN is admitting (outside the lock): another OPEN of the
+    /// job waits for it and joins it, rather than starting a second pass (which also took
+    /// the job's rolled piles from the first: `rolled.rs`).
+    starting: std::collections::HashSet<JobKey>,
 }
 
 impl Table {
@@ -165,6 +169,18 @@ impl Table {
 pub(super) struct Jobs {
     table: Mutex<Table>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Signalled when a job's pass has started (or failed to): see `Table::starting`.
+    started: std::sync::Condvar,
+}
+
+/// A job's new pass being started by this OPEN: given up when dropped.
+struct Starting<'a>(&'a Jobs, JobKey);
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0.lock().starting.remove(&self.1);
+        self.0.started.notify_all();
+    }
 }
 
 /// What a stream got from [`Jobs::open`]: its batches, its job's id, whether the job's
@@ -224,12 +240,23 @@ impl Jobs {
         let streams = new_pass.streams;
         let late = {
             let mut jobs = self.lock();
-            jobs.prune();
-            match Self::join_in(&mut jobs.live, &key, opts.rank, &lender, streams) {
-                Ok(joined) => return Ok(joined),
-                Err(why) => jobs.late_for(&key, opts.rank, why).is_some(),
+            loop {
+                jobs.prune();
+                match Self::join_in(&mut jobs.live, &key, opts.rank, &lender, streams) {
+                    Ok(joined) => return Ok(joined),
+                    // Another OPEN is starting the job's pass: join that one.
+                    Err(_) if jobs.starting.contains(&key) => {
+                        let wait = self.started.wait_timeout(jobs, Duration::from_millis(100));
+                        jobs = wait.unwrap_or_else(|p| p.into_inner()).0;
+                    }
+                    Err(why) => {
+                        jobs.starting.insert(key.clone());
+                        break jobs.late_for(&key, opts.rank, why).is_some();
+                    }
+                }
             }
         };
+        let _starting = Starting(self, key.clone());
         // LIRS decides each batch as it plans it, so the pass waits a moment for the
         // world's other ranks (or, when the job says its streams, for those); two-pass
         // decides only after its scatter, unless LIRS leads it (then as LIRS does), and

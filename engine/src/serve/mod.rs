@@ -14,6 +14,7 @@
 //! - `catalog.rs`: the datasets served: those started with, and those OPENs name by path;
 //! - `job.rs`: the jobs whose ranks share one engine pass;
 //! - `held.rs`: datasets held resident, one copy per node shared by every stream of them;
+//! - `rolled.rs`: piles a pass rolled past its last epoch, kept for its job's next pass;
 //! - `telemetry.rs`: per stream and per job, the waits on the engine and on the client;
 //! - `budget.rs`: the daemon's budgets (memory, scratch, open files), which rings and
 //!   passes take from: `too_large` for what never fits, `busy` for what must wait;
@@ -41,6 +42,7 @@ mod job;
 mod open;
 pub mod proto;
 pub mod ring;
+mod rolled;
 pub mod server;
 pub mod shm;
 mod space;
@@ -52,4 +54,5 @@ mod wire;
 pub use catalog::OnOpen;
 pub use client::{BatchRef, Client, Stream, StreamStats};
 pub use proto::{OpenRequest, Transport, WireCursor};
+pub use rolled::DEFAULT_KEEP_SECS;
 pub use server::{monotonic_ns, ServeConfig, ServeMode, Server, Shutdown};

@@ -62,6 +62,21 @@ impl Shutdown {
     }
 }
 
+/// An admission short of memory first drops the resident copies no pass uses; one short
+/// of scratch, the piles kept for a job's next pass.
+fn reclaim_when_short(shared: &Arc<Shared>) {
+    let weak = Arc::downgrade(shared);
+    shared.budget.on_short(Box::new(move |need| {
+        weak.upgrade().is_some_and(|s| s.residents.evict_idle(need))
+    }));
+    let rolled = Arc::downgrade(&shared.rolled);
+    let evict = move |need| rolled.upgrade().is_some_and(|r| r.evict(need));
+    shared.space.on_short(Box::new(evict.clone()));
+    if let Some(b) = &shared.scratch_budget {
+        b.on_short(Box::new(evict));
+    }
+}
+
 impl Server {
     /// Binds the socket (removing a stale one nobody listens on) with `socket_mode`.
     pub fn bind(cfg: ServeConfig) -> Result<Server> {
@@ -111,9 +126,10 @@ impl Server {
         let spare = spare_fd(path)?;
         count_panics();
         let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
-        let (cfg_memory, scratch_limit, index_bytes) = (
+        let (cfg_memory, scratch_limit, keep_rolled, index_bytes) = (
             cfg.memory,
             cfg.scratch_limit,
+            cfg.keep_rolled,
             cfg.datasets
                 .iter()
                 .map(|(_, d)| d.dataset().index_bytes())
@@ -164,12 +180,9 @@ impl Server {
                 .map(|l| Budget::new(l, 0, "--scratch-limit", Unit::Bytes)),
             space: super::space::ScratchSpace::new(),
             files,
+            rolled: super::rolled::Rolled::new(keep_rolled),
         });
-        // An admission short of memory first drops the resident copies no pass uses.
-        let weak = Arc::downgrade(&shared);
-        shared.budget.on_short(Box::new(move |need| {
-            weak.upgrade().is_some_and(|s| s.residents.evict_idle(need))
-        }));
+        reclaim_when_short(&shared);
         Ok(Server {
             listener,
             socket_id,
@@ -201,6 +214,7 @@ impl Server {
             if self.shared.stopping.load(Ordering::SeqCst) {
                 break;
             }
+            self.shared.rolled.expire();
             if !ready {
                 if self.idle_for(&mut idle_since) && self.leave_idle() {
                     self.shared.stopping.store(true, Ordering::SeqCst);
@@ -236,6 +250,8 @@ impl Server {
             }
         }
         self.close_conns(threads);
+        // Kept piles are scratch: they go with the daemon.
+        self.shared.rolled.clear();
         let path = &self.shared.cfg.socket;
         if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == self.socket_id) {
             let _ = std::fs::remove_file(path);
@@ -250,9 +266,11 @@ impl Server {
             PollFd::new(self.listener.as_fd(), PollFlags::POLLIN),
             PollFd::new(self.shared.wake.0.as_fd(), PollFlags::POLLIN),
         ];
-        let timeout = match self.shared.cfg.exit_idle {
-            Some(_) => PollTimeout::from(1000u16),
-            None => PollTimeout::NONE,
+        // Kept rolled piles expire on this tick too.
+        let tick = self.shared.cfg.exit_idle.is_some() || !self.shared.cfg.keep_rolled.is_zero();
+        let timeout = match tick {
+            true => PollTimeout::from(1000u16),
+            false => PollTimeout::NONE,
         };
         match poll(&mut fds, timeout) {
             Ok(_) => fds[0].revents().is_some_and(|r| !r.is_empty()),

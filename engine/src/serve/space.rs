@@ -35,6 +35,9 @@ pub(super) struct ScratchSpace {
     ledgers: Mutex<HashMap<u64, Ledger>>,
     freed: Condvar,
     probe: Box<Probe>,
+    /// Gives back scratch held for later (piles kept for a job's next pass) when a
+    /// reservation does not fit: called with the bytes missing, says whether any went.
+    reclaim: std::sync::OnceLock<super::budget::Reclaim>,
 }
 
 /// Scratch bytes reserved on one filesystem, given back when dropped; also claimed in the
@@ -45,6 +48,19 @@ pub(super) struct Reservation {
     dev: u64,
     bytes: u64,
     _claim: Option<crate::scratch::Reservation>,
+}
+
+impl Reservation {
+    /// Bytes reserved.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Gives up its claim in the scratch directory (the piles are written: the filesystem's
+    /// free space says so to other processes), keeping the daemon's ledger.
+    pub(super) fn written(&mut self) {
+        self._claim = None;
+    }
 }
 
 impl Drop for Reservation {
@@ -81,7 +97,14 @@ impl ScratchSpace {
             ledgers: Mutex::new(HashMap::new()),
             freed: Condvar::new(),
             probe,
+            reclaim: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets what gives back scratch held for later when a reservation does not fit
+    /// (`rolled.rs`: kept piles go before anyone is refused); called without the lock.
+    pub(super) fn on_short(&self, reclaim: super::budget::Reclaim) {
+        let _ = self.reclaim.set(reclaim);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Ledger>> {
@@ -144,6 +167,14 @@ impl ScratchSpace {
                     _claim: claim,
                 });
             }
+            if let Some(reclaim) = self.reclaim.get() {
+                drop(l);
+                if reclaim(bytes - left) {
+                    continue;
+                }
+                l = self.lock();
+            }
+            let e = l.entry(dev).or_default();
             if e.reserved == 0 && theirs == 0 {
                 return Err((
                     "too_large",

@@ -86,6 +86,9 @@ pub struct ServeConfig {
     /// The lock its starters take while they look for a daemon and start one: held while
     /// the daemon leaves for idleness, so none of them finds a socket that is about to go.
     pub start_lock: Option<PathBuf>,
+    /// How long piles a two-pass pass rolled past its last epoch wait for the job's next
+    /// pass (`--keep-rolled`); zero: no pass rolls past its end (`rolled.rs`).
+    pub keep_rolled: Duration,
 }
 
 pub(super) struct Shared {
@@ -117,6 +120,8 @@ pub(super) struct Shared {
     /// it; what the daemon holds itself and what connections and rings may hold are set
     /// aside.
     pub(super) files: Arc<super::budget::Budget>,
+    /// Piles rolled past a pass's last epoch, kept for its job's next pass.
+    pub(super) rolled: Arc<super::rolled::Rolled>,
 }
 
 pub(super) struct Stats {
@@ -270,6 +275,7 @@ impl Shared {
                 v
             }).collect::<Vec<_>>(),
         });
+        v["rolled"] = self.rolled.json();
         v["streamed"] = json!({
             "peak_local_bytes": s.streamed.0,
             "last_pass_objects": s.streamed.1,

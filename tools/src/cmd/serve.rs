@@ -160,6 +160,14 @@ pub struct Args {
     /// at once with `too_large`.
     #[arg(long, default_value_t = 10)]
     pub admit_wait: u64,
+    /// two-pass (and a dataset held in part): a pass over local files rolls its piles
+    /// into the next epoch's while it emits its last epoch, and the daemon keeps them this
+    /// many seconds for the job's next pass (riffle.torch opens a stream per epoch), which
+    /// then starts at its pile pass with no read of the dataset. Kept piles hold their
+    /// scratch until taken, expired, dropped for another pass's scratch (before anyone
+    /// waits), or the daemon stops; piles of files changed since are never served. 0: off.
+    #[arg(long, default_value_t = riffle::serve::DEFAULT_KEEP_SECS, value_name = "SECS")]
+    pub keep_rolled: u64,
     /// Every SECONDS, one JSON line on stderr: streams, batches, records/s, memory, and the
     /// waits per job (the time the daemon waited for the engine while clients had room,
     /// the data stall; and the time batches waited for clients, the back-pressure). 0: off.
@@ -402,6 +410,7 @@ pub fn run(a: Args, throttled: bool) -> Result<()> {
         owner_only: a.user,
         exit_idle: (exit_idle > 0).then(|| std::time::Duration::from_secs(exit_idle)),
         start_lock: place.start_lock(),
+        keep_rolled: std::time::Duration::from_secs(a.keep_rolled),
     })?;
     if a.notify_ready {
         use std::io::Write;
