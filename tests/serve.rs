@@ -485,20 +485,10 @@ fn two_pass_streams_are_admitted_within_the_scratch_limit() {
     assert_eq!(n, 50_000usize.div_ceil(64));
     drop(st);
     drop(c);
-    // The piles it rolled past its end keep its scratch for the job's next pass; a stream of
-    // another job is admitted at once by dropping them (kept piles go first).
-    d.wait_stats("the kept piles hold the pass's scratch", |s| {
-        s["rolled"]["kept_now"] == 1 && s["scratch_planned"] == planned
-    });
-    let mut req = OpenRequest::new("train", 64);
-    req.seed = 1;
-    let mut c = d.client();
-    let mut st = c.open(req).unwrap();
-    assert!(st.next_batch().unwrap().is_some());
-    assert_eq!(d.stats()["rolled"]["evicted"], 1);
-    drop(st);
-    drop(c);
-    d.wait_stats("scratch given back", |s| s["scratch_planned"] == 0);
+    // A job's first pass rolls nothing past its end (kept piles, and their eviction by
+    // another job's admission: tests/serve/rolled.rs): its scratch is given back.
+    let s = d.wait_stats("scratch given back", |s| s["scratch_planned"] == 0);
+    assert_eq!(s["rolled"]["kept_now"], 0, "{s}");
 }
 
 #[test]
@@ -1209,23 +1199,10 @@ fn two_pass_mode_serves_the_same_batches_and_cleans_its_scratch() {
         s.next_batch().unwrap().unwrap();
     }
     s.close().unwrap();
-    // Only the piles the whole read rolled past its end are left, kept for the job's next
-    // pass (`rolled`), and they go with the daemon.
-    let left = || -> Vec<String> {
-        (std::fs::read_dir(&scratch).unwrap())
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect()
-    };
-    let kept = left();
-    assert!(
-        kept.len() == 1 && kept[0].starts_with(".riffle-scratch-rolled-"),
-        "{kept:?}"
-    );
-    assert_eq!(c.stats().unwrap()["rolled"]["kept_now"], 1);
-    drop(c);
-    let mut d = d;
-    signal_and_wait(&mut d, &["TERM"]);
-    assert_eq!(left(), Vec::<String>::new());
+    // Nothing is left: a job's first pass rolls nothing past its end (a job opened epoch
+    // by epoch: tests/serve/rolled.rs).
+    assert_eq!(std::fs::read_dir(&scratch).unwrap().count(), 0);
+    assert_eq!(c.stats().unwrap()["rolled"]["kept_now"], 0);
 }
 
 /// The bytes of the piles under `scratch` (every file below it).

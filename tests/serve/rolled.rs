@@ -66,9 +66,10 @@ fn entries(scratch: &Path) -> Vec<String> {
 }
 
 /// A job read epoch by epoch (a stream each, as riffle.torch opens them), alone and as two
-/// ranks sharing a pass: every epoch after the first is served from the piles the pass
-/// before rolled (the daemon's device bytes do not move), with exactly the batches of an
-/// in-process read of that epoch. Kept piles show in the stats with their bytes and
+/// ranks sharing a pass: its first pass rolls nothing (a job of one epoch writes no piles
+/// no one reads); the second, which starts where the first ended, rolls past its end; and
+/// every epoch after is served from the piles the pass before rolled (the daemon's device
+/// bytes do not move), with exactly the batches of an in-process read of that epoch. Kept piles show in the stats with their bytes and
 /// scratch; piles of a file changed since are dropped, never served; a pass short of
 /// scratch (`--scratch-limit`) drops kept piles before anyone waits; unused piles expire
 /// after `--keep-rolled`; SIGTERM leaves the scratch empty. Before: every epoch's pass
@@ -93,21 +94,31 @@ fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
         let before = settled(&d);
         let (passes, dev) = (rolled(&before, "rolled_passes"), &before["device_bytes"]);
         let dev = dev.as_u64().unwrap();
-        // Epoch 0: a scatter of the whole dataset, rolled into epoch 1's piles.
+        // Epoch 0: a scatter of the whole dataset, nothing rolled (the job may have one
+        // epoch).
         read_epoch(&d, &data, seed, 0, world);
         let s = settled(&d);
         let read0 = s["device_bytes"].as_u64().unwrap() - dev;
         assert!(read0 >= size, "epoch 0 read {read0} of {size}: {s}");
+        assert_eq!(rolled(&s, "kept_now"), world - 1, "{s}");
+        // Epoch 1, where epoch 0's pass ended: a scatter again, rolled into epoch 2's piles.
+        read_epoch(&d, &data, seed, 1, world);
+        let s = settled(&d);
+        let read0 = s["device_bytes"].as_u64().unwrap() - dev;
+        assert!(
+            read0 >= 2 * size,
+            "epochs 0 and 1 read {read0} of {size}: {s}"
+        );
         assert_eq!(rolled(&s, "kept_now"), world, "{s}");
         let k = kept_for(&s, seed);
         let kept = k["bytes"].as_u64().unwrap();
         assert!(kept >= size, "{kept} bytes of piles kept for {size}: {s}");
         assert!(rolled(&s, "kept_bytes") >= kept, "{s}");
-        assert_eq!(k["epoch"], 1, "{s}");
+        assert_eq!(k["epoch"], 2, "{s}");
         assert!(k["scratch_reserved"].as_u64().unwrap() >= kept, "{s}");
         assert!(pile_bytes(&scratch) >= kept, "the piles are on disk");
-        // Epochs 1 and 2: out of the kept piles, nothing of the dataset read.
-        for epoch in [1, 2] {
+        // Epochs 2 and 3: out of the kept piles, nothing of the dataset read.
+        for epoch in [2, 3] {
             read_epoch(&d, &data, seed, epoch, world);
             let s = settled(&d);
             assert_eq!(
@@ -115,12 +126,12 @@ fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
                 read0,
                 "epoch {epoch} (world {world}) read the dataset: {s}"
             );
-            assert_eq!(rolled(&s, "rolled_passes"), passes + epoch, "{s}");
+            assert_eq!(rolled(&s, "rolled_passes"), passes + epoch - 1, "{s}");
             assert_eq!(rolled(&s, "kept_now"), world, "{s}");
             assert_eq!(kept_for(&s, seed)["epoch"], epoch + 1, "{s}");
         }
     }
-    // The second job's piles (epoch 3) are kept beside the first's.
+    // The second job's piles (epoch 4) are kept beside the first's.
     let s = settled(&d);
     assert_eq!(rolled(&s, "kept_now"), 2, "{s}");
     // The file changed (its mtime) since its piles were rolled: they are dropped, and the
@@ -131,7 +142,7 @@ fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
         .unwrap();
     drop(f);
     let dev = s["device_bytes"].as_u64().unwrap();
-    read_epoch(&d, &data, 7, 3, 2);
+    read_epoch(&d, &data, 7, 4, 2);
     let s = settled(&d);
     assert_eq!(rolled(&s, "stale"), 1, "{s}");
     assert_eq!(rolled(&s, "rolled_passes"), 4, "{s}");
@@ -165,10 +176,14 @@ fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
         ],
     );
     read_epoch(&d, &data, 1, 0, 1);
+    read_epoch(&d, &data, 1, 1, 1);
     assert_eq!(rolled(&settled(&d), "kept_now"), 1);
     read_epoch(&d, &data, 2, 0, 1);
     let s = settled(&d);
     assert_eq!(rolled(&s, "evicted"), 1, "{s}");
+    assert_eq!(rolled(&s, "kept_now"), 0, "{s}");
+    read_epoch(&d, &data, 2, 1, 1);
+    let s = settled(&d);
     assert_eq!(rolled(&s, "kept_now"), 1, "{s}");
     kept_for(&s, 2);
     drop(d);
@@ -186,6 +201,7 @@ fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
         ],
     );
     read_epoch(&d, &data, 1, 0, 1);
+    read_epoch(&d, &data, 1, 1, 1);
     let s = d.wait_stats("kept piles expire", |s| {
         s["rolled"]["expired"] == 1 && s["rolled"]["kept_now"] == 0
     });

@@ -1,8 +1,10 @@
 //! Piles a pass rolled past its last epoch, kept for its job's next pass (issue 33).
 //!
 //! riffle.torch opens a stream per epoch, so each epoch of a job is a pass of its own. A
-//! two-pass pass over local files (plain, or the rest of a dataset held in part) rolls its
-//! piles past its last epoch as it rolls them between epochs: while the epoch is emitted,
+//! two-pass pass over local files (plain, or the rest of a dataset held in part) of a job
+//! opened epoch by epoch (the pass took kept piles, or starts at the epoch where a pass of
+//! the job ended: a job's first pass never rolls, so a job of one epoch writes no piles
+//! no one reads) rolls its piles past its last epoch as it rolls them between epochs: while the epoch is emitted,
 //! its frames are re-keyed into the next epoch's piles. When it ends, every batch emitted,
 //! the daemon keeps the finished set under the job's key for that epoch (dataset, seed,
 //! batch, world, workers, tail, grouping, mode, held part; no resume point), with the
@@ -89,7 +91,13 @@ struct Inner {
     stale: u64,
     not_rolled: u64,
     last_not_rolled: Option<String>,
+    /// Where the latest passes' epochs ended (the epoch after their last), newest last: a
+    /// pass that starts at one of them is its job opened epoch by epoch.
+    ends: std::collections::VecDeque<RollKey>,
 }
+
+/// Pass ends remembered to tell a job opened epoch by epoch.
+const ENDS_KEPT: usize = 256;
 
 /// The kept piles of the daemon.
 pub(super) struct Rolled {
@@ -140,7 +148,17 @@ impl Rolled {
         let Some(stamps) = stamps else {
             return admit(opts, 0);
         };
-        let taken = self.take(&RollKey::at(key, key.first_epoch, part), &stamps);
+        // Only a job opened epoch by epoch (riffle.torch: a stream per epoch) rolls past
+        // its end: one whose pass took kept piles, or that starts where a pass of the job
+        // ended. A job's first pass does not: a job of one epoch (or of several in one
+        // stream) would write a set of piles no one reads.
+        let here = RollKey::at(key, key.first_epoch, part);
+        let next = RollKey::at(key, key.first_epoch.saturating_add(key.epochs), part);
+        let follows = self.note_end(&here, &next);
+        let taken = self.take(&here, &stamps);
+        if taken.is_none() && !follows {
+            return admit(opts, 0);
+        }
         let kept = (taken.iter().flat_map(|t| &t.1))
             .map(ScratchHold::bytes)
             .sum();
@@ -148,7 +166,6 @@ impl Rolled {
         let (piles, mut held) = taken.map_or((None, Vec::new()), |(p, h)| (Some(p), h));
         held.push(admitted.take_scratch());
         let holds: Holds = Arc::new(Mutex::new(held));
-        let next = RollKey::at(key, key.first_epoch.saturating_add(key.epochs), part);
         let ticket = self.expect(&next);
         let (me, h) = (self.clone(), holds.clone());
         // Kept piles take the pass's scratch with them (the pass is over but for its
@@ -207,6 +224,19 @@ impl Rolled {
         drop(g);
         drop(gone);
         got
+    }
+
+    /// Whether a pass of the job ended where `here` starts; remembers that this one ends
+    /// at `next`.
+    fn note_end(&self, here: &RollKey, next: &RollKey) -> bool {
+        let mut g = self.lock();
+        let follows = g.ends.contains(here);
+        g.ends.retain(|k| k != next);
+        if g.ends.len() >= ENDS_KEPT {
+            g.ends.pop_front();
+        }
+        g.ends.push_back(next.clone());
+        follows
     }
 
     /// Says a pass will hand over piles for `key`: its ticket.

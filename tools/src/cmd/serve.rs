@@ -160,10 +160,11 @@ pub struct Args {
     /// at once with `too_large`.
     #[arg(long, default_value_t = 10)]
     pub admit_wait: u64,
-    /// two-pass (and a dataset held in part): a pass over local files rolls its piles
-    /// into the next epoch's while it emits its last epoch, and the daemon keeps them this
-    /// many seconds for the job's next pass (riffle.torch opens a stream per epoch), which
-    /// then starts at its pile pass with no read of the dataset. Kept piles hold their
+    /// two-pass (and a dataset held in part): a pass over local files of a job opened epoch
+    /// by epoch (riffle.torch opens a stream per epoch; a job's first pass never rolls)
+    /// rolls its piles into the next epoch's while it emits its last epoch, and the daemon
+    /// keeps them this many seconds for the job's next pass, which then starts at its pile
+    /// pass with no read of the dataset. Kept piles hold their
     /// scratch until taken, expired, dropped for another pass's scratch (before anyone
     /// waits), or the daemon stops; piles of files changed since are never served. 0: off.
     #[arg(long, default_value_t = riffle::serve::DEFAULT_KEEP_SECS, value_name = "SECS")]
