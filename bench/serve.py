@@ -46,14 +46,14 @@ import riffle  # noqa: E402
 
 
 @contextlib.contextmanager
-def serving(riffle_bin, dataset, *extra, patience=60):
+def serving(riffle_bin, dataset, *extra, patience=60, log=subprocess.DEVNULL):
     """A `riffle serve` of `dataset` ("NAME=PATH") with `extra` flags, on a socket in a
     temporary directory, for the `with` block: yields the socket's path once the daemon
-    takes connections; stops it afterwards."""
+    takes connections; stops it afterwards. Its stderr goes to `log`."""
     tmp = tempfile.mkdtemp(prefix="rsb")
     sock = os.path.join(tmp, "s.sock")
     daemon = subprocess.Popen([riffle_bin, "serve", "--socket", sock, "--dataset", dataset, *extra],
-                              stderr=subprocess.DEVNULL)
+                              stderr=log)
     try:
         deadline = time.time() + patience
         while True:

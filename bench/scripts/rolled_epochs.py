@@ -9,36 +9,24 @@ docs/report/peers-rolled.md (issue 33): run it inside the memory cgroup to measu
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, os.path.join(HERE, ".."))
 
 import riffle  # noqa: E402
 import riffle.torch  # noqa: E402
+from serve import serving  # noqa: E402  (bench/serve.py)
 
 
 def main():
     riffle_bin, path, records = sys.argv[1], sys.argv[2], int(sys.argv[3])
     kind = sys.argv[4] if len(sys.argv) > 4 else "views"
     log = open(sys.argv[5] if len(sys.argv) > 5 else os.devnull, "w")
-    tmp = tempfile.mkdtemp(prefix="rroll")
-    sock = os.path.join(tmp, "s.sock")
-    daemon = subprocess.Popen([riffle_bin, "serve", "--socket", sock, "--dataset",
-                               f"peers={path}", "--max-clients", "4"], stderr=log)
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                riffle.Client(sock).close()
-                break
-            except riffle.RiffleConnectionError:
-                if time.time() > deadline or daemon.poll() is not None:
-                    raise SystemExit("riffle serve did not come up")
-                time.sleep(0.05)
+    with serving(riffle_bin, f"peers={path}", "--max-clients", "4", patience=120,
+                 log=log) as sock:
         workers = 2 if kind == "tickets" else 0
         it = riffle.torch.loader(sock, "peers", 256, num_workers=workers, seed=1)
         secs, n = [], 0
@@ -63,9 +51,6 @@ def main():
             "resident": {k: st["resident"].get(k) for k in ("bytes", "held")},
         }))
         assert n == 3 * records, n
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -150,12 +150,8 @@ pub fn open(spec: &MixSpec, opts: &OpenOptions) -> Result<Mixture> {
     for l in &local {
         parts.push(Dataset::open(l, &o, &mut |_, _, _| {})?);
     }
-    let ds = Dataset::concat(parts)?;
     // Staged copies leave piles only the rest of --cache-limit.
-    let ds = match &o.index_room {
-        Some(room) => ds.staged_within(room.load(std::sync::atomic::Ordering::Relaxed)),
-        None => ds,
-    };
+    let ds = Dataset::concat(parts)?.staged_within(o.staged_room());
     let starts = ds.parts().expect("datasets side by side").to_vec();
     let total = spec.size.unwrap_or_else(|| ds.records());
     // An epoch's draws are held in memory, 8 bytes a record (and a source's sample ranks

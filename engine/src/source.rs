@@ -9,7 +9,6 @@
 //! to the modes.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::dataset::{Dataset, OpenOptions};
@@ -70,10 +69,7 @@ impl DatasetSpec {
                 let (local, staged) = crate::remote::resolve_counted(p)?;
                 let o = crate::remote::staged_options(p, staged, opts);
                 let ds = Dataset::open(&local, &o, progress)?;
-                Source::Dataset(Arc::new(match &o.index_room {
-                    Some(room) => ds.staged_within(room.load(Ordering::Relaxed)),
-                    None => ds,
-                }))
+                Source::Dataset(Arc::new(ds.staged_within(o.staged_room())))
             }
             DatasetSpec::Mixture(m) => Source::Mixture(Arc::new(crate::mix::open(m, opts)?)),
         })

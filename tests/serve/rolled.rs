@@ -82,13 +82,15 @@ fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
     let scratch = sb.path().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
     let sock = sb.path().join("s.sock");
-    let s_arg = scratch.to_str().unwrap();
-    let mut d = Daemon::start(
-        &sb,
-        &sock,
-        &[("train", &data)],
-        &["--mode", "two-pass", "--scratch", s_arg],
-    );
+    // A two-pass daemon of the dataset with its scratch in `scratch`, and `more` flags.
+    let start = |more: &[&str]| {
+        let args = [
+            &["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()],
+            more,
+        ];
+        Daemon::start(&sb, &sock, &[("train", &data)], &args.concat())
+    };
+    let mut d = start(&[]);
     for world in [1, 2] {
         let seed = 5 + world;
         let before = settled(&d);
@@ -160,21 +162,7 @@ fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
     // Room for one pass's piles (`--scratch-limit`), kept piles expiring after a second:
     // a job of another seed is admitted at once by dropping the first job's kept piles.
     let limit = (need + need / 2).to_string();
-    let d = Daemon::start(
-        &sb,
-        &sock,
-        &[("train", &data)],
-        &[
-            "--mode",
-            "two-pass",
-            "--scratch",
-            s_arg,
-            "--scratch-limit",
-            &limit,
-            "--admit-wait",
-            "0",
-        ],
-    );
+    let d = start(&["--scratch-limit", &limit, "--admit-wait", "0"]);
     read_epoch(&d, &data, 1, 0, 1);
     read_epoch(&d, &data, 1, 1, 1);
     assert_eq!(rolled(&settled(&d), "kept_now"), 1);
@@ -187,19 +175,7 @@ fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
     assert_eq!(rolled(&s, "kept_now"), 1, "{s}");
     kept_for(&s, 2);
     drop(d);
-    let d = Daemon::start(
-        &sb,
-        &sock,
-        &[("train", &data)],
-        &[
-            "--mode",
-            "two-pass",
-            "--scratch",
-            s_arg,
-            "--keep-rolled",
-            "1",
-        ],
-    );
+    let d = start(&["--keep-rolled", "1"]);
     read_epoch(&d, &data, 1, 0, 1);
     read_epoch(&d, &data, 1, 1, 1);
     let s = d.wait_stats("kept piles expire", |s| {

@@ -281,33 +281,10 @@ pub fn load_or_build(
             what: "the file changed while it was being indexed".into(),
         });
     }
-    let bytes = encode(&index, format, &source);
-    let fits = room.is_none_or(|r| take(r, bytes.len() as u64));
-    if save && !fits {
-        notice::once(
-            &format!("index-unsaved:{}", path.display()),
-            &format!(
-                "the index of {} ({}) is not saved beside it: --cache-limit leaves {} there; \
-                 it is built again at each open",
-                path.display(),
-                crate::size::human_bytes(bytes.len() as f64),
-                crate::size::human_bytes(room.map_or(0, |r| r.load(Ordering::Relaxed)) as f64),
-            ),
-        );
-    }
-    let saved = candidates
-        .into_iter()
-        .filter(|_| save && fits)
-        .find_map(|p| store(p, &bytes).ok().map(|()| p.clone()));
-    if let (None, true, Some(r)) = (&saved, fits, room) {
-        r.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-    }
-    if saved.is_none() && save && fits {
-        notice::once(
-            &format!("index-unsaved:{}", path.display()),
-            &format!("could not save the index of {} beside it or in the cache; it will be rebuilt next time", path.display()),
-        );
-    }
+    // Encoded only to be saved (a copy fetched to find its layout is not).
+    let saved = save
+        .then(|| save_sidecar(path, &encode(&index, format, &source), &candidates, room))
+        .flatten();
     let origin = match stale {
         Some(why) => {
             notice::once(
@@ -319,6 +296,41 @@ pub fn load_or_build(
         None => IndexOrigin::Built { scan, saved },
     };
     Ok((index, origin))
+}
+
+/// Saves the sidecar `bytes` of `path`'s index at the first of `candidates` that takes it,
+/// its bytes taken from `room` first (a staged copy's); says why when it is not saved.
+fn save_sidecar(
+    path: &Path,
+    bytes: &[u8],
+    candidates: &[&PathBuf],
+    room: Option<&AtomicU64>,
+) -> Option<PathBuf> {
+    let len = bytes.len() as u64;
+    if let Some(r) = room.filter(|r| !take(r, len)) {
+        notice::once(
+            &format!("index-unsaved:{}", path.display()),
+            &format!(
+                "the index of {} ({}) is not saved beside it: --cache-limit leaves {} there; \
+                 it is built again at each open",
+                path.display(),
+                crate::size::human_bytes(len as f64),
+                crate::size::human_bytes(r.load(Ordering::Relaxed) as f64),
+            ),
+        );
+        return None;
+    }
+    let saved = (candidates.iter()).find_map(|p| store(p, bytes).ok().map(|()| (*p).clone()));
+    if saved.is_none() {
+        if let Some(r) = room {
+            r.fetch_add(len, Ordering::Relaxed);
+        }
+        notice::once(
+            &format!("index-unsaved:{}", path.display()),
+            &format!("could not save the index of {} beside it or in the cache; it will be rebuilt next time", path.display()),
+        );
+    }
+    saved
 }
 
 /// Takes `n` from `room` when it holds them; false (nothing taken) when not.

@@ -138,6 +138,13 @@ impl DatasetFile {
     }
 }
 
+impl super::OpenOptions {
+    /// What `index_room` has left once the copies are open: the room for their piles.
+    pub fn staged_room(&self) -> Option<u64> {
+        (self.index_room.as_ref()).map(|r| r.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 impl Dataset {
     /// A streamed dataset of `files` (in id order) in `format`, its bytes behind `bytes`;
     /// an MDS dataset's `columns`. Records longer than `max_record` are refused.
@@ -158,9 +165,10 @@ impl Dataset {
     }
 
     /// Marks this as objects staged whole under a `--cache-limit` that leaves `room` beside
-    /// the copy and its index sidecars: all a two-pass read's piles may take.
-    pub fn staged_within(mut self, room: u64) -> Dataset {
-        self.staged_room = Some(room);
+    /// the copy and its index sidecars (`OpenOptions::staged_room`): all a two-pass read's
+    /// piles may take. `None`: not staged under a limit, unchanged.
+    pub fn staged_within(mut self, room: Option<u64>) -> Dataset {
+        self.staged_room = room.or(self.staged_room);
         self
     }
 

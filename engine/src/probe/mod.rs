@@ -105,6 +105,9 @@ pub struct ProbeOptions {
     pub io: IoConfig,
     /// Scratch region size, instead of the plan's (1 GiB quick, 4 GiB full).
     pub region: Option<u64>,
+    /// The plan's region cut to at most this (the room a staged copy's `--cache-limit`
+    /// leaves beside it), as it is cut to half the free space.
+    pub at_most: Option<u64>,
     /// Time per random-read point, instead of the plan's (1.5 s quick, 4 s full).
     pub point_time: Option<Duration>,
 }
@@ -116,6 +119,7 @@ impl ProbeOptions {
             quick,
             io: IoConfig::default(),
             region: None,
+            at_most: None,
             point_time: None,
         }
     }
@@ -197,9 +201,8 @@ pub fn probe(
     // A throttle in force on this device makes the profile one of its class.
     let emulated = emulate::active(&device);
     let mut plan = ProbePlan::new(opts.quick);
-    if let Some(r) = opts.region {
-        plan.region = r;
-    }
+    // A region asked for, or the plan's cut to the room a caller leaves.
+    plan.region = (opts.region.unwrap_or(plan.region)).min(opts.at_most.unwrap_or(u64::MAX));
     if let Some(t) = opts.point_time {
         plan.per_point = t;
         plan.seq_time = t;

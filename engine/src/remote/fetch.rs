@@ -126,7 +126,16 @@ pub(super) fn local_rel(url: &str, key: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(key))
 }
 
-/// The objects `url` names, in key order.
+/// The objects `url` names, in key order, by a caller that makes no other request: HEADs
+/// (for a listing without ETags) within what `ulimit -n` leaves.
+pub(super) async fn list_alone(
+    store: &Arc<dyn ObjectStore>,
+    url: &S3Url,
+) -> Result<Vec<ObjectMeta>> {
+    list(store, url, within_descriptors(IN_FLIGHT, 1, &url.text)?).await
+}
+
+/// The objects `url` names, in key order; HEADs `in_flight` at a time.
 pub(super) async fn list(
     store: &Arc<dyn ObjectStore>,
     url: &S3Url,

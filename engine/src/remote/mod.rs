@@ -333,8 +333,7 @@ pub fn identity(url: &str) -> Result<u64> {
     let cfg = S3Config::from_env()?;
     let url = S3Url::parse(url)?;
     let store = cfg.store(&url.bucket)?;
-    let heads = fetch::within_descriptors(fetch::IN_FLIGHT, 1, &url.text)?;
-    let objects = runtime()?.block_on(fetch::list(&store, &url, heads))?;
+    let objects = runtime()?.block_on(fetch::list_alone(&store, &url))?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for m in &objects {
         (m.location.as_ref(), m.size, &m.e_tag).hash(&mut h);
@@ -365,8 +364,7 @@ pub fn check_fits(paths: &[PathBuf], limit: Option<u64>, reader: &str) -> Result
         };
         let url = S3Url::parse(u)?;
         let store = cfg.store(&url.bucket)?;
-        let heads = fetch::within_descriptors(fetch::IN_FLIGHT, 1, &url.text)?;
-        let listed = rt.block_on(fetch::list(&store, &url, heads))?;
+        let listed = rt.block_on(fetch::list_alone(&store, &url))?;
         total += listed.iter().map(|m| m.size).sum::<u64>();
         urls.push(u);
     }
@@ -463,7 +461,8 @@ pub fn open_with(
     // The store and runtime that listed them open them: one client, its connections kept
     // (a pooled connection is driven by the runtime that made it, so the two go together;
     // the runtime is dropped, and its connections closed, before the read makes its own).
-    stream::open(url, (store.clone(), &rt), &dir, objects, limit, opts).map(Some)
+    let handles = (store.clone(), &rt, in_flight);
+    stream::open(url, handles, &dir, objects, limit, opts).map(Some)
 }
 
 #[cfg(test)]

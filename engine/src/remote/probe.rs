@@ -180,8 +180,7 @@ pub fn probe_remote(
     let parsed = S3Url::parse(url)?;
     let store = cfg.store(&parsed.bucket)?;
     super::runtime()?.block_on(async {
-        let heads = fetch::within_descriptors(fetch::IN_FLIGHT, 1, url)?;
-        let objects = fetch::list(&store, &parsed, heads).await?;
+        let objects = fetch::list_alone(&store, &parsed).await?;
         let Some(meta) = objects.into_iter().max_by_key(|m| m.size) else {
             return Err(Error::Invalid(format!("{url}: no object to measure")));
         };

@@ -43,6 +43,10 @@ pub struct Objects {
     /// Charged for the dataset's life: its layouts in the local cache.
     kept: AtomicU64,
     home: PathBuf,
+    /// Requests the open may have in flight: what `ulimit -n` left before its listing
+    /// connected, a connection each and, while it indexes an object, its copy's file,
+    /// duplicate and ring ([`super::open_with`]).
+    open_in_flight: usize,
 }
 
 impl std::fmt::Debug for Objects {
@@ -274,7 +278,7 @@ fn over_limit(limit: u64, used: u64, more: u64, what: &str) -> Error {
 /// `store` and the runtime `rt` that listed the objects ask for them.
 pub(super) fn open(
     url: &S3Url,
-    (store, rt): (Arc<dyn ObjectStore>, &tokio::runtime::Runtime),
+    (store, rt, open_in_flight): (Arc<dyn ObjectStore>, &tokio::runtime::Runtime, usize),
     dir: &Path,
     objects: Vec<ObjectMeta>,
     limit: u64,
@@ -295,6 +299,7 @@ pub(super) fn open(
         peak: AtomicU64::new(0),
         kept: AtomicU64::new(0),
         home: dir.to_path_buf(),
+        open_in_flight,
     };
     let mds_root = objects
         .iter()
@@ -307,10 +312,8 @@ pub(super) fn open(
         None => {
             // Several objects indexed at once (a GET each would otherwise wait on the one
             // before it), as many as their copies fit the limit together and keep about
-            // IN_FLIGHT ranged GETs in flight in all.
-            // (or what `ulimit -n` leaves: a connection each, and a copy's file, its
-            // duplicate and the ring that indexes it).
-            let gets = fetch::within_descriptors(fetch::IN_FLIGHT, 4, &url.text)?;
+            // IN_FLIGHT ranged GETs in flight in all, or the open's budget of descriptors.
+            let gets = handle.open_in_flight.clamp(1, fetch::IN_FLIGHT);
             let largest = objects.iter().map(|m| m.size).max().unwrap_or(0);
             let widest = largest.div_ceil(fetch::CHUNK).clamp(1, gets as u64);
             let at_once = (limit / largest.max(1)).min(gets as u64 / widest).max(1) as usize;
@@ -647,8 +650,7 @@ async fn skeleton_of(
             samples.get(name).map(|&n| (m, n))
         })
         .collect();
-    // A connection each, and the header's cache and skeleton files.
-    let in_flight = fetch::within_descriptors(HEADS_IN_FLIGHT, 3, &url.text)?;
+    let in_flight = h.open_in_flight.clamp(1, HEADS_IN_FLIGHT);
     let mut heads = stream::iter(listed)
         .map(|(m, n)| async move {
             let key = m.location.as_ref();

@@ -15,7 +15,7 @@ use std::os::unix::net::UnixStream;
 use super::budget::{admit_pass, admit_view, Admitted, Grant};
 use super::codes::reply_code;
 use super::held::HeldCopy;
-use super::job::NewPass;
+use super::job::{JobKey, NewPass};
 use super::open::{self, Refusal};
 use super::proto::error_frame;
 use super::proto::{self, BatchHeader, FrameBuf, Kind, OpenRequest, Transport};
@@ -23,6 +23,7 @@ use super::shm::{self, SharedRing};
 use super::state::Shared;
 use super::telemetry::{record, Waits};
 use super::wire::{announce_ready, header, Wire, WireState};
+use crate::dataset::Dataset;
 use crate::modes::{Batch, BatchStream, Payload, PayloadLender, ReadOptions};
 use crate::request::ReadJob;
 use crate::source::Source;
@@ -103,6 +104,27 @@ pub(super) struct Conn {
     deadline: Option<Instant>,
     /// Whether HELLO was answered (the deadline is then the idle limit).
     greeted: bool,
+}
+
+/// What a new pass of a job is: its key, the bytes of a held copy of the files' first
+/// bytes it reads out of (0: none; the pass reads the rest through piles), and where its
+/// piles go.
+struct PassOf {
+    key: JobKey,
+    part: u64,
+    piles: Option<std::path::PathBuf>,
+}
+
+impl PassOf {
+    fn new(req: &OpenRequest, job: &ReadJob, held: Option<&Arc<HeldCopy>>) -> PassOf {
+        let mut key = open::job_key(req, job);
+        let part = held.map_or(0, |h| h.part());
+        key.piled = part > 0;
+        let piles = job
+            .piles()
+            .or_else(|| (part > 0).then(|| job.scratch.clone()));
+        PassOf { key, part, piles }
+    }
 }
 
 impl Conn {
@@ -715,26 +737,16 @@ impl Conn {
         view: Option<Grant>,
         held: Option<Arc<HeldCopy>>,
     ) -> Result<(BatchStream, u64), Refusal> {
-        let mut key = open::job_key(req, job);
-        // A copy of the files' first bytes: the pass reads the rest through piles.
-        let part = held.as_ref().map_or(0, |h| h.part());
-        key.piled = part > 0;
-        let piles = job
-            .piles()
-            .or_else(|| (part > 0).then(|| job.scratch.clone()));
+        let pass = PassOf::new(req, job, held.as_ref());
+        let key = pass.key.clone();
         // A new pass takes over what the OPEN took for its draws; a rank joining a live
         // pass gives it back.
         let view = Mutex::new(view);
         // A resident pass holds the copy it reads (in use) until it ends, and reads with
         // its own memory and the copy's.
-        // A two-pass pass takes the piles kept for its epoch and rolls past its last.
-        let (rkey, ds) = (key.clone(), src.mixture().is_none().then_some(&*job.first));
         let admit = |o: &mut ReadOptions| -> Result<Box<dyn Send>, Refusal> {
             let view = view.lock().unwrap_or_else(|p| p.into_inner()).take();
-            let admitted = self.shared.rolled.admit((&rkey, part, ds), o, |o, kept| {
-                let b = self.shared.budgets();
-                admit_pass(&b, &job.first, o, (piles.as_deref(), part, kept), view)
-            })?;
+            let admitted = self.admit(&pass, (&job.first, src), o, view)?;
             Ok(Box::new((admitted, held.clone())))
         };
         let sh = self.shared.clone();
@@ -762,6 +774,25 @@ impl Conn {
         Ok((got.stream, got.id))
     }
 
+    /// Admits a new `pass` over `first` (of `src`) to the daemon's budgets, taking the piles
+    /// kept for its epoch and arranging its roll past its last (`rolled.rs`; a mixture,
+    /// whose view is drawn anew each epoch, never rolls).
+    fn admit(
+        &self,
+        pass: &PassOf,
+        (first, src): (&Dataset, &Source),
+        opts: &mut ReadOptions,
+        view: Option<Grant>,
+    ) -> Result<Admitted, Refusal> {
+        let ds = src.mixture().is_none().then_some(first);
+        let (piles, part) = (pass.piles.as_deref(), pass.part);
+        self.shared
+            .rolled
+            .admit((&pass.key, part, ds), opts, |o, kept| {
+                admit_pass(&self.shared.budgets(), first, o, (piles, part, kept), view)
+            })
+    }
+
     /// A pass of the stream's own (a world of one), admitted to the daemon's budgets.
     fn own_pass(
         &self,
@@ -773,19 +804,8 @@ impl Conn {
         held: Option<&Arc<HeldCopy>>,
     ) -> Result<(BatchStream, Admitted), Refusal> {
         job.opts.lender = lender;
-        // A copy of the files' first bytes: the pass reads the rest through piles.
-        let part = held.map_or(0, |h| h.part());
-        let piles = job
-            .piles()
-            .or_else(|| (part > 0).then(|| job.scratch.clone()));
-        let mut key = open::job_key(req, job);
-        key.piled = part > 0;
-        let ds = src.mixture().is_none().then(|| job.first.clone());
-        let grant =
-            (self.shared.rolled).admit((&key, part, ds.as_deref()), &mut job.opts, |o, kept| {
-                let b = self.shared.budgets();
-                admit_pass(&b, &job.first, o, (piles.as_deref(), part, kept), view)
-            })?;
+        let pass = PassOf::new(req, job, held);
+        let grant = self.admit(&pass, (&job.first, src), &mut job.opts, view)?;
         // Two-pass: the engine makes its own private scratch directory where the piles go
         // and removes it when its thread ends. Resident: out of the dataset's copy, with
         // the pass's memory and the copy's (a part's pass: its piles in the scratch).

@@ -264,22 +264,15 @@ pub fn device_model(ds: &Dataset, json: bool) -> Result<(riffle::plan::DeviceMod
     // A staged copy of objects: the probe's scratch region is local disk like the copy's,
     // so it takes no more than the --cache-limit leaves beside the copy.
     let mut opts = riffle::probe::ProbeOptions::new(true);
-    if let Some(room) = ds.staged_room() {
-        let free = riffle::probe::free_bytes(&dir).unwrap_or(0);
-        let region = riffle::probe::ProbePlan::new(true)
-            .region
-            .min(room)
-            .min(free / 2);
-        if region < riffle::probe::MIN_REGION {
-            return Ok(fallback(&format!(
-                "--cache-limit leaves {} beside the staged copy in {} and the probe needs a \
-                 scratch region of {} there",
-                riffle::size::human_bytes(room as f64),
-                dir.display(),
-                riffle::size::human_bytes(riffle::probe::MIN_REGION as f64),
-            )));
-        }
-        opts.region = Some(region);
+    opts.at_most = ds.staged_room();
+    if let Some(room) = opts.at_most.filter(|&r| r < riffle::probe::MIN_REGION) {
+        return Ok(fallback(&format!(
+            "--cache-limit leaves {} beside the staged copy in {} and the probe needs a \
+             scratch region of {} there",
+            riffle::size::human_bytes(room as f64),
+            dir.display(),
+            riffle::size::human_bytes(riffle::probe::MIN_REGION as f64),
+        )));
     }
     eprintln!(
         "riffle: no profile of device {} ({}) is cached yet: measuring it with a quick probe \
