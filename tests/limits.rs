@@ -282,6 +282,63 @@ fn trees_of_thousands_of_files_read_in_every_mode_under_ulimit_n_64() {
     }
 }
 
+/// Under `ulimit -n 32`, a tree of 20 files reads in lirs and two-pass with the batches of
+/// a read under no such limit (a reader keeps 8 of its files open, the scatter 5). Both
+/// were refused before ("32 asked", "50 asked, 32 available"): a reader kept 16 open at
+/// the least, and the scatter 16. Under `ulimit -n 16` both are still refused before they
+/// start, saying to raise it.
+#[test]
+fn a_tree_of_twenty_files_reads_under_ulimit_n_32_with_the_batches_of_an_unlimited_read() {
+    let sb = Sandbox::new();
+    let tree = sb.data().join("tree");
+    std::fs::create_dir_all(&tree).unwrap();
+    for i in 0..20 {
+        gen(
+            &sb,
+            &tree.join(format!("f{i:02}.jsonl")),
+            "jsonl",
+            500,
+            120,
+            &["--seed", &i.to_string()],
+        );
+    }
+    let read = |mode: &str, nofile: Option<u64>, tag: &str| {
+        let ids = sb.data().join(format!("ids-{mode}-{tag}.txt"));
+        let mut c = sb.cmd();
+        c.arg("read")
+            .arg(&tree)
+            .args(["--mode", mode, "--batch-size", "64", "--epochs", "2"]);
+        c.args(["--seed", "3", "--json", "--ids-out"]).arg(&ids);
+        if let Some(n) = nofile {
+            with_rlimit(&mut c, nix::sys::resource::Resource::RLIMIT_NOFILE, n);
+        }
+        (c.output().unwrap(), ids)
+    };
+    for mode in ["lirs", "two-pass"] {
+        let (free, free_ids) = read(mode, None, "free");
+        let r = report(&free);
+        assert_eq!(r["records"], 2 * 20 * 500, "{mode}: {r}");
+        let (tight, tight_ids) = read(mode, Some(32), "32");
+        let r = report(&tight);
+        assert_eq!(r["records"], 2 * 20 * 500, "{mode}: {r}");
+        let planned = r["resources"]["open_files"].as_u64().unwrap();
+        assert!(planned <= 32, "{mode}: {planned} open files planned: {r}");
+        let ids = |p: &Path| std::fs::read_to_string(p).unwrap();
+        assert_eq!(
+            ids(&free_ids),
+            ids(&tight_ids),
+            "{mode}: other batches under ulimit -n 32"
+        );
+        let (refused, _) = read(mode, Some(16), "16");
+        let err = text(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(1), "{mode}: {err}");
+        assert!(
+            err.contains("raise ulimit -n") && !err.contains("Too many open files"),
+            "{mode}: {err}"
+        );
+    }
+}
+
 /// Three ranks of a job started at once with `auto` on one small scratch disk, where one
 /// rank's piles fit and two do not: each decides seeing what the others reserved, so at
 /// most one reads through piles and every rank completes. All three chose two-pass and

@@ -414,11 +414,12 @@ pub trait Backend: Send {
 }
 
 /// Dataset files one reader keeps open at once under an open-file limit of `limit`: a
-/// quarter of it, from 16 to 1,024 (io_uring's registered-file table here, so every open
+/// quarter of it, from 4 to 1,024 (io_uring's registered-file table here, so every open
 /// file is a fixed one). The resource plan lowers the queue depth below it for datasets of
-/// more files (each read in flight holds its file open).
+/// more files (each read in flight holds its file open). Under `ulimit -n 32` a reader of a
+/// tree keeps 8 open: at least 16 made every read of one refused below `ulimit -n 32`.
 pub fn reader_cap(limit: u64) -> usize {
-    (limit / 4).clamp(16, 1024) as usize
+    (limit / 4).clamp(4, 1024) as usize
 }
 
 /// The process's soft limit on open files (`ulimit -n`); 2^20 when unlimited or unknown.

@@ -106,7 +106,7 @@ fn run(
 ) -> Result<()> {
     let started = Instant::now();
     let scan = IoConfig {
-        depth: 4,
+        depth: crate::resources::SCAN_DEPTH,
         slot_size: plan.scan_size as usize,
         ..opts.io.clone()
     };
@@ -114,7 +114,7 @@ fn run(
     // rest of the open-file budget to a LIRS lead reading beside it.
     let reader = match ds.remote() {
         Some(objects) => Scan::Objects(objects.clone()),
-        None => Scan::Files(ds.reader_capped(&scan, 16)?),
+        None => Scan::Files(ds.reader_capped(&scan, crate::resources::SCATTER_FILES)?),
     };
     let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     let mut run = Run {

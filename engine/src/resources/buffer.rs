@@ -9,6 +9,11 @@ use crate::{Error, Result};
 /// Sequential reads in flight (the shuffle buffer's and the two-pass scatter's).
 pub const SCAN_DEPTH: usize = 4;
 
+/// Dataset files the two-pass scatter keeps open: it reads them in order, so its reads in
+/// flight and the next file's open are all it needs (16 made a two-pass of a tree of 20
+/// files refused under `ulimit -n 40`).
+pub const SCATTER_FILES: usize = SCAN_DEPTH + 1;
+
 /// Memory of one buffer slot besides its record's bytes: the byte vector's header and the
 /// record's id.
 pub const SLOT_OVERHEAD: u64 = (std::mem::size_of::<Vec<u8>>() + std::mem::size_of::<u64>()) as u64;

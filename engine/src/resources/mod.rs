@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-pub use buffer::{BufferPlan, SCAN_DEPTH, SLOT_OVERHEAD};
+pub use buffer::{BufferPlan, SCAN_DEPTH, SCATTER_FILES, SLOT_OVERHEAD};
 pub use lirs::LirsPlan;
 pub(crate) use lirs::MAX_MERGE;
 pub use memory::{MachineMemory, MemoryFrom};
@@ -543,8 +543,8 @@ pub(crate) fn two_pass_plan(
         ..d.clone()
     };
     let mut f = sizes.figures(&d, limits);
-    // The scatter keeps at most 16 dataset files open, a lead reading beside it its
-    // reader's; the piles' group files are the run's own (one set being read, the next
+    // The scatter keeps at most SCATTER_FILES dataset files open, a lead reading beside it
+    // its reader's; the piles' group files are the run's own (one set being read, the next
     // being written).
     let (lead_depth, _) = read_depth(&d, limits);
     let lead = reader_files(
@@ -556,7 +556,7 @@ pub(crate) fn two_pass_plan(
     );
     let (files, why) = open_files(
         &[
-            (d.files.min(16), "files the scatter reads"),
+            (d.files.min(SCATTER_FILES as u64), "files the scatter reads"),
             (lead, "files a lead reads beside it"),
         ],
         limits,
