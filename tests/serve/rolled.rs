@@ -46,15 +46,30 @@ fn rolled(s: &Value, what: &str) -> u64 {
 /// Reads epoch `epoch` of job `seed` through `world` ranks at once (threads, a shared
 /// pass when more than one), each rank checked against an in-process read of it.
 fn read_epoch(d: &Daemon, data: &Path, seed: u64, epoch: u64, world: u64) {
+    read_job(d, data, (seed, world, 100), epoch);
+}
+
+/// [`read_epoch`] of a job of (seed, world, batch size): the ids of all its ranks.
+fn read_job(
+    d: &Daemon,
+    data: &Path,
+    (seed, world, batch): (u64, u64, u64),
+    epoch: u64,
+) -> Vec<u64> {
     std::thread::scope(|s| {
-        for rank in 0..world {
-            s.spawn(move || {
-                let r = epoch_req(seed, epoch, rank, world);
-                let got = read_all(&mut d.client_when_free(), r.clone());
-                same_batches(&got, &in_process(data, &r));
-            });
-        }
-    });
+        let ranks: Vec<_> = (0..world)
+            .map(|rank| {
+                s.spawn(move || {
+                    let mut r = epoch_req(seed, epoch, rank, world);
+                    r.batch_size = batch;
+                    let got = read_all(&mut d.client_when_free(), r.clone());
+                    same_batches(&got, &in_process(data, &r));
+                    got.into_iter().flat_map(|b| b.2).collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        ranks.into_iter().flat_map(|r| r.join().unwrap()).collect()
+    })
 }
 
 /// Entries of `scratch` (the daemon's scratch directories: passes' and kept piles').
@@ -449,4 +464,90 @@ fn piles_of_a_job_whose_client_vanished_go_with_their_scratch() {
     );
     assert_eq!(scratch_left(&scratch), Vec::<String>::new());
     assert_eq!(pile_bytes(&scratch), 0);
+}
+
+/// Scenario: jobs over one dataset that differ in seed, or share it and differ in world or
+/// batch size, read epoch by epoch at once: each job's later epochs are served from its
+/// own rolled piles (one taken per job and epoch, the dataset read no more), never from
+/// another job's, and every rank of every job gets exactly the batches of an in-process
+/// read (so every record once per epoch).
+#[test]
+fn jobs_read_at_once_each_take_only_the_piles_rolled_for_them() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 6_000, 500);
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let args = ["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()];
+    let d = Daemon::start(&sb, &sb.path().join("s.sock"), &[("train", &data)], &args);
+    // (seed, world, batch size)
+    let jobs = [(1, 1, 100), (2, 1, 100), (1, 2, 100), (1, 1, 64)];
+    let mut dev = 0;
+    for epoch in 0..4 {
+        std::thread::scope(|s| {
+            for job in jobs {
+                let data = &data;
+                let d = &d;
+                s.spawn(move || {
+                    let mut ids = read_job(d, data, job, epoch);
+                    ids.sort_unstable();
+                    assert!(ids.iter().copied().eq(0..6_000), "{job:?} epoch {epoch}");
+                });
+            }
+        });
+        let s = settled(&d);
+        let now = s["device_bytes"].as_u64().unwrap();
+        if epoch >= 2 {
+            assert_eq!(now, dev, "epoch {epoch} read the dataset: {s}");
+            assert_eq!(rolled(&s, "rolled_passes"), 4 * (epoch - 1), "{s}");
+            assert_eq!(rolled(&s, "kept_now"), 4, "{s}");
+        }
+        dev = now;
+    }
+}
+
+/// Scenario: `--keep-rolled 0` turns rolling off (every epoch a scatter, nothing kept, no
+/// piles left between passes); a huge `--keep-rolled` (10^12 s, and 2^64 - 1) keeps and
+/// serves piles as the default does, with no overflow of the daemon's clock arithmetic as
+/// it checks them (at every connection and tick), and a SIGTERM still leaves nothing.
+#[test]
+fn keep_rolled_zero_rolls_nothing_and_a_huge_one_keeps_without_overflow() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 3_000, 500);
+    let size = std::fs::metadata(&data).unwrap().len();
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let sock = sb.path().join("s.sock");
+    for keep in ["0", "1000000000000", "18446744073709551615"] {
+        let args = [
+            "--mode",
+            "two-pass",
+            "--scratch",
+            scratch.to_str().unwrap(),
+            "--keep-rolled",
+            keep,
+        ];
+        let mut d = Daemon::start(&sb, &sock, &[("train", &data)], &args);
+        let mut dev = 0;
+        for epoch in 0..3 {
+            read_epoch(&d, &data, 2, epoch, 1);
+            let s = settled(&d);
+            let now = s["device_bytes"].as_u64().unwrap();
+            let read = now - dev;
+            dev = now;
+            assert_eq!(s["rolled"]["keep_s"].to_string(), keep, "{s}");
+            if keep == "0" {
+                assert!(read >= size, "epoch {epoch} read {read} of {size}: {s}");
+                assert_eq!(rolled(&s, "kept_total"), 0, "{s}");
+                assert_eq!(scratch_left(&scratch), Vec::<String>::new());
+            } else if epoch == 2 {
+                assert_eq!(read, 0, "epoch 2 read the dataset: {s}");
+                assert_eq!(rolled(&s, "rolled_passes"), 1, "{s}");
+                assert_eq!(kept_for(&s, 2)["epoch"], 3, "{s}");
+            }
+        }
+        // The expiry check runs at every connection (the stats above) and tick.
+        assert_eq!(rolled(&settled(&d), "kept_now"), u64::from(keep != "0"));
+        signal_and_wait(&mut d, &["TERM"]);
+        assert_eq!(scratch_left(&scratch), Vec::<String>::new());
+    }
 }
