@@ -551,3 +551,68 @@ fn keep_rolled_zero_rolls_nothing_and_a_huge_one_keeps_without_overflow() {
         assert_eq!(scratch_left(&scratch), Vec::<String>::new());
     }
 }
+
+/// Scenario: a scratch that holds one pass's piles and no more (a filesystem of the size
+/// the pass reserves), under a `--memory` smaller than one epoch's piles: the pass that
+/// would roll past its end does not (its pile pass runs beside its own piles), says why
+/// in the stats and the log, and the job never fails: every epoch exactly its batches,
+/// the next one scattered afresh.
+#[test]
+fn a_scratch_that_holds_one_epochs_piles_skips_rolling_with_a_reason_never_failing() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 1000);
+    let size = std::fs::metadata(&data).unwrap().len();
+    let sock = sb.path().join("s.sock");
+    let start = |scratch: &Path| {
+        let args = [
+            "--mode",
+            "two-pass",
+            "--scratch",
+            scratch.to_str().unwrap(),
+            "--memory",
+            "16M",
+        ];
+        Daemon::start(&sb, &sock, &[("train", &data)], &args)
+    };
+    // What one pass reserves: its kept piles' scratch.
+    let big = sb.path().join("scratch");
+    std::fs::create_dir_all(&big).unwrap();
+    let d = start(&big);
+    read_epoch(&d, &data, 5, 0, 1);
+    read_epoch(&d, &data, 5, 1, 1);
+    let need = kept_for(&settled(&d), 5)["scratch_reserved"]
+        .as_u64()
+        .unwrap();
+    assert!(need > size, "{need}");
+    drop(d);
+    let Some(disk) = crate::SmallDisk::mount(&sb, &format!("{}k", need.div_ceil(1024) + 64)) else {
+        return;
+    };
+    let mut d = start(disk.path());
+    let mut dev = 0;
+    for epoch in 0..3 {
+        read_epoch(&d, &data, 5, epoch, 1);
+        let s = settled(&d);
+        let now = s["device_bytes"].as_u64().unwrap();
+        assert!(now - dev >= size, "epoch {epoch}: {s}");
+        dev = now;
+        assert_eq!(rolled(&s, "kept_now"), 0, "{s}");
+        assert_eq!(
+            rolled(&s, "not_rolled"),
+            epoch,
+            "{s}"
+        );
+    }
+    let s = settled(&d);
+    let why = s["rolled"]["last_not_rolled"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        why.contains("is free") || why.contains("No space left"),
+        "{s}"
+    );
+    let log = signal_and_wait(&mut d, &["TERM"]);
+    assert!(log.contains("not rolled for a next pass"), "{log}");
+    assert_eq!(scratch_left(disk.path()), Vec::<String>::new());
+}
