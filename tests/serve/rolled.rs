@@ -597,11 +597,7 @@ fn a_scratch_that_holds_one_epochs_piles_skips_rolling_with_a_reason_never_faili
         assert!(now - dev >= size, "epoch {epoch}: {s}");
         dev = now;
         assert_eq!(rolled(&s, "kept_now"), 0, "{s}");
-        assert_eq!(
-            rolled(&s, "not_rolled"),
-            epoch,
-            "{s}"
-        );
+        assert_eq!(rolled(&s, "not_rolled"), epoch, "{s}");
     }
     let s = settled(&d);
     let why = s["rolled"]["last_not_rolled"]
@@ -615,4 +611,66 @@ fn a_scratch_that_holds_one_epochs_piles_skips_rolling_with_a_reason_never_faili
     let log = signal_and_wait(&mut d, &["TERM"]);
     assert!(log.contains("not rolled for a next pass"), "{log}");
     assert_eq!(scratch_left(disk.path()), Vec::<String>::new());
+}
+
+/// Scenario: a daemon short of open files (`ulimit -n`) with `--admit-wait 0`: a job's
+/// next epoch refused `busy` while other jobs' passes hold the files keeps the piles
+/// rolled for it, and its retry, once there is room, is served from them with no read of
+/// the dataset. Before: the refused admission had taken them, and dropped them.
+#[test]
+fn a_next_epoch_refused_busy_keeps_its_rolled_piles_for_the_retry() {
+    let sb = Sandbox::new();
+    let data = dataset(&sb, "d.npy", 20_000, 1000);
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let args = [
+        "--mode",
+        "two-pass",
+        "--scratch",
+        scratch.to_str().unwrap(),
+        "--max-clients",
+        "12",
+        "--admit-wait",
+        "0",
+    ];
+    let mut cmd = sb.cmd();
+    crate::limits::with_rlimit(&mut cmd, nix::sys::resource::Resource::RLIMIT_NOFILE, 160);
+    let d = Daemon::start_from(cmd, &sb.path().join("s.sock"), &[("train", &data)], &args);
+    read_epoch(&d, &data, 1, 0, 1);
+    read_epoch(&d, &data, 1, 1, 1);
+    assert_eq!(kept_for(&settled(&d), 1)["epoch"], 2);
+    // Other jobs' passes take the open files until one is refused.
+    let mut others: Vec<_> = (0..8).map(|_| d.client_when_free()).collect();
+    let mut streams = Vec::new();
+    for (c, seed) in others.iter_mut().zip(2..) {
+        match c.open(epoch_req(seed, 0, 0, 1)) {
+            Ok(st) => streams.push(st),
+            Err(e) => {
+                assert_eq!(e.daemon_code(), Some("busy"), "{e}");
+                break;
+            }
+        }
+    }
+    assert!(streams.len() < 8, "no pass was refused");
+    let e = (d.client_when_free().open(epoch_req(1, 2, 0, 1)))
+        .err()
+        .expect("refused");
+    assert_eq!(e.daemon_code(), Some("busy"), "{e}");
+    assert!(e.to_string().contains("open files"), "{e}");
+    drop(streams);
+    let s = settled(&d);
+    assert_eq!(
+        rolled(&s, "kept_now"),
+        1,
+        "the refused pass dropped the piles: {s}"
+    );
+    let dev = s["device_bytes"].as_u64().unwrap();
+    read_epoch(&d, &data, 1, 2, 1);
+    let s = settled(&d);
+    assert_eq!(
+        s["device_bytes"].as_u64(),
+        Some(dev),
+        "the retry read the dataset: {s}"
+    );
+    assert_eq!(rolled(&s, "rolled_passes"), 1, "{s}");
 }
