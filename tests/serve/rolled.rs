@@ -249,13 +249,14 @@ fn a_scratch_that_fills_while_piles_roll_ends_the_epoch_whole_and_keeps_nothing(
     let size = std::fs::metadata(&data).unwrap().len();
     let sock = sb.path().join("s.sock");
     // Small piles (a small --memory): the re-scatter goes pile by pile with the batches
-    // the client takes, not ahead of them.
+    // the client takes, not ahead of them; no lead, so its first batch comes once the
+    // scatter is over and the roll has begun.
     let args = ["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()];
     let d = Daemon::start(
         &sb,
         &sock,
         &[("train", &data)],
-        &[&args[..], &["--memory", "48M"]].concat(),
+        &[&args[..], &["--memory", "48M", "--no-lead"]].concat(),
     );
     read_epoch(&d, &data, 3, 0, 1);
     // Epoch 1 rolls past its end: the disk fills once its rolled directory is there.
@@ -311,7 +312,8 @@ fn a_scratch_that_fills_while_piles_roll_ends_the_epoch_whole_and_keeps_nothing(
 }
 
 /// Opens `req` through `c` and reads until the pass's rolled directory is in `scratch`:
-/// the stream, still open, while the next epoch's piles are being rolled past its end.
+/// the stream, still open, while the next epoch's piles are being rolled past its end
+/// (with `--no-lead` and a small `--memory`, from its first batch on, pile by pile).
 fn rolling<'c>(
     c: &'c mut riffle::serve::Client,
     req: OpenRequest,
@@ -356,6 +358,7 @@ fn a_daemon_killed_or_stopped_with_piles_kept_or_rolling_leaves_none_served_or_b
             scratch.to_str().unwrap(),
             "--memory",
             "48M",
+            "--no-lead",
         ];
         Daemon::start(&sb, &sock, &[("train", &data)], &args)
     };
@@ -430,6 +433,7 @@ fn piles_of_a_job_whose_client_vanished_go_with_their_scratch() {
         scratch.to_str().unwrap(),
         "--memory",
         "48M",
+        "--no-lead",
         "--scratch-limit",
         "1G",
         "--keep-rolled",
