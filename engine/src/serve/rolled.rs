@@ -17,7 +17,8 @@
 //! - **Until.** They go when taken, after `--keep-rolled` seconds unused, when a pass's
 //!   admission is short of scratch (kept piles go first, oldest first, before anyone waits
 //!   or is refused), when the daemon stops (SIGTERM/SIGINT: they are scratch like any),
-//!   or when the dataset's files changed (never served stale).
+//!   or when the dataset's files changed (never served stale). A pass refused at its
+//!   admission (`busy`) puts the piles it took back as they were, for the job's retry.
 //! - **Not rolled.** When the next epoch's piles do not fit the scratch's free space, or
 //!   writing them fails, the pass ends as it did before, and the log and the stats
 //!   (`rolled.not_rolled`, `rolled.last_not_rolled`) say why.
