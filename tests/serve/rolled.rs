@@ -556,11 +556,11 @@ fn keep_rolled_zero_rolls_nothing_and_a_huge_one_keeps_without_overflow() {
     }
 }
 
-/// Scenario: a scratch that holds one pass's piles and no more (a filesystem of the size
-/// the pass reserves), under a `--memory` smaller than one epoch's piles: the pass that
-/// would roll past its end does not (its pile pass runs beside its own piles), says why
-/// in the stats and the log, and the job never fails: every epoch exactly its batches,
-/// the next one scattered afresh.
+/// Scenario: a scratch that holds one pass's piles and no more (a filesystem of exactly
+/// the size the pass reserves, to the page), under a `--memory` smaller than one epoch's
+/// piles: the pass that would roll past its end does not (the room check counts the
+/// pass's own files beside its frames, a few pages over), says why in the stats and the
+/// log, and the job never fails: every epoch exactly its batches, each scattered afresh.
 #[test]
 fn a_scratch_that_holds_one_epochs_piles_skips_rolling_with_a_reason_never_failing() {
     let sb = Sandbox::new();
@@ -589,7 +589,7 @@ fn a_scratch_that_holds_one_epochs_piles_skips_rolling_with_a_reason_never_faili
         .unwrap();
     assert!(need > size, "{need}");
     drop(d);
-    let Some(disk) = crate::SmallDisk::mount(&sb, &format!("{}k", need.div_ceil(1024) + 64)) else {
+    let Some(disk) = crate::SmallDisk::mount(&sb, &format!("{}k", need.div_ceil(4096) * 4)) else {
         return;
     };
     let mut d = start(disk.path());
