@@ -17,7 +17,8 @@
 //! - **Until.** They go when taken, after `--keep-rolled` seconds unused, when a pass's
 //!   admission is short of scratch (kept piles go first, oldest first, before anyone waits
 //!   or is refused), when the daemon stops (SIGTERM/SIGINT: they are scratch like any),
-//!   or when the dataset's files changed (never served stale).
+//!   or when the dataset's files changed (never served stale). A pass refused at its
+//!   admission (`busy`) puts the piles it took back as they were, for the job's retry.
 //! - **Not rolled.** When the next epoch's piles do not fit the scratch's free space, or
 //!   writing them fails, the pass ends as it did before, and the log and the stats
 //!   (`rolled.not_rolled`, `rolled.last_not_rolled`) say why.
@@ -159,11 +160,20 @@ impl Rolled {
         if taken.is_none() && !follows {
             return admit(opts, 0);
         }
-        let kept = (taken.iter().flat_map(|t| &t.1))
+        let kept = (taken.iter().flat_map(|r| &r.holds))
             .map(ScratchHold::bytes)
             .sum();
-        let mut admitted = admit(opts, kept)?;
-        let (piles, mut held) = taken.map_or((None, Vec::new()), |(p, h)| (Some(p), h));
+        let mut admitted = match admit(opts, kept) {
+            Ok(a) => a,
+            Err(refused) => {
+                // Kept for the job's retry (a `busy` pass), as if never taken.
+                if let Some(r) = taken {
+                    self.put_back(here, r);
+                }
+                return Err(refused);
+            }
+        };
+        let (piles, mut held) = taken.map_or((None, Vec::new()), |r| (Some(r.piles), r.holds));
         held.push(admitted.take_scratch());
         let holds: Holds = Arc::new(Mutex::new(held));
         let ticket = self.expect(&next);
@@ -185,7 +195,7 @@ impl Rolled {
     /// The piles kept for `key`, rolled from files that are still as `stamps` says,
     /// taken with their scratch; waits up to [`PENDING_WAIT`] for a pass about to hand
     /// them over. Piles of files that changed are dropped.
-    fn take(&self, key: &RollKey, stamps: &[Stamp]) -> Option<(RolledPiles, Vec<ScratchHold>)> {
+    fn take(&self, key: &RollKey, stamps: &[Stamp]) -> Option<Box<Ready>> {
         let until = Instant::now() + PENDING_WAIT;
         let mut gone = Vec::new();
         let mut g = self.lock();
@@ -210,7 +220,7 @@ impl Rolled {
                     continue;
                 }
                 g.taken += 1;
-                break Some((r.piles, r.holds));
+                break Some(r);
             }
             let pending = (g.slots.iter()).any(|(k, s)| k == key && matches!(s, Slot::Pending(_)));
             let now = Instant::now();
@@ -224,6 +234,26 @@ impl Rolled {
         drop(g);
         drop(gone);
         got
+    }
+
+    /// Keeps `r`, taken for `key` by a pass that was then refused, as it was (its age
+    /// and scratch), no longer counted as taken; unless newer piles of the key came
+    /// meanwhile.
+    fn put_back(&self, key: RollKey, r: Box<Ready>) {
+        let mut g = self.lock();
+        g.taken = g.taken.saturating_sub(1);
+        let newer = (g.slots.iter()).any(|(k, s)| k == &key && matches!(s, Slot::Ready(_)));
+        let gone = match newer {
+            true => Some(r),
+            false => {
+                g.slots.push((key, Slot::Ready(r)));
+                None
+            }
+        };
+        drop(g);
+        self.changed.notify_all();
+        // Files removed and scratch given back outside the lock.
+        drop(gone);
     }
 
     /// Whether a pass of the job ended where `here` starts; remembers that this one ends
