@@ -549,5 +549,6 @@ pub fn demand(ds: &Dataset, units: &Units, opts: &ReadOptions) -> crate::resourc
         memory_from: crate::resources::MemoryFrom::Flag,
         grouping: opts.grouping,
         runs: opts.baseline.is_some(),
+        streamed: ds.remote().is_some(),
     }
 }

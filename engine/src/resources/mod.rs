@@ -29,7 +29,7 @@ pub use memory::{MachineMemory, MemoryFrom};
 pub use partial::{
     partial_piled_plan, partial_piled_rest, partial_plan, partial_scan, PartialPlan,
 };
-pub(crate) use piles::shuffle_layout;
+pub(crate) use piles::{scan_bytes, shuffle_layout};
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;
 pub use resident::{
@@ -81,6 +81,9 @@ pub struct Demand {
     pub grouping: Grouping,
     /// A baseline's long sequential runs instead of the contract's reads (LIRS's reader).
     pub runs: bool,
+    /// Streamed from object storage (`s3://`, not staged): the two-pass scatter's
+    /// sequential reads are ranged GETs, sized as a store pays for them (`piles::scan_size`).
+    pub streamed: bool,
 }
 
 impl Demand {
@@ -521,6 +524,7 @@ pub fn gen(
         memory_from: MemoryFrom::Flag,
         grouping: Grouping::Record,
         runs: false,
+        streamed: false,
     };
     plan.check(&d, limits)?;
     Ok(plan)

@@ -69,13 +69,13 @@ impl PilePlan {
             .saturating_add(d.records.saturating_mul(4));
         let mean = frames as f64 / d.units.max(1) as f64;
         let batch_bytes = d.batch_bytes();
-        let scan_size = scan_size(d.memory.or(limits.memory.map(|m| m.bytes)));
+        let scan_size = scan_size(d.memory.or(limits.memory.map(|m| m.bytes)), d.streamed);
         let fixed = d
             .units_bytes
             .saturating_add(d.index_bytes)
             .saturating_add(d.view_bytes)
             .saturating_add((d.prefetch as u64 + 1).saturating_mul(batch_bytes))
-            .saturating_add(scan_bytes(scan_size)); // the scatter's reader
+            .saturating_add(scan_bytes(scan_size, d.streamed)); // the scatter's reader
         let budget = pile_budget(d, limits, fixed);
         // The pile store's I/O in flight scales with this (twice as much writing, three times
         // as much reading): as much as the scatter's reads, 4 MiB at most, and no more than
@@ -239,11 +239,17 @@ impl PilePlan {
         f.push(
             "scatter_reads",
             Kind::Memory,
-            scan_bytes(self.scan_size),
-            format!(
-                "{SCAN_DEPTH} sequential reads of {} in flight",
-                human_bytes(self.scan_size as f64)
-            ),
+            scan_bytes(self.scan_size, d.streamed),
+            match d.streamed {
+                true => format!(
+                    "{STREAMED_GETS} ranged GETs of {} in flight and the body handed on",
+                    human_bytes(self.scan_size as f64)
+                ),
+                false => format!(
+                    "{SCAN_DEPTH} sequential reads of {} in flight",
+                    human_bytes(self.scan_size as f64)
+                ),
+            },
         );
         f.push(
             "pile_writer",
@@ -406,14 +412,50 @@ fn pile_budget(d: &Demand, limits: &Limits, fixed: u64) -> u64 {
     }
 }
 
-fn scan_size(memory: Option<u64>) -> u64 {
-    match memory {
-        Some(m) if m < (32 << 20) => 48 << 10,
-        Some(m) if m < (256 << 20) => (m / 64 / 4096 * 4096).clamp(48 << 10, 4 << 20),
-        _ => 4 << 20,
+/// Size of the scatter's sequential reads under a budget of `memory`: from local files, a
+/// sixty-fourth of it from 48 KiB up to 4 MiB; from a store (`streamed`), GETs whose bodies
+/// ([`STREAMED_GETS`] and one handed on) take an eighth of it, up to [`STREAMED_SCAN`].
+fn scan_size(memory: Option<u64>, streamed: bool) -> u64 {
+    match (memory, streamed) {
+        (None, true) => STREAMED_SCAN,
+        (Some(m), true) => streamed_scan(m / 8 / (STREAMED_GETS as u64 + 1)),
+        (Some(m), false) if m < (32 << 20) => 48 << 10,
+        (Some(m), false) => (m / 64 / 4096 * 4096).clamp(48 << 10, 4 << 20),
+        (None, false) => 4 << 20,
     }
 }
 
-fn scan_bytes(scan_size: u64) -> u64 {
-    footprint(scan_size as usize * SCAN_DEPTH) as u64
+/// A GET body's size for `each` bytes of budget a body: whole huge pages (a body of at
+/// least 256 KiB is mapped on them, [`footprint`]) up to [`STREAMED_SCAN`], 2 MiB from 1
+/// MiB on, and below that what fits under the huge-page threshold (48 KiB at least), so a
+/// body never takes more than its share rounded up (a 512 KiB body took 2 MiB).
+fn streamed_scan(each: u64) -> u64 {
+    const HUGE: u64 = 2 << 20;
+    if each >= HUGE {
+        (each / HUGE * HUGE).min(STREAMED_SCAN)
+    } else if each >= HUGE / 2 {
+        HUGE
+    } else {
+        (each / 4096 * 4096).clamp(48 << 10, 252 << 10)
+    }
+}
+
+/// The largest GET of a streamed scatter: each request costs a store its first byte and a
+/// request's work (s3s-fs on loopback: 40 ms to the first byte, and a third less CPU for
+/// 8 MiB GETs than for 4 MiB ones), and 8 MiB is where the probe's throughput tops out here
+/// (`docs/report/object-store-epoch.md`) and what AWS's guidance for ranged GETs names.
+pub const STREAMED_SCAN: u64 = 8 << 20;
+
+/// GETs a streamed scatter keeps in flight (`dataset::GETS_IN_FLIGHT`, which a test checks
+/// against this).
+pub const STREAMED_GETS: usize = 16;
+
+/// Memory the scatter's reads of `scan_size` take: [`SCAN_DEPTH`] reads from local files,
+/// or a streamed scatter's GET bodies, one a GET in flight and the one handed over.
+pub(crate) fn scan_bytes(scan_size: u64, streamed: bool) -> u64 {
+    if streamed {
+        (STREAMED_GETS as u64 + 1).saturating_mul(footprint(scan_size as usize) as u64)
+    } else {
+        footprint(scan_size as usize * SCAN_DEPTH) as u64
+    }
 }

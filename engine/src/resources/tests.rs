@@ -59,6 +59,7 @@ prop_compose! {
             memory_from: MemoryFrom::Flag,
             grouping,
             runs: false,
+            streamed: false,
         };
         let l = Limits {
             max_in_flight,
@@ -150,6 +151,7 @@ fn a_limit_the_plan_passes_is_refused_naming_it() {
         memory_from: MemoryFrom::Flag,
         grouping: Grouping::Record,
         runs: false,
+        streamed: false,
     };
     let roomy = Limits {
         max_in_flight: 32768,
@@ -184,4 +186,63 @@ fn a_limit_the_plan_passes_is_refused_naming_it() {
         Err(Error::Exhausted { resource, .. }) => assert!(resource.contains("scratch")),
         other => panic!("expected a refusal for scratch space, got {other:?}"),
     }
+}
+
+/// A streamed scatter's reads are 8 MiB GETs where an eighth of the budget holds their
+/// bodies, a local scatter's 4 MiB reads as before; under a smaller budget GETs are whole
+/// huge pages, or small enough not to be mapped on them, and their bodies take about an
+/// eighth of it.
+#[test]
+fn a_streamed_scatter_gets_8_mib_where_a_local_one_reads_4_mib() {
+    let d = |memory: u64, streamed: bool| Demand {
+        records: 1_000_000,
+        bytes: 1_000_000 * 1024,
+        max_record: 1024,
+        units: 1_000_000,
+        units_bytes: 0,
+        records_per_unit: 1.0,
+        widest_unit: 1,
+        index_bytes: 0,
+        view_bytes: 0,
+        files: if streamed { 0 } else { 1 },
+        batch: 256,
+        prefetch: 4,
+        depth: 64,
+        memory: Some(memory),
+        memory_from: MemoryFrom::Flag,
+        grouping: Grouping::Record,
+        runs: false,
+        streamed,
+    };
+    let limits = Limits {
+        max_in_flight: 32768,
+        max_slots: 1 << 20,
+        max_registered_slots: 16384,
+        memlock: None,
+        open_files: 1024,
+        scratch_free: Some(1 << 40),
+        scratch_inodes: Some(1 << 20),
+        memory: None,
+    };
+    let scan = |memory, streamed| {
+        let (_, plan, _) = two_pass_plan(&d(memory, streamed), &limits).unwrap();
+        plan.scan_size
+    };
+    assert_eq!(scan(4 << 30, true), 8 << 20);
+    assert_eq!(scan(1 << 30, true), 6 << 20);
+    assert_eq!(scan(1 << 30, false), 4 << 20);
+    assert_eq!(scan(192 << 20, true), 2 << 20);
+    assert_eq!(scan(128 << 20, false), 2 << 20);
+    assert_eq!(scan(32 << 20, true), 240 << 10);
+    for m in [32u64 << 20, 100 << 20, 192 << 20, 1 << 30, 4 << 30] {
+        let (_, plan, _) = two_pass_plan(&d(m, true), &limits).unwrap();
+        let bodies = scan_bytes(plan.scan_size, true);
+        assert!(bodies <= m / 4, "{m}: {bodies} of bodies");
+    }
+}
+
+/// The plan counts the GETs a streamed read keeps in flight.
+#[test]
+fn the_plan_counts_the_gets_a_streamed_read_keeps_in_flight() {
+    assert_eq!(super::piles::STREAMED_GETS, crate::dataset::GETS_IN_FLIGHT);
 }

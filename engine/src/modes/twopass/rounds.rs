@@ -437,7 +437,7 @@ pub fn streamed_figures(ds: &Dataset, opts: &ReadOptions, limit: u64) -> Result<
         bytes_per_epoch: bytes * times,
         rounds,
         local_disk,
-        memory: resources.memory_bytes + super::scan::GETS_IN_FLIGHT as u64 * plan.scan_size,
+        memory: resources.memory_bytes,
         unfit,
     })
 }

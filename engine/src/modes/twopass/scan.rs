@@ -11,7 +11,6 @@
 
 use std::sync::Arc;
 
-pub(super) use crate::dataset::GETS_IN_FLIGHT;
 use crate::dataset::{Dataset, RemoteBytes};
 use crate::io::RangeReader;
 use crate::order::{EpochKey, EpochTable, Split, Units};
@@ -63,7 +62,7 @@ impl Scan {
     pub(super) fn describe(&self, scan: u64) -> (&'static str, bool, u64) {
         match self {
             Scan::Files(r) => (r.backend_kind().name(), r.direct(), r.buffer_bytes() as u64),
-            Scan::Objects(_) => ("s3", false, GETS_IN_FLIGHT as u64 * scan),
+            Scan::Objects(_) => ("s3", false, crate::resources::scan_bytes(scan, true)),
         }
     }
 
