@@ -2,7 +2,7 @@
 //! 33): riffle.torch opens a stream per epoch, and each epoch after the first is served
 //! from the piles the pass before rolled, with no read of the dataset.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use riffle::serve::proto::OpenRequest;
@@ -10,6 +10,14 @@ use serde_json::Value;
 
 use super::{dataset, in_process, pile_bytes, read_all, same_batches, signal_and_wait, Daemon};
 use crate::Sandbox;
+
+/// A `.npy` of `records` records of `size` bytes, and an empty scratch directory.
+fn data_and_scratch(sb: &Sandbox, records: u64, size: u64) -> (PathBuf, PathBuf) {
+    let data = dataset(sb, "d.npy", records, size);
+    let scratch = sb.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    (data, scratch)
+}
 
 /// Epoch `epoch` of a job of `seed` opened alone (`epochs` 1), rank `rank` of `world`.
 fn epoch_req(seed: u64, epoch: u64, rank: u64, world: u64) -> OpenRequest {
@@ -92,10 +100,8 @@ fn entries(scratch: &Path) -> Vec<String> {
 #[test]
 fn a_job_read_epoch_by_epoch_is_served_from_the_piles_its_last_pass_rolled() {
     let sb = Sandbox::new();
-    let data = dataset(&sb, "d.npy", 20_000, 1000);
+    let (data, scratch) = data_and_scratch(&sb, 20_000, 1000);
     let size = std::fs::metadata(&data).unwrap().len();
-    let scratch = sb.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
     let sock = sb.path().join("s.sock");
     // A two-pass daemon of the dataset with its scratch in `scratch`, and `more` flags.
     let start = |more: &[&str]| {
@@ -345,10 +351,8 @@ fn scratch_left(scratch: &Path) -> Vec<String> {
 #[test]
 fn a_daemon_killed_or_stopped_with_piles_kept_or_rolling_leaves_none_served_or_behind() {
     let sb = Sandbox::new();
-    let data = dataset(&sb, "d.npy", 20_000, 1000);
+    let (data, scratch) = data_and_scratch(&sb, 20_000, 1000);
     let size = std::fs::metadata(&data).unwrap().len();
-    let scratch = sb.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
     let sock = sb.path().join("s.sock");
     let start = || {
         let args = [
@@ -423,9 +427,7 @@ fn a_daemon_killed_or_stopped_with_piles_kept_or_rolling_leaves_none_served_or_b
 #[test]
 fn piles_of_a_job_whose_client_vanished_go_with_their_scratch() {
     let sb = Sandbox::new();
-    let data = dataset(&sb, "d.npy", 20_000, 1000);
-    let scratch = sb.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (data, scratch) = data_and_scratch(&sb, 20_000, 1000);
     let args = [
         "--mode",
         "two-pass",
@@ -478,9 +480,7 @@ fn piles_of_a_job_whose_client_vanished_go_with_their_scratch() {
 #[test]
 fn jobs_read_at_once_each_take_only_the_piles_rolled_for_them() {
     let sb = Sandbox::new();
-    let data = dataset(&sb, "d.npy", 6_000, 500);
-    let scratch = sb.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (data, scratch) = data_and_scratch(&sb, 6_000, 500);
     let args = ["--mode", "two-pass", "--scratch", scratch.to_str().unwrap()];
     let d = Daemon::start(&sb, &sb.path().join("s.sock"), &[("train", &data)], &args);
     // (seed, world, batch size)
@@ -516,10 +516,8 @@ fn jobs_read_at_once_each_take_only_the_piles_rolled_for_them() {
 #[test]
 fn keep_rolled_zero_rolls_nothing_and_a_huge_one_keeps_without_overflow() {
     let sb = Sandbox::new();
-    let data = dataset(&sb, "d.npy", 3_000, 500);
+    let (data, scratch) = data_and_scratch(&sb, 3_000, 500);
     let size = std::fs::metadata(&data).unwrap().len();
-    let scratch = sb.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
     let sock = sb.path().join("s.sock");
     for keep in ["0", "1000000000000", "18446744073709551615"] {
         let args = [
@@ -624,9 +622,7 @@ fn a_scratch_that_holds_one_epochs_piles_skips_rolling_with_a_reason_never_faili
 #[test]
 fn a_next_epoch_refused_busy_keeps_its_rolled_piles_for_the_retry() {
     let sb = Sandbox::new();
-    let data = dataset(&sb, "d.npy", 20_000, 1000);
-    let scratch = sb.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
+    let (data, scratch) = data_and_scratch(&sb, 20_000, 1000);
     let args = [
         "--mode",
         "two-pass",

@@ -29,9 +29,9 @@ pub use memory::{MachineMemory, MemoryFrom};
 pub use partial::{
     partial_piled_plan, partial_piled_rest, partial_plan, partial_scan, PartialPlan,
 };
-pub(crate) use piles::{scan_bytes, shuffle_layout};
 pub(crate) use piles::PilePlan;
 pub use piles::MAX_FRAME_RECORDS;
+pub(crate) use piles::{scan_bytes, shuffle_layout};
 pub use resident::{
     resident_budget, resident_bytes, resident_plan, resident_scan, RESIDENT_SCAN_DEPTH,
     RESIDENT_SCAN_SLOT,

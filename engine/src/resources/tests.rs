@@ -131,9 +131,10 @@ proptest! {
     }
 }
 
-#[test]
-fn a_limit_the_plan_passes_is_refused_naming_it() {
-    let d = Demand {
+/// A million records of 1 KiB in one file (`streamed`: none, objects of a store) under a
+/// budget of `memory`.
+fn a_million_records(memory: u64, streamed: bool) -> Demand {
+    Demand {
         records: 1_000_000,
         bytes: 1_000_000 * 1024,
         max_record: 1024,
@@ -143,17 +144,21 @@ fn a_limit_the_plan_passes_is_refused_naming_it() {
         widest_unit: 1,
         index_bytes: 0,
         view_bytes: 0,
-        files: 1,
+        files: if streamed { 0 } else { 1 },
         batch: 256,
         prefetch: 4,
         depth: 64,
-        memory: Some(1 << 30),
+        memory: Some(memory),
         memory_from: MemoryFrom::Flag,
         grouping: Grouping::Record,
         runs: false,
-        streamed: false,
-    };
-    let roomy = Limits {
+        streamed,
+    }
+}
+
+/// Limits no plan of [`a_million_records`] meets.
+fn roomy() -> Limits {
+    Limits {
         max_in_flight: 32768,
         max_slots: 1 << 20,
         max_registered_slots: 16384,
@@ -162,7 +167,13 @@ fn a_limit_the_plan_passes_is_refused_naming_it() {
         scratch_free: Some(1 << 40),
         scratch_inodes: Some(1 << 20),
         memory: None,
-    };
+    }
+}
+
+#[test]
+fn a_limit_the_plan_passes_is_refused_naming_it() {
+    let d = a_million_records(1 << 30, false);
+    let roomy = roomy();
     assert!(lirs(&d, &roomy).is_ok());
     let few = Limits {
         max_slots: 32,
@@ -193,36 +204,7 @@ fn a_limit_the_plan_passes_is_refused_naming_it() {
 /// or small enough not to be mapped on them, and their bodies take about a quarter of it.
 #[test]
 fn a_streamed_scatters_gets_take_a_quarter_of_the_budget_at_most() {
-    let d = |memory: u64, streamed: bool| Demand {
-        records: 1_000_000,
-        bytes: 1_000_000 * 1024,
-        max_record: 1024,
-        units: 1_000_000,
-        units_bytes: 0,
-        records_per_unit: 1.0,
-        widest_unit: 1,
-        index_bytes: 0,
-        view_bytes: 0,
-        files: if streamed { 0 } else { 1 },
-        batch: 256,
-        prefetch: 4,
-        depth: 64,
-        memory: Some(memory),
-        memory_from: MemoryFrom::Flag,
-        grouping: Grouping::Record,
-        runs: false,
-        streamed,
-    };
-    let limits = Limits {
-        max_in_flight: 32768,
-        max_slots: 1 << 20,
-        max_registered_slots: 16384,
-        memlock: None,
-        open_files: 1024,
-        scratch_free: Some(1 << 40),
-        scratch_inodes: Some(1 << 20),
-        memory: None,
-    };
+    let (d, limits) = (a_million_records, roomy());
     let scan = |memory, streamed| {
         let (_, plan, _) = two_pass_plan(&d(memory, streamed), &limits).unwrap();
         plan.scan_size
