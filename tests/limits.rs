@@ -97,7 +97,11 @@ impl MemoryCgroup {
             }
             (root.to_path_buf(), "memory.max")
         };
-        let dir = parent.join(format!("riffle-test-limits-{}", std::process::id()));
+        // One group per test: the tests of this process run at once (named by the process
+        // alone, the second group of two tests at once was refused as existing).
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = parent.join(format!("riffle-test-limits-{}-{n}", std::process::id()));
         if let Err(e) = std::fs::create_dir(&dir) {
             skip_needed_in_ci(&format!("cannot make {}: {e}", dir.display()));
             return None;
