@@ -34,10 +34,10 @@ enum Backing {
 }
 
 /// The huge-page size the mapping is aligned to.
-const HUGE: usize = 2 << 20;
+pub const HUGE: usize = 2 << 20;
 
 /// Buffers at least this large are mapped on huge pages.
-const MAP_THRESHOLD: usize = 256 << 10;
+pub const MAP_THRESHOLD: usize = 256 << 10;
 
 // SAFETY: AlignedBuf uniquely owns its memory, like a Box<[u8]>; sharing it follows the
 // usual borrow rules through &self / &mut self.

@@ -36,7 +36,9 @@ use serde::Serialize;
 pub(crate) use buffer::release_freed_heap;
 use buffer::slab_bytes;
 use buffer::Slab;
-pub use buffer::{footprint, prefetch, AlignedBuf, LargeBuf, Populator, SlotId};
+pub use buffer::{
+    footprint, prefetch, AlignedBuf, LargeBuf, Populator, SlotId, HUGE as HUGE_PAGE, MAP_THRESHOLD,
+};
 pub use file::{file_type_name, Access, DataFile};
 pub use reader::{LazyFile, RangeReader, ReadStats};
 pub use scan::{scan_config, scan_file, ScanReport};

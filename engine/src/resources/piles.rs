@@ -2,7 +2,7 @@
 //! back, and the scratch the piles take.
 
 use super::{Demand, Figures, Kind, Limits, SCAN_DEPTH};
-use crate::io::footprint;
+use crate::io::{footprint, HUGE_PAGE, MAP_THRESHOLD};
 use crate::piles::Layout;
 use crate::size::human_bytes;
 use crate::{Error, Result};
@@ -425,18 +425,18 @@ fn scan_size(memory: Option<u64>, streamed: bool) -> u64 {
     }
 }
 
-/// A GET body's size for `each` bytes of budget a body: whole huge pages (a body of at
-/// least 256 KiB is mapped on them, [`footprint`]) up to [`STREAMED_SCAN`], 2 MiB from 1
-/// MiB on, and below that what fits under the huge-page threshold (48 KiB at least), so a
-/// body never takes more than its share rounded up (a 512 KiB body took 2 MiB).
+/// A GET body's size for `each` bytes of budget a body: whole huge pages (a body of
+/// [`MAP_THRESHOLD`] or more is mapped on them, [`footprint`]) up to [`STREAMED_SCAN`], one
+/// from half of one on, and below that what stays under the threshold (48 KiB at least), so
+/// a body never takes more than its share rounded up (a 512 KiB body took 2 MiB).
 fn streamed_scan(each: u64) -> u64 {
-    const HUGE: u64 = 2 << 20;
-    if each >= HUGE {
-        (each / HUGE * HUGE).min(STREAMED_SCAN)
-    } else if each >= HUGE / 2 {
-        HUGE
+    let huge = HUGE_PAGE as u64;
+    if each >= huge {
+        (each / huge * huge).min(STREAMED_SCAN)
+    } else if each >= huge / 2 {
+        huge
     } else {
-        (each / 4096 * 4096).clamp(48 << 10, 252 << 10)
+        (each / 4096 * 4096).clamp(48 << 10, MAP_THRESHOLD as u64 - 4096)
     }
 }
 
